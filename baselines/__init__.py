@@ -1,0 +1,3 @@
+"""Baselines: configurations of the one training loop (see :mod:`crl_bench.methods`)."""
+
+from crl_bench.baselines.grpo import GRPO  # noqa: F401

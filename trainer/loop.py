@@ -1,0 +1,293 @@
+"""The training loop: rollout -> trajectories -> group advantages -> actor update, plus evaluation.
+
+One loop serves every method (``crl_bench.methods``): a method only switches parts on or off.  For
+``grpo`` each step samples ``groups_per_step`` train tasks from the mixture, rolls each out
+``group_size`` times, computes outcome advantages within each group and makes one PPO-clipped update
+of the actor on the tokens it generated (DESIGN.md section 1).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from crl_bench.config import RunConfig
+from crl_bench.env_api import make_env
+from crl_bench.llm.base import SamplingParams
+from crl_bench.methods import MethodSpec, get_method
+from crl_bench.mixtures import TaskSampler, resolve_mixture
+from crl_bench.results import RunWriter, make_run_id
+from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
+from crl_bench.trainer.advantages import grouped_advantages
+from crl_bench.trainer.policy import PolicyUpdater, TokenSample
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def set_threads(threads: int) -> int:
+    """Set torch intra-op threads (``0`` = cores available to this process); returns the number."""
+    if threads <= 0:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, threads))
+    return torch.get_num_threads()
+
+
+def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
+    """Success rate, mean reward/steps, invalid-action rate (invalid / actions), errors, per env.
+
+    Returns a flat dict; per-env success rates appear as ``success_rate/<env_id>``.
+    """
+    if not trajs:
+        return {"episodes": 0, "success_rate": 0.0, "reward_mean": 0.0, "steps_mean": 0.0,
+                "invalid_action_rate": 0.0, "env_errors": 0}
+    steps = sum(t.steps for t in trajs)
+    out: dict[str, Any] = {
+        "episodes": len(trajs),
+        "success_rate": float(np.mean([t.success for t in trajs])),
+        "reward_mean": float(np.mean([t.reward for t in trajs])),
+        "steps_mean": float(np.mean([t.steps for t in trajs])),
+        "invalid_action_rate": (sum(t.invalid_actions for t in trajs) / steps) if steps else 0.0,
+        "env_errors": sum(1 for t in trajs if t.error),
+    }
+    by_env: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_env[t.env_id].append(t)
+    if len(by_env) > 1:
+        for env_id, ts in sorted(by_env.items()):
+            out[f"success_rate/{env_id}"] = float(np.mean([t.success for t in ts]))
+    return out
+
+
+@dataclass
+class StepResult:
+    """Metrics of one training step and the trajectories it used."""
+
+    metrics: dict[str, Any]
+    trajectories: list[Trajectory]
+
+
+class Trainer:
+    """Owns the actor, its engine, the env pool and the optimiser for one run.
+
+    Args:
+        cfg: the resolved run configuration.
+        writer: run folder writer, or ``None`` to keep nothing on disk (tests, benchmarks).
+        model, tokenizer: an already loaded actor (tests pass a tiny model); loaded from
+            ``cfg.model`` when omitted.
+
+    Raises:
+        KeyError: unknown method or env id.
+        ValueError: the method needs parts this build does not have.
+    """
+
+    def __init__(self, cfg: RunConfig, writer: RunWriter | None = None, model: Any = None,
+                 tokenizer: Any = None) -> None:
+        self.cfg = cfg
+        self.method: MethodSpec = get_method(cfg.method)
+        if self.method.uses_experience:
+            raise ValueError(f"method {cfg.method!r} needs the experience bank, not part of this build")
+        self.writer = writer
+        self.threads = set_threads(cfg.model.threads)
+        seed_everything(cfg.train.seed)
+        self.mixture = resolve_mixture(cfg.rollout.mix)
+        self.pool = EnvPool(cfg.rollout.env_kwargs, cfg.rollout.max_steps)
+        # one probe env per id: validates the ids early and gives the task splits
+        self.train_tasks, self.eval_tasks = {}, {}
+        for env_id in self.mixture.envs:
+            env = self.pool.acquire(env_id)
+            self.train_tasks[env_id] = env.task_ids("train")
+            self.eval_tasks[env_id] = env.task_ids(cfg.eval.split)
+            self.pool.release(env_id, env)
+        self.sampler = TaskSampler(self.mixture, self.train_tasks, seed=cfg.train.seed)
+
+        if model is None:
+            from crl_bench.llm.hf_engine import load_model_and_tokenizer
+            model, tokenizer = load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
+        self.tokenizer = tokenizer
+        self.model = self._prepare_model(model)
+        self.engine = self._make_engine()
+        self.prompts = PromptBuilder(tokenizer, cfg.generation.prefill, cfg.rollout.history)
+        g = cfg.generation
+        self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens)
+        self.eval_sampling = SamplingParams(temperature=cfg.eval.temperature, top_p=g.top_p,
+                                            max_new_tokens=g.max_new_tokens)
+        self.runner = RolloutRunner(self.engine, self.prompts, self.pool, self.sampling, g.constrained)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        self.updater = PolicyUpdater(
+            self.model, self.optimizer, pad_id=tokenizer.pad_token_id,
+            micro_batch_size=cfg.train.micro_batch_size, mini_batches=cfg.train.mini_batches,
+            epochs=cfg.train.ppo_epochs, max_grad_norm=cfg.train.max_grad_norm,
+            temperature=g.temperature if g.temperature > 0 else 1.0,
+            loss_kwargs={"clip_eps": cfg.train.clip_eps, "kl_coef": cfg.train.kl_coef},
+            ref_model=self._reference(), seed=cfg.train.seed)
+        self.step = 0
+
+    # ---- setup ------------------------------------------------------------------------------------
+    def _prepare_model(self, model: Any) -> Any:
+        mc = self.cfg.model
+        if mc.lora:
+            from peft import LoraConfig, get_peft_model
+            lcfg = LoraConfig(r=mc.lora_r, lora_alpha=mc.lora_alpha, lora_dropout=mc.lora_dropout,
+                              target_modules="all-linear", task_type="CAUSAL_LM")
+            model = get_peft_model(model, lcfg)
+        if mc.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if mc.lora and hasattr(model, "enable_input_require_grads"):
+                model.enable_input_require_grads()
+        return model
+
+    def _reference(self) -> Any:
+        if self.cfg.train.kl_coef <= 0:
+            return None
+        if self.cfg.model.lora:
+            return self.model.disable_adapter           # the base weights are the reference
+        import copy
+        ref = copy.deepcopy(self.model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    def _make_engine(self):
+        g = self.cfg.generation
+        if g.engine == "vllm":
+            from crl_bench.llm.vllm_engine import VLLMEngine
+            return VLLMEngine.from_model(self.model, self.tokenizer, self.cfg.model)
+        from crl_bench.llm.hf_engine import HFEngine
+        return HFEngine(self.model, self.tokenizer, batch_size=g.batch_size)
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def episode_specs(self) -> list[EpisodeSpec]:
+        """The step's episodes: ``groups_per_step`` sampled tasks x ``group_size`` rollouts each."""
+        specs = []
+        for g, (env_id, task) in enumerate(self.sampler.sample(self.cfg.train.groups_per_step)):
+            for k in range(self.cfg.train.group_size):
+                specs.append(EpisodeSpec(env_id, task, group_id=g, subgroup="free", meta={"rollout": k}))
+        return specs
+
+    def advantages(self, trajs: Sequence[Trajectory]) -> list[float]:
+        """Outcome advantages within each (group, subgroup)."""
+        keys = [(t.group_id, t.subgroup) for t in trajs]
+        return grouped_advantages([t.reward for t in trajs], keys, self.cfg.train.adv_std_normalize)
+
+    def train_step(self, progress: Any = None) -> StepResult:
+        """Collect one batch of groups, update the actor once; returns the step's metrics."""
+        t0 = time.perf_counter()
+        specs = self.episode_specs()
+        trajs = self.runner.collect(specs, self.sampling, progress=progress)
+        rs = self.runner.last_stats
+        t_roll = time.perf_counter() - t0
+        advs = self.advantages(trajs)
+        samples = [TokenSample(turn.prompt_ids, turn.response_ids, turn.logprobs, adv)
+                   for tr, adv in zip(trajs, advs) for turn in tr.turns if turn.response_ids]
+        t1 = time.perf_counter()
+        upd = self.updater.update(samples) if samples else {}
+        self.engine.sync_weights(self.model)
+        t_upd = time.perf_counter() - t1
+        self.step += 1
+        m = {"step": self.step, **summarise(trajs)}
+        m.update({
+            "adv_abs_mean": float(np.mean(np.abs(advs))) if advs else 0.0,
+            "groups_with_signal": sum(1 for g in {t.group_id for t in trajs}
+                                      if len({t.reward for t in trajs if t.group_id == g}) > 1),
+            **{k: v for k, v in upd.items()},
+            "generated_tokens": rs.generated_tokens,
+            "tokens_per_s": rs.generated_tokens / rs.generate_s if rs.generate_s > 0 else 0.0,
+            "time_rollout_s": t_roll, "time_generate_s": rs.generate_s, "time_env_s": rs.env_s,
+            "time_update_s": t_upd, "time_step_s": time.perf_counter() - t0,
+        })
+        return StepResult(m, trajs)
+
+    # ---- evaluation -------------------------------------------------------------------------------
+    def evaluate(self, episodes: int | None = None, progress: Any = None) -> dict[str, Any]:
+        """Roll out the first ``episodes`` tasks of each env's eval split with the eval sampling.
+
+        Returns ``summarise`` of those episodes plus ``per_env`` (success rate, mean steps, episodes)
+        and the task ids used.
+        """
+        n = self.cfg.eval.episodes if episodes is None else episodes
+        specs = []
+        for env_id in self.mixture.envs:
+            ids = list(self.eval_tasks[env_id][:n])
+            specs += [EpisodeSpec(env_id, t, group_id=i) for i, t in enumerate(ids)]
+        t0 = time.perf_counter()
+        trajs = self.runner.collect(specs, self.eval_sampling, progress=progress)
+        out = summarise(trajs)
+        per_env = {}
+        for env_id in self.mixture.envs:
+            ts = [t for t in trajs if t.env_id == env_id]
+            if ts:
+                per_env[env_id] = {"episodes": len(ts), "success_rate": float(np.mean([t.success for t in ts])),
+                                   "steps_mean": float(np.mean([t.steps for t in ts])),
+                                   "invalid_action_rate": sum(t.invalid_actions for t in ts) /
+                                   max(1, sum(t.steps for t in ts))}
+        out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=time.perf_counter() - t0,
+                   temperature=self.cfg.eval.temperature,
+                   tasks={e: list(map(int, self.eval_tasks[e][:n])) for e in self.mixture.envs})
+        return out
+
+    def save_checkpoint(self, path: str) -> None:
+        """``save_pretrained`` of the actor (adapters only with LoRA) and its tokenizer."""
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def run_training(cfg: RunConfig, quiet: bool = False) -> str:
+    """``crl-bench run``: train for ``cfg.train.steps`` steps, evaluate, write the run folder.
+
+    Returns the run folder path.
+    """
+    from tqdm import tqdm
+
+    if not cfg.run_id:
+        cfg.run_id = make_run_id(cfg.method, cfg.rollout.mix, cfg.train.seed)
+    writer = RunWriter(cfg.output_dir, cfg.run_id)
+    writer.write_config(cfg.to_dict())
+    writer.write_versions()
+    trainer = Trainer(cfg, writer)
+    writer.write_json("seeds.json", {"seed": cfg.train.seed, "task_sampler_seed": cfg.train.seed,
+                                     "torch_seed": cfg.train.seed, "torch_threads": trainer.threads})
+    per_step = cfg.train.groups_per_step * cfg.train.group_size
+    try:
+        for _ in range(cfg.train.steps):
+            with tqdm(total=per_step, desc=f"step {trainer.step + 1}/{cfg.train.steps} rollout",
+                      unit="ep", disable=quiet, leave=False) as bar:
+                res = trainer.train_step(progress=bar.update)
+            writer.log_metrics(res.metrics)
+            if not quiet:
+                m = res.metrics
+                print(f"step {m['step']}: success {m['success_rate']:.2f}  reward {m['reward_mean']:.2f}  "
+                      f"steps {m['steps_mean']:.1f}  invalid {m['invalid_action_rate']:.2f}  "
+                      f"loss {m.get('loss', 0.0):.4f}  {m['tokens_per_s']:.1f} tok/s  "
+                      f"{m['time_step_s']:.1f}s", flush=True)
+            if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
+                ev = trainer.evaluate()
+                writer.log_metrics({"step": trainer.step, "eval": ev})
+        n_eval = cfg.eval.episodes * len(trainer.mixture.envs)
+        with tqdm(total=n_eval, desc="eval", unit="ep", disable=quiet, leave=False) as bar:
+            ev = trainer.evaluate(progress=bar.update)
+        ev["step"] = trainer.step
+        writer.write_json("eval.json", ev)
+        if not quiet:
+            print(f"eval ({cfg.eval.split}): success {ev['success_rate']:.3f}  steps {ev['steps_mean']:.1f}  "
+                  f"invalid {ev['invalid_action_rate']:.3f}  over {ev['episodes']} episodes", flush=True)
+        if cfg.train.save_checkpoint:
+            trainer.save_checkpoint(str(writer.dir / "checkpoint"))
+    finally:
+        trainer.close()
+    return str(writer.dir)

@@ -143,8 +143,12 @@ class Trainer:
             lcfg = LoraConfig(r=mc.lora_r, lora_alpha=mc.lora_alpha, lora_dropout=mc.lora_dropout,
                               target_modules="all-linear", task_type="CAUSAL_LM")
             model = get_peft_model(model, lcfg)
-        if mc.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if mc.gradient_checkpointing:
+            # transformers >= 5.2x renamed gradient_checkpointing_enable (still accepted, deprecated)
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if mc.lora and hasattr(model, "enable_input_require_grads"):
                 model.enable_input_require_grads()
         return model

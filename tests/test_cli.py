@@ -1,0 +1,52 @@
+"""The command line: listing, playing, config errors."""
+
+import io
+
+from crl_bench.cli import build_parser, main, play
+
+
+def test_envs_list(capsys):
+    assert main(["envs", "list"]) == 0
+    out = capsys.readouterr().out
+    for env_id in ("sokoban", "minihack-room", "minihack-maze", "minihack-keyroom", "minihack-river"):
+        assert env_id in out
+    assert "up, down, left, right" in out
+
+
+def test_envs_play_scripted_human():
+    """A human can play: bare words and tagged answers both work, invalid input is reported."""
+    from crl_bench.env_api import make_env
+
+    env = make_env("sokoban")
+    env.reset(options={"task": 0})
+    stdin = io.StringIO("jump\nup\n<answer>LEFT</answer>\nquit\n")
+    out = io.StringIO()
+    assert play("sokoban", 0, 10, stdin=stdin, stdout=out) == 0
+    text = out.getvalue()
+    assert "Legend:" in text and "Invalid action" in text and "bye" in text
+
+
+def test_envs_play_to_the_end():
+    stdin = io.StringIO("north\n" * 3)
+    out = io.StringIO()
+    play("minihack-room", 0, 2, stdin=stdin, stdout=out)
+    assert "Episode over: truncated" in out.getvalue()
+
+
+def test_bad_config_key_exits_2(capsys):
+    rc = main(["run", "--mix", "sokoban", "--preset", "smoke", "--set", "train.lrr=1"])
+    assert rc == 2
+    assert "train.lrr" in capsys.readouterr().err
+
+
+def test_unknown_method_and_preset(capsys):
+    assert main(["run", "--method", "nope", "--mix", "sokoban"]) == 2
+    assert "grpo" in capsys.readouterr().err
+    assert main(["run", "--preset", "nope", "--mix", "sokoban"]) == 2
+    assert "smoke" in capsys.readouterr().err
+
+
+def test_parser_has_commands():
+    p = build_parser()
+    args = p.parse_args(["run", "--method", "grpo", "--mix", "sokoban", "--steps", "3", "--seed", "7"])
+    assert args.steps == 3 and args.seed == 7 and args.method == "grpo"

@@ -1,0 +1,62 @@
+"""`pip install .` and `pip install -e .` both import correctly from outside the repository."""
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHECK = (
+    "import crl_bench, crl_bench.envs.sokoban, crl_bench.envs.minihack, crl_bench.trainer.loop, "
+    "crl_bench.baselines, crl_bench.cli;"
+    "from crl_bench.env_api import list_envs, make_env;"
+    "assert 'sokoban' in list_envs(), list_envs();"
+    "make_env('sokoban').reset(options={'task': 0});"
+    "print(crl_bench.envs.sokoban.__file__)"
+)
+
+
+def _venv(tmp_path: Path) -> Path:
+    """A fresh venv that sees this environment's dependencies through a .pth file."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+def _pip(venv: Path, *args: str) -> None:
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", *args], check=True, env=env, cwd=str(REPO))
+
+
+def _import_from_outside(venv: Path, tmp_path: Path) -> str:
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", CHECK], capture_output=True, text=True,
+                         cwd=str(tmp_path), env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.mark.slow
+def test_regular_install(tmp_path):
+    venv = _venv(tmp_path)
+    _pip(venv, str(REPO))
+    where = _import_from_outside(venv, tmp_path)
+    assert where.startswith(str(venv)) and where.endswith("crl_bench/envs/sokoban.py")
+    # nothing generic lands in site-packages
+    site = next((venv / "lib").glob("python*/site-packages"))
+    for name in ("envs", "trainer", "baselines"):
+        assert not (site / name).exists()
+
+
+@pytest.mark.slow
+def test_editable_install(tmp_path):
+    venv = _venv(tmp_path)
+    _pip(venv, "-e", str(REPO))
+    where = _import_from_outside(venv, tmp_path)
+    assert where == str(REPO / "envs" / "sokoban.py")

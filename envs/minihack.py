@@ -160,6 +160,28 @@ _LEGEND_FIRST = ("@", ">")
 _CROP = 9
 _WELCOME = "Hello Agent, welcome to NetHack!"
 
+# Lookup tables of the renderer (built once; every step does a few table look-ups, no per-cell
+# Python work).
+_SCREEN_H, _SCREEN_W = (int(n) for n in nethack.DUNGEON_SHAPE)
+#: chars byte -> drawn byte: NUL (never drawn) becomes a blank.
+_CHAR_FIX = np.arange(256, dtype=np.uint8)
+_CHAR_FIX[0] = 32
+#: glyph -> byte drawn instead of its char (0: keep the char): open doors and lava.
+_GLYPH_SYM = np.zeros(nethack.MAX_GLYPH + 1, dtype=np.uint8)
+_GLYPH_SYM[[_CMAP + c for c in _CMAP_OPEN_DOORS]] = ord(_OPEN_DOOR)
+_GLYPH_SYM[_LAVA_GLYPH] = ord(_LAVA)
+#: glyph -> 1 for doors (open or closed), remembered for the "in a doorway" remark.
+_GLYPH_DOOR = np.zeros(nethack.MAX_GLYPH + 1, dtype=np.uint8)
+_GLYPH_DOOR[[_CMAP + c for c in _CMAP_OPEN_DOORS] + _CLOSED_DOOR_GLYPHS] = 1
+#: drawn byte -> 0x00 for a blank (or NUL) cell, 0xFF for a drawn one.
+_DRAWN_MASK = bytes(0 if b in (0, 32) else 0xFF for b in range(256))
+#: id byte of a glyph not seen yet (see MiniHackTextEnv._assign_glyph_ids); ids are 1..254, 0 is
+#: "not drawn".
+_NEW_ID = b"\xff"
+_MAX_GLYPH_IDS = 254
+#: legend text of a ``meanings`` dict (as ``tuple(meanings.items())``); few distinct ones occur.
+_LEGEND_CACHE: dict[tuple[tuple[str, str], ...], str] = {}
+
 
 def _clean_description(desc: str) -> str:
     """``"a key named The Master Key of Thievery"`` -> ``"key"``; known terrain renamed."""
@@ -179,8 +201,38 @@ def _clean_description(desc: str) -> str:
 
 def _decode(arr: np.ndarray) -> str:
     """Bytes of a NUL-padded uint8 array -> str (NULs stripped, whitespace collapsed)."""
-    raw = bytes(arr).split(b"\0", 1)[0]
+    raw = arr.tobytes()
+    if not raw or not raw[0]:  # (most messages are empty)
+        return ""
+    raw = raw.split(b"\0", 1)[0]
     return " ".join(raw.decode("latin-1").split())
+
+
+def _bounding_box(raw: bytes, chars: np.ndarray) -> tuple[int, int, int, int]:
+    """``(y0, y1, x0, x1)``: the smallest box holding every cell of ``chars`` that is not NUL or blank.
+
+    The same box as ``np.nonzero((chars != 32) & (chars != 0))`` gives, found with byte-string
+    stripping (much cheaper than numpy on a 21x79 screen): the first and last drawn byte in row-major
+    order give the rows, then in column-major order within those rows the columns. ``raw`` is
+    ``chars.tobytes()``; ``chars`` must have a drawn cell.
+    """
+    w = chars.shape[1]
+    # bytes.strip() without an argument is fast but strips all ASCII whitespace (\t\n\v\f\r too);
+    # only blanks (and NULs, replaced by blanks) count as empty cells here
+    exact = b"\t" in raw or b"\n" in raw or b"\x0b" in raw or b"\x0c" in raw or b"\r" in raw
+    flat = raw.replace(b"\0", b" ")
+    if exact:
+        left, right = len(flat) - len(flat.lstrip(b" ")), len(flat.rstrip(b" "))
+    else:
+        left, right = len(flat) - len(flat.lstrip()), len(flat.rstrip())
+    y0, y1 = left // w, (right - 1) // w + 1
+    band = chars[y0:y1].T.tobytes().replace(b"\0", b" ")  # column-major, rows y0..y1-1 only
+    if exact:
+        left, right = len(band) - len(band.lstrip(b" ")), len(band.rstrip(b" "))
+    else:
+        left, right = len(band) - len(band.lstrip()), len(band.rstrip())
+    bh = y1 - y0
+    return y0, y1, left // bh, (right - 1) // bh + 1
 
 
 def _task_seeds(task: int) -> tuple[int, int]:
@@ -253,6 +305,7 @@ class MiniHackTextEnv(TextEnv):
             names.append(_ACTION_NAMES[int(a)])
         self._action_names: list[str] = names
         self._action_index = {n: i for i, n in enumerate(names)}
+        self._valid_line = f"Valid actions: {', '.join(names)}"
         self._parser = AnswerParser(names, {k: v for k, v in self.action_aliases.items()
                                             if v in self._action_index})
         self.system_prompt = self.build_system_prompt(self.variant, names)
@@ -264,6 +317,13 @@ class MiniHackTextEnv(TextEnv):
         self._end_status = 0
         self._reset_message = ""
         self._closed = False
+        self._pad: tuple[np.ndarray, np.ndarray] | None = None
+        # per episode: glyph -> id byte (see _capture), (glyph, id) sorted by glyph, ids of the
+        # glyphs redrawn (open doors, lava) and of the doors
+        self._glyph_id = np.full(nethack.MAX_GLYPH + 1, _NEW_ID[0], dtype=np.uint8)
+        self._glyph_ids: list[tuple[int, bytes]] = []
+        self._redraw_ids: list[bytes] = []
+        self._door_ids: list[bytes] = []
 
     # ---- prompts --------------------------------------------------------------------------------
     @classmethod
@@ -298,6 +358,7 @@ class MiniHackTextEnv(TextEnv):
         obs, _info = self._env.reset()
         self._end_status = 0
         self._desc_cache.clear()
+        self._clear_glyph_ids()
         self._doors.clear()
         self._frame = ""
         self._capture(obs)
@@ -329,7 +390,7 @@ class MiniHackTextEnv(TextEnv):
         lines += self._status_lines()
         if message:
             lines.append(f"Last: {message}")
-        lines.append(f"Valid actions: {', '.join(self._action_names)}")
+        lines.append(self._valid_line)
         return "\n".join(lines)
 
     # ---- raw simulator access (see TextEnv.raw_reset / raw_step) ------------------------------------
@@ -363,67 +424,193 @@ class MiniHackTextEnv(TextEnv):
         return []
 
     # ---- rendering ------------------------------------------------------------------------------
-    def _capture(self, obs: dict[str, np.ndarray]) -> None:
-        """Render the live NLE buffers into :attr:`_frame` (kept as is when the frame is blank)."""
+    def _capture(self, obs: dict[str, np.ndarray]) -> bool:
+        """Render the live NLE buffers into :attr:`_frame` (kept as is when the frame is blank).
+
+        Returns ``False`` (and changes nothing) when the frame is blank. Reads the buffers in place
+        without copying them: only the map region shown is looked at, and a screen description
+        (``screen_descriptions`` is 21x79x80 bytes) is read for one cell of a glyph, the first time
+        the glyph is named in the episode's legend.
+        """
         chars = obs["chars"]
-        if not chars.any():  # the game is over: NLE blanked the buffers, keep the previous frame
-            return
-        chars = chars.copy()
-        glyphs = obs["glyphs"].copy()
-        x, y = int(obs["blstats"][0]), int(obs["blstats"][1])
+        raw = chars.tobytes()
+        if not raw.strip(b"\0"):  # the game is over: NLE blanked the buffers, keep the previous frame
+            return False
+        glyphs = obs["glyphs"]
+        blstats = obs["blstats"]
+        x, y = blstats.item(0), blstats.item(1)
         self._agent_xy = (x, y)
-        h, w = chars.shape
         if self.view == "crop":
             r = _CROP // 2
             y0, x0 = y - r, x - r
             y1, x1 = y + r + 1, x + r + 1
+            if y0 < 0 or x0 < 0 or y1 > _SCREEN_H or x1 > _SCREEN_W:
+                # part of the crop is off the screen: pad with blanks (unseen stone)
+                pc, pg = self._padded_buffers()
+                pc[r:r + _SCREEN_H, r:r + _SCREEN_W] = chars
+                pg[r:r + _SCREEN_H, r:r + _SCREEN_W] = glyphs
+                cg, gg = pc[y0 + r:y1 + r, x0 + r:x1 + r], pg[y0 + r:y1 + r, x0 + r:x1 + r]
+            else:
+                cg, gg = chars[y0:y1, x0:x1], glyphs[y0:y1, x0:x1]
         else:
-            ys, xs = np.nonzero((chars != 32) & (chars != 0))
-            y0, y1, x0, x1 = int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1
-        # region inside the screen; cropping pads the outside with blanks
-        sy0, sy1, sx0, sx1 = max(y0, 0), min(y1, h), max(x0, 0), min(x1, w)
-        grid = np.full((y1 - y0, x1 - x0), 32, dtype=np.uint8)
-        ggrid = np.full((y1 - y0, x1 - x0), _BLANK_GLYPH, dtype=glyphs.dtype)
-        grid[sy0 - y0:sy1 - y0, sx0 - x0:sx1 - x0] = chars[sy0:sy1, sx0:sx1]
-        ggrid[sy0 - y0:sy1 - y0, sx0 - x0:sx1 - x0] = glyphs[sy0:sy1, sx0:sx1]
-        grid[grid == 0] = 32
-        open_door = np.isin(ggrid, [_CMAP + c for c in _CMAP_OPEN_DOORS])
-        grid[open_door] = ord(_OPEN_DOOR)
-        grid[ggrid == _LAVA_GLYPH] = ord(_LAVA)
-        for rr, cc in np.argwhere(open_door | np.isin(ggrid, _CLOSED_DOOR_GLYPHS)):
-            self._doors.add((int(cc) + x0, int(rr) + y0))
+            y0, y1, x0, x1 = _bounding_box(raw, chars)
+            cg, gg = chars[y0:y1, x0:x1], glyphs[y0:y1, x0:x1]
+        gh, gw = y1 - y0, x1 - x0
+        # one id byte per cell for its glyph (ids are given per episode), so that the cells of a
+        # glyph are found with bytes.find
+        id_bytes: bytes | None = self._glyph_id.take(gg).tobytes()
+        if _NEW_ID in id_bytes:  # glyphs new in this episode
+            if self._assign_glyph_ids(gg):
+                id_bytes = self._glyph_id.take(gg).tobytes()
+            else:
+                id_bytes = None  # more distinct glyphs in view than id bytes: see _meanings_sorted
+        # doors in view (drawn or not) are remembered; open doors and lava are redrawn
+        if id_bytes is None:
+            redraw = True
+            for i in _GLYPH_DOOR.take(gg).ravel().nonzero()[0].tolist():
+                self._doors.add((i % gw + x0, i // gw + y0))
+        else:
+            redraw = False
+            for b in self._redraw_ids:
+                if b in id_bytes:
+                    redraw = True
+                    break
+            for b in self._door_ids:
+                i = id_bytes.find(b)
+                while i >= 0:
+                    self._doors.add((i % gw + x0, i // gw + y0))
+                    i = id_bytes.find(b, i + 1)
+        if redraw or b"\0" in raw:
+            grid = _CHAR_FIX.take(cg)  # a fresh (gh, gw) array: NUL drawn as blank
+            if redraw:
+                sym = _GLYPH_SYM.take(gg)
+                np.copyto(grid, sym, where=sym != 0)
+        else:
+            grid = cg  # nothing to redraw: read the buffer in place
+        drawn = grid.tobytes()
+        text = drawn.decode("latin-1")
         ar, ac = y - y0, x - x0
-        # legend: one meaning per symbol (first cell found wins), '@' at the agent is "you"
-        meanings: dict[str, str] = {}
-        descr = obs["screen_descriptions"]
-        seen = grid != 32
-        for g in np.unique(ggrid[seen]):
-            g = int(g)
-            cells = np.argwhere((ggrid == g) & seen)
-            rr, cc = int(cells[0][0]), int(cells[0][1])
-            sym = chr(grid[rr, cc])
-            if sym == "@" and (rr, cc) == (ar, ac):
-                if len(cells) == 1:
+        agent_i = ar * gw + ac if 0 <= ar < gh and 0 <= ac < gw else -1
+        # legend: one meaning per symbol, from the first drawn cell (row-major) of each glyph,
+        # glyphs in increasing order; '@' at the agent is "you" (its glyph is named from another
+        # cell, if any)
+        if id_bytes is None:
+            meanings = self._meanings_sorted(obs, grid, gg, text, agent_i, y0, x0)
+        else:
+            # undrawn cells match no glyph: AND the ids with 0x00 (blank) / 0xFF (drawn) bytes, as
+            # big integers (cheaper than numpy on a few dozen bytes)
+            n = len(id_bytes)
+            id_bytes = (int.from_bytes(id_bytes, "big")
+                        & int.from_bytes(drawn.translate(_DRAWN_MASK), "big")).to_bytes(n, "big")
+            meanings: dict[str, str] = {}
+            cache = self._desc_cache
+            for g, b in self._glyph_ids:
+                i = id_bytes.find(b)
+                if i < 0:
                     continue
-                rr, cc = int(cells[1][0]), int(cells[1][1])
-            if g not in self._desc_cache:
-                self._desc_cache[g] = _clean_description(_decode(descr[rr + y0, cc + x0]))
-            meaning = self._desc_cache[g]
+                sym = text[i]
+                if i == agent_i and sym == "@":
+                    i = id_bytes.find(b, i + 1)  # the glyph's second cell
+                    if i < 0:
+                        continue
+                meaning = cache.get(g)
+                if meaning is None:
+                    meaning = cache[g] = _clean_description(
+                        _decode(obs["screen_descriptions"][i // gw + y0, i % gw + x0]))
+                if sym not in meanings:
+                    meanings[sym] = meaning
+                elif meaning not in meanings[sym].split(" or "):  # two things drawn alike
+                    meanings[sym] += " or " + meaning
+        if agent_i >= 0 and text[agent_i] == "@":
+            meanings["@"] = "you" + (f" or {meanings['@']}" if "@" in meanings else "")
+        rows = [text[k:k + gw].rstrip() for k in range(0, gh * gw, gw)]
+        self._frame_lines = rows
+        key = tuple(meanings.items())
+        legend = _LEGEND_CACHE.get(key)
+        if legend is None:
+            if len(_LEGEND_CACHE) >= 4096:
+                _LEGEND_CACHE.clear()
+            legend = _LEGEND_CACHE[key] = _legend(meanings)
+        pos = f"You are at row {ar}, column {ac}" + \
+            (" (in a doorway: no diagonal moves)." if (x, y) in self._doors else ".")
+        k = text.find(">")
+        if k >= 0:
+            pos += f" Stairs down at row {k // gw}, column {k % gw}."
+        self._frame = "\n".join(["Map (row 0 is the top):", *rows, f"Legend: {legend}", pos])
+        return True
+
+    def _assign_glyph_ids(self, gg: np.ndarray) -> bool:
+        """Give the glyphs of ``gg`` without one an id byte; ``False`` if more than fit in view."""
+        new = sorted(set(gg[self._glyph_id.take(gg) == _NEW_ID[0]].tolist()))
+        if len(self._glyph_ids) + len(new) > _MAX_GLYPH_IDS:  # start over with the glyphs in view
+            self._clear_glyph_ids()
+            new = sorted(set(gg.ravel().tolist()))
+            if len(new) > _MAX_GLYPH_IDS:
+                return False
+        for g in new:
+            b = bytes([len(self._glyph_ids) + 1])
+            self._glyph_id[g] = b[0]
+            self._glyph_ids.append((g, b))
+            if _GLYPH_SYM[g]:
+                self._redraw_ids.append(b)
+            if _GLYPH_DOOR[g]:
+                self._door_ids.append(b)
+        self._glyph_ids.sort()
+        return True
+
+    def _clear_glyph_ids(self) -> None:
+        self._glyph_id.fill(_NEW_ID[0])
+        self._glyph_ids.clear()
+        self._redraw_ids.clear()
+        self._door_ids.clear()
+
+    def _meanings_sorted(self, obs: dict[str, np.ndarray], grid: np.ndarray, gg: np.ndarray,
+                         text: str, agent_i: int, y0: int, x0: int) -> dict[str, str]:
+        """The legend meanings when the view holds more distinct glyphs than there are id bytes.
+
+        Same result as the id-based loop of :meth:`_capture`: the drawn cells are stably sorted by
+        glyph, which gives each glyph's first (and second) drawn cell in row-major order.
+        """
+        gw = grid.shape[1]
+        seen = (grid.ravel() != 32).nonzero()[0]
+        meanings: dict[str, str] = {}
+        if not len(seen):
+            return meanings
+        gl = gg.ravel().take(seen)
+        order = gl.argsort(kind="stable")
+        sg = gl.take(order)
+        new = np.empty(len(sg), dtype=bool)
+        new[0] = True
+        np.not_equal(sg[1:], sg[:-1], out=new[1:])
+        starts = new.nonzero()[0].tolist()
+        starts.append(len(sg))
+        cache = self._desc_cache
+        for j in range(len(starts) - 1):
+            g = int(sg[starts[j]])
+            i = int(seen[order[starts[j]]])
+            sym = text[i]
+            if i == agent_i and sym == "@":
+                if starts[j + 1] - starts[j] == 1:
+                    continue
+                i = int(seen[order[starts[j] + 1]])  # the glyph's second cell
+            meaning = cache.get(g)
+            if meaning is None:
+                meaning = cache[g] = _clean_description(
+                    _decode(obs["screen_descriptions"][i // gw + y0, i % gw + x0]))
             if sym not in meanings:
                 meanings[sym] = meaning
             elif meaning not in meanings[sym].split(" or "):  # two things drawn alike
                 meanings[sym] += " or " + meaning
-        if sym_at(grid, ar, ac) == "@":
-            meanings["@"] = "you" + (f" or {meanings['@']}" if "@" in meanings else "")
-        rows = [bytes(row).decode("latin-1").rstrip() for row in grid]
-        self._frame_lines = rows
-        legend = _legend(meanings)
-        pos = f"You are at row {ar}, column {ac}" + \
-            (" (in a doorway: no diagonal moves)." if (x, y) in self._doors else ".")
-        stairs = np.argwhere(grid == ord(">"))
-        if len(stairs):
-            pos += f" Stairs down at row {int(stairs[0][0])}, column {int(stairs[0][1])}."
-        self._frame = "\n".join(["Map (row 0 is the top):", *rows, f"Legend: {legend}", pos])
+        return meanings
+
+    def _padded_buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """Screen-sized chars/glyphs buffers with a blank border of half a crop (crop view)."""
+        if self._pad is None:
+            r = _CROP // 2
+            self._pad = (np.full((_SCREEN_H + 2 * r, _SCREEN_W + 2 * r), 32, dtype=np.uint8),
+                         np.full((_SCREEN_H + 2 * r, _SCREEN_W + 2 * r), _BLANK_GLYPH,
+                                 dtype=np.int16))
+        return self._pad
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -455,6 +642,20 @@ def _legend(meanings: dict[str, str]) -> str:
     for s in order:
         groups.setdefault(meanings[s], []).append(s)
     return ", ".join(f"{' '.join(syms)} {meaning}" for meaning, syms in groups.items())
+
+
+def _names_key(inv_strs: np.ndarray) -> bool:
+    """Whether a line of ``inv_strs`` (NUL-padded inventory lines, one per row) contains "key"."""
+    raw = inv_strs.tobytes()
+    width = inv_strs.shape[-1]
+    p = raw.find(b"key")
+    while p >= 0:
+        start = p - p % width
+        end = raw.find(b"\0", start, start + width)  # the line's text ends at its first NUL
+        if p + 3 <= (end if end >= 0 else start + width):
+            return True
+        p = raw.find(b"key", p + 1)
+    return False
 
 
 def _join(*parts: str) -> str:
@@ -545,20 +746,28 @@ class MiniHackKeyRoomEnv(MiniHackTextEnv):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._key_held = False
         super().__init__(*args, **kwargs)
+        self._inv_index = self._nle._observation_keys.index("inv_strs")  # in last_observation
 
     def _reset_task(self, task: int) -> None:
         self._key_held = False
         super()._reset_task(task)
 
-    def _capture(self, obs: dict[str, np.ndarray]) -> None:
-        super()._capture(obs)
+    def _capture(self, obs: dict[str, np.ndarray]) -> bool:
+        if not super()._capture(obs):
+            return False
         inv = obs.get("inv_strs")
-        if inv is not None and obs["chars"].any():
-            self._key_held = any(b"key" in bytes(row).split(b"\0", 1)[0] for row in inv if row[0])
+        if inv is not None:
+            self._key_held = _names_key(inv)
+        return True
 
     def _before_step(self, action: str) -> Any:
         if action != "apply":
             return None
+        # MiniHack's key_in_inventory() and get_object_direction() cost ~20 us each: when no
+        # inventory line mentions "key" there is no key (and no need to look for the door)
+        inv = self._nle.last_observation[self._inv_index]
+        if b"key" not in inv.tobytes():
+            return False
         key = self._nle.key_in_inventory("key")
         door = self._nle.get_object_direction("closed door")
         return key is not None and door is not None

@@ -22,7 +22,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from crl_bench.env_api import TextEnv
+from crl_bench.env_api import AnswerParser, TextEnv
 
 Cell = tuple[int, int]
 
@@ -35,6 +35,10 @@ _LEGEND: dict[str, str] = {
     WALL: "wall", FLOOR: "floor", TARGET: "target", BOX: "box",
     BOX_ON_TARGET: "box on target", PLAYER: "you", PLAYER_ON_TARGET: "you on target",
 }
+
+#: Legend text per set of symbols shown (at most 2**7 distinct sets).
+_LEGEND_TEXT: dict[frozenset[str], str] = {}
+_VALID_LINE = f"Valid actions: {', '.join(MOVES)}"
 
 # Brushes used by the room-carving random walk: offsets from the walker's cell.
 _BRUSHES: tuple[tuple[Cell, ...], ...] = (
@@ -226,6 +230,10 @@ class SokobanEnv(TextEnv):
         self._targets: frozenset[Cell] = frozenset()
         self._boxes: set[Cell] = set()
         self._player: Cell = (0, 0)
+        # the map without boxes and player (one symbol per cell, row-major), built at reset
+        self._base_cells: list[str] = [FLOOR] * (self.dim_room[0] * self.dim_room[1])
+        # the action set is fixed (admissible_actions() does not depend on the state): one parser
+        self._parser = AnswerParser(self.admissible_actions(), self.action_aliases)
 
     # ---- TextEnv hooks ---------------------------------------------------------------------------
     def _reset_task(self, task: int) -> None:
@@ -234,6 +242,9 @@ class SokobanEnv(TextEnv):
         self._targets = frozenset(level.targets)
         self._boxes = set(level.boxes)
         self._player = level.player
+        height, width = self.dim_room
+        self._base_cells = [WALL if (r, c) in self._walls else TARGET if (r, c) in self._targets
+                            else FLOOR for r in range(height) for c in range(width)]
 
     def _apply(self, action: str) -> tuple[float, bool, bool, str]:
         dr, dc = MOVES[action]
@@ -260,32 +271,36 @@ class SokobanEnv(TextEnv):
 
     def _observe(self, message: str = "") -> str:
         height, width = self.dim_room
-        rows, used = [], set()
-        for r in range(height):
-            row = []
-            for c in range(width):
-                cell = (r, c)
-                on_target = cell in self._targets
-                if cell in self._walls:
-                    ch = WALL
-                elif cell == self._player:
-                    ch = PLAYER_ON_TARGET if on_target else PLAYER
-                elif cell in self._boxes:
-                    ch = BOX_ON_TARGET if on_target else BOX
-                else:
-                    ch = TARGET if on_target else FLOOR
-                used.add(ch)
-                row.append(ch)
-            rows.append("".join(row))
-        legend = ", ".join(f"{s} {_LEGEND[s]}" for s in _LEGEND if s in used)
-        on = len(self._boxes & self._targets)
+        # walls, targets and floor come from the map built at reset; boxes, then the player, are
+        # drawn over them (a wall always shows as a wall)
+        cells = self._base_cells.copy()
+        walls, targets = self._walls, self._targets
+        for cell in self._boxes:
+            r, c = cell
+            if 0 <= r < height and 0 <= c < width and cell not in walls:
+                cells[r * width + c] = BOX_ON_TARGET if cell in targets else BOX
+        r, c = self._player
+        if 0 <= r < height and 0 <= c < width and self._player not in walls:
+            cells[r * width + c] = PLAYER_ON_TARGET if self._player in targets else PLAYER
+        text = "".join(cells)
+        rows = [text[k:k + width] for k in range(0, height * width, width)]
+        used = frozenset(cells)
+        legend = _LEGEND_TEXT.get(used)
+        if legend is None:
+            legend = _LEGEND_TEXT[used] = ", ".join(f"{s} {_LEGEND[s]}" for s in _LEGEND if s in used)
+        on = len(self._boxes & targets)
         lines = ["Map (row 0 is the top):", *rows, f"Legend: {legend}",
                  f"You are at row {self._player[0]}, column {self._player[1]}. "
                  f"Boxes on targets: {on}/{len(self._boxes)}."]
         if message:
             lines.append(f"Last: {message}")
-        lines.append(f"Valid actions: {', '.join(MOVES)}")
+        lines.append(_VALID_LINE)
         return "\n".join(lines)
+
+    def parser(self) -> AnswerParser:
+        """The parser of the fixed action set, built once (a subclass whose admissible actions
+        depend on the state must override this too)."""
+        return self._parser
 
     def admissible_actions(self) -> list[str]:
         return list(MOVES)

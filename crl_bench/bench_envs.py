@@ -1,0 +1,272 @@
+"""Benchmark of the text wrappers: step time of each env against its bare simulator.
+
+For every env id two instances are made and driven side by side through the *same* seeded sequence
+of random legal actions and the same sequence of task ids:
+
+* **raw**: the simulator alone, through :meth:`TextEnv.raw_reset` / :meth:`TextEnv.raw_step` (for
+  MiniHack the wrapped NLE gymnasium env stepped with the action index; for Sokoban, which has no
+  external simulator, the game logic ``_reset_task`` / ``_apply``), no reply parsing, no text;
+* **text**: the full protocol, ``env.step("<answer>ACTION</answer>")`` and ``env.reset(options=...)``.
+
+Both paths start a new episode on the same condition (the game ended, or ``max_steps`` actions were
+taken, i.e. the text env's truncation), so for deterministic envs they play exactly the same episodes.
+Steps are timed in chunks that alternate between the two paths (and alternate which path goes first),
+so machine noise (other processes, frequency changes) hits both alike. Resets are timed separately
+and are not part of the step times. The timing loop is the same for both paths; its own overhead
+(about 0.1 us a step) is included in both.
+
+The project's target is ``ratio = text step time / raw step time <= 1.3``.
+
+Usage::
+
+    python -m crl_bench.bench_envs --steps 5000              # every registered env
+    python -m crl_bench.bench_envs --envs sokoban minihack-room --steps 2000 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from crl_bench.env_api import TextEnv, list_envs, make_env
+
+__all__ = ["bench_env", "format_table", "main"]
+
+
+class _Path:
+    """One side of the comparison: an env, the shared action sequence, timers and counters."""
+
+    def __init__(self, env: TextEnv, raw: bool, actions: Sequence[str], tasks: Sequence[int]) -> None:
+        self.env = env
+        self.raw = raw
+        self.max_steps = env.max_steps
+        self.tasks = tasks
+        if raw:
+            self.inputs: list[str] = list(actions)
+        else:
+            self.inputs = [f"<answer>{a}</answer>" for a in actions]
+        self.pos = 0              # index of the next action
+        self.episode = 0          # episodes started
+        self.ep_steps = 0         # steps in the current episode
+        self.need_reset = True
+        self.ends = 0             # episodes ended by the game (done / terminated), not the step limit
+        self.step_time = 0.0
+        self.reset_time = 0.0
+        self.steps = 0            # timed steps
+        self.resets = 0           # timed resets
+        self.chunk_times: list[float] = []
+
+    def _reset(self) -> None:
+        task = self.tasks[self.episode % len(self.tasks)]
+        self.episode += 1
+        if self.raw:
+            self.env.raw_reset(task)
+        else:
+            self.env.reset(options={"task": task})
+
+    def run(self, n: int) -> float:
+        """Take ``n`` steps (resetting when an episode ends); return the step time of this chunk."""
+        perf = time.perf_counter
+        inputs, pos, max_steps = self.inputs, self.pos, self.max_steps
+        ep_steps, need_reset = self.ep_steps, self.need_reset
+        step_time = reset_time = 0.0
+        resets = ends = 0
+        if self.raw:
+            step = self.env.raw_step
+            t0 = perf()
+            for _ in range(n):
+                if need_reset:
+                    t1 = perf()
+                    step_time += t1 - t0
+                    self._reset()
+                    t0 = perf()
+                    reset_time += t0 - t1
+                    resets += 1
+                    ep_steps = 0
+                done = step(inputs[pos])
+                pos += 1
+                ep_steps += 1
+                if done:
+                    ends += 1
+                need_reset = done or ep_steps >= max_steps
+            step_time += perf() - t0
+        else:
+            step = self.env.step
+            t0 = perf()
+            for _ in range(n):
+                if need_reset:
+                    t1 = perf()
+                    step_time += t1 - t0
+                    self._reset()
+                    t0 = perf()
+                    reset_time += t0 - t1
+                    resets += 1
+                    ep_steps = 0
+                _obs, _r, terminated, truncated, _info = step(inputs[pos])
+                pos += 1
+                ep_steps += 1
+                if terminated:
+                    ends += 1
+                need_reset = terminated or truncated or ep_steps >= max_steps
+            step_time += perf() - t0
+        self.pos, self.ep_steps, self.need_reset = pos, ep_steps, need_reset
+        self.step_time += step_time
+        self.reset_time += reset_time
+        self.steps += n
+        self.resets += resets
+        self.ends += ends
+        self.chunk_times.append(step_time)
+        return step_time
+
+    def clear_timers(self) -> None:
+        self.step_time = self.reset_time = 0.0
+        self.steps = self.resets = 0
+        self.chunk_times = []
+
+
+def _bench_one(env_id: str, steps: int, seed: int, chunk: int, warmup: int,
+               env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    raw_env = make_env(env_id, **env_kwargs)
+    text_env = make_env(env_id, **env_kwargs)
+    try:
+        train = text_env.task_ids("train")
+        rng = np.random.default_rng(seed)
+        # task ids: a seeded sample of the train split, the same for both paths
+        tasks = [int(train[int(i)]) for i in rng.integers(len(train), size=4096)]
+        text_env.reset(options={"task": tasks[0]})
+        legal = text_env.admissible_actions()
+        if not legal:
+            raise ValueError(f"{env_id}: bench_env needs a closed action set "
+                             f"(admissible_actions() returned {legal!r})")
+        legal = list(legal)
+        actions = [legal[int(i)] for i in rng.integers(len(legal), size=warmup + steps)]
+        raw = _Path(raw_env, True, actions, tasks)
+        text = _Path(text_env, False, actions, tasks)
+        if warmup:
+            raw.run(warmup)
+            text.run(warmup)
+        raw.clear_timers()
+        text.clear_timers()
+        done, c = 0, 0
+        while done < steps:
+            n = min(chunk, steps - done)
+            first, second = (raw, text) if c % 2 == 0 else (text, raw)
+            first.run(n)
+            second.run(n)
+            done += n
+            c += 1
+        chunk_ratios = [t / r for t, r in zip(text.chunk_times, raw.chunk_times) if r > 0]
+        raw_step = raw.step_time / raw.steps
+        text_step = text.step_time / text.steps
+        return {
+            "env": env_id,
+            "raw_steps": raw.steps,
+            "text_steps": text.steps,
+            "raw_episodes": raw.episode,
+            "text_episodes": text.episode,
+            "raw_game_ends": raw.ends,
+            "text_game_ends": text.ends,
+            "raw_steps_per_s": raw.steps / raw.step_time,
+            "text_steps_per_s": text.steps / text.step_time,
+            "raw_step_us": 1e6 * raw_step,
+            "text_step_us": 1e6 * text_step,
+            "ratio": text_step / raw_step,
+            "ratio_chunk_median": statistics.median(chunk_ratios) if chunk_ratios else float("nan"),
+            "raw_resets": raw.resets,
+            "text_resets": text.resets,
+            "raw_reset_ms": 1e3 * raw.reset_time / raw.resets if raw.resets else float("nan"),
+            "text_reset_ms": 1e3 * text.reset_time / text.resets if text.resets else float("nan"),
+        }
+    finally:
+        raw_env.close()
+        text_env.close()
+
+
+def bench_env(env_ids: list[str] | None, steps: int, seed: int = 0, *, chunk: int = 100,
+              warmup: int = 50, env_kwargs: dict[str, dict[str, Any]] | None = None
+              ) -> list[dict[str, Any]]:
+    """Time raw simulator steps against text-env steps for each env (see the module docstring).
+
+    Args:
+        env_ids: env ids to measure; ``None`` for every id of :func:`crl_bench.env_api.list_envs`.
+        steps: timed steps per path and env (after ``warmup`` untimed ones).
+        seed: seeds the random legal actions and the task ids (shared by both paths).
+        chunk: steps per timing chunk; the two paths alternate chunk by chunk.
+        warmup: untimed steps taken by each path first.
+        env_kwargs: optional settings per env id, passed to :func:`make_env` for both instances.
+
+    Returns:
+        one dict per env: ``env``; ``raw_steps`` / ``text_steps`` (timed steps, equal by
+        construction); ``raw_episodes`` / ``text_episodes`` (episodes started, warm-up included);
+        ``raw_game_ends`` / ``text_game_ends`` (episodes ended by the game rather than by the step
+        limit, warm-up included); ``raw_steps_per_s``, ``text_steps_per_s``, ``raw_step_us``,
+        ``text_step_us``; ``ratio`` (text step time / raw step time, over all chunks);
+        ``ratio_chunk_median`` (median of the per-chunk ratios); ``raw_resets`` / ``text_resets``
+        and ``raw_reset_ms`` / ``text_reset_ms`` (mean time of a timed reset).
+
+    Raises:
+        ValueError: ``steps`` or ``chunk`` < 1, or an env with an open action set.
+        KeyError: an unknown env id.
+    """
+    if steps < 1 or chunk < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1, chunk >= 1, warmup >= 0; got {steps}, {chunk}, {warmup}")
+    ids = list(env_ids) if env_ids is not None else list_envs()
+    env_kwargs = env_kwargs or {}
+    return [_bench_one(env_id, steps, seed, chunk, warmup, env_kwargs.get(env_id, {}))
+            for env_id in ids]
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A plain-text table of :func:`bench_env` rows (one line per env)."""
+    header = ("env", "raw steps/s", "text steps/s", "ratio", "raw us", "text us",
+              "raw reset ms", "text reset ms", "steps", "episodes")
+    lines = []
+    for r in rows:
+        lines.append((
+            str(r["env"]),
+            f"{r['raw_steps_per_s']:,.0f}",
+            f"{r['text_steps_per_s']:,.0f}",
+            f"{r['ratio']:.2f}x",
+            f"{r['raw_step_us']:.1f}",
+            f"{r['text_step_us']:.1f}",
+            f"{r['raw_reset_ms']:.3f}",
+            f"{r['text_reset_ms']:.3f}",
+            f"{r['raw_steps']}/{r['text_steps']}",
+            f"{r['raw_episodes']}/{r['text_episodes']}",
+        ))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
+              for i, h in enumerate(header)]
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [fmt(header), "  ".join("-" * w for w in widths)]
+    out += [fmt(line) for line in lines]
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m crl_bench.bench_envs",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--envs", nargs="*", default=None, help="env ids (default: all registered)")
+    p.add_argument("--steps", type=int, default=5000, help="timed steps per path and env")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunk", type=int, default=100, help="steps per alternating timing chunk")
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--json", action="store_true", help="print the rows as JSON after the table")
+    args = p.parse_args(argv)
+    rows = bench_env(args.envs or None, args.steps, args.seed, chunk=args.chunk, warmup=args.warmup)
+    print(format_table(rows))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Quick check of the env benchmark (crl_bench/bench_envs.py): it runs, both paths take the same steps.
+
+No timing ratio is asserted (machine-dependent); see ``python -m crl_bench.bench_envs`` for numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from crl_bench.bench_envs import bench_env, format_table
+from crl_bench.env_api import make_env
+
+ENVS = ["sokoban", "minihack-room"]
+STEPS = 200
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return bench_env(ENVS, steps=STEPS)
+
+
+def test_rows_and_rates(rows):
+    assert [r["env"] for r in rows] == ENVS
+    for r in rows:
+        for key in ("raw_steps_per_s", "text_steps_per_s", "raw_step_us", "text_step_us", "ratio",
+                    "raw_reset_ms", "text_reset_ms"):
+            assert math.isfinite(r[key]) and r[key] > 0, (r["env"], key, r[key])
+        assert r["ratio"] == pytest.approx(r["raw_steps_per_s"] / r["text_steps_per_s"])
+
+
+def test_same_steps_on_both_paths(rows):
+    for r in rows:
+        assert r["raw_steps"] == r["text_steps"] == STEPS, r
+        # deterministic envs, same actions, same tasks, same episode ends: the same episodes
+        assert r["raw_episodes"] == r["text_episodes"] >= 2, r
+        assert r["raw_game_ends"] == r["text_game_ends"], r
+        assert r["raw_resets"] == r["text_resets"] >= 1, r
+
+
+def test_format_table(rows):
+    table = format_table(rows)
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert "ratio" in lines[0] and "raw steps/s" in lines[0]
+    for r, line in zip(rows, lines[2:]):
+        assert line.startswith(r["env"])
+
+
+@pytest.mark.parametrize("env_id", ENVS)
+def test_raw_path_follows_the_text_env(env_id):
+    """raw_reset/raw_step play the same game as reset/step: same episode ends for the same actions."""
+    text, raw = make_env(env_id), make_env(env_id)
+    try:
+        actions = text.admissible_actions()
+        for task in (0, 1, 2):
+            text.reset(options={"task": task})
+            raw.raw_reset(task)
+            for k in range(40):
+                a = actions[(7 * k + task) % len(actions)]
+                _, _, terminated, truncated, _ = text.step(f"<answer>{a}</answer>")
+                assert raw.raw_step(a) is terminated
+                if terminated or truncated:
+                    break
+    finally:
+        text.close()
+        raw.close()
+
+
+def test_raw_step_reports_the_game_end():
+    """minihack-room's fixed room: four steps southeast from the top-left corner reach the stairs."""
+    env = make_env("minihack-room")
+    try:
+        for task in (0, 5):
+            env.raw_reset(task)
+            assert [env.raw_step("southeast") for _ in range(4)] == [False, False, False, True]
+    finally:
+        env.close()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        bench_env(["sokoban"], steps=0)
+    with pytest.raises(KeyError):
+        bench_env(["no-such-env"], steps=10)

@@ -2,7 +2,8 @@
 
 * ``env``: steps/s of each text env against its raw simulator (see :mod:`crl_bench.bench_envs`).
 * ``rollout``: generated tokens/s of one batched rollout over N envs against the same N episodes
-  rolled out one env at a time, same model, tasks, seeds and sampling.
+  rolled out one env at a time (with and without the prefix cache), same model, tasks, seeds and
+  sampling.
 """
 
 from __future__ import annotations
@@ -17,47 +18,59 @@ from crl_bench.llm.base import SamplingParams
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner
 
 
+ARMS = {
+    # name: (episodes per collect call, prefix cache)
+    "batched": (None, True),
+    "sequential": (1, True),
+    "sequential-nocache": (1, False),
+}
+
+
 def bench_rollout(model: str, env_id: str, n_envs: int, max_steps: int, repeats: int = 1,
                   threads: int = 0) -> dict[str, Any]:
-    """Batched (one generate per turn across ``n_envs`` live episodes) vs sequential rollout.
+    """Batched rollout (one generate per turn across ``n_envs`` live episodes) vs one env at a time.
 
-    Both arms roll out the same ``n_envs`` train tasks with the same seeds; arms alternate
-    ``repeats`` times so that machine noise hits both.
+    Three arms roll out the same ``n_envs`` train tasks with the same sampling seed: ``batched`` and
+    ``sequential`` use the engine as the trainer does (prefix cache on); ``sequential-nocache`` is the
+    naive loop (one env at a time, no prefix cache).  Arms alternate order over ``repeats``.
 
     Returns:
-        dict with tokens, generate seconds and wall seconds per arm, tokens/s per arm and the ratios
-        ``tokens_per_s_ratio`` (batched / sequential) and ``wall_ratio`` (sequential / batched).
+        dict with per-arm tokens, generate/wall seconds and tokens/s, and the ratios
+        ``tokens_per_s_ratio`` (batched / sequential, same engine settings) and
+        ``tokens_per_s_ratio_vs_naive`` (batched / sequential-nocache).
     """
     from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
     from crl_bench.trainer.loop import set_threads
 
     set_threads(threads)
     policy, tok = load_model_and_tokenizer(model)
-    engine = HFEngine(policy, tok, batch_size=max(n_envs, 1))
     pool = EnvPool(max_steps=max_steps)
-    runner = RolloutRunner(engine, PromptBuilder(tok), pool, SamplingParams(temperature=1.0, max_new_tokens=16))
     specs = [EpisodeSpec(env_id, task) for task in range(n_envs)]
-    # warm-up so that one-off costs (allocator, kernels) hit neither arm
-    runner.collect(specs[:1])
-    arms = {"batched": {"tokens": 0, "generate_s": 0.0, "wall_s": 0.0},
-            "sequential": {"tokens": 0, "generate_s": 0.0, "wall_s": 0.0}}
+    runners = {name: RolloutRunner(HFEngine(policy, tok, batch_size=max(n_envs, 1), prefix_cache=cache),
+                                   PromptBuilder(tok), pool, SamplingParams(temperature=1.0, max_new_tokens=16))
+               for name, (_, cache) in ARMS.items()}
+    for runner in runners.values():          # warm-up: one-off costs hit no arm
+        runner.collect(specs[:1])
+    arms = {name: {"tokens": 0, "generate_s": 0.0, "wall_s": 0.0} for name in ARMS}
+    names = list(ARMS)
     for r in range(repeats):
-        for arm in ("batched", "sequential") if r % 2 == 0 else ("sequential", "batched"):
+        for name in (names if r % 2 == 0 else names[::-1]):
             torch.manual_seed(1234 + r)
-            groups = [specs] if arm == "batched" else [[s] for s in specs]
-            for g in groups:
-                runner.collect(g)
-                st = runner.last_stats
-                arms[arm]["tokens"] += st.generated_tokens
-                arms[arm]["generate_s"] += st.generate_s
-                arms[arm]["wall_s"] += st.wall_s
+            per_call = ARMS[name][0] or len(specs)
+            for start in range(0, len(specs), per_call):
+                runners[name].collect(specs[start:start + per_call])
+                st = runners[name].last_stats
+                arms[name]["tokens"] += st.generated_tokens
+                arms[name]["generate_s"] += st.generate_s
+                arms[name]["wall_s"] += st.wall_s
     pool.close()
     out: dict[str, Any] = {"env": env_id, "envs": n_envs, "max_steps": max_steps, "repeats": repeats,
                            "threads": torch.get_num_threads()}
-    for arm, a in arms.items():
-        out[arm] = {**a, "tokens_per_s": a["tokens"] / a["generate_s"] if a["generate_s"] else 0.0}
+    for name, a in arms.items():
+        out[name] = {**a, "tokens_per_s": a["tokens"] / a["generate_s"] if a["generate_s"] else 0.0}
     out["tokens_per_s_ratio"] = out["batched"]["tokens_per_s"] / max(out["sequential"]["tokens_per_s"], 1e-9)
-    out["wall_ratio"] = out["sequential"]["wall_s"] / max(out["batched"]["wall_s"], 1e-9)
+    out["tokens_per_s_ratio_vs_naive"] = (out["batched"]["tokens_per_s"]
+                                          / max(out["sequential-nocache"]["tokens_per_s"], 1e-9))
     return out
 
 
@@ -71,12 +84,13 @@ def main(args: argparse.Namespace) -> int:
         return 0
     env_id = (args.env or ["minihack-room"])[0]
     res = bench_rollout(args.model, env_id, args.envs, args.max_steps)
-    b, s = res["batched"], res["sequential"]
     print(f"rollout bench: {env_id}, {res['envs']} episodes x up to {res['max_steps']} actions, "
           f"{res['threads']} torch threads")
-    print(f"{'arm':12s} {'tokens':>8s} {'generate s':>11s} {'wall s':>8s} {'tok/s':>8s}")
-    for name, a in (("batched", b), ("sequential", s)):
-        print(f"{name:12s} {a['tokens']:8d} {a['generate_s']:11.2f} {a['wall_s']:8.2f} {a['tokens_per_s']:8.2f}")
-    print(f"tokens/s ratio (batched / one env at a time): {res['tokens_per_s_ratio']:.2f}x   "
-          f"wall ratio: {res['wall_ratio']:.2f}x")
+    print(f"{'arm':20s} {'tokens':>8s} {'generate s':>11s} {'wall s':>8s} {'tok/s':>8s}")
+    for name in ARMS:
+        a = res[name]
+        print(f"{name:20s} {a['tokens']:8d} {a['generate_s']:11.2f} {a['wall_s']:8.2f} {a['tokens_per_s']:8.2f}")
+    print(f"tokens/s ratio, batched / one env at a time (same engine): {res['tokens_per_s_ratio']:.2f}x")
+    print(f"tokens/s ratio, batched / naive one env at a time (no prefix cache): "
+          f"{res['tokens_per_s_ratio_vs_naive']:.2f}x")
     return 0

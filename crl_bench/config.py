@@ -61,6 +61,8 @@ class GenerationConfig:
             names followed by ``</answer>`` (the actor still chooses which action; its log-probs are
             those of the unconstrained model).
         batch_size: prompts per generate call (micro-batch across live episodes).
+        prefix_cache: reuse the key/value cache of the prompt head shared by a batch (transformers
+            engine; outputs are unchanged, prompt processing is cut roughly in half on CPU).
     """
 
     engine: str = "transformers"
@@ -70,6 +72,7 @@ class GenerationConfig:
     prefill: str = "<answer>"
     constrained: bool = True
     batch_size: int = 32
+    prefix_cache: bool = True
 
 
 @dataclass

@@ -92,3 +92,27 @@ def test_prompt_has_system_task_history_and_prefill(tokenizer):
 def test_unknown_env_names_known_ones():
     with pytest.raises(KeyError, match="sokoban"):
         EnvPool().acquire("no-such-env")
+
+
+def test_prefix_cache_gives_identical_replies_and_logprobs(tokenizer, tiny_model):
+    from crl_bench.env_api import make_env
+
+    pb = PromptBuilder(tokenizer)
+    prompts, allowed = [], []
+    for t in range(5):
+        env = make_env("sokoban")
+        obs, _ = env.reset(options={"task": t})
+        prompts.append(pb.build(env.system_prompt, pb.user_text(env.task_prompt(), [], obs)))
+        allowed.append([a + "</answer>" for a in env.admissible_actions()])
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    outs = []
+    for cache in (False, True):
+        eng = HFEngine(tiny_model, tokenizer, batch_size=8, prefix_cache=cache)
+        outs.append(eng.generate(prompts, params, allowed) + eng.generate(prompts, params, None))
+        if cache:
+            assert len(eng._kv) == 1          # one shared head, computed once, reused by the 2nd call
+            eng.sync_weights(tiny_model)
+            assert not eng._kv                # dropped when weights change
+    for a, b in zip(*outs):
+        assert a.response_ids == b.response_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

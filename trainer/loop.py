@@ -170,7 +170,7 @@ class Trainer:
             from crl_bench.llm.vllm_engine import VLLMEngine
             return VLLMEngine.from_model(self.model, self.tokenizer, self.cfg.model)
         from crl_bench.llm.hf_engine import HFEngine
-        return HFEngine(self.model, self.tokenizer, batch_size=g.batch_size)
+        return HFEngine(self.model, self.tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache)
 
     # ---- one step ---------------------------------------------------------------------------------
     def episode_specs(self) -> list[EpisodeSpec]:

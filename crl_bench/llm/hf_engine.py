@@ -7,6 +7,8 @@ per-token log-probs come back without padding.
 
 from __future__ import annotations
 
+import copy
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import torch
@@ -50,6 +52,17 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
     model.to(device)
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
+
+
+def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common token prefix, leaving every prompt at least one own token."""
+    first = prompts[0]
+    n = min(len(p) for p in prompts) - 1
+    for i in range(max(n, 0)):
+        t = first[i]
+        if any(p[i] != t for p in prompts):
+            return i
+    return max(n, 0)
 
 
 class _Trie:
@@ -111,21 +124,48 @@ class AllowedRepliesProcessor(LogitsProcessor):
 class HFEngine:
     """Generation engine over a transformers causal LM (weights shared with the trainer).
 
+    Prefix caching: the prompts of one batch usually share a long head (chat template, system prompt,
+    task line).  With ``prefix_cache`` on, the key/value cache of that common head is computed once
+    (batch 1), kept across calls until the weights change, and expanded over the batch; each row is
+    laid out as ``head + padding + own tail`` with the padding masked, so positions and outputs are
+    those of the plain left-padded batch.  On CPU, where prompt processing dominates, this removes
+    most of the repeated work.
+
     Args:
         model: the policy (a ``PreTrainedModel`` or a peft wrapper of one).
         tokenizer: its tokenizer (left padding, pad token set).
         batch_size: prompts per ``generate`` call.
+        prefix_cache: reuse the key/value cache of the batch's common prompt head.
+        min_prefix: shortest common head (tokens) worth caching.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32) -> None:
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, prefix_cache: bool = True,
+                 min_prefix: int = 32) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.prefix_cache = prefix_cache
+        self.min_prefix = min_prefix
         self._stop_criteria: dict[tuple[str, ...], StopStringCriteria] = {}
         self._trie_cache: dict[tuple[str, ...], _Trie] = {}
+        self._kv: OrderedDict[tuple[int, ...], Any] = OrderedDict()
 
-    def sync_weights(self, model: Any) -> None:  # weights are shared
+    def sync_weights(self, model: Any) -> None:
+        """Weights are shared with the trainer; cached prefixes are stale after an update."""
         self.model = model
+        self._kv.clear()
+
+    def _prefix_kv(self, head: list[int]) -> Any:
+        key = tuple(head)
+        if key in self._kv:
+            self._kv.move_to_end(key)
+            return self._kv[key]
+        ids = torch.tensor([head], dtype=torch.long, device=self.device)
+        kv = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True).past_key_values
+        self._kv[key] = kv
+        while len(self._kv) > 8:
+            self._kv.popitem(last=False)
+        return kv
 
     def _trie(self, replies: Sequence[str]) -> _Trie:
         key = tuple(replies)
@@ -167,13 +207,24 @@ class HFEngine:
         tok = self.tokenizer
         pad = tok.pad_token_id
         eos = tok.eos_token_id
-        width = max(len(p) for p in prompts)
+        head = _common_prefix(prompts) if self.prefix_cache else 0
+        head = head if head >= self.min_prefix else 0
+        tails = [p[head:] for p in prompts]
+        width = head + max(len(t) for t in tails)
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         att = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            att[i, width - len(p):] = 1
+        for i, (p, t) in enumerate(zip(prompts, tails)):
+            ids[i, :head] = torch.tensor(p[:head], dtype=torch.long)
+            att[i, :head] = 1
+            ids[i, width - len(t):] = torch.tensor(t, dtype=torch.long)
+            att[i, width - len(t):] = 1
         ids, att = ids.to(self.device), att.to(self.device)
+        extra: dict[str, Any] = {}
+        if head:
+            kv = copy.deepcopy(self._prefix_kv(prompts[0][:head]))
+            if len(prompts) > 1:
+                kv.batch_repeat_interleave(len(prompts))
+            extra["past_key_values"] = kv
 
         processors = LogitsProcessorList()
         tries = [self._trie(a) if a is not None else None for a in allowed]
@@ -192,7 +243,7 @@ class HFEngine:
         out = self.model.generate(
             input_ids=ids, attention_mask=att, logits_processor=processors,
             stopping_criteria=stopping, return_dict_in_generate=True, output_logits=True,
-            pad_token_id=pad, eos_token_id=eos, **kwargs)
+            pad_token_id=pad, eos_token_id=eos, **kwargs, **extra)
         seqs = out.sequences[:, width:].tolist()
         temp = params.temperature if params.temperature > 0 else 1.0
         raw = torch.stack(out.logits, dim=1).float() / temp            # (B, T, V) unprocessed logits

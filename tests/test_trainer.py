@@ -71,11 +71,29 @@ def test_grpo_step_with_lora_and_kl(tokenizer, tiny_model):
     tr.close()
 
 
-def test_learning_signal_drives_success_up(tokenizer, tiny_model):
-    """A few GRPO steps on the coin env make 'heads' more likely (the loop learns)."""
+def test_learning_signal_makes_the_winning_action_likelier(tokenizer, tiny_model):
+    """A few GRPO steps on the coin env raise the policy's probability of 'heads' (the loop learns)."""
+    from crl_bench.trainer.policy import TokenSample, build_batch, sequence_logprobs
+
     tr = Trainer(_cfg(lr=3e-3), model=tiny_model, tokenizer=tokenizer)
-    rates = [tr.train_step().metrics["success_rate"] for _ in range(6)]
-    assert sum(rates[-2:]) / 2 > sum(rates[:2]) / 2
+    env = tr.pool.acquire("test-coin")
+    obs, _ = env.reset(options={"task": 0})
+    prompt = tr.prompts.build(env.system_prompt, tr.prompts.user_text(env.task_prompt(), [], obs))
+
+    def p_heads() -> float:
+        lps = []
+        for reply in ("heads</answer>", "tails</answer>"):
+            ids = tokenizer.encode(reply, add_special_tokens=False)
+            b = build_batch([TokenSample(prompt, ids, [0.0] * len(ids), 0.0)], tokenizer.pad_token_id)
+            with torch.no_grad():
+                lps.append(float(sequence_logprobs(tr.model, b).sum()))
+        return float(torch.softmax(torch.tensor(lps), 0)[0])
+
+    before = p_heads()
+    for _ in range(4):
+        tr.train_step()
+    after = p_heads()
+    assert after > before + 0.05, (before, after)
     tr.close()
 
 

@@ -20,6 +20,7 @@ pyproject.toml the same way a user's package declares its own) and registered wi
 
 from __future__ import annotations
 
+import abc
 import re
 from dataclasses import dataclass
 from importlib import metadata
@@ -122,7 +123,7 @@ class AnswerParser:
         return ParsedAction(canonical, text)
 
 
-class TextEnv(gym.Env):
+class TextEnv(gym.Env, metaclass=abc.ABCMeta):
     """Base class of the text-symbolic environments.
 
     Subclasses set :attr:`env_id`, :attr:`system_prompt`, :attr:`splits` and implement
@@ -161,17 +162,17 @@ class TextEnv(gym.Env):
         self._success = False
 
     # ---- for subclasses -------------------------------------------------------------------------
+    @abc.abstractmethod
     def _reset_task(self, task: int) -> None:
         """Start the episode of task ``task`` (deterministic given ``task``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _apply(self, action: str) -> tuple[float, bool, bool, str]:
         """Apply a legal canonical action. Returns ``(reward, terminated, success, message)``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _observe(self, message: str = "") -> str:
         """Render the current state as text, with ``message`` (feedback of the last step) included."""
-        raise NotImplementedError
 
     def admissible_actions(self) -> list[str] | None:
         """Currently legal canonical action names, or ``None`` for an open action set."""

@@ -513,14 +513,7 @@ class MiniHackTextEnv(TextEnv):
                     i = id_bytes.find(b, i + 1)  # the glyph's second cell
                     if i < 0:
                         continue
-                meaning = cache.get(g)
-                if meaning is None:
-                    meaning = cache[g] = _clean_description(
-                        _decode(obs["screen_descriptions"][i // gw + y0, i % gw + x0]))
-                if sym not in meanings:
-                    meanings[sym] = meaning
-                elif meaning not in meanings[sym].split(" or "):  # two things drawn alike
-                    meanings[sym] += " or " + meaning
+                _add_meaning(meanings, sym, g, cache, obs, i // gw + y0, i % gw + x0)
         if agent_i >= 0 and text[agent_i] == "@":
             meanings["@"] = "you" + (f" or {meanings['@']}" if "@" in meanings else "")
         rows = [text[k:k + gw].rstrip() for k in range(0, gh * gw, gw)]
@@ -593,14 +586,7 @@ class MiniHackTextEnv(TextEnv):
                 if starts[j + 1] - starts[j] == 1:
                     continue
                 i = int(seen[order[starts[j] + 1]])  # the glyph's second cell
-            meaning = cache.get(g)
-            if meaning is None:
-                meaning = cache[g] = _clean_description(
-                    _decode(obs["screen_descriptions"][i // gw + y0, i % gw + x0]))
-            if sym not in meanings:
-                meanings[sym] = meaning
-            elif meaning not in meanings[sym].split(" or "):  # two things drawn alike
-                meanings[sym] += " or " + meaning
+            _add_meaning(meanings, sym, g, cache, obs, i // gw + y0, i % gw + x0)
         return meanings
 
     def _padded_buffers(self) -> tuple[np.ndarray, np.ndarray]:
@@ -632,6 +618,19 @@ def sym_at(grid: np.ndarray, r: int, c: int) -> str:
     if 0 <= r < grid.shape[0] and 0 <= c < grid.shape[1]:
         return chr(grid[r, c])
     return ""
+
+
+def _add_meaning(meanings: dict[str, str], sym: str, glyph: int, cache: dict[int, str],
+                 obs: dict[str, np.ndarray], row: int, col: int) -> None:
+    """Record what ``sym`` means (NLE's screen description of ``glyph`` at ``(row, col)``, cached per
+    glyph); two things drawn with the same symbol are listed as "a or b"."""
+    meaning = cache.get(glyph)
+    if meaning is None:
+        meaning = cache[glyph] = _clean_description(_decode(obs["screen_descriptions"][row, col]))
+    if sym not in meanings:
+        meanings[sym] = meaning
+    elif meaning not in meanings[sym].split(" or "):
+        meanings[sym] += " or " + meaning
 
 
 def _legend(meanings: dict[str, str]) -> str:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from typing import Any
 
@@ -74,8 +75,81 @@ def bench_rollout(model: str, env_id: str, n_envs: int, max_steps: int, repeats:
     return out
 
 
+def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_steps: int, rounds: int = 2,
+                   threads: int = 0, seed: int = 0) -> dict[str, Any]:
+    """Rollout-collection wall time of complementary vs grpo: same tasks, seeds and batch, one process.
+
+    One actor is shared by both arms.  A warm-up round fills the bank.  Each round then times, on the
+    same episode specs: ``grpo`` (plain collection, nothing in the background), ``complementary``
+    (guided episodes retrieve through the manager; the distillation queue is empty) and
+    ``complementary+distill`` (the same while the previous round's episodes are being distilled in the
+    background, as in training).  Only ``collect`` is timed.
+
+    Returns:
+        dict with per-arm wall seconds and the ratios to ``grpo``.
+    """
+    from crl_bench.config import build_config, preset_data
+    from crl_bench.trainer.loop import Trainer
+
+    base = {"rollout": {"mix": env_id, "max_steps": max_steps},
+            "train": {"groups_per_step": groups, "group_size": group_size, "seed": seed},
+            "model": {"threads": threads, "name": model}, "eval": {"episodes": 0}}
+    grpo = Trainer(build_config([preset_data("default"), base, {"method": "grpo"}]))
+    comp = Trainer(build_config([preset_data("default"), base, {"method": "complementary"}]),
+                   model=grpo.model, tokenizer=grpo.tokenizer)
+    track = comp.experience
+    arms = {"grpo": 0.0, "complementary": 0.0, "complementary+distill": 0.0}
+    try:
+        specs = comp.episode_specs()
+        trajs = comp.runner.collect(specs, guide=track.guide)             # warm-up: fill the bank
+        track.after_rollout(trajs, 0)
+        track.manager.drain()
+        for r in range(rounds):
+            specs = comp.episode_specs()
+            free = [dataclasses.replace(s, subgroup="free", retrieve=False) for s in specs]
+            torch.manual_seed(seed + r)
+            t0 = time.perf_counter()
+            grpo.runner.collect(free)
+            arms["grpo"] += time.perf_counter() - t0
+            torch.manual_seed(seed + r)
+            t0 = time.perf_counter()
+            trajs = comp.runner.collect(specs, guide=track.guide)
+            arms["complementary"] += time.perf_counter() - t0
+            track.after_rollout(trajs, r + 1)                             # distillation starts now
+            torch.manual_seed(seed + r)
+            t0 = time.perf_counter()
+            comp.runner.collect(specs, guide=track.guide)
+            arms["complementary+distill"] += time.perf_counter() - t0
+            backlog = track.manager.pending()
+            track.manager.drain()
+        stats = track.manager.stats()
+    finally:
+        comp.close()
+        grpo.close()
+    return {"env": env_id, "episodes_per_round": groups * group_size, "rounds": rounds,
+            "max_steps": max_steps, "wall_s": arms, "bank_size": stats["bank_size"],
+            "distill_backlog_after_last_round": backlog,
+            "ratio": arms["complementary"] / max(arms["grpo"], 1e-9),
+            "ratio_with_distill": arms["complementary+distill"] / max(arms["grpo"], 1e-9)}
+
+
 def main(args: argparse.Namespace) -> int:
     """Entry of ``crl-bench bench``; prints a table of the measured figures."""
+    if args.name == "retrieval":
+        from crl_bench.bench_retrieval import main as retrieval_main
+
+        return retrieval_main(args.extra)
+    if args.name == "overhead":
+        env_id = (args.env or ["minihack-room"])[0]
+        res = bench_overhead(args.model, env_id, groups=2, group_size=max(2, args.envs // 2),
+                             max_steps=args.max_steps)
+        print(f"overhead bench: {env_id}, {res['episodes_per_round']} episodes x up to {res['max_steps']} "
+              f"actions, {res['rounds']} rounds, bank of {res['bank_size']} entries")
+        for arm, w in res["wall_s"].items():
+            print(f"{arm:24s} rollout wall {w:8.2f} s")
+        print(f"ratio complementary / grpo: {res['ratio']:.3f} (retrieval + guided prompts)")
+        print(f"ratio complementary / grpo with distillation running beside it: {res['ratio_with_distill']:.3f}")
+        return 0
     if args.name == "env":
         from crl_bench.bench_envs import bench_env, format_table
 

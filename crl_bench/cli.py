@@ -6,7 +6,8 @@ Commands::
                     [--model NAME] [--seed S] [--set section.key=value ...]
     crl-bench eval  --mix sokoban [--run RUN_DIR | --model NAME] [--split eval] [--episodes N]
     crl-bench envs list | crl-bench envs play ENV [--task N]
-    crl-bench bench env | rollout
+    crl-bench bench env | rollout | retrieval | overhead
+    crl-bench bank show RUN | crl-bench bank stats RUN
     crl-bench model prepare
 """
 
@@ -169,6 +170,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.main(args)
 
 
+def _open_bank(run: str):
+    """Open the experience bank of a run folder (read access; the real embedder only gives ``dim``)."""
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
+
+    path = Path(run) / "experience.sqlite" if Path(run).is_dir() else Path(run)
+    if not path.is_file():
+        raise ConfigError(f"{run!r} has no experience bank (experience.sqlite); was it run with "
+                          "--method complementary or static?")
+    cfg_path = path.parent / "config.yaml"
+    embedder_name = "all-minilm-l6-v2"
+    if cfg_path.is_file():
+        embedder_name = (load_yaml(cfg_path).get("experience") or {}).get("embedder", embedder_name)
+    try:
+        embedder = SentenceEmbedder(embedder_name)
+    except Exception:  # noqa: BLE001 - listing needs no embedding; fall back to the stored dimension
+        embedder = HashEmbedder(384)
+    return ExperienceBank(path, embedder)
+
+
+def cmd_bank(args: argparse.Namespace) -> int:
+    bank = _open_bank(args.run)
+    try:
+        if args.bank_cmd == "stats":
+            print(json.dumps(bank.stats(), indent=2))
+            return 0
+        entries = bank.entries(args.env)
+        keys = {"id": lambda e: -e.id, "retrieved": lambda e: e.times_retrieved,
+                "success": lambda e: e.times_success, "failure": lambda e: e.times_failure}
+        entries.sort(key=keys[args.sort], reverse=True)
+        for e in entries[:args.limit]:
+            print(f"#{e.id} [{e.env_id}] {e.title}\n    {e.content}\n    retrieved {e.times_retrieved}, "
+                  f"guided {e.times_success} successes / {e.times_failure} failures; created step "
+                  f"{e.created_step}, updated step {e.updated_step}, extractor generation {e.generation}")
+        print(f"{len(entries)} entries" + (f" (showing {args.limit})" if len(entries) > args.limit else ""))
+        return 0
+    finally:
+        bank.close()
+
+
 def cmd_model(args: argparse.Namespace) -> int:
     from crl_bench.llm.default_model import prepare_default_model
 
@@ -207,14 +248,29 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--max-steps", type=int, default=50)
     v.set_defaults(func=cmd_envs)
 
-    b = sub.add_parser("bench", help="benchmarks: env (wrapper vs raw), rollout (batched vs sequential)")
-    b.add_argument("name", choices=["env", "rollout"])
+    b = sub.add_parser("bench", help="benchmarks: env (wrapper vs raw), rollout (batched vs sequential), "
+                                     "retrieval (batched vs single search, latency), overhead "
+                                     "(complementary vs grpo rollout time)")
+    b.add_argument("name", choices=["env", "rollout", "retrieval", "overhead"])
+    b.add_argument("extra", nargs=argparse.REMAINDER,
+                   help="retrieval: its own options (crl-bench bench retrieval --help)")
     b.add_argument("--env", action="append", help="env id(s) (default: all / minihack-room)")
     b.add_argument("--steps", type=int, default=2000, help="env bench: steps per env")
     b.add_argument("--envs", type=int, default=8, help="rollout bench: episodes in the batch")
     b.add_argument("--max-steps", type=int, default=4, help="rollout bench: actions per episode")
     b.add_argument("--model", default="smollm2-135m-instruct")
     b.set_defaults(func=cmd_bench)
+
+    k = sub.add_parser("bank", help="inspect the experience bank of a run")
+    ks = k.add_subparsers(dest="bank_cmd", required=True)
+    show = ks.add_parser("show", help="list entries with their utility counts")
+    show.add_argument("run", help="run folder (or an experience.sqlite file)")
+    show.add_argument("--env", help="only this env's entries")
+    show.add_argument("--limit", type=int, default=50)
+    show.add_argument("--sort", choices=["id", "retrieved", "success", "failure"], default="retrieved")
+    st = ks.add_parser("stats", help="counts per env, retrievals, outcomes, rejected operations")
+    st.add_argument("run")
+    k.set_defaults(func=cmd_bank)
 
     m = sub.add_parser("model", help="prepare the default model (convert the shipped GGUF once)")
     m.add_argument("action", choices=["prepare"])

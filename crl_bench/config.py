@@ -144,6 +144,90 @@ class EvalConfig:
 
 
 @dataclass
+class ExperienceConfig:
+    """Experience bank, retrieval and the background manager (DESIGN.md section 1).
+
+    Attributes:
+        free_size: experience-free episodes per group (the rest are guided); -1 = half of the group.
+        k: entries retrieved per guided episode (released: 1).
+        oversample, freq_penalty, recency_window_s, top1_demote_p: the diversity re-rank
+            (released: x16, lambda 0.4, 300 s, p 0.5).
+        embedder: ``all-minilm-l6-v2`` (offline, PyPI) or a sentence-transformers model path/name.
+        capacity: most entries kept (0 = unlimited); ``eviction``: ``fifo`` or ``lru``.
+        index: FAISS index: ``flat`` (exact), ``ivf`` or ``hnsw`` (large banks).
+        merge_every: actor steps between merge passes (0 = never; released 5); ``merge_max``: entries
+            per merge call (released 5); ``merge_threshold``: cosine similarity that makes two entries
+            merge candidates.
+        search_workers: parallel search threads; ``query_batch``/``query_timeout_ms``: retrieval
+            micro-batching (released 32 / 5 ms).
+        distill_per_group: finished episodes per group sent to the extractor (0 = all).
+        max_text_chars: longest title + content accepted into the bank.
+        wait_distill: wait at the end of each step until the step's episodes are distilled
+            (deterministic runs and smoke tests; the default never makes the actor wait).
+        eval_guided: evaluation episodes retrieve from the bank (methods with experience).
+    """
+
+    free_size: int = -1
+    k: int = 1
+    oversample: int = 16
+    freq_penalty: float = 0.4
+    recency_window_s: float = 300.0
+    top1_demote_p: float = 0.5
+    embedder: str = "all-minilm-l6-v2"
+    capacity: int = 0
+    eviction: str = "fifo"
+    index: str = "flat"
+    merge_every: int = 5
+    merge_max: int = 5
+    merge_threshold: float = 0.8
+    search_workers: int = 2
+    query_batch: int = 32
+    query_timeout_ms: float = 5.0
+    distill_per_group: int = 0
+    max_text_chars: int = 1000
+    wait_distill: bool = False
+    eval_guided: bool = True
+
+
+@dataclass
+class ExtractorConfig:
+    """The experience extractor LLM and its CISPO training.
+
+    Attributes:
+        model: ``same`` (the actor's model, separate weights) or a model path/name.
+        reward: ``relative`` (+1/0/-1 against the experience-free subgroup mean of the same group,
+            as the released code) or ``binary`` (1 if the guided episode succeeded).
+        batch_size: (extraction, reward) pairs that trigger one extractor update (released 64).
+        lr: AdamW learning rate.
+        eps_low, eps_high: CISPO importance-weight clip. Default 0.1 / 0.1, the released config's
+            values, so results are comparable with the authors'; TRL's choice is eps_high=5.0 with no
+            lower bound (set eps_low to a negative number for "no lower bound").
+        reward_std_normalize: divide the batch-centred rewards by their std.
+        temperature, max_new_tokens, max_prompt_tokens: extraction sampling and prompt budget.
+        micro_batch_size: extractions per forward/backward.
+        invalid_reward: reward given to an extraction that wrote nothing to the bank (no valid
+            operation), so that the extractor can learn the format; ``null`` (default, as the paper)
+            leaves such extractions out of training.
+        one_op_per_reply: stop each extraction at the end of its first line (one operation), which
+            small models follow far more reliably; set false for multi-operation replies.
+    """
+
+    model: str = "same"
+    reward: str = "relative"
+    batch_size: int = 64
+    lr: float = 1e-6
+    eps_low: float = 0.1
+    eps_high: float = 0.1
+    reward_std_normalize: bool = False
+    temperature: float = 1.0
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 1536
+    micro_batch_size: int = 4
+    invalid_reward: float | None = None
+    one_op_per_reply: bool = True
+
+
+@dataclass
 class RunConfig:
     """Everything one ``crl-bench run`` needs; written resolved to ``<run>/config.yaml``."""
 
@@ -153,6 +237,8 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    experience: ExperienceConfig = field(default_factory=ExperienceConfig)
+    extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
     output_dir: str = "results/runs"
     run_id: str = ""
 
@@ -303,6 +389,18 @@ def validate(cfg: RunConfig) -> None:
         ("rollout.max_steps", cfg.rollout.max_steps >= 0),
         ("rollout.history", cfg.rollout.history >= 0),
         ("eval.episodes", cfg.eval.episodes >= 0),
+        ("experience.free_size", -1 <= cfg.experience.free_size < cfg.train.group_size),
+        ("experience.k", cfg.experience.k >= 1),
+        ("experience.oversample", cfg.experience.oversample >= 1),
+        ("experience.eviction", cfg.experience.eviction in ("fifo", "lru")),
+        ("experience.index", cfg.experience.index in ("flat", "ivf", "hnsw")),
+        ("experience.capacity", cfg.experience.capacity >= 0),
+        ("experience.search_workers", cfg.experience.search_workers >= 1),
+        ("experience.query_batch", cfg.experience.query_batch >= 1),
+        ("extractor.reward", cfg.extractor.reward in ("relative", "binary")),
+        ("extractor.batch_size", cfg.extractor.batch_size >= 1),
+        ("extractor.eps_high", cfg.extractor.eps_high > 0),
+        ("extractor.max_new_tokens", cfg.extractor.max_new_tokens >= 1),
     ]
     for key, ok in checks:
         if not ok:

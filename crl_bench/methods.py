@@ -29,6 +29,7 @@ class MethodSpec:
 
 
 _METHODS: dict[str, MethodSpec] = {}
+_unavailable: dict[str, str] = {}
 
 
 def register_method(spec: MethodSpec) -> None:
@@ -37,12 +38,19 @@ def register_method(spec: MethodSpec) -> None:
 
 
 def _load_builtin() -> None:
-    import crl_bench.baselines  # noqa: F401  (registers grpo and the other baselines)
+    import crl_bench.baselines  # noqa: F401  (registers grpo and the static-extractor baseline)
+    if "complementary" not in _METHODS:
+        try:
+            import crl_bench.trainer.complementary  # noqa: F401  (registers complementary)
+        except ImportError as e:  # the experience stack's packages are missing
+            _unavailable["complementary"] = str(e)
 
 
 def get_method(name: str) -> MethodSpec:
     """The spec of ``name``. Raises ``KeyError`` naming the known methods."""
     _load_builtin()
+    if name not in _METHODS and name in _unavailable:
+        raise KeyError(f"method {name!r} cannot be loaded here: {_unavailable[name]}")
     if name not in _METHODS:
         raise KeyError(f"unknown method {name!r}; known: {', '.join(sorted(_METHODS))}")
     return _METHODS[name]

@@ -28,6 +28,8 @@ class Turn:
         action: canonical action the env accepted, or ``None`` when invalid.
         invalid: the reply did not parse to a legal action.
         reward: env reward of this step.
+        observation: the observation text the actor answered (for the extractor's record).
+        reply: the actor's reply text, prefill included.
     """
 
     prompt_ids: list[int]
@@ -36,6 +38,8 @@ class Turn:
     action: str | None
     invalid: bool
     reward: float
+    observation: str = ""
+    reply: str = ""
 
     @property
     def action_mask(self) -> list[int]:
@@ -47,8 +51,9 @@ class Turn:
 class EpisodeSpec:
     """What to roll out: env, task, and which group (and subgroup) the episode belongs to.
 
-    ``guidance`` is extra text put in the prompt (e.g. retrieved experience); ``meta`` is carried
-    into the trajectory untouched.
+    ``guidance`` is extra text put in the prompt; with ``retrieve`` set, the runner's ``guide``
+    callback supplies guidance (retrieved experience) after the reset, from the task and the first
+    observation.  ``meta`` is carried into the trajectory untouched.
     """
 
     env_id: str
@@ -56,6 +61,7 @@ class EpisodeSpec:
     group_id: int = 0
     subgroup: str = "free"
     guidance: str = ""
+    retrieve: bool = False
     meta: dict = field(default_factory=dict)
 
 
@@ -72,6 +78,10 @@ class Trajectory:
         invalid_actions: replies that did not parse to a legal action.
         terminated / truncated: how the episode ended (truncated = step limit).
         error: set when the env raised and the episode was ended as a failure.
+        task_line: the env's one-line goal.
+        guidance: the guidance text the actor's prompts carried ("" for experience-free episodes).
+        experience_ids: ids of the experience entries that guided the episode.
+        final_obs: the observation after the last action.
     """
 
     env_id: str
@@ -87,6 +97,10 @@ class Trajectory:
     truncated: bool = False
     error: str = ""
     meta: dict = field(default_factory=dict)
+    task_line: str = ""
+    guidance: str = ""
+    experience_ids: list[int] = field(default_factory=list)
+    final_obs: str = ""
 
     @property
     def response_tokens(self) -> int:
@@ -186,6 +200,10 @@ class RolloutStats:
     wall_s: float = 0.0
     generated_tokens: int = 0
     generate_calls: int = 0
+    retrieve_s: float = 0.0
+
+
+GuideFn = Callable[[list[tuple[str, str, str]]], list[tuple[str, list[int]]]]
 
 
 class RolloutRunner:
@@ -218,12 +236,16 @@ class RolloutRunner:
         return [f"{prefix}{a}</answer>" for a in actions]
 
     def collect(self, specs: Sequence[EpisodeSpec], sampling: SamplingParams | None = None,
-                progress: Callable[[int], None] | None = None) -> list[Trajectory]:
+                progress: Callable[[int], None] | None = None, guide: GuideFn | None = None,
+                ) -> list[Trajectory]:
         """Roll out every spec to the end; returns trajectories in the order of ``specs``.
 
         An env that raises during ``reset``/``step`` ends its episode as a failure (``error`` set),
         the env is discarded and replaced on the next acquire; the other episodes go on.
         ``progress(n)`` is called with the number of episodes finished since the last call.
+        ``guide(requests)`` is called once, after all resets, with ``(env_id, task line, first
+        observation)`` of every spec that has ``retrieve`` set, and returns ``(guidance text, entry
+        ids)`` for each, in order.
         """
         sampling = sampling or self.sampling
         stats = RolloutStats()
@@ -242,13 +264,24 @@ class RolloutRunner:
                 live.append(i)
             except Exception as e:  # noqa: BLE001 - an env crash fails the episode, never the run
                 self._fail(i, trajs, envs, e)
+        for i in live:
+            trajs[i].task_line = envs[i].task_prompt()
+            trajs[i].guidance = specs[i].guidance
         stats.env_s += time.perf_counter() - t0
+        wanted = [i for i in live if specs[i].retrieve]
+        if guide is not None and wanted:
+            t0 = time.perf_counter()
+            answers = guide([(specs[i].env_id, trajs[i].task_line, obs[i]) for i in wanted])
+            for i, (text, ids) in zip(wanted, answers):
+                trajs[i].guidance = "\n\n".join(x for x in (specs[i].guidance, text) if x)
+                trajs[i].experience_ids = list(ids)
+            stats.retrieve_s += time.perf_counter() - t0
 
         while live:
             prompt_ids, allowed = [], []
             for i in live:
                 env = envs[i]
-                user = self.prompts.user_text(env.task_prompt(), history[i], obs[i], specs[i].guidance)
+                user = self.prompts.user_text(trajs[i].task_line, history[i], obs[i], trajs[i].guidance)
                 prompt_ids.append(self.prompts.build(env.system_prompt, user))
                 allowed.append(self._allowed(env))
             t0 = time.perf_counter()
@@ -267,7 +300,7 @@ class RolloutRunner:
                     continue
                 tr = trajs[i]
                 tr.turns.append(Turn(gen.prompt_ids, gen.response_ids, gen.logprobs, info.get("action"),
-                                     bool(info.get("invalid_action")), float(r)))
+                                     bool(info.get("invalid_action")), float(r), obs[i], reply))
                 tr.reward += float(r)
                 tr.steps = int(info.get("steps", len(tr.turns)))
                 tr.invalid_actions = int(info.get("invalid_actions", 0))
@@ -277,6 +310,7 @@ class RolloutRunner:
                 obs[i] = o
                 if term or trunc:
                     tr.terminated, tr.truncated = bool(term), bool(trunc)
+                    tr.final_obs = o
                     self.pool.release(specs[i].env_id, envs[i])
                     envs[i] = None
                     if progress:

@@ -4,34 +4,14 @@ import pytest
 import torch
 
 from crl_bench.config import build_config, preset_data
-from crl_bench.env_api import TextEnv, register_env
+from crl_bench.env_api import register_env
 from crl_bench.trainer.loop import Trainer, summarise
-
-
-class _Coin(TextEnv):
-    """One decision: 'heads' succeeds, 'tails' fails. A random policy gives mixed groups."""
-
-    env_id = "test-coin"
-    system_prompt = "Call the coin."
-    splits = {"train": range(0, 100), "eval": range(100, 110)}
-
-    def _reset_task(self, task):
-        pass
-
-    def _apply(self, action):
-        win = action == "heads"
-        return (1.0 if win else 0.0), True, win, "won" if win else "lost"
-
-    def _observe(self, message=""):
-        return f"A coin. {message}"
-
-    def admissible_actions(self):
-        return ["heads", "tails"]
+from tests_helpers import CoinEnv
 
 
 @pytest.fixture(autouse=True)
 def _coin_env():
-    register_env("test-coin", _Coin)
+    register_env("test-coin", CoinEnv)
 
 
 def _cfg(**train):

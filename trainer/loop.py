@@ -86,6 +86,8 @@ class Trainer:
         writer: run folder writer, or ``None`` to keep nothing on disk (tests, benchmarks).
         model, tokenizer: an already loaded actor (tests pass a tiny model); loaded from
             ``cfg.model`` when omitted.
+        embedder, extractor_model: replacements for the experience track's embedder and extractor
+            model (tests); built from ``cfg`` when omitted.
 
     Raises:
         KeyError: unknown method or env id.
@@ -93,11 +95,9 @@ class Trainer:
     """
 
     def __init__(self, cfg: RunConfig, writer: RunWriter | None = None, model: Any = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, embedder: Any = None, extractor_model: Any = None) -> None:
         self.cfg = cfg
         self.method: MethodSpec = get_method(cfg.method)
-        if self.method.uses_experience:
-            raise ValueError(f"method {cfg.method!r} needs the experience bank, not part of this build")
         self.writer = writer
         self.threads = set_threads(cfg.model.threads)
         seed_everything(cfg.train.seed)
@@ -134,6 +134,12 @@ class Trainer:
             loss_kwargs={"clip_eps": cfg.train.clip_eps, "kl_coef": cfg.train.kl_coef},
             ref_model=self._reference(), seed=cfg.train.seed)
         self.step = 0
+        self.experience = None
+        if self.method.uses_experience:
+            from crl_bench.trainer.complementary import ExperienceTrack
+            self.experience = ExperienceTrack(cfg, self.method, self.model, tokenizer,
+                                              writer.dir if writer is not None else None,
+                                              embedder=embedder, extractor_model=extractor_model)
 
     # ---- setup ------------------------------------------------------------------------------------
     def _prepare_model(self, model: Any) -> Any:
@@ -174,11 +180,19 @@ class Trainer:
 
     # ---- one step ---------------------------------------------------------------------------------
     def episode_specs(self) -> list[EpisodeSpec]:
-        """The step's episodes: ``groups_per_step`` sampled tasks x ``group_size`` rollouts each."""
+        """The step's episodes: ``groups_per_step`` sampled tasks x ``group_size`` rollouts each.
+
+        With an experience track, the first ``free_size`` rollouts of a group are experience-free and
+        the rest are experience-guided (they retrieve from the bank at episode start).
+        """
+        size = self.cfg.train.group_size
+        n_free = self.experience.free_size(size) if self.experience is not None else size
         specs = []
         for g, (env_id, task) in enumerate(self.sampler.sample(self.cfg.train.groups_per_step)):
-            for k in range(self.cfg.train.group_size):
-                specs.append(EpisodeSpec(env_id, task, group_id=g, subgroup="free", meta={"rollout": k}))
+            for k in range(size):
+                guided = k >= n_free
+                specs.append(EpisodeSpec(env_id, task, group_id=g, subgroup="guided" if guided else "free",
+                                         retrieve=guided, meta={"rollout": k}))
         return specs
 
     def advantages(self, trajs: Sequence[Trajectory]) -> list[float]:
@@ -190,7 +204,8 @@ class Trainer:
         """Collect one batch of groups, update the actor once; returns the step's metrics."""
         t0 = time.perf_counter()
         specs = self.episode_specs()
-        trajs = self.runner.collect(specs, self.sampling, progress=progress)
+        guide = self.experience.guide if self.experience is not None else None
+        trajs = self.runner.collect(specs, self.sampling, progress=progress, guide=guide)
         rs = self.runner.last_stats
         t_roll = time.perf_counter() - t0
         advs = self.advantages(trajs)
@@ -202,6 +217,15 @@ class Trainer:
         t_upd = time.perf_counter() - t1
         self.step += 1
         m = {"step": self.step, **summarise(trajs)}
+        if self.experience is not None:
+            t2 = time.perf_counter()
+            m.update(self.experience.after_rollout(trajs, self.step))
+            if self.cfg.experience.wait_distill:
+                self.experience.manager.drain()
+            m.update(self.experience.maybe_update_extractor() or {})
+            m.update(self.experience.metrics())
+            m["time_experience_s"] = time.perf_counter() - t2
+            m["time_retrieve_s"] = rs.retrieve_s
         m.update({
             "adv_abs_mean": float(np.mean(np.abs(advs))) if advs else 0.0,
             "groups_with_signal": sum(1 for g in {t.group_id for t in trajs}
@@ -222,12 +246,15 @@ class Trainer:
         and the task ids used.
         """
         n = self.cfg.eval.episodes if episodes is None else episodes
+        guided = self.experience is not None and self.cfg.experience.eval_guided
         specs = []
         for env_id in self.mixture.envs:
             ids = list(self.eval_tasks[env_id][:n])
-            specs += [EpisodeSpec(env_id, t, group_id=i) for i, t in enumerate(ids)]
+            specs += [EpisodeSpec(env_id, t, group_id=i, subgroup="guided" if guided else "free",
+                                  retrieve=guided) for i, t in enumerate(ids)]
         t0 = time.perf_counter()
-        trajs = self.runner.collect(specs, self.eval_sampling, progress=progress)
+        trajs = self.runner.collect(specs, self.eval_sampling, progress=progress,
+                                    guide=self.experience.guide if guided else None)
         out = summarise(trajs)
         per_env = {}
         for env_id in self.mixture.envs:
@@ -237,7 +264,7 @@ class Trainer:
                                    "steps_mean": float(np.mean([t.steps for t in ts])),
                                    "invalid_action_rate": sum(t.invalid_actions for t in ts) /
                                    max(1, sum(t.steps for t in ts))}
-        out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=time.perf_counter() - t0,
+        out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=time.perf_counter() - t0, guided=guided,
                    temperature=self.cfg.eval.temperature,
                    tasks={e: list(map(int, self.eval_tasks[e][:n])) for e in self.mixture.envs})
         return out
@@ -248,6 +275,8 @@ class Trainer:
         self.tokenizer.save_pretrained(path)
 
     def close(self) -> None:
+        if self.experience is not None:
+            self.experience.close()
         self.pool.close()
 
 

@@ -67,6 +67,65 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     return loss, stats
 
 
+def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+               mask: torch.Tensor, eps_low: float | None = 0.1, eps_high: float | None = 0.1,
+               normalizer: float | None = None):
+    """CISPO: clipped importance-sampling-weight policy optimisation (MiniMax-M1, arXiv 2506.13585, eq. 4).
+
+    ``loss = -(1/n) * sum_t sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * log pi(o_t)`` over the masked
+    tokens, with ``r_t = exp(logp_t - old_logp_t)``, ``sg`` the stop-gradient and ``n`` the token
+    normaliser (token-level normalisation as in the paper; see the module docstring).  No KL term.
+
+    Unlike PPO's clipped surrogate, clipping only bounds the *weight*: every token keeps the gradient
+    ``d loss / d logp_t = -clip(r_t) * A / n`` of its log-prob, including tokens whose ratio left the
+    trust region (PPO gives those exactly zero gradient).
+
+    Clip bounds: ``eps_low = eps_high = 0.1`` are the Complementary RL release's extractor defaults
+    (DESIGN.md section 1).  ``eps_low=None`` removes the lower bound: the MiniMax-M1 paper tunes only
+    the upper bound (its lower bound is set large enough never to act), and TRL's ``cispo`` loss
+    caps only the top (``epsilon_high=5.0`` there).  ``eps_high=None`` removes the upper bound (plain
+    importance-weighted REINFORCE; not recommended).
+
+    Args:
+        logprobs: current policy log-probs, ``(B, T)``, with gradient.
+        old_logprobs: behaviour log-probs, ``(B, T)``.
+        advantages: ``(B, T)`` or ``(B,)`` (broadcast over tokens).
+        mask: ``(B, T)`` 1 on generated tokens.
+        eps_low, eps_high: the clip range of the weight, or ``None`` for no bound on that side.
+        normalizer: token count to divide by (default: masked tokens here).
+
+    Returns:
+        ``(loss, stats)``: scalar loss; stats holds ``clip_frac`` (fraction of masked tokens whose
+        ratio was clipped, either side), ``clip_frac_low``, ``clip_frac_high``, ``ratio_mean``,
+        ``weight_mean`` (mean clipped weight) and ``approx_kl`` (mean of ``old - new``).
+    """
+    mask = mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1).expand_as(logprobs)
+    with torch.no_grad():
+        ratio = torch.exp(logprobs.detach() - old_logprobs.detach())
+        lo = 1.0 - eps_low if eps_low is not None else None
+        hi = 1.0 + eps_high if eps_high is not None else None
+        weight = torch.clamp(ratio, min=lo, max=hi) if (lo is not None or hi is not None) else ratio
+    weight = torch.where(mask > 0, weight, torch.zeros_like(weight))   # padding cannot leak inf/nan
+    per_token = -weight * advantages.detach() * logprobs
+    norm = _normalizer(mask, normalizer)
+    loss = torch.where(mask > 0, per_token * mask, torch.zeros_like(per_token)).sum() / norm
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
+        low = (ratio < lo).to(mask.dtype) if lo is not None else torch.zeros_like(mask)
+        high = (ratio > hi).to(mask.dtype) if hi is not None else torch.zeros_like(mask)
+        stats = {
+            "clip_frac": float(((low + high) * mask).sum() / n),
+            "clip_frac_low": float((low * mask).sum() / n),
+            "clip_frac_high": float((high * mask).sum() / n),
+            "ratio_mean": float((ratio * mask).sum() / n),
+            "weight_mean": float((weight * mask).sum() / n),
+            "approx_kl": float(((old_logprobs - logprobs) * mask).sum() / n),
+        }
+    return loss, stats
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Log-prob of ``targets`` under ``logits / temperature``.
 

@@ -1,0 +1,9 @@
+"""The experience bank and everything around it (Complementary RL, arXiv 2603.17621, DESIGN.md section 1).
+
+* :mod:`.types`: entries and operations (ADD / UPDATE / MERGE / NONE).
+* :mod:`.operations`: the strict text format the extractor answers in, and its parser.
+* :mod:`.embedding`: sentence embeddings (offline all-MiniLM-L6-v2 from PyPI by default), cached.
+* :mod:`.bank`: SQLite (WAL) storage + FAISS vector index, validated atomic operations, eviction.
+* :mod:`.retrieval`: top-k search with the diversity re-rank.
+* :mod:`.manager`: the background experience manager (distillation queue, locks, micro-batched search).
+"""

@@ -1,0 +1,72 @@
+"""A writer-preferring readers-writer lock for the experience bank.
+
+Bank searches (many threads) take :meth:`RWLock.read`; bank mutations (``apply``, eviction) take
+:meth:`RWLock.write`. Writer preference: once a writer is waiting, new readers wait until it has
+run, so a steady stream of searches cannot starve distillation. Readers already inside finish first.
+
+Not reentrant: a thread holding the read lock must not ask for the write lock (deadlock), and a
+thread must not take ``read()`` again while a writer may be queued behind its first ``read()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class RWLock:
+    """Writer-preferring readers-writer lock with ``read()`` / ``write()`` context managers."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0            # threads inside read()
+        self._writer = False         # a thread is inside write()
+        self._writers_waiting = 0
+
+    def acquire_read(self) -> None:
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_read(self) -> None:
+        with self._cond:
+            if self._readers <= 0:
+                raise RuntimeError("release_read without acquire_read")
+            self._readers -= 1
+            if self._readers == 0:
+                self._cond.notify_all()
+
+    def acquire_write(self) -> None:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+
+    def release_write(self) -> None:
+        with self._cond:
+            if not self._writer:
+                raise RuntimeError("release_write without acquire_write")
+            self._writer = False
+            self._cond.notify_all()
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        self.acquire_read()
+        try:
+            yield
+        finally:
+            self.release_read()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        self.acquire_write()
+        try:
+            yield
+        finally:
+            self.release_write()

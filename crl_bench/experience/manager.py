@@ -1,0 +1,300 @@
+"""The background experience manager (the "background track" of Complementary RL, DESIGN.md section 1).
+
+Two services run beside the actor's rollout:
+
+* **Retrieval.** Queries from many environments are put on a queue; a batcher thread collects up to
+  ``query_batch`` of them or waits at most ``query_timeout_ms`` after the first, and hands the batch to a
+  pool of ``search_workers`` threads.  Each search holds the bank's *read* lock, so searches run in
+  parallel with each other but never see a half-applied mutation.
+* **Distillation.** Finished episodes are put on a distillation queue (:meth:`submit` never blocks); a
+  worker thread takes up to ``distill_batch`` requests at a time, asks the extractor for operations in
+  one batched generate call, and applies them to the bank under the *write* lock.  Merge requests
+  (consolidating similar entries) go through the same worker.  The actor's rollout never waits on it.
+
+The extractor's weights are shared with the trainer: :attr:`extractor_lock` is held while the worker
+generates and must be held by whoever updates the extractor.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from crl_bench.experience.locks import RWLock
+from crl_bench.experience.types import ExperienceEntry
+
+
+@dataclass
+class DistillRequest:
+    """One finished episode for the extractor.
+
+    Attributes:
+        record: the episode as text (:class:`crl_bench.trainer.extractor.EpisodeRecord`).
+        retrieved: the entries that guided the episode (shown to the extractor; empty if free).
+        env_id: environment of the episode (entries are written for it).
+        step: actor step the episode belongs to.
+    """
+
+    record: Any
+    retrieved: list[ExperienceEntry]
+    env_id: str
+    step: int
+
+
+@dataclass
+class MergeRequest:
+    """Consolidate ``entries`` (all of one env) with one extractor call."""
+
+    entries: list[ExperienceEntry]
+    env_id: str
+    step: int
+
+
+@dataclass
+class ManagerStats:
+    """Counters of the manager (read with :meth:`ExperienceManager.stats`)."""
+
+    queries: int = 0
+    query_batches: int = 0
+    search_s: float = 0.0
+    distilled: int = 0
+    merges: int = 0
+    extractions_parsed: int = 0
+    extractions_failed: int = 0
+    ops_applied: int = 0
+    ops_rejected: int = 0
+    extractor_errors: int = 0
+    distill_s: float = 0.0
+    last_error: str = ""
+    op_kinds: dict = field(default_factory=dict)
+
+
+class _Query:
+    __slots__ = ("env_id", "text", "future")
+
+    def __init__(self, env_id: str, text: str) -> None:
+        self.env_id = env_id
+        self.text = text
+        self.future: Future = Future()
+
+
+class ExperienceManager:
+    """Serves retrieval and distillation asynchronously around one :class:`ExperienceBank`.
+
+    Args:
+        bank: the experience bank.
+        retriever: a :class:`crl_bench.experience.retrieval.Retriever` over ``bank``.
+        extractor: a :class:`crl_bench.trainer.extractor.Extractor`, or ``None`` (retrieval only).
+        search_workers: parallel search threads.
+        query_batch: most queries per search batch.
+        query_timeout_ms: longest wait for a batch to fill after its first query.
+        distill_batch: most episodes per extractor call.
+    """
+
+    def __init__(self, bank: Any, retriever: Any, extractor: Any = None, *, search_workers: int = 2,
+                 query_batch: int = 32, query_timeout_ms: float = 5.0, distill_batch: int = 8) -> None:
+        self.bank = bank
+        self.retriever = retriever
+        self.extractor = extractor
+        self.lock = RWLock()
+        self.extractor_lock = threading.Lock()
+        self.query_batch = query_batch
+        self.query_timeout = query_timeout_ms / 1000.0
+        self.distill_batch = distill_batch
+        self._stats = ManagerStats()
+        self._mu = threading.Lock()
+        self._finished: list[Any] = []
+        self._queries: queue.Queue[_Query | None] = queue.Queue()
+        self._distill: queue.Queue[DistillRequest | MergeRequest | None] = queue.Queue()
+        self._pool = ThreadPoolExecutor(max_workers=search_workers, thread_name_prefix="crl-search")
+        self._closed = False
+        self._batcher = threading.Thread(target=self._batch_loop, name="crl-query-batcher", daemon=True)
+        self._batcher.start()
+        self._worker: threading.Thread | None = None
+        if extractor is not None:
+            self._worker = threading.Thread(target=self._distill_loop, name="crl-distiller", daemon=True)
+            self._worker.start()
+
+    # ---- retrieval ------------------------------------------------------------------------------
+    def retrieve_async(self, env_id: str, text: str) -> Future:
+        """Queue one query; the future resolves to ``list[ExperienceEntry]`` (best first)."""
+        if self._closed:
+            raise RuntimeError("experience manager is closed")
+        q = _Query(env_id, text)
+        self._queries.put(q)
+        return q.future
+
+    def retrieve(self, queries: list[tuple[str, str]], timeout: float | None = 60.0) -> list[list[ExperienceEntry]]:
+        """Queue ``(env_id, query text)`` pairs together and wait for all answers (in order)."""
+        futures = [self.retrieve_async(env_id, text) for env_id, text in queries]
+        return [f.result(timeout=timeout) for f in futures]
+
+    def _batch_loop(self) -> None:
+        while True:
+            first = self._queries.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.perf_counter() + self.query_timeout
+            stop = False
+            while len(batch) < self.query_batch:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                try:
+                    nxt = self._queries.get(timeout=remaining)
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._pool.submit(self._serve, batch)
+            if stop:
+                return
+
+    def _serve(self, batch: list[_Query]) -> None:
+        t0 = time.perf_counter()
+        try:
+            with self.lock.read():
+                results = self.retriever.retrieve([q.text for q in batch], [q.env_id for q in batch])
+        except Exception as e:  # noqa: BLE001 - the callers get the error through their futures
+            for q in batch:
+                q.future.set_exception(e)
+            return
+        for q, r in zip(batch, results):
+            q.future.set_result(r)
+        with self._mu:
+            self._stats.queries += len(batch)
+            self._stats.query_batches += 1
+            self._stats.search_s += time.perf_counter() - t0
+
+    # ---- distillation ---------------------------------------------------------------------------
+    def submit(self, requests: list[DistillRequest | MergeRequest]) -> None:
+        """Queue finished episodes (or merge requests) for the extractor; returns at once."""
+        if self.extractor is None:
+            raise RuntimeError("this experience manager has no extractor")
+        for r in requests:
+            self._distill.put(r)
+
+    def pending(self) -> int:
+        """Requests queued or being processed."""
+        return self._distill.unfinished_tasks
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every queued request is processed; returns False on timeout."""
+        if self.extractor is None:
+            return True
+        end = None if timeout is None else time.monotonic() + timeout
+        while self._distill.unfinished_tasks:
+            if end is not None and time.monotonic() > end:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def pop_extractions(self) -> list[Any]:
+        """Extractions finished since the last call (oldest first)."""
+        with self._mu:
+            out, self._finished = self._finished, []
+        return out
+
+    def _distill_loop(self) -> None:
+        while True:
+            item = self._distill.get()
+            if item is None:
+                self._distill.task_done()
+                return
+            batch = [item]
+            while len(batch) < self.distill_batch:
+                try:
+                    nxt = self._distill.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:  # put the sentinel back for the next loop turn
+                    self._distill.task_done()
+                    self._distill.put(None)
+                    break
+                batch.append(nxt)
+            try:
+                self._process(batch)
+            except Exception as e:  # noqa: BLE001 - a failed extraction never stops the worker
+                with self._mu:
+                    self._stats.extractor_errors += 1
+                    self._stats.last_error = f"{type(e).__name__}: {e}"
+            finally:
+                for _ in batch:
+                    self._distill.task_done()
+
+    def _process(self, batch: list[DistillRequest | MergeRequest]) -> None:
+        t0 = time.perf_counter()
+        episodes = [r for r in batch if isinstance(r, DistillRequest)]
+        merges = [r for r in batch if isinstance(r, MergeRequest)]
+        done: list[tuple[Any, Any]] = []
+        with self.extractor_lock:
+            if episodes:
+                exs = self.extractor.extract([r.record for r in episodes], [r.retrieved for r in episodes])
+                done += list(zip(episodes, exs))
+            if merges:
+                exs = self.extractor.extract_merges([r.entries for r in merges])
+                done += list(zip(merges, exs))
+        for req, ex in done:
+            ops = list(ex.parse.ops)
+            result = None
+            if ops:
+                with self.lock.write():
+                    result = self.bank.apply(ops, env_id=req.env_id, step=req.step, extraction_id=ex.id,
+                                             generation=ex.generation)
+            with self._mu:
+                st = self._stats
+                if isinstance(req, MergeRequest):
+                    st.merges += 1
+                else:
+                    st.distilled += 1
+                if ops:
+                    st.extractions_parsed += 1
+                else:
+                    st.extractions_failed += 1
+                if result is not None:
+                    st.ops_applied += len(result.applied)
+                    st.ops_rejected += len(result.rejected)
+                    for op, _ in result.applied:
+                        st.op_kinds[op.kind] = st.op_kinds.get(op.kind, 0) + 1
+                ex.applied = result
+                self._finished.append(ex)
+        with self._mu:
+            self._stats.distill_s += time.perf_counter() - t0
+
+    # ---- bookkeeping ----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of the counters plus the bank size."""
+        with self._mu:
+            s = dict(self._stats.__dict__)
+            s["op_kinds"] = dict(self._stats.op_kinds)
+        with self.lock.read():
+            s["bank_size"] = len(self.bank)
+        return s
+
+    def close(self, drain_timeout: float | None = 0.0) -> None:
+        """Stop the threads (after waiting up to ``drain_timeout`` s for queued distillation)."""
+        if self._closed:
+            return
+        if drain_timeout:
+            self.drain(drain_timeout)
+        self._closed = True
+        self._queries.put(None)
+        self._batcher.join(timeout=10)
+        self._pool.shutdown(wait=True)
+        if self._worker is not None:
+            # drop what is still queued: the run is over
+            try:
+                while True:
+                    self._distill.get_nowait()
+                    self._distill.task_done()
+            except queue.Empty:
+                pass
+            self._distill.put(None)
+            self._worker.join(timeout=60)

@@ -1,0 +1,131 @@
+"""Top-k experience retrieval with the diversity re-rank (DESIGN.md section 1).
+
+What is implemented (source: DESIGN.md section 1 and the authors' released code,
+``roll/pipeline/agentic/memory/async_memory_manager.py::_diversify_uids_by_usage`` with the values of
+``examples/singletask-agentic/single_task_complementaryrl.yaml``: ``diversity_candidate_multiplier:
+16``, ``diversity_lambda: 0.4``, ``diversity_recent_seconds: 300``, ``diversity_dropout_p: 0.5``,
+``memory_fetch_num: 1``):
+
+1. All queries are embedded in one batch; queries are grouped by env id and each group is searched
+   with one batched FAISS call for ``k * oversample`` candidates, ordered by cosine similarity.
+2. For candidate ``m`` at 0-based position ``r(m)`` in that order::
+
+       s(m) = s_rank(m) - lambda * log(1 + c(m)) - 1[recent(m)]
+
+   with ``c(m)`` = ``times_retrieved``, ``recent(m)`` = ``last_retrieved > 0 and now -
+   last_retrieved < recency_window_s``. ``s_rank`` is a setting:
+
+   * ``rank_score="position"`` (default, as released): ``s_rank(m) = -r(m)``. The penalties are
+     therefore measured in rank positions: being recent costs one position, 10 past retrievals
+     cost 0.4 * log(11) = 0.96 positions.
+   * ``rank_score="cosine"``: ``s_rank(m)`` = the cosine similarity (the penalties then dominate
+     because cosine gaps between candidates are usually much smaller than 1).
+
+   Candidates are sorted by ``s`` descending; ties keep the similarity order.
+3. Top-1 demotion: if the top candidate after step 2 is recent, with probability
+   ``top1_demote_p`` it is moved to the end of the candidate list (released behaviour; with k=1 the
+   runner-up is returned instead). Draws come from ``random.Random(seed)`` owned by the retriever,
+   so a given seed and call sequence gives the same results.
+4. The first ``k`` candidates are returned and their retrieval is recorded
+   (``bank.record_retrieval(ids, now)``): only returned entries count, not the candidates.
+
+As in the released code, the usage counters are read once per ``retrieve`` call, before its
+retrievals are recorded: queries in the same batch do not see each other's retrievals. The returned
+:class:`ExperienceEntry` objects carry those pre-retrieval counters.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from typing import Sequence
+
+import numpy as np
+
+from crl_bench.experience.types import ExperienceEntry
+
+RANK_SCORES = ("position", "cosine")
+
+
+class Retriever:
+    """Batched top-k retrieval with frequency / recency re-rank over an :class:`ExperienceBank`.
+
+    Args:
+        bank: the experience bank (its ``embedder`` embeds the queries).
+        k: entries returned per query (1 released).
+        oversample: candidates searched per returned entry (16 released).
+        freq_penalty: lambda of ``lambda * log(1 + times_retrieved)`` (0.4 released).
+        recency_window_s: an entry retrieved less than this many seconds ago is "recent" (300 s).
+        top1_demote_p: probability of demoting a recent top-1 candidate (0.5 released).
+        seed: seed of the demotion draws.
+        rank_score: ``position`` (released) or ``cosine``; see the module docstring.
+        record: record the retrieval of returned entries in the bank (on by default).
+
+    ``retrieve`` may be called from several threads while no bank write happens (the random draws
+    are guarded by a lock; their interleaving across threads is then not deterministic).
+    """
+
+    def __init__(self, bank, k: int = 1, oversample: int = 16, freq_penalty: float = 0.4,
+                 recency_window_s: float = 300.0, top1_demote_p: float = 0.5, seed: int = 0, *,
+                 rank_score: str = "position", record: bool = True):
+        if rank_score not in RANK_SCORES:
+            raise ValueError(f"rank_score must be one of {RANK_SCORES}")
+        self.bank = bank
+        self.k = int(k)
+        self.oversample = max(1, int(oversample))
+        self.freq_penalty = float(freq_penalty)
+        self.recency_window_s = float(recency_window_s)
+        self.top1_demote_p = float(top1_demote_p)
+        self.rank_score = rank_score
+        self.record = record
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+
+    def _recent(self, e: ExperienceEntry, now: float) -> bool:
+        return e.last_retrieved > 0 and (now - e.last_retrieved) < self.recency_window_s
+
+    def rerank(self, cands: list[tuple[ExperienceEntry, float]], now: float) -> list[ExperienceEntry]:
+        """Re-rank ``(entry, cosine)`` candidates given in similarity order (best first)."""
+        scored = []
+        for r, (e, cos) in enumerate(cands):
+            base = -float(r) if self.rank_score == "position" else float(cos)
+            s = base - self.freq_penalty * math.log1p(e.times_retrieved) - (1.0 if self._recent(e, now) else 0.0)
+            scored.append((s, r, e))
+        scored.sort(key=lambda x: (-x[0], x[1]))
+        out = [e for _, _, e in scored]
+        if out and self.top1_demote_p > 0 and self._recent(out[0], now):
+            with self._rng_lock:
+                draw = self._rng.random()
+            if draw < self.top1_demote_p:
+                out = out[1:] + out[:1]
+        return out
+
+    def retrieve(self, queries: Sequence[str], env_ids: Sequence[str],
+                 now: float | None = None) -> list[list[ExperienceEntry]]:
+        """Up to ``k`` entries per query (of that query's env), best first after the re-rank."""
+        if len(queries) != len(env_ids):
+            raise ValueError("queries and env_ids must have the same length")
+        now = time.time() if now is None else float(now)
+        out: list[list[ExperienceEntry]] = [[] for _ in queries]
+        if not queries or self.k <= 0:
+            return out
+        vecs = np.asarray(self.bank.embedder.encode(list(queries)), dtype=np.float32)
+        groups: dict[str, list[int]] = {}
+        for i, env in enumerate(env_ids):
+            groups.setdefault(env, []).append(i)
+        hits: list[list[tuple[int, float]]] = [[] for _ in queries]
+        for env, idx in groups.items():
+            res = self.bank.search_vectors(vecs[idx], self.k * self.oversample, env)
+            for i, r in zip(idx, res):
+                hits[i] = r
+        by_id = {e.id: e for e in self.bank.get(list({i for h in hits for i, _ in h}))}
+        returned: list[int] = []
+        for qi, h in enumerate(hits):
+            cands = [(by_id[i], s) for i, s in h if i in by_id]   # ids gone since the search are dropped
+            out[qi] = self.rerank(cands, now)[:self.k]
+            returned.extend(e.id for e in out[qi])
+        if self.record and returned:
+            self.bank.record_retrieval(returned, now)
+        return out

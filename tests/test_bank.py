@@ -1,0 +1,601 @@
+"""Experience bank: operations, rejections, persistence, eviction, indexes, retrieval re-rank, threads."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from crl_bench.experience.bank import (REJECT_ADD_TARGETS, REJECT_EMPTY_TEXT, REJECT_MERGE_TARGETS,
+                                       REJECT_TOO_LONG, REJECT_UNKNOWN_KIND, REJECT_UNKNOWN_TARGET,
+                                       REJECT_UPDATE_TARGETS, REJECT_WRONG_ENV, REJECTION_REASONS,
+                                       ExperienceBank)
+from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
+from crl_bench.experience.locks import RWLock
+from crl_bench.experience.retrieval import Retriever
+from crl_bench.experience.types import Operation as Op
+
+EMB = HashEmbedder(64)
+KINDS = ("flat", "ivf", "hnsw")
+VOCAB = [f"w{i}" for i in range(400)]
+
+
+def make(tmp_path, name="bank.db", **kw) -> ExperienceBank:
+    return ExperienceBank(tmp_path / name, EMB, **kw)
+
+
+def apply(bank, ops, env="e", step=1, ext="x1", gen=0):
+    return bank.apply(list(ops), env_id=env, step=step, extraction_id=ext, generation=gen)
+
+
+def add(bank, title, content, env="e", step=1) -> int:
+    res = apply(bank, [Op("ADD", title, content)], env=env, step=step)
+    assert not res.rejected, res.rejected
+    return res.applied[0][1]
+
+
+def random_texts(n, seed=0, words=8):
+    rng = random.Random(seed)
+    out = set()
+    while len(out) < n:
+        out.add(" ".join(rng.sample(VOCAB, words)))
+    return sorted(out)
+
+
+def check_index_consistent(bank):
+    """FAISS holds exactly the SQLite ids, once each, with the stored vectors."""
+    ids, vecs = bank._index_snapshot()
+    ids = ids.tolist()
+    assert len(ids) == len(set(ids)), "an id is in the index twice"
+    db = bank._db_vectors()
+    assert set(ids) == set(db)
+    for i, v in zip(ids, vecs):
+        np.testing.assert_allclose(v, db[i], atol=1e-6)
+
+
+def full_state(bank):
+    ids, vecs = bank._index_snapshot()
+    order = np.argsort(ids)
+    counters = bank._conn().execute("SELECT name, value FROM counters ORDER BY name").fetchall()
+    return ([tuple(vars(e).values()) for e in bank.entries()], ids[order].tolist(), vecs[order].copy(),
+            bank._db_vectors().keys(), counters)
+
+
+# ------------------------------------------------------------------------------------ embedders
+def test_hash_embedder_deterministic_and_normalised():
+    a = EMB.encode(["open the door", "open the door", "walk north", ""])
+    assert a.shape == (4, 64) and a.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_array_equal(a[0], a[1])
+    np.testing.assert_array_equal(HashEmbedder(64).encode(["open the door"])[0], a[0])
+
+
+class _FakeST:
+    def __init__(self):
+        self.calls = []
+
+    def get_embedding_dimension(self):
+        return 8
+
+    def encode(self, texts, **kw):
+        self.calls.append(list(texts))
+        return np.stack([np.arange(1, 9, dtype=np.float32) * (1 + len(t)) for t in texts])
+
+
+def test_sentence_embedder_cache_lru_and_threads():
+    emb = object.__new__(SentenceEmbedder)
+    fake = _FakeST()
+    emb._setup(fake, model_name="fake", device="cpu", batch_size=4, cache_size=3)
+    out = emb.encode(["a", "bb", "a"])
+    assert out.shape == (3, 8) and fake.calls == [["a", "bb"]]        # duplicates embedded once
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-6)
+    emb.encode(["a"])
+    assert len(fake.calls) == 1                                        # cache hit
+    emb.encode(["c", "d"])                                             # evicts "bb" (least recent)
+    emb.encode(["bb"])
+    assert fake.calls[-1] == ["bb"]
+    errors = []
+
+    def worker(seed):
+        try:
+            rng = random.Random(seed)
+            for _ in range(200):
+                t = [rng.choice("abcdefg") * rng.randint(1, 3) for _ in range(3)]
+                v = emb.encode(t)
+                np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-6)
+        except Exception as exc:   # pragma: no cover
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not errors and emb.cache_info()["size"] <= 3
+
+
+@pytest.mark.slow
+def test_sentence_embedder_real_model():
+    emb = SentenceEmbedder()
+    assert emb.dim == 384
+    v = emb.encode(["use the key on the locked door", "open the locked door with the key",
+                    "walk north to reach the stairs"])
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert v[0] @ v[1] > v[0] @ v[2]
+    again = emb.encode(["open the locked door with the key"])
+    np.testing.assert_allclose(again[0], v[1], atol=1e-6)
+    assert emb.cache_info()["hits"] >= 1
+
+
+# ------------------------------------------------------------------------------------ operations
+@pytest.mark.parametrize("kind", KINDS)
+def test_add_update_merge_none(tmp_path, kind):
+    bank = make(tmp_path, index=kind, ivf_min_train=4)
+    res = apply(bank, [Op("ADD", "go north", "walk north to find the stairs"),
+                       Op("ADD", "open door", "apply the key to a locked door"),
+                       Op("NONE"),
+                       Op("ADD", "push boulder", "push the boulder into the river")], step=3, ext="ex-a", gen=2)
+    assert [i for _, i in res.applied] == [1, 2, None, 3] and not res.rejected and not res.evicted
+    e1 = bank.get([1])[0]
+    assert (e1.env_id, e1.title, e1.content, e1.created_step, e1.updated_step, e1.source_extraction,
+            e1.generation) == ("e", "go north", "walk north to find the stairs", 3, 3, "ex-a", 2)
+    before = full_state(bank)
+    assert apply(bank, [Op("NONE")]).applied == [(Op("NONE"), None)]
+    assert full_state(bank)[0] == before[0]
+
+    bank.record_retrieval([1, 1], when=100.0)
+    bank.record_outcome([1], True)
+    bank.record_outcome([2], False)
+    bank.record_retrieval([2], when=50.0)
+    # UPDATE: text, embedding, step, extraction, generation change; counters stay
+    res = apply(bank, [Op("UPDATE", "stairs", "the stairs are often to the east", (1,))], step=7, ext="ex-b", gen=3)
+    assert res.applied[0][1] == 1
+    u = bank.get([1])[0]
+    assert (u.title, u.content, u.created_step, u.updated_step, u.source_extraction, u.generation) == \
+        ("stairs", "the stairs are often to the east", 3, 7, "ex-b", 3)
+    assert (u.times_retrieved, u.times_success, u.times_failure, u.last_retrieved) == (2, 1, 0, 100.0)
+    top = bank.search(["stairs: the stairs are often to the east"], 1, "e")[0][0]
+    assert top[0] == 1 and top[1] == pytest.approx(1.0, abs=1e-5)
+    check_index_consistent(bank)
+
+    # MERGE: targets removed, one new entry with summed counters
+    res = apply(bank, [Op("MERGE", "doors and stairs", "find the key, then the stairs", (1, 2, 1))],
+                step=9, ext="ex-c", gen=4)
+    (op, new_id), = res.applied
+    assert new_id == 4 and bank.get([1, 2]) == []
+    m = bank.get([4])[0]
+    assert (m.times_retrieved, m.times_success, m.times_failure, m.last_retrieved) == (3, 1, 1, 100.0)
+    assert (m.created_step, m.updated_step, m.source_extraction, m.generation) == (9, 9, "ex-c", 4)
+    assert [e.id for e in bank.entries()] == [3, 4] and len(bank) == 2
+    hits = bank.search(["go north: walk north to find the stairs"], 10, "e")[0]
+    assert {i for i, _ in hits} <= {3, 4}
+    check_index_consistent(bank)
+    bank.close()
+
+
+def test_mixed_batch_order_and_partial(tmp_path):
+    bank = make(tmp_path)
+    res = apply(bank, [Op("ADD", "a", "first"), Op("UPDATE", "b", "x", (42,)), Op("ADD", "c", "third"),
+                       Op("MERGE", "m", "merged", (1, 2))])
+    assert [(o.kind, i) for o, i in res.applied] == [("ADD", 1), ("ADD", 2), ("MERGE", 3)]
+    assert res.rejected == [(Op("UPDATE", "b", "x", (42,)), REJECT_UNKNOWN_TARGET)]
+    assert [e.id for e in bank.entries()] == [3]
+    res = apply(bank, [Op("MERGE", "m", "merged", (1, 2))])      # targets already merged away
+    assert res.rejected[0][1] == REJECT_UNKNOWN_TARGET
+
+
+REJECT_CASES = [
+    (Op("DELETE", "t", "c", (1,)), REJECT_UNKNOWN_KIND),
+    (Op("add", "t", "c"), REJECT_UNKNOWN_KIND),
+    (Op("ADD", "", "content"), REJECT_EMPTY_TEXT),
+    (Op("ADD", "title", "   "), REJECT_EMPTY_TEXT),
+    (Op("UPDATE", "title", "", (1,)), REJECT_EMPTY_TEXT),
+    (Op("MERGE", "", "merged", (1, 2)), REJECT_EMPTY_TEXT),
+    (Op("ADD", "title", "x" * 1001), REJECT_TOO_LONG),
+    (Op("UPDATE", "t" * 1001, "content", (1,)), REJECT_TOO_LONG),
+    (Op("ADD", "title", "content", (1,)), REJECT_ADD_TARGETS),
+    (Op("UPDATE", "title", "content", ()), REJECT_UPDATE_TARGETS),
+    (Op("UPDATE", "title", "content", (1, 2)), REJECT_UPDATE_TARGETS),
+    (Op("MERGE", "title", "content", (1,)), REJECT_MERGE_TARGETS),
+    (Op("MERGE", "title", "content", (2, 2)), REJECT_MERGE_TARGETS),
+    (Op("UPDATE", "title", "content", (999,)), REJECT_UNKNOWN_TARGET),
+    (Op("UPDATE", "title", "content", ("one",)), REJECT_UNKNOWN_TARGET),
+    (Op("MERGE", "title", "content", (1, 999)), REJECT_UNKNOWN_TARGET),
+    (Op("UPDATE", "title", "content", (3,)), REJECT_WRONG_ENV),
+    (Op("MERGE", "title", "content", (1, 3)), REJECT_WRONG_ENV),
+]
+
+
+def test_every_reason_is_covered():
+    assert {r for _, r in REJECT_CASES} == set(REJECTION_REASONS)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+@pytest.mark.parametrize("op,reason", REJECT_CASES, ids=[f"{o.kind}-{r}" for o, r in REJECT_CASES])
+def test_rejection_changes_nothing(tmp_path, kind, op, reason):
+    bank = make(tmp_path, index=kind)
+    add(bank, "a", "lesson one")
+    add(bank, "b", "lesson two")
+    add(bank, "c", "other env lesson", env="other")
+    before = full_state(bank)
+    res = apply(bank, [op], env="e", step=5, ext="ex-bad")
+    assert res.applied == [] and res.evicted == []
+    assert res.rejected == [(op, reason)]
+    after = full_state(bank)
+    assert after[0] == before[0] and after[1] == before[1] and after[4] == before[4]
+    np.testing.assert_array_equal(after[2], before[2])
+    log = bank.rejections()
+    assert len(log) == 1 and log[0]["reason"] == reason and log[0]["step"] == 5
+    assert log[0]["extraction_id"] == "ex-bad" and log[0]["operation"]["kind"] == op.kind
+    assert bank.stats()["rejections"] == {reason: 1}
+    check_index_consistent(bank)
+
+
+# ------------------------------------------------------------------------------------ persistence
+@pytest.mark.parametrize("kind", KINDS)
+def test_persistence_across_reopen(tmp_path, kind):
+    texts = random_texts(60, seed=1)
+    bank = make(tmp_path, index=kind, ivf_min_train=20)
+    ids = [i for _, i in apply(bank, [Op("ADD", f"t{j}", t) for j, t in enumerate(texts)]).applied]
+    apply(bank, [Op("UPDATE", "updated", texts[0] + " extra words", (ids[0],)),
+                 Op("MERGE", "merged", texts[1], (ids[1], ids[-1]))])     # the largest id is deleted
+    bank.record_retrieval(ids[2:5], when=123.0)
+    bank.record_outcome(ids[2:3], True)
+    queries = [texts[0], texts[1], texts[10], "w1 w2 w3 w4"]
+    k = 5 if kind == "hnsw" else 100                      # flat / ivf: every entry, so ties cannot cut
+    results = bank.search(queries, k, "e")
+    entries = bank.entries()
+    max_id = max(e.id for e in entries)
+    bank.close()
+
+    again = make(tmp_path, index=kind, ivf_min_train=20)
+    assert again.entries() == entries
+    got = again.search(queries, k, "e")
+    for r1, r2 in zip(got, results):
+        np.testing.assert_allclose([s for _, s in r1], [s for _, s in r2], atol=1e-5)
+        assert r1[0][0] == r2[0][0]
+        if kind != "hnsw":                                  # same (score, id) multiset: tie order may differ
+            assert sorted((round(-s, 5), i) for i, s in r1) == sorted((round(-s, 5), i) for i, s in r2)
+    check_index_consistent(again)
+    new = add(again, "new", "after reopen")
+    assert new == max_id + 1 and new not in ids           # ids are never reused
+    again.close()
+
+
+def test_wal_mode_and_dim_mismatch(tmp_path):
+    bank = make(tmp_path)
+    assert bank._conn().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    bank.close()
+    with pytest.raises(ValueError):
+        ExperienceBank(tmp_path / "bank.db", HashEmbedder(32))
+
+
+# ------------------------------------------------------------------------------------ capacity
+@pytest.mark.parametrize("kind", KINDS)
+def test_capacity_fifo(tmp_path, kind):
+    bank = make(tmp_path, capacity=3, eviction="fifo", index=kind, hnsw_rebuild_min=1)
+    for j in range(3):
+        assert apply(bank, [Op("ADD", f"t{j}", f"lesson {j}")]).evicted == []
+    apply(bank, [Op("UPDATE", "t0", "refined lesson 0", (1,))])           # UPDATE keeps created order
+    res = apply(bank, [Op("ADD", "t3", "lesson 3")])
+    assert res.evicted == [1]
+    res = apply(bank, [Op("ADD", f"t{j}", f"lesson {j}") for j in (4, 5)])
+    assert res.evicted == [2, 3]
+    assert [e.id for e in bank.entries()] == [4, 5, 6]
+    res = apply(bank, [Op("MERGE", "m", "merged", (4, 5)), Op("ADD", "t7", "lesson 7")])
+    assert res.evicted == [] and [e.id for e in bank.entries()] == [6, 7, 8]
+    assert bank.stats()["evicted_total"] == 3
+    assert all(i in {6, 7, 8} for r in bank.search(["lesson 0", "lesson 3"], 5, "e") for i, _ in r)
+    check_index_consistent(bank)
+
+
+def test_capacity_lru(tmp_path):
+    bank = make(tmp_path, capacity=3, eviction="lru")
+    a, b, c = (add(bank, t, f"lesson {t}") for t in "abc")
+    now = time.time()
+    bank.record_retrieval([a], when=now + 100)
+    d = add(bank, "d", "lesson d")
+    assert [e.id for e in bank.entries()] == [a, c, d]                      # b: least recently used
+    bank.record_retrieval([c], when=now + 200)
+    res = apply(bank, [Op("ADD", "e", "lesson e")])
+    assert res.evicted == [d]                                              # d written at ~now < a, c uses
+    e = res.applied[0][1]
+    res = apply(bank, [Op("ADD", "f", "lesson f")])
+    assert res.evicted == [e]
+    assert [x.id for x in bank.entries()] == [a, c, res.applied[0][1]]
+    check_index_consistent(bank)
+
+
+# ------------------------------------------------------------------------------------ env filtering
+@pytest.mark.parametrize("kind", KINDS)
+def test_env_filtering(tmp_path, kind):
+    bank = make(tmp_path, index=kind)
+    a = add(bank, "door", "open the door with the key", env="a")
+    b = add(bank, "door", "open the door with the key", env="b")
+    a2 = add(bank, "stairs", "go to the stairs", env="a")
+    assert [i for i, _ in bank.search(["open the door"], 5, "a")[0]] == [a, a2]
+    assert [i for i, _ in bank.search(["open the door"], 5, "b")[0]] == [b]
+    assert bank.search(["open the door"], 5, "nope") == [[]]
+    both = bank.search(["door: open the door with the key"], 2, None)[0]
+    assert {i for i, _ in both} == {a, b} and both[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert [e.id for e in bank.entries("a")] == [a, a2]
+    r = Retriever(bank, k=1).retrieve(["open the door", "open the door"], ["a", "b"])
+    assert [x[0].id for x in r] == [a, b]
+    assert Retriever(bank, k=1).retrieve(["x"], ["unknown"]) == [[]]
+
+
+# ------------------------------------------------------------------------------------ approximate indexes
+def test_ivf_hnsw_match_flat_top1(tmp_path):
+    texts = random_texts(320, seed=2)
+    banks = {k: make(tmp_path, f"{k}.db", index=k, ivf_min_train=100, ivf_nlist=16, ivf_nprobe=4,
+                     hnsw_rebuild_min=10, hnsw_rebuild_fraction=0.02) for k in KINDS}
+    for bank in banks.values():
+        for s in range(0, len(texts), 20):
+            apply(bank, [Op("ADD", f"t{j}", t) for j, t in enumerate(texts[s:s + 20], s)])
+    assert banks["ivf"]._shards["e"].trainings >= 2 and banks["ivf"]._shards["e"].ivf is not None
+    queries = [f"t{j}: {t}" for j, t in enumerate(texts)]
+    tops = {k: [r[0] for r in b.search(queries, 3, "e")] for k, b in banks.items()}
+    assert [i for i, _ in tops["flat"]] == list(range(1, 321))
+    for k in ("ivf", "hnsw"):
+        assert [i for i, _ in tops[k]] == [i for i, _ in tops["flat"]], k
+    # deletions (merge, update) then compare again: tombstones / IVF removal
+    for bank in banks.values():
+        for j in range(0, 60, 2):
+            apply(bank, [Op("MERGE", f"m{j}", texts[j] + " merged", (j + 1, j + 2))])
+        for j in range(100, 120):
+            apply(bank, [Op("UPDATE", f"u{j}", texts[j] + " updated", (j + 1,))])
+        check_index_consistent(bank)
+    assert banks["hnsw"]._shards["e"].rebuilds >= 1
+    live = {e.id for e in banks["flat"].entries()}
+    probe = [f"t{j}: {t}" for j, t in enumerate(texts)]
+    ref = banks["flat"].search(probe, 5, "e")
+    for k in ("ivf", "hnsw"):
+        got = banks[k].search(probe, 5, "e")
+        assert all(i in live for r in got for i, _ in r)
+        same = sum(g[0][0] == r[0][0] or abs(g[0][1] - r[0][1]) < 1e-6 for g, r in zip(got, ref))
+        assert same >= 0.97 * len(ref), (k, same)
+
+
+# ------------------------------------------------------------------------------------ retrieval re-rank
+def _rank_bank(tmp_path, name="r.db"):
+    bank = make(tmp_path, name)
+    a = add(bank, "alpha", "alpha beta gamma delta")
+    b = add(bank, "alpha", "alpha beta gamma epsilon")
+    c = add(bank, "zeta", "zeta eta theta iota")
+    q = "alpha: alpha beta gamma delta"
+    assert [i for i, _ in bank.search([q], 3, "e")[0]] == [a, b, c]
+    return bank, q, (a, b, c)
+
+
+def test_frequency_penalty_changes_order(tmp_path):
+    bank, q, (a, b, c) = _rank_bank(tmp_path)
+    old = 1000.0                                                 # far outside the recency window
+    bank.record_retrieval([a] * 20, when=old)
+    now = 10_000.0
+    plain = Retriever(bank, k=3, freq_penalty=0.0, record=False).retrieve([q], ["e"], now=now)[0]
+    assert [e.id for e in plain] == [a, b, c]
+    pen = Retriever(bank, k=3, freq_penalty=0.4, record=False).retrieve([q], ["e"], now=now)[0]
+    # s(a) = 0 - 0.4*log(21) = -1.22 < s(b) = -1
+    assert [e.id for e in pen] == [b, a, c]
+    assert 0.4 * math.log1p(20) > 1.0
+    cos = Retriever(bank, k=3, freq_penalty=0.4, rank_score="cosine", record=False).retrieve([q], ["e"], now=now)[0]
+    assert cos[0].id == b
+
+
+def test_recency_penalty_and_window(tmp_path):
+    bank, q, (a, b, c) = _rank_bank(tmp_path)
+    now = 10_000.0
+    bank.record_retrieval([a], when=now - 10)                    # recent: -0.28 - 1 < -1
+    r = Retriever(bank, k=1, top1_demote_p=0.0, record=False)
+    assert r.retrieve([q], ["e"], now=now)[0][0].id == b
+    assert r.retrieve([q], ["e"], now=now + 400)[0][0].id == a    # outside the 300 s window: -0.28 > -1
+
+
+def test_top1_demotion_probability_and_seed(tmp_path):
+    bank, q, (a, b, c) = _rank_bank(tmp_path)
+    now = 10_000.0
+    bank.record_retrieval([a, b, c], when=now - 5)               # all recent, same count: order kept
+    never = Retriever(bank, k=1, top1_demote_p=0.0, record=False)
+    assert never.retrieve([q], ["e"], now=now)[0][0].id == a
+    always = Retriever(bank, k=3, top1_demote_p=1.0, record=False)
+    assert [e.id for e in always.retrieve([q], ["e"], now=now)[0]] == [b, c, a]
+    half = Retriever(bank, k=1, top1_demote_p=0.5, seed=7, record=False)
+    picks = [half.retrieve([q], ["e"], now=now)[0][0].id for _ in range(200)]
+    assert set(picks) == {a, b} and 60 < picks.count(a) < 140
+    again = Retriever(bank, k=1, top1_demote_p=0.5, seed=7, record=False)
+    assert [again.retrieve([q], ["e"], now=now)[0][0].id for _ in range(200)] == picks
+
+
+def test_retrieval_records_and_is_deterministic(tmp_path):
+    runs = []
+    for name in ("r1.db", "r2.db"):
+        bank, q, ids = _rank_bank(tmp_path, name)
+        r = Retriever(bank, k=1, seed=3)
+        seq = [r.retrieve([q, q], ["e", "e"], now=10_000.0 + 10 * t)[0][0].id for t in range(30)]
+        runs.append(seq)
+        st = bank.stats()
+        assert st["retrieved_total"] == 60                      # 2 queries x 30 calls x k=1
+        assert len(set(seq)) >= 2                                # the re-rank rotates entries
+    assert runs[0] == runs[1]
+
+
+def test_retrieval_batch_reads_counters_once(tmp_path):
+    bank, q, (a, b, c) = _rank_bank(tmp_path)
+    out = Retriever(bank, k=1).retrieve([q] * 4, ["e"] * 4, now=5000.0)
+    assert [x[0].id for x in out] == [a] * 4                     # same snapshot for the whole batch
+    e = bank.get([a])[0]
+    assert e.times_retrieved == 4 and e.last_retrieved == 5000.0
+    assert bank.get([b])[0].times_retrieved == 0                 # candidates are not counted
+
+
+# ------------------------------------------------------------------------------------ stats
+def test_stats(tmp_path):
+    bank = make(tmp_path, capacity=4)
+    apply(bank, [Op("ADD", "a", "one"), Op("ADD", "b", "two"), Op("ADD", "c", "three")], env="x")
+    apply(bank, [Op("ADD", "d", "four"), Op("UPDATE", "", "", (1,)), Op("BAD")], env="y")
+    apply(bank, [Op("MERGE", "ab", "one and two", (1, 2)), Op("UPDATE", "c", "three!", (3,))], env="x")
+    apply(bank, [Op("ADD", "e", "five"), Op("ADD", "f", "six")], env="y")
+    bank.record_retrieval([3, 3, 4], when=1.0)
+    bank.record_outcome([3], True)
+    bank.record_outcome([3, 4], False)
+    # ids 1-3 (x), 4 (y); MERGE 1,2 -> 5; ADD 6, 7 (y) -> 5 entries > 4: fifo evicts 3
+    st = bank.stats()
+    assert st["count"] == 4 and st["per_env"] == {"x": 1, "y": 3}
+    assert [e.id for e in bank.entries()] == [4, 5, 6, 7]
+    assert st["applied"] == {"ADD": 6, "UPDATE": 1, "MERGE": 1}
+    assert st["evicted_total"] == 1
+    assert st["rejections"] == {REJECT_EMPTY_TEXT: 1, REJECT_UNKNOWN_KIND: 1} and st["rejections_total"] == 2
+    assert st["retrieved_total"] == 1 and st["retrieved_mean"] == pytest.approx(0.25)
+    assert st["times_success"] == 0 and st["times_failure"] == 1
+    assert (st["index"], st["capacity"], st["eviction"]) == ("flat", 4, "fifo")
+
+
+# ------------------------------------------------------------------------------------ locks + stress
+def test_rwlock_writer_preference():
+    lock = RWLock()
+    order = []
+    lock.acquire_read()
+    w = threading.Thread(target=lambda: (lock.acquire_write(), order.append("w"), lock.release_write()))
+    w.start()
+    time.sleep(0.1)
+    r = threading.Thread(target=lambda: (lock.acquire_read(), order.append("r"), lock.release_read()))
+    r.start()
+    time.sleep(0.1)
+    assert order == []                         # the writer waits for the reader; the new reader waits too
+    lock.release_read()
+    w.join(2)
+    r.join(2)
+    assert order == ["w", "r"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_concurrent_readers_and_writers(tmp_path, kind):
+    duration = 1.0 if kind != "flat" else 2.0
+    bank = make(tmp_path, index=kind, capacity=80, ivf_min_train=20, ivf_nlist=8, ivf_nprobe=2,
+                hnsw_rebuild_min=8, hnsw_rebuild_fraction=0.1)
+    retriever = Retriever(bank, k=2)
+    lock = RWLock()
+    log: list = []                      # (ops, result) in apply order (appended under the write lock)
+    errors: list = []
+    counts = {"reads": 0, "writes": 0, "evicted": 0}
+    stop = threading.Event()
+    envs = ("a", "b")
+
+    def writer(seed):
+        rng = random.Random(seed)
+        try:
+            while not stop.is_set():
+                env = rng.choice(envs)
+                with lock.write():
+                    live = [e.id for e in bank.entries(env)]
+                    ops = []
+                    for _ in range(rng.randint(1, 3)):
+                        x = rng.random()
+                        text = " ".join(rng.sample(VOCAB, 6))
+                        if x < 0.5 or len(live) < 3:
+                            ops.append(Op("ADD", f"add {seed}", text))
+                        elif x < 0.7:
+                            ops.append(Op("UPDATE", f"upd {seed}", text, (rng.choice(live),)))
+                        elif x < 0.9:
+                            ops.append(Op("MERGE", f"mrg {seed}", text, tuple(rng.sample(live, 2))))
+                        else:
+                            ops.append(Op("UPDATE", "bad", text, (10 ** 9,)))
+                    res = bank.apply(ops, env_id=env, step=counts["writes"], extraction_id=f"w{seed}",
+                                     generation=0)
+                    log.append((env, ops, res))
+                    counts["writes"] += 1
+                    counts["evicted"] += len(res.evicted)
+                time.sleep(0.001)
+        except Exception as exc:  # pragma: no cover
+            errors.append(exc)
+
+    def reader(seed):
+        rng = random.Random(1000 + seed)
+        try:
+            while not stop.is_set():
+                env = rng.choice(envs + (None,))
+                qs = [" ".join(rng.sample(VOCAB, 5)) for _ in range(rng.randint(1, 8))]
+                with lock.read():
+                    if rng.random() < 0.2 and env is not None:
+                        retriever.retrieve(qs, [env] * len(qs))
+                    else:
+                        res = bank.search(qs, 5, env)
+                        ids = [i for r in res for i, _ in r]
+                        got = {e.id: e for e in bank.get(ids)}
+                        assert set(ids) <= set(got), "search returned an id missing from SQLite"
+                        for r in res:
+                            scores = [s for _, s in r]
+                            assert scores == sorted(scores, reverse=True)
+                            assert len({i for i, _ in r}) == len(r)
+                        if env is not None:
+                            assert all(got[i].env_id == env for i in ids)
+                counts["reads"] += 1
+        except Exception as exc:  # pragma: no cover
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(s,), daemon=True) for s in range(8)]
+    threads += [threading.Thread(target=writer, args=(s,), daemon=True) for s in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(duration)
+    deadline = time.time() + 5.0                 # on a loaded machine: run on until the cap has bitten
+    while not counts["evicted"] and time.time() < deadline and not errors:
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in threads), "deadlock: a thread did not finish"
+    assert not errors, errors
+    assert counts["writes"] > 5 and counts["reads"] > 5
+
+    # replay the acknowledged writes in order
+    live: dict[int, str] = {}
+    n_merges = n_evictions = 0
+    for env, ops, res in log:
+        for op, i in res.applied:
+            if op.kind == "ADD":
+                assert i not in live
+                live[i] = env
+            elif op.kind == "UPDATE":
+                assert live[i] == env
+            elif op.kind == "MERGE":
+                for t in set(op.targets):
+                    assert live.pop(t) == env
+                assert i not in live
+                live[i] = env
+                n_merges += 1
+        for i in res.evicted:
+            live.pop(i)
+            n_evictions += 1
+        assert all(r in REJECTION_REASONS for _, r in res.rejected)
+    entries = bank.entries()
+    assert {e.id: e.env_id for e in entries} == live
+    check_index_consistent(bank)
+    db = bank._db_vectors()
+    for e in entries:                                      # stored vector = embedding of the final text
+        np.testing.assert_allclose(db[e.id], EMB.encode([e.text()])[0], atol=1e-6)
+    assert n_merges > 0 and n_evictions > 0
+    if kind == "ivf":
+        assert any(s.trainings for s in bank._shards.values())            # IVF trained while threads ran
+    if kind == "hnsw":
+        assert any(s.rebuilds for s in bank._shards.values())             # tombstones compacted
+    bank.close()
+    again = make(tmp_path, index=kind, capacity=80)
+    assert {e.id for e in again.entries()} == set(live)
+    check_index_consistent(again)
+    again.close()
+
+
+def test_bench_retrieval_smoke(tmp_path):
+    from crl_bench.bench_retrieval import bench_retrieval, format_table
+
+    rows = bench_retrieval(sizes=(300,), queries=8, k=5, dim=32, repeats=1, latency_samples=16,
+                           workdir=str(tmp_path), bank_kwargs={"ivf_min_train": 100})
+    assert [(r["index"], r["size"]) for r in rows] == [("flat", 300), ("ivf", 300), ("hnsw", 300)]
+    assert all(r["recall@1"] == 1.0 and r["batched_ms"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in rows)
+    assert format_table(rows).count("\n") == 4

@@ -50,3 +50,26 @@ def test_parser_has_commands():
     p = build_parser()
     args = p.parse_args(["run", "--method", "grpo", "--mix", "sokoban", "--steps", "3", "--seed", "7"])
     assert args.steps == 3 and args.seed == 7 and args.method == "grpo"
+
+
+def test_bank_show_and_stats(tmp_path, capsys):
+    """`crl-bench bank show/stats RUN` read a run's experience.sqlite."""
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.experience.embedding import SentenceEmbedder
+    from crl_bench.experience.types import Operation
+
+    bank = ExperienceBank(tmp_path / "experience.sqlite", SentenceEmbedder())
+    res = bank.apply([Operation("ADD", "Go around walls", "If a move bumps a wall, try the other axis.")],
+                     env_id="sokoban", step=1, extraction_id="x1", generation=0)
+    eid = res.applied[0][1]
+    bank.record_retrieval([eid], 1.0)
+    bank.record_outcome([eid], True)
+    bank.apply([Operation("UPDATE", "", "", (eid,))], env_id="sokoban", step=1, extraction_id="x2", generation=0)
+    bank.close()
+    assert main(["bank", "show", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"#{eid} [sokoban] Go around walls" in out and "retrieved 1, guided 1 successes" in out
+    assert main(["bank", "stats", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert '"count": 1' in out and "empty_text" in out
+    assert main(["bank", "show", str(tmp_path / "nowhere")]) == 2

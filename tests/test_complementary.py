@@ -100,14 +100,16 @@ def test_reward_goes_to_the_extraction_that_wrote_the_entry(tokenizer, tiny_mode
     entries = tr.experience.bank.entries("test-coin")
     writers = {e.source_extraction for e in entries}
     res = tr.train_step()
-    credited = [e for e in tr.experience.rewarded] + [u for u in tr.experience.updates]
-    assert credited
+    assert tr.experience.rewarded or tr.experience.updates
     # every rewarded extraction wrote an entry that guided a step-2 episode
     used = {eid for t in res.trajectories for eid in t.experience_ids}
     used_writers = {e.source_extraction for e in tr.experience.bank.get(sorted(used))}
-    for ex in tr.experience.rewarded:
+    guided = [t for t in res.trajectories if t.subgroup == "guided" and t.experience_ids]
+    assert len(tr.experience.rewarded) + sum(u["extractor_batch"] for u in tr.experience.updates) \
+        == sum(len(t.experience_ids) for t in guided)       # one pair per guided episode and entry
+    for ex, r in tr.experience.rewarded:
         assert ex.id in used_writers and ex.id in writers
-        assert -1.0 <= ex.reward <= 1.0          # mean of the rewards of the episodes it guided
+        assert r in (-1.0, 0.0, 1.0)
     tr.close()
 
 

@@ -50,6 +50,36 @@ def test_smoke_run(tmp_path, mix, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("method", ["complementary", "static"])
+def test_experience_smoke_run(tmp_path, method, capsys):
+    """The smoke preset of the experience methods with the real actor, extractor and embedder."""
+    rc = main(["run", "--method", method, "--mix", "minihack-room", "--preset", "smoke",
+               "--output-dir", str(tmp_path), "--run-id", "smoke"])
+    assert rc == 0
+    run = tmp_path / "smoke"
+    _check_run_folder(run, steps=2)
+    assert (run / "experience.sqlite").is_file()
+    rows = read_metrics(run)
+    for r in rows:
+        for key in ("success_rate/guided", "success_rate/free", "bank_size", "extractions_parsed",
+                    "extractions_failed", "ops_rejected", "guided_with_experience"):
+            assert key in r, key
+    # every episode of step 1 was distilled before step 2 (smoke waits for distillation)
+    assert rows[0]["extractions_parsed"] + rows[0]["extractions_failed"] == 8
+    if rows[0]["bank_size"] > 0:
+        assert rows[1]["guided_with_experience"] > 0       # step 2's guided episodes used the bank
+    updates = [r for r in rows if "extractor_update" in r]
+    if method == "static":
+        assert not updates
+    for u in updates:
+        assert "extractor_loss" in u and "extractor_reward_mean" in u
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["guided"] is True
+    assert main(["bank", "stats", str(run)]) == 0
+    assert '"count"' in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_real_model_update_changes_policy():
     """On real rollouts of the real model, an update with non-zero advantages moves the log-probs."""
     from crl_bench.config import build_config, preset_data

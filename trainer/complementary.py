@@ -9,11 +9,13 @@ Complementary RL (arXiv 2603.17621; DESIGN.md section 1).  Beside the actor's GR
 2. Every finished episode goes to the background experience manager, whose extractor turns it into
    ADD / UPDATE / MERGE / NONE operations on the bank; every ``merge_every`` steps a merge pass offers
    groups of similar entries to the extractor for consolidation.
-3. A guided episode's outcome becomes the reward of the extraction that wrote the entry that guided
-   it: ``relative`` (+1 / 0 / -1 against the mean score of the experience-free subgroup of the same
+3. A guided episode's outcome becomes a reward of the extraction that wrote the entry that guided
+   it, one (extraction, reward) pair per guided episode: ``relative`` (+1 / 0 / -1 against the mean score of the experience-free subgroup of the same
    group, as in the released code) or ``binary`` (the guided episode succeeded).
-4. When ``extractor.batch_size`` rewarded extractions have accumulated, the extractor takes one CISPO
-   update (unless the method freezes it: the static-extractor baseline).
+4. When ``extractor.batch_size`` pairs have accumulated, the extractor takes one CISPO update
+   (unless the method freezes it: the static-extractor baseline).  An extraction keeps earning pairs
+   while its entry guides episodes; pairs from extractions sampled before the last update are
+   off-policy, which CISPO's clipped importance weights account for.
 """
 
 from __future__ import annotations
@@ -123,8 +125,10 @@ class ExperienceTrack:
         else:
             for p in self.model.parameters():
                 p.requires_grad_(False)
-        self.pending: OrderedDict[str, Any] = OrderedDict()   # extraction id -> Extraction, unrewarded
-        self.rewarded: list[Any] = []                          # extractions with a reward, not trained
+        # extractions whose entries are in the bank (id -> Extraction), most recently credited last
+        self.pending: OrderedDict[str, Any] = OrderedDict()
+        # (extraction, reward) pairs waiting for the next extractor update
+        self.rewarded: list[tuple[Any, float]] = []
         self.generation = 0
         self.updates: list[dict[str, Any]] = []
 
@@ -184,11 +188,13 @@ class ExperienceTrack:
                             rewards[entry.source_extraction].append(r)
         credited = 0
         for eid, rs in rewards.items():
-            extraction = self.pending.pop(eid, None)
-            if extraction is not None:
-                extraction.reward = float(statistics.fmean(rs))
-                self.rewarded.append(extraction)
-                credited += 1
+            extraction = self.pending.get(eid)
+            if extraction is None:
+                continue
+            self.pending.move_to_end(eid)
+            for r in rs:                      # one (extraction, reward) pair per guided episode
+                self.rewarded.append((extraction, float(r)))
+            credited += 1
         # distillation: every finished episode (or the first n of each group), never waited on
         reqs = []
         for g, members in by_group.items():
@@ -242,7 +248,7 @@ class ExperienceTrack:
                 self.pending[extraction.id] = extraction
             elif not said_none and invalid_reward is not None and extraction.response_ids:
                 extraction.reward = float(invalid_reward)     # format signal (optional, off by default)
-                self.rewarded.append(extraction)
+                self.rewarded.append((extraction, float(invalid_reward)))
         while len(self.pending) > MAX_PENDING_EXTRACTIONS:
             self.pending.popitem(last=False)
 
@@ -256,10 +262,10 @@ class ExperienceTrack:
         if self.updater is None or len(self.rewarded) < xc.batch_size:
             return None
         batch, self.rewarded = self.rewarded[:xc.batch_size], self.rewarded[xc.batch_size:]
-        raw = [float(e.reward) for e in batch]
+        raw = [r for _, r in batch]
         advs = normalise_rewards(raw, std=xc.reward_std_normalize)
         samples = [TokenSample(e.prompt_ids, e.response_ids, e.logprobs, a)
-                   for e, a in zip(batch, advs) if e.response_ids]
+                   for (e, _), a in zip(batch, advs) if e.response_ids]
         with self.manager.extractor_lock:
             stats = self.updater.update(samples)
             self.generation += 1

@@ -307,7 +307,11 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
                 print(f"step {m['step']}: success {m['success_rate']:.2f}  reward {m['reward_mean']:.2f}  "
                       f"steps {m['steps_mean']:.1f}  invalid {m['invalid_action_rate']:.2f}  "
                       f"loss {m.get('loss', 0.0):.4f}  {m['tokens_per_s']:.1f} tok/s  "
-                      f"{m['time_step_s']:.1f}s", flush=True)
+                      f"{m['time_step_s']:.1f}s"
+                      + (f"  | guided {m['success_rate/guided']:.2f} free {m['success_rate/free']:.2f}  "
+                         f"bank {m['bank_size']}" if "bank_size" in m else "")
+                      + (f"  extractor update {m['extractor_update']}: reward {m['extractor_reward_mean']:.2f} "
+                         f"loss {m['extractor_loss']:.4f}" if "extractor_update" in m else ""), flush=True)
             if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
                 ev = trainer.evaluate()
                 writer.log_metrics({"step": trainer.step, "eval": ev})

@@ -30,6 +30,8 @@ def _add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> No
     p.add_argument("--preset", default="default", help="preset: default, smoke, paper")
     p.add_argument("--config", help="YAML file with the same sections as a run's config.yaml")
     p.add_argument("--model", help="actor model: smollm2-135m-instruct (default) or a HF path/name")
+    p.add_argument("--extractor-model", help="experience extractor model (default: same as the actor, "
+                                             "separate weights)")
     p.add_argument("--seed", type=int, help="seed of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any setting, e.g. --set train.lr=1e-5 (repeatable)")
@@ -56,6 +58,8 @@ def resolve_config(args: argparse.Namespace, extra: dict[str, Any] | None = None
         flags.setdefault("model", {})["name"] = args.model
     if args.seed is not None:
         flags.setdefault("train", {})["seed"] = args.seed
+    if getattr(args, "extractor_model", None):
+        flags.setdefault("extractor", {})["model"] = args.extractor_model
     for k, v in (extra or {}).items():
         section, _, key = k.partition(".")
         flags.setdefault(section, {})[key] = v

@@ -6,6 +6,8 @@ Layout of a run folder::
     versions.json    Python, platform, package versions, git commit of the checkout (if any)
     seeds.json       every seed the run used
     metrics.jsonl    one JSON object per training step
+    episodes.jsonl   one JSON object per training episode: step, env, task, group, subgroup, outcome,
+                     and the ids of the experience entries that guided it
     eval.json        final evaluation (success rate, mean steps, per env)
     checkpoint/      final weights (save_pretrained) and tokenizer
 """
@@ -84,6 +86,16 @@ class RunWriter:
         tmp = self.dir / f".{name}.tmp"
         tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
         tmp.replace(self.dir / name)
+
+    def log_episodes(self, step: int, trajectories: Any) -> None:
+        """Append one line per episode of ``step`` (which entries guided which episode, outcomes)."""
+        with (self.dir / "episodes.jsonl").open("a") as f:
+            for t in trajectories:
+                f.write(json.dumps({
+                    "step": step, "env": t.env_id, "task": t.task, "group": t.group_id,
+                    "subgroup": t.subgroup, "rollout": t.meta.get("rollout"), "success": t.success,
+                    "reward": t.reward, "steps": t.steps, "invalid_actions": t.invalid_actions,
+                    "experience_ids": list(t.experience_ids), "error": t.error}) + "\n")
 
     def log_metrics(self, row: dict[str, Any]) -> None:
         """Append one JSON line (flushed at once, so a crashed run keeps its history)."""

@@ -73,3 +73,14 @@ def test_bank_show_and_stats(tmp_path, capsys):
     out = capsys.readouterr().out
     assert '"count": 1' in out and "empty_text" in out
     assert main(["bank", "show", str(tmp_path / "nowhere")]) == 2
+
+
+def test_flags_resolve_into_config():
+    from crl_bench.cli import resolve_config
+
+    args = build_parser().parse_args(["run", "--method", "static", "--mix", "sokoban", "--preset", "smoke",
+                                      "--extractor-model", "some/model", "--model", "a/b", "--seed", "3",
+                                      "--set", "experience.k=2"])
+    cfg = resolve_config(args)
+    assert cfg.method == "static" and cfg.extractor.model == "some/model" and cfg.model.name == "a/b"
+    assert cfg.train.seed == 3 and cfg.experience.k == 2 and cfg.rollout.mix == "sokoban"

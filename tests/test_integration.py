@@ -14,7 +14,7 @@ from crl_bench.results import read_metrics
 
 
 def _check_run_folder(run: Path, steps: int) -> None:
-    for name in ("config.yaml", "versions.json", "seeds.json", "metrics.jsonl", "eval.json"):
+    for name in ("config.yaml", "versions.json", "seeds.json", "metrics.jsonl", "eval.json", "episodes.jsonl"):
         assert (run / name).is_file(), name
     assert (run / "checkpoint" / "config.json").is_file()
     assert any((run / "checkpoint").glob("*.safetensors"))
@@ -68,6 +68,9 @@ def test_experience_smoke_run(tmp_path, method, capsys):
     assert rows[0]["extractions_parsed"] + rows[0]["extractions_failed"] == 8
     if rows[0]["bank_size"] > 0:
         assert rows[1]["guided_with_experience"] > 0       # step 2's guided episodes used the bank
+    episodes = [json.loads(x) for x in (run / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 16 and {e["subgroup"] for e in episodes} == {"free", "guided"}
+    assert all(not e["experience_ids"] for e in episodes if e["subgroup"] == "free")
     updates = [r for r in rows if "extractor_update" in r]
     if method == "static":
         assert not updates

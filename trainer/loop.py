@@ -302,6 +302,7 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
                       unit="ep", disable=quiet, leave=False) as bar:
                 res = trainer.train_step(progress=bar.update)
             writer.log_metrics(res.metrics)
+            writer.log_episodes(res.metrics["step"], res.trajectories)
             if not quiet:
                 m = res.metrics
                 print(f"step {m['step']}: success {m['success_rate']:.2f}  reward {m['reward_mean']:.2f}  "

@@ -123,6 +123,19 @@ class AnswerParser:
         return ParsedAction(canonical, text)
 
 
+def feedback_of(obs: str) -> str:
+    """The env's feedback in an observation: the text of its ``Last: ...`` line (the convention of
+    :meth:`TextEnv._observe` implementations here), else a first line starting with ``Message:`` or
+    ``Invalid action``; ``""`` if there is none."""
+    lines = [ln.strip() for ln in (obs or "").splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.lower().startswith("last:"):
+            return ln[5:].strip()
+    if lines and lines[0].lower().startswith(("message:", "invalid action")):
+        return lines[0]
+    return ""
+
+
 class TextEnv(gym.Env, metaclass=abc.ABCMeta):
     """Base class of the text-symbolic environments.
 

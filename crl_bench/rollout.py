@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from crl_bench.env_api import TextEnv, make_env
+from crl_bench.env_api import TextEnv, feedback_of, make_env
 from crl_bench.llm.base import Engine, SamplingParams
 
 
@@ -144,12 +144,6 @@ class PromptBuilder:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text + self.prefill, add_special_tokens=False)
-
-
-def _feedback(obs: str) -> str:
-    """First line of an observation that starts with a message (used in the history list)."""
-    first = obs.strip().splitlines()[0] if obs.strip() else ""
-    return first if first.lower().startswith(("invalid action", "message:")) else ""
 
 
 class EnvPool:
@@ -306,7 +300,7 @@ class RolloutRunner:
                 tr.invalid_actions = int(info.get("invalid_actions", 0))
                 tr.success = bool(info.get("success", False))
                 label = info.get("action") or f"(invalid) {gen.text.strip()[:40]}"
-                history[i].append((label, _feedback(o)))
+                history[i].append((label, feedback_of(o)))
                 obs[i] = o
                 if term or trunc:
                     tr.terminated, tr.truncated = bool(term), bool(trunc)

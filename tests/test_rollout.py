@@ -116,3 +116,14 @@ def test_prefix_cache_gives_identical_replies_and_logprobs(tokenizer, tiny_model
     for a, b in zip(*outs):
         assert a.response_ids == b.response_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_history_carries_env_feedback(tokenizer, tiny_model):
+    """The 'Last: ...' feedback of a step reaches the next prompt's action history."""
+    runner = _runner(tokenizer, tiny_model, max_steps=3)
+    tr = runner.collect([EpisodeSpec("sokoban", 0)])[0]
+    second = tokenizer.decode(tr.turns[1].prompt_ids)
+    from crl_bench.env_api import feedback_of
+
+    fb = feedback_of(tr.turns[1].observation)
+    assert fb and f"- {tr.turns[0].action} -> {fb}" in second

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from crl_bench.config import RunConfig
+from crl_bench.env_api import feedback_of
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import SentenceEmbedder
 from crl_bench.experience.manager import DistillRequest, ExperienceManager, MergeRequest
@@ -56,13 +57,8 @@ def episode_record(traj: Trajectory) -> EpisodeRecord:
     """The text record of a finished episode that the extractor reads."""
     steps = []
     for k, turn in enumerate(traj.turns):
-        nxt = traj.turns[k + 1].observation if k + 1 < len(traj.turns) else ""
-        feedback = ""
-        for line in nxt.splitlines():
-            if line.startswith(("Last:", "Invalid action")):
-                feedback = line
-                break
-        steps.append((turn.observation, turn.action or turn.reply, feedback))
+        nxt = traj.turns[k + 1].observation if k + 1 < len(traj.turns) else traj.final_obs
+        steps.append((turn.observation, turn.action or turn.reply, feedback_of(nxt)))
     return EpisodeRecord(env_id=traj.env_id, task_line=traj.task_line, steps=steps, success=traj.success,
                          reward=traj.reward, final_obs=traj.final_obs, group_id=traj.group_id,
                          source=(traj.group_id, traj.meta.get("rollout")))

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from crl_bench.env_api import feedback_of  # noqa: F401  (re-exported)
 from crl_bench.experience.operations import (STOP, ParseResult, format_entries, format_operations,
                                              parse_operations)
 from crl_bench.experience.types import ExperienceEntry, Operation
@@ -61,20 +62,7 @@ class EpisodeRecord:
     meta: dict = field(default_factory=dict)
 
 
-_FEEDBACK_PREFIXES = ("last:", "message:", "invalid action")
 _BOILERPLATE_PREFIXES = ("valid actions:", "last:")
-
-
-def feedback_of(obs: str) -> str:
-    """The env's feedback line in an observation (``Last: ...`` of our envs, without the prefix;
-    otherwise a first line starting with ``Message:`` or ``Invalid action``); ``""`` if none."""
-    lines = [ln.strip() for ln in (obs or "").splitlines() if ln.strip()]
-    for ln in lines:
-        if ln.lower().startswith("last:"):
-            return ln[5:].strip()
-    if lines and lines[0].lower().startswith(_FEEDBACK_PREFIXES[1:]):
-        return lines[0]
-    return ""
 
 
 def strip_observation(obs: str) -> str:

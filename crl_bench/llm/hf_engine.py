@@ -102,22 +102,16 @@ class AllowedRepliesProcessor(LogitsProcessor):
         self.eos_id = eos_id
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        generated = input_ids[:, self.prompt_len:].tolist()
-        mask = None
-        for i, trie in enumerate(self.tries):
-            if trie is None:
-                continue
-            if mask is None:
-                mask = torch.zeros_like(scores, dtype=torch.bool)
-            node = trie.walk(generated[i])
-            allowed = list(node.children) if node is not None and node.children else [self.eos_id]
-            mask[i, allowed] = True
-            mask[i, :] = ~mask[i, :]
-        if mask is None:
-            return scores
         rows = [i for i, t in enumerate(self.tries) if t is not None]
+        if not rows:
+            return scores
+        generated = input_ids[:, self.prompt_len:].tolist()
+        allowed = torch.zeros_like(scores, dtype=torch.bool)
+        for i in rows:
+            node = self.tries[i].walk(generated[i])
+            allowed[i, list(node.children) if node is not None and node.children else [self.eos_id]] = True
         out = scores.clone()
-        out[rows] = out[rows].masked_fill(mask[rows], float("-inf"))
+        out[rows] = out[rows].masked_fill(~allowed[rows], float("-inf"))
         return out
 
 

@@ -158,6 +158,8 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
     splits: ClassVar[dict[str, Sequence[int]]] = {"train": range(0, 1_000_000),
                                                    "eval": range(1_000_000, 1_000_200)}
     action_aliases: ClassVar[dict[str, str]] = {}
+    #: resets are slow enough (seconds) that the trainer should start them ahead of time
+    prefetch_resets: ClassVar[bool] = False
 
     def __init__(self, max_steps: int = 30, render_mode: str | None = "ansi") -> None:
         super().__init__()
@@ -173,6 +175,7 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         self._done = True
         self._last_obs = ""
         self._success = False
+        self._pending: tuple[str, Any] | None = None
 
     # ---- for subclasses -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -237,6 +240,19 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         integer from gymnasium's ``np_random`` over the train split.
         Returns ``(observation text, info)``.
         """
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def step(self, action: str):
+        """Apply one actor reply; see the module docstring. Raises ``RuntimeError`` after the end."""
+        self.step_async(action)
+        return self.step_wait()
+
+    # ---- split-phase protocol: many envs whose simulators run in worker processes progress at once --
+    def reset_async(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """First half of :meth:`reset`: pick the task and hand it to the simulator
+        (:meth:`_submit_reset`); :meth:`reset_wait` returns the result. The rollout calls this on every
+        env before waiting on any, so process-backed envs reset in parallel."""
         super().reset(seed=seed)
         task = (options or {}).get("task")
         if task is None:
@@ -250,15 +266,34 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         self._invalid = 0
         self._done = False
         self._success = False
+        self._pending = ("reset", self.task)
+        self._submit_reset(self.task)
+
+    def reset_wait(self) -> tuple[str, dict[str, Any]]:
+        """Second half of :meth:`reset`: ``(observation text, info)``."""
+        if self._pending is None or self._pending[0] != "reset":
+            raise RuntimeError(f"{self.env_id}: reset_wait() without reset_async()")
+        self._pending = None
         self._reset_task(self.task)
         self._last_obs = self._observe("")
         return self._last_obs, self._info(invalid=False)
 
-    def step(self, action: str):
-        """Apply one actor reply; see the module docstring. Raises ``RuntimeError`` after the end."""
+    def step_async(self, action: str) -> None:
+        """First half of :meth:`step`: parse the reply and hand a legal action to the simulator
+        (:meth:`_submit_apply`). Raises ``RuntimeError`` after the end."""
         if self._done:
             raise RuntimeError(f"{self.env_id}: step() called on a finished episode; call reset()")
         parsed = self.parse_action(action)
+        self._pending = ("step", parsed)
+        if parsed.valid:
+            self._submit_apply(parsed.action)
+
+    def step_wait(self):
+        """Second half of :meth:`step`: ``(obs, reward, terminated, truncated, info)``."""
+        if self._pending is None or self._pending[0] != "step":
+            raise RuntimeError(f"{self.env_id}: step_wait() without step_async()")
+        parsed: ParsedAction = self._pending[1]
+        self._pending = None
         self._steps += 1
         reward, terminated, message = 0.0, False, ""
         if parsed.valid:
@@ -267,10 +302,23 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
             self._invalid += 1
             message = f"Invalid action: {parsed.error}"
         truncated = (not terminated) and self._steps >= self.max_steps
+        if truncated:
+            reward += self.truncation_reward()
         self._done = terminated or truncated
         self._last_obs = self._observe(message)
         return self._last_obs, float(reward), bool(terminated), bool(truncated), \
             self._info(invalid=not parsed.valid, action=parsed.action)
+
+    def _submit_reset(self, task: int) -> None:
+        """Start resetting to ``task`` without waiting (process-backed envs send the request here and
+        receive it in :meth:`_reset_task`). Default: nothing; :meth:`_reset_task` does the work."""
+
+    def _submit_apply(self, action: str) -> None:
+        """Start applying a legal ``action`` without waiting (see :meth:`_submit_reset`)."""
+
+    def truncation_reward(self) -> float:
+        """Reward added on the step where the step limit ends an unfinished episode (default 0)."""
+        return 0.0
 
     def render(self) -> str:
         """The last observation text (``render_mode="ansi"``)."""

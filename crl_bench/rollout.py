@@ -147,7 +147,10 @@ class PromptBuilder:
 
 
 class EnvPool:
-    """Reusable env instances per env id (creation of NLE envs is not free).
+    """Reusable env instances per env id (creation of NLE envs and ALFWorld workers is not free).
+
+    Envs whose class sets ``prefetch_resets`` can be reset ahead of time with :meth:`prefetch`; a
+    later :meth:`acquire_for` of the same (env id, task) gets the env with its reset under way.
 
     Args:
         env_kwargs: ``{env_id: {setting: value}}`` passed to :func:`make_env`.
@@ -158,6 +161,8 @@ class EnvPool:
         self.env_kwargs = env_kwargs or {}
         self.max_steps = max_steps
         self._free: dict[str, list[TextEnv]] = {}
+        self._ready: dict[tuple[str, int], list[TextEnv]] = {}
+        self.prefetch_hits = 0
 
     def acquire(self, env_id: str) -> TextEnv:
         free = self._free.setdefault(env_id, [])
@@ -167,6 +172,34 @@ class EnvPool:
         if self.max_steps:
             kwargs.setdefault("max_steps", self.max_steps)
         return make_env(env_id, **kwargs)
+
+    def acquire_for(self, env_id: str, task: int) -> tuple[TextEnv, bool]:
+        """An env for ``task``: ``(env, True)`` when a prefetched env has its reset to ``task`` under
+        way (finish it with ``reset_wait``), else ``(env, False)``."""
+        ready = self._ready.get((env_id, int(task)))
+        if ready:
+            self.prefetch_hits += 1
+            return ready.pop(), True
+        return self.acquire(env_id), False
+
+    def prefetch(self, specs: Sequence["EpisodeSpec"]) -> int:
+        """Start the resets of ``specs`` whose env sets ``prefetch_resets``; returns how many started.
+
+        An env that fails to start its reset is dropped (the later episode resets normally)."""
+        n = 0
+        for s in specs:
+            env = self.acquire(s.env_id)
+            if not getattr(env, "prefetch_resets", False):
+                self.release(s.env_id, env)
+                continue
+            try:
+                env.reset_async(options={"task": s.task})
+            except Exception:  # noqa: BLE001 - a broken env is replaced; the episode resets later
+                self.discard(env)
+                continue
+            self._ready.setdefault((s.env_id, int(s.task)), []).append(env)
+            n += 1
+        return n
 
     def release(self, env_id: str, env: TextEnv) -> None:
         self._free.setdefault(env_id, []).append(env)
@@ -179,10 +212,14 @@ class EnvPool:
             pass
 
     def close(self) -> None:
-        for envs in self._free.values():
+        for envs in list(self._free.values()) + list(self._ready.values()):
             for env in envs:
-                env.close()
+                try:
+                    env.close()
+                except Exception:  # noqa: BLE001 - closing is best effort at shutdown
+                    pass
         self._free.clear()
+        self._ready.clear()
 
 
 @dataclass
@@ -250,13 +287,21 @@ class RolloutRunner:
         history: list[list[tuple[str, str]]] = [[] for _ in specs]
         live: list[int] = []
         t0 = time.perf_counter()
-        for i, s in enumerate(specs):
-            env = self.pool.acquire(s.env_id)
+        started = []
+        for i, s in enumerate(specs):       # start every reset, then wait: workers reset in parallel
+            env, pending = self.pool.acquire_for(s.env_id, s.task)
             envs[i] = env
             try:
-                obs[i], _ = env.reset(options={"task": s.task})
-                live.append(i)
+                if not pending:
+                    env.reset_async(options={"task": s.task})
+                started.append(i)
             except Exception as e:  # noqa: BLE001 - an env crash fails the episode, never the run
+                self._fail(i, trajs, envs, e)
+        for i in started:
+            try:
+                obs[i], _ = envs[i].reset_wait()
+                live.append(i)
+            except Exception as e:  # noqa: BLE001
                 self._fail(i, trajs, envs, e)
         for i in live:
             trajs[i].task_line = envs[i].task_prompt()
@@ -283,12 +328,18 @@ class RolloutRunner:
             stats.generate_s += time.perf_counter() - t0
             stats.generate_calls += 1
             t0 = time.perf_counter()
-            still = []
-            for i, gen in zip(live, gens):
+            still, sent = [], []
+            for i, gen in zip(live, gens):     # send every action, then wait: workers step in parallel
                 stats.generated_tokens += len(gen.response_ids)
                 reply = self.prompts.prefill + gen.text
                 try:
-                    o, r, term, trunc, info = envs[i].step(reply)
+                    envs[i].step_async(reply)
+                    sent.append((i, gen, reply))
+                except Exception as e:  # noqa: BLE001
+                    self._fail(i, trajs, envs, e)
+            for i, gen, reply in sent:
+                try:
+                    o, r, term, trunc, info = envs[i].step_wait()
                 except Exception as e:  # noqa: BLE001
                     self._fail(i, trajs, envs, e)
                     continue

@@ -1,0 +1,423 @@
+"""ALFWorld (text): household tasks in TextWorld, the paper's 1,466 train / 134 eval task lists.
+
+Each env instance owns one worker process that runs the real ALFWorld TextWorld game (``alfworld``
+0.4.x: ``textworld.gym.register_game`` with ALFWorld's ``AlfredDemangler``/``AlfredInfos`` wrappers,
+as ``alfworld/agents/environment/alfred_tw_env.py`` sets them up, without domain randomisation).
+A reset costs about a second or more (the game's PDDL is translated by the planner) and a step tens of
+milliseconds, so the simulator lives outside the trainer's process: the rollout sends every env its
+action before waiting on any (the split-phase protocol of :class:`~crl_bench.env_api.TextEnv`), and
+``prefetch_resets`` lets the trainer start the next step's resets while the actor is generating.
+
+A worker that dies or stops answering (``timeout_s``) fails the current episode with
+:class:`EnvWorkerError`; the next reset starts a fresh worker (``restarts`` counts them). Each worker's
+address space is capped at ``memory_mb`` (``RLIMIT_AS``) and its peak resident memory is reported in
+``info["worker_rss_mb"]``.
+
+Observation: the room description of the first observation (kept, since it lists every receptacle),
+then ``Last: <the game's feedback>``, then the admissible commands. The task line is the game's
+"Your task is to: ...". Actions are free text matched against the admissible commands (case and
+whitespace tolerant); anything else is an invalid action fed back. Reward: ``success_reward`` (+1)
+when the game is won, ``failure_reward`` (-1) on the step where the step limit ends an unfinished
+episode, 0 otherwise; the paper's scheme (ComplementaryRL ``roll/pipeline/agentic/env/alfworld``).
+
+Task ids: train ``0..1465`` = line numbers of ``train_1466.jsonl`` (the one trial missing from the
+release is skipped with a warning); eval ``10000..10133`` = ``10000 +`` line number of
+``eval_134.jsonl`` (all under ``valid_unseen``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from functools import lru_cache
+from typing import Any, ClassVar, Sequence
+
+from crl_bench.data import (AlfWorldTask, DataMissingError, alfworld_games_root, alfworld_tasks,
+                            data_dir as resolve_data_dir)
+from crl_bench.env_api import TextEnv
+
+EVAL_OFFSET = 10_000
+
+SYSTEM_PROMPT = (
+    "You are a household agent in a text world. Each turn you see the room, the result of your last "
+    "command and the commands you can use now. Reach the task's goal by choosing one command per turn: "
+    "go to places, open and close receptacles, take and put objects, heat, cool or clean them with the "
+    "right appliance, and use lamps. Reply with exactly one of the listed commands as "
+    "<answer>COMMAND</answer>."
+)
+
+
+class EnvWorkerError(RuntimeError):
+    """The ALFWorld worker process died, timed out or failed; the episode is lost, the env is not."""
+
+
+# ---- worker process ------------------------------------------------------------------------------
+
+def _rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _worker_main(memory_mb: int) -> None:
+    """Worker loop (``python -m crl_bench.envs.alfworld --worker``): owns one TextWorld game at a time.
+
+    Protocol: one JSON object per line on stdin, ``["reset", gamefile]``, ``["step", command]`` or
+    ``["close"]``; one JSON line back on the original stdout, ``["ok", payload]`` or
+    ``["error", message]``. Anything the libraries print goes to stderr (fd 1 is pointed there), so it
+    cannot corrupt the protocol. Payload: ``{"obs": str, "admissible": list[str], "won": bool,
+    "done": bool, "rss_mb": float}``; the first line is ``["ok", {"pid": int, "rss_mb": float}]``.
+    """
+    import json
+    import sys
+
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def send(*msg: Any) -> None:
+        out.write(json.dumps(msg) + "\n")
+        out.flush()
+
+    if memory_mb > 0:
+        import resource
+        limit = int(memory_mb) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        import textworld
+        import textworld.gym
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises a clear error
+        send("error", f"cannot import ALFWorld ({type(e).__name__}: {e}); "
+                      f"install the extra: pip install 'crl-bench[alfworld]'")
+        return
+    send("ok", {"pid": os.getpid(), "rss_mb": _rss_mb()})
+    env, loaded = None, None
+    request = textworld.EnvInfos(won=True, admissible_commands=True)
+    for line in sys.stdin:
+        try:
+            msg = json.loads(line)
+            cmd = msg[0]
+            if cmd == "close":
+                break
+            if cmd == "reset":
+                gamefile = msg[1]
+                if gamefile != loaded:
+                    if env is not None:
+                        env.close()
+                    env_id = textworld.gym.register_game(
+                        gamefile, request, max_episode_steps=1_000_000,
+                        wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+                    env, loaded = textworld.gym.make(env_id), gamefile
+                obs, infos = env.reset()
+                done = False
+            elif cmd == "step":
+                if env is None:
+                    raise RuntimeError("step before reset")
+                obs, _score, done, infos = env.step(msg[1])
+            else:
+                raise ValueError(f"unknown worker command {cmd!r}")
+            send("ok", {"obs": obs, "admissible": list(infos["admissible_commands"]),
+                        "won": bool(infos["won"]), "done": bool(done), "rss_mb": _rss_mb()})
+        except MemoryError:
+            send("error", f"MemoryError: the worker hit its {memory_mb} MB limit")
+            break
+        except Exception as e:  # noqa: BLE001 - one bad request fails the episode, not the worker
+            send("error", f"{type(e).__name__}: {e}")
+    if env is not None:
+        env.close()
+
+
+class _Worker:
+    """Parent-side handle of one worker process: a fresh interpreter (``subprocess``), so it shares
+    no state with the trainer and works from scripts, notebooks and tests alike."""
+
+    def __init__(self, memory_mb: int, start_timeout_s: float) -> None:
+        import subprocess
+        import sys
+        import tempfile
+
+        self.log = tempfile.TemporaryFile(mode="w+b")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "crl_bench.envs.alfworld", "--worker", "--memory-mb", str(memory_mb)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, close_fds=True)
+        status, payload = self.recv(start_timeout_s)
+        if status != "ok":
+            self.kill()
+            raise EnvWorkerError(payload)
+        self.pid: int = payload["pid"]
+        self.rss_mb: float = payload["rss_mb"]
+
+    def _log_tail(self, n: int = 600) -> str:
+        try:
+            self.log.seek(0, os.SEEK_END)
+            size = self.log.tell()
+            self.log.seek(max(0, size - n))
+            tail = self.log.read().decode("utf-8", "replace").strip()
+            return f"; its last output: ...{tail}" if tail else ""
+        except (OSError, ValueError):
+            return ""
+
+    def send(self, *msg: Any) -> None:
+        import json
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError) as e:
+            raise EnvWorkerError(f"ALFWorld worker {self.proc.pid} is gone ({e}){self._log_tail()}") from e
+
+    def recv(self, timeout_s: float) -> tuple[str, Any]:
+        import json
+        import select
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not ready:
+            raise EnvWorkerError(f"ALFWorld worker {self.proc.pid} did not answer in {timeout_s:.0f} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait(timeout=5)
+            raise EnvWorkerError(f"ALFWorld worker {self.proc.pid} died (exit code {code})"
+                                 f"{self._log_tail()}")
+        status, payload = json.loads(line)
+        return status, payload
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                self.send("close")
+                self.proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - killed below either way
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+        for f in (self.proc.stdin, self.proc.stdout, self.log):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+
+
+# ---- the env -------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=8)
+def _task_table(root: str) -> tuple[dict[int, AlfWorldTask], dict[str, list[int]], str]:
+    """``({task id: task}, {split: ids}, games root)`` for the data dir ``root``; cached per process."""
+    games = alfworld_games_root(root)
+    table: dict[int, AlfWorldTask] = {}
+    ids: dict[str, list[int]] = {}
+    for split, offset in (("train", 0), ("eval", EVAL_OFFSET)):
+        ids[split] = []
+        missing = []
+        for t in alfworld_tasks(split, root):
+            if (games / t.member).is_file():
+                table[offset + t.index] = t
+                ids[split].append(offset + t.index)
+            else:
+                missing.append(t)
+        if missing:
+            warnings.warn(f"alfworld: {len(missing)} {split} task(s) have no game in the data and are "
+                          f"skipped: " + ", ".join(f"line {t.index} ({t.description})" for t in missing),
+                          stacklevel=3)
+    return table, ids, str(games)
+
+
+_BANNER_RE = re.compile(r"^-= Welcome to TextWorld, ALFRED! =-\s*", re.MULTILINE)
+_TASK_RE = re.compile(r"Your task is to:\s*(.+)", re.IGNORECASE)
+
+
+class AlfWorldEnv(TextEnv):
+    """ALFWorld text env in a worker process; see the module docstring.
+
+    Args:
+        max_steps: actions per episode before truncation (default 50).
+        data_dir: data root (default ``$CRL_BENCH_DATA`` or the cache); games under ``alfworld/``.
+        success_reward: reward when the game is won.
+        failure_reward: reward on the step where the step limit ends an unwon episode.
+        memory_mb: address-space cap of the worker process (0 = none).
+        timeout_s: how long to wait for a reset or step before the worker is declared hung.
+
+    Raises:
+        DataMissingError: the task lists or games are not in the data dir (names the command to run).
+    """
+
+    env_id: ClassVar[str] = "alfworld"
+    system_prompt: ClassVar[str] = SYSTEM_PROMPT
+    prefetch_resets: ClassVar[bool] = True
+
+    def __init__(self, max_steps: int = 50, data_dir: str | None = None, success_reward: float = 1.0,
+                 failure_reward: float = -1.0, memory_mb: int = 1024, timeout_s: float = 120.0,
+                 render_mode: str | None = "ansi") -> None:
+        super().__init__(max_steps=max_steps, render_mode=render_mode)
+        self.data_root = str(resolve_data_dir(data_dir))
+        self.tasks, ids, self.games_root = _task_table(self.data_root)
+        self.splits = {"train": ids["train"], "eval": ids["eval"]}
+        self.success_reward = float(success_reward)
+        self.failure_reward = float(failure_reward)
+        self.memory_mb = int(memory_mb)
+        self.timeout_s = float(timeout_s)
+        self.restarts = 0
+        self._worker: _Worker | None = None
+        self._room = ""
+        self._goal = ""
+        self._feedback = ""
+        self._admissible: list[str] = []
+        self._rss_mb = 0.0
+
+    # ---- worker management ------------------------------------------------------------------------
+    def _ensure_worker(self) -> _Worker:
+        if self._worker is not None and not self._worker.alive():
+            self._drop_worker()
+        if self._worker is None:
+            self._worker = _Worker(self.memory_mb, self.timeout_s)
+            self._rss_mb = self._worker.rss_mb
+        return self._worker
+
+    def _drop_worker(self) -> None:
+        if self._worker is not None:
+            self._worker.kill()
+            self._worker = None
+            self.restarts += 1
+
+    def _call_result(self) -> dict[str, Any]:
+        if self._worker is None:
+            raise EnvWorkerError("no ALFWorld worker (the previous request failed)")
+        try:
+            status, payload = self._worker.recv(self.timeout_s)
+        except EnvWorkerError:
+            self._drop_worker()
+            raise
+        if status != "ok":
+            raise EnvWorkerError(f"ALFWorld game error: {payload}")
+        self._rss_mb = max(self._rss_mb, float(payload.get("rss_mb", 0.0)))
+        return payload
+
+    @property
+    def worker_pid(self) -> int | None:
+        """Process id of the current worker (``None`` before the first reset)."""
+        return self._worker.pid if self._worker is not None else None
+
+    def gamefile(self, task: int) -> str:
+        """Path of the ``game.tw-pddl`` of ``task``. Raises ``KeyError`` for an unknown id."""
+        if task not in self.tasks:
+            raise KeyError(f"alfworld: unknown task id {task}; train ids are 0..1465, eval ids "
+                           f"{EVAL_OFFSET}..{EVAL_OFFSET + 133}")
+        return os.path.join(self.games_root, self.tasks[task].member)
+
+    # ---- TextEnv hooks ----------------------------------------------------------------------------
+    def _submit_reset(self, task: int) -> None:
+        path = self.gamefile(task)
+        worker = self._ensure_worker()
+        try:
+            worker.send("reset", path)
+        except EnvWorkerError:
+            self._drop_worker()
+            raise
+
+    def _reset_task(self, task: int) -> None:
+        out = self._call_result()
+        text = _BANNER_RE.sub("", out["obs"]).strip()
+        m = _TASK_RE.search(text)
+        self._goal = m.group(1).strip() if m else self.tasks[task].goal
+        self._room = _TASK_RE.sub("", text).strip()
+        self._feedback = ""
+        self._admissible = out["admissible"]
+
+    def _submit_apply(self, action: str) -> None:
+        if self._worker is None:
+            raise EnvWorkerError("no ALFWorld worker (the episode's worker was lost)")
+        try:
+            self._worker.send("step", action)
+        except EnvWorkerError:
+            self._drop_worker()
+            raise
+
+    def _apply(self, action: str) -> tuple[float, bool, bool, str]:
+        out = self._call_result()
+        self._admissible = out["admissible"]
+        won = bool(out["won"])
+        return (self.success_reward if won else 0.0), won, won, out["obs"].strip()
+
+    def _observe(self, message: str = "") -> str:
+        self._feedback = message or ""
+        parts = [self._room]
+        if message:
+            parts.append(f"Last: {' '.join(message.split())}")
+        parts.append("Admissible commands: " + ", ".join(self._admissible))
+        return "\n".join(parts)
+
+    def admissible_actions(self) -> list[str] | None:
+        return list(self._admissible)
+
+    def task_prompt(self) -> str:
+        return self._goal
+
+    def truncation_reward(self) -> float:
+        return self.failure_reward
+
+    def _info(self, invalid: bool, action: str | None = None) -> dict[str, Any]:
+        info = super()._info(invalid, action)
+        info["worker_rss_mb"] = round(self._rss_mb, 1)
+        info["worker_restarts"] = self.restarts
+        return info
+
+    # ---- raw simulator access (bench) ----------------------------------------------------------------
+    def raw_reset(self, task: int) -> None:
+        self._submit_reset(task)
+        self._reset_task(task)
+
+    def raw_step(self, action: str) -> bool:
+        self._submit_apply(action)
+        return bool(self._apply(action)[1])
+
+    def walkthrough(self, task: int) -> list[str]:
+        """The game's stored solving command list (``walkthrough`` of its ``game.tw-pddl``)."""
+        import json
+        with open(self.gamefile(task), encoding="utf-8") as f:
+            return list(json.load(f)["walkthrough"])
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        super().close()
+
+    def __del__(self) -> None:  # a worker must not outlive its env
+        try:
+            if self._worker is not None:
+                self._worker.kill()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def check_data(data_dir_: str | None = None) -> dict[str, Sequence[int]]:
+    """Resolve both task lists against the games (unpacking them if needed); returns the split ids.
+
+    Raises:
+        DataMissingError: the data is not there.
+    """
+    _, ids, _ = _task_table(str(resolve_data_dir(data_dir_)))
+    return ids
+
+
+__all__ = ["AlfWorldEnv", "EnvWorkerError", "DataMissingError", "EVAL_OFFSET", "check_data"]
+
+
+if __name__ == "__main__":
+    import argparse
+
+    _p = argparse.ArgumentParser(description="ALFWorld worker process (started by AlfWorldEnv)")
+    _p.add_argument("--worker", action="store_true", required=True)
+    _p.add_argument("--memory-mb", type=int, default=1024)
+    _worker_main(_p.parse_args().memory_mb)

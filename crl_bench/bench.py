@@ -133,6 +133,10 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             "ratio_with_distill": arms["complementary+distill"] / max(arms["grpo"], 1e-9)}
 
 
+#: envs whose simulator runs in worker processes: benchmarked by their own bench, only when named
+PROCESS_ENVS = ("alfworld",)
+
+
 def main(args: argparse.Namespace) -> int:
     """Entry of ``crl-bench bench``; prints a table of the measured figures."""
     if args.name == "retrieval":
@@ -152,9 +156,18 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.name == "env":
         from crl_bench.bench_envs import bench_env, format_table
+        from crl_bench.env_api import list_envs
 
-        rows = bench_env(args.env, args.steps)
-        print(format_table(rows))
+        ids = args.env or [e for e in list_envs() if e not in PROCESS_ENVS]
+        if "alfworld" in ids:
+            from crl_bench.bench_alfworld import bench_alfworld, format_result
+
+            print(format_result(bench_alfworld(workers=args.workers, episodes=args.episodes)))
+            ids = [e for e in ids if e != "alfworld"]
+        if ids:
+            print(format_table(bench_env(ids, args.steps)))
+        if not args.env:
+            print(f"(not included by default: {', '.join(PROCESS_ENVS)}; use --env ID)")
         return 0
     env_id = (args.env or ["minihack-room"])[0]
     res = bench_rollout(args.model, env_id, args.envs, args.max_steps)

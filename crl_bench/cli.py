@@ -9,6 +9,7 @@ Commands::
     crl-bench bench env | rollout | retrieval | overhead
     crl-bench bank show RUN | crl-bench bank stats RUN
     crl-bench model prepare
+    crl-bench data download alfworld [--data-dir DIR] [--source ARCHIVE]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from crl_bench.data import ChecksumError, DataMissingError
 from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
 
 
@@ -214,6 +216,15 @@ def cmd_bank(args: argparse.Namespace) -> int:
         bank.close()
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from crl_bench.data import DOWNLOADERS, data_dir
+
+    root = data_dir(args.data_dir)
+    out = DOWNLOADERS[args.dataset](root, source=args.source, verify=not args.no_verify)
+    print(f"{args.dataset}: ready in {out} (use it with CRL_BENCH_DATA={root})")
+    return 0
+
+
 def cmd_model(args: argparse.Namespace) -> int:
     from crl_bench.llm.default_model import prepare_default_model
 
@@ -256,14 +267,24 @@ def build_parser() -> argparse.ArgumentParser:
                                      "retrieval (batched vs single search, latency), overhead "
                                      "(complementary vs grpo rollout time)")
     b.add_argument("name", choices=["env", "rollout", "retrieval", "overhead"])
-    b.add_argument("extra", nargs=argparse.REMAINDER,
-                   help="retrieval: its own options (crl-bench bench retrieval --help)")
     b.add_argument("--env", action="append", help="env id(s) (default: all / minihack-room)")
     b.add_argument("--steps", type=int, default=2000, help="env bench: steps per env")
     b.add_argument("--envs", type=int, default=8, help="rollout bench: episodes in the batch")
     b.add_argument("--max-steps", type=int, default=4, help="rollout bench: actions per episode")
     b.add_argument("--model", default="smollm2-135m-instruct")
+    b.add_argument("--workers", type=int, default=2, help="alfworld env bench: N worker processes (vs 1)")
+    b.add_argument("--episodes", type=int, default=8, help="alfworld env bench: episodes per arm")
     b.set_defaults(func=cmd_bench)
+
+    d = sub.add_parser("data", help="download benchmark data into the data dir ($CRL_BENCH_DATA)")
+    ds = d.add_subparsers(dest="data_cmd", required=True)
+    dl = ds.add_parser("download", help="fetch a data set from its original public source and verify it")
+    dl.add_argument("dataset", choices=["alfworld"])
+    dl.add_argument("--data-dir", help="data root (default: $CRL_BENCH_DATA or ~/.cache/crl-bench/data)")
+    dl.add_argument("--source", help="a local archive of the data set to use instead of downloading it")
+    dl.add_argument("--no-verify", action="store_true",
+                    help="skip the checksum checks (only for a trusted mirror whose files differ)")
+    d.set_defaults(func=cmd_data)
 
     k = sub.add_parser("bank", help="inspect the experience bank of a run")
     ks = k.add_subparsers(dest="bank_cmd", required=True)
@@ -285,10 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if getattr(args, "func", None) is cmd_bench and args.name == "retrieval":
+        args.extra = unknown        # the retrieval bench has its own options (bench retrieval --help)
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
-    except (ConfigError, KeyError, FileExistsError) as e:
+    except (ConfigError, KeyError, FileExistsError, DataMissingError, ChecksumError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"crl-bench: error: {msg}", file=sys.stderr)
         return 2

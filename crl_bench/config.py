@@ -84,12 +84,15 @@ class RolloutConfig:
         max_steps: actions per episode before truncation (env default if 0).
         history: how many previous (action, feedback) pairs the prompt repeats.
         env_kwargs: per-env constructor settings, e.g. ``{"minihack-room": {"view": "crop"}}``.
+        prefetch: start the next step's resets while this step's actor generates, for envs whose
+            resets are slow (``prefetch_resets``, e.g. ALFWorld); the tasks drawn are the same.
     """
 
     mix: str = "minihack-room"
     max_steps: int = 20
     history: int = 2
     env_kwargs: dict = field(default_factory=dict)
+    prefetch: bool = True
 
 
 @dataclass

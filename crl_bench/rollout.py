@@ -268,7 +268,7 @@ class RolloutRunner:
 
     def collect(self, specs: Sequence[EpisodeSpec], sampling: SamplingParams | None = None,
                 progress: Callable[[int], None] | None = None, guide: GuideFn | None = None,
-                ) -> list[Trajectory]:
+                prefetch: Sequence[EpisodeSpec] | None = None) -> list[Trajectory]:
         """Roll out every spec to the end; returns trajectories in the order of ``specs``.
 
         An env that raises during ``reset``/``step`` ends its episode as a failure (``error`` set),
@@ -276,7 +276,9 @@ class RolloutRunner:
         ``progress(n)`` is called with the number of episodes finished since the last call.
         ``guide(requests)`` is called once, after all resets, with ``(env_id, task line, first
         observation)`` of every spec that has ``retrieve`` set, and returns ``(guidance text, entry
-        ids)`` for each, in order.
+        ids)`` for each, in order. ``prefetch`` (the next batch's specs) is handed to
+        :meth:`EnvPool.prefetch` once this batch's resets are done, so slow resets of the next batch
+        overlap this batch's generation.
         """
         sampling = sampling or self.sampling
         stats = RolloutStats()
@@ -303,6 +305,8 @@ class RolloutRunner:
                 live.append(i)
             except Exception as e:  # noqa: BLE001
                 self._fail(i, trajs, envs, e)
+        if prefetch:
+            self.pool.prefetch(prefetch)
         for i in live:
             trajs[i].task_line = envs[i].task_prompt()
             trajs[i].guidance = specs[i].guidance

@@ -165,7 +165,9 @@ class _Worker:
             self.proc.stdin.write((json.dumps(msg) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError) as e:
-            raise EnvWorkerError(f"ALFWorld worker {self.proc.pid} is gone ({e}){self._log_tail()}") from e
+            code = self.proc.poll()
+            raise EnvWorkerError(f"ALFWorld worker {self.proc.pid} died (exit code {code}; {e})"
+                                 f"{self._log_tail()}") from e
 
     def recv(self, timeout_s: float) -> tuple[str, Any]:
         import json
@@ -307,6 +309,11 @@ class AlfWorldEnv(TextEnv):
     def worker_pid(self) -> int | None:
         """Process id of the current worker (``None`` before the first reset)."""
         return self._worker.pid if self._worker is not None else None
+
+    @property
+    def worker_rss_mb(self) -> float:
+        """Peak resident memory (MB) of this env's workers so far, as the worker reports it."""
+        return self._rss_mb
 
     def gamefile(self, task: int) -> str:
         """Path of the ``game.tw-pddl`` of ``task``. Raises ``KeyError`` for an unknown id."""

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
+
+# Benchmark data (ALFWorld, WebShop, SWE-bench) comes from ../shared/data beside the project root unless
+# CRL_BENCH_DATA already names a data dir (README "Data").
+os.environ.setdefault("CRL_BENCH_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
 @pytest.fixture(scope="session")

@@ -134,6 +134,7 @@ class Trainer:
             loss_kwargs={"clip_eps": cfg.train.clip_eps, "kl_coef": cfg.train.kl_coef},
             ref_model=self._reference(), seed=cfg.train.seed)
         self.step = 0
+        self._next_specs: list[EpisodeSpec] | None = None
         self.experience = None
         if self.method.uses_experience:
             from crl_bench.trainer.complementary import ExperienceTrack
@@ -203,9 +204,15 @@ class Trainer:
     def train_step(self, progress: Any = None) -> StepResult:
         """Collect one batch of groups, update the actor once; returns the step's metrics."""
         t0 = time.perf_counter()
-        specs = self.episode_specs()
+        specs = self._next_specs if self._next_specs is not None else self.episode_specs()
+        # the next step's tasks are drawn now (same draws, same order) so that envs with slow resets
+        # (ALFWorld) can reset them while this step generates
+        self._next_specs = None
+        if self.cfg.rollout.prefetch and self.step + 1 < self.cfg.train.steps:
+            self._next_specs = self.episode_specs()
         guide = self.experience.guide if self.experience is not None else None
-        trajs = self.runner.collect(specs, self.sampling, progress=progress, guide=guide)
+        trajs = self.runner.collect(specs, self.sampling, progress=progress, guide=guide,
+                                    prefetch=self._next_specs)
         rs = self.runner.last_stats
         t_roll = time.perf_counter() - t0
         advs = self.advantages(trajs)
@@ -235,6 +242,7 @@ class Trainer:
             "tokens_per_s": rs.generated_tokens / rs.generate_s if rs.generate_s > 0 else 0.0,
             "time_rollout_s": t_roll, "time_generate_s": rs.generate_s, "time_env_s": rs.env_s,
             "time_update_s": t_upd, "time_step_s": time.perf_counter() - t0,
+            "prefetched_resets": self.pool.prefetch_hits,
         })
         return StepResult(m, trajs)
 

@@ -49,7 +49,8 @@ class Engine(Protocol):
 
     ``generate(prompts, params, allowed)`` returns one :class:`Generation` per prompt, in order.
     ``allowed[i]`` (optional) lists the complete replies prompt ``i`` may produce (closed-set
-    constrained decoding); ``None`` leaves prompt ``i`` free.
+    constrained decoding); ``None`` leaves prompt ``i`` free. A constrained prompt's token budget is
+    raised to fit its longest allowed reply, so a constrained reply is always complete.
     """
 
     tokenizer: object

@@ -68,13 +68,15 @@ def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
 class _Trie:
     """Token-id prefix tree of the allowed replies of one prompt."""
 
-    __slots__ = ("children", "terminal")
+    __slots__ = ("children", "terminal", "depth")
 
     def __init__(self) -> None:
         self.children: dict[int, _Trie] = {}
         self.terminal = False
+        self.depth = 0          # tokens of the longest reply added (kept on the root)
 
     def add(self, ids: Sequence[int]) -> None:
+        self.depth = max(self.depth, len(ids))
         node = self
         for t in ids:
             node = node.children.setdefault(int(t), _Trie())
@@ -141,7 +143,9 @@ class HFEngine:
         self.prefix_cache = prefix_cache
         self.min_prefix = min_prefix
         self._stop_criteria: dict[tuple[str, ...], StopStringCriteria] = {}
-        self._trie_cache: dict[tuple[str, ...], _Trie] = {}
+        # bounded: envs such as ALFWorld have a different admissible set at almost every step
+        self._trie_cache: OrderedDict[tuple[str, ...], _Trie] = OrderedDict()
+        self.trie_cache_size = 512
         self._kv: OrderedDict[tuple[int, ...], Any] = OrderedDict()
 
     def sync_weights(self, model: Any) -> None:
@@ -163,12 +167,17 @@ class HFEngine:
 
     def _trie(self, replies: Sequence[str]) -> _Trie:
         key = tuple(replies)
-        if key not in self._trie_cache:
+        trie = self._trie_cache.get(key)
+        if trie is None:
             trie = _Trie()
             for r in replies:
                 trie.add(self.tokenizer.encode(r, add_special_tokens=False))
             self._trie_cache[key] = trie
-        return self._trie_cache[key]
+            if len(self._trie_cache) > self.trie_cache_size:
+                self._trie_cache.popitem(last=False)
+        else:
+            self._trie_cache.move_to_end(key)
+        return trie
 
     @property
     def device(self) -> torch.device:
@@ -231,7 +240,9 @@ class HFEngine:
                 self._stop_criteria[key] = StopStringCriteria(tok, list(key))
             stopping.append(self._stop_criteria[key])
         greedy = params.temperature <= 0
-        kwargs: dict[str, Any] = dict(do_sample=not greedy, max_new_tokens=params.max_new_tokens)
+        # a constrained reply always fits: the budget grows to the longest allowed reply (+ EOS)
+        budget = max([params.max_new_tokens] + [t.depth + 1 for t in tries if t is not None])
+        kwargs: dict[str, Any] = dict(do_sample=not greedy, max_new_tokens=budget)
         if not greedy:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         out = self.model.generate(

@@ -77,8 +77,12 @@ class VLLMEngine:
     def _params(self, params: SamplingParams, choice: Sequence[str] | None):
         from vllm import SamplingParams as VSP
 
+        budget = params.max_new_tokens
+        if choice is not None:      # a constrained reply always fits (as in HFEngine)
+            budget = max([budget] + [len(self.tokenizer.encode(c, add_special_tokens=False)) + 1
+                                     for c in choice])
         kwargs: dict[str, Any] = dict(
-            temperature=max(params.temperature, 0.0), top_p=params.top_p, max_tokens=params.max_new_tokens,
+            temperature=max(params.temperature, 0.0), top_p=params.top_p, max_tokens=budget,
             stop=list(params.stop), include_stop_str_in_output=True, logprobs=0)
         if choice is not None:
             try:

@@ -1,0 +1,273 @@
+"""ALFWorld env on the real TextWorld games (data from the data dir, ../shared/data in CI)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import signal
+import tarfile
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crl_bench import data as data_mod
+from crl_bench.data import ChecksumError, DataMissingError
+from crl_bench.env_api import make_env
+from crl_bench.envs.alfworld import EVAL_OFFSET, AlfWorldEnv, EnvWorkerError, check_data
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = make_env("alfworld")
+    yield e
+    e.close()
+
+
+def test_task_lists_resolve_to_existing_games():
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        ids = check_data()
+    assert len(ids["train"]) == 1465 and len(ids["eval"]) == 134
+    assert 690 not in ids["train"]                  # the trial the release lacks
+    assert ids["eval"] == list(range(EVAL_OFFSET, EVAL_OFFSET + 134))
+    e = AlfWorldEnv()
+    for t in list(ids["train"]) + list(ids["eval"]):
+        assert os.path.isfile(e.gamefile(t)), t
+    assert all("/valid_unseen/" in e.gamefile(t) for t in ids["eval"])
+    assert all("/train/" in e.gamefile(t) for t in ids["train"])
+    with pytest.raises(KeyError):
+        e.gamefile(690)
+
+
+def test_missing_trial_is_reported_with_a_warning():
+    data_mod_cache = AlfWorldEnv.__init__.__globals__["_task_table"]
+    data_mod_cache.cache_clear()
+    with pytest.warns(UserWarning, match=r"1 train task\(s\) have no game.*line 690"):
+        AlfWorldEnv()
+
+
+def test_walkthrough_replay_solves_sampled_eval_games(env):
+    rng = np.random.default_rng(0)
+    tasks = [int(t) for t in rng.choice(env.task_ids("eval"), size=3, replace=False)]
+    for task in tasks:
+        obs, info = env.reset(options={"task": task})
+        assert "Admissible commands:" in obs and env.task_prompt()
+        assert not info["success"]
+        plan = env.walkthrough(task)
+        total = 0.0
+        for k, cmd in enumerate(plan):
+            # free text: case and spacing are tolerated
+            obs, r, term, trunc, info = env.step(f"<answer>  {cmd.upper()} </answer>")
+            total += r
+            assert not info["invalid_action"], (task, cmd, obs)
+            if k < len(plan) - 1:
+                assert not term
+        assert term and not trunc and info["success"], (task, obs)
+        assert r == 1.0 and total == 1.0
+        assert info["worker_rss_mb"] > 0
+
+
+def test_invalid_command_is_fed_back_not_raised(env):
+    obs, info = env.reset(options={"task": EVAL_OFFSET + 1})
+    before = env.admissible_actions()
+    obs, r, term, trunc, info = env.step("<answer>fly to the moon</answer>")
+    assert info["invalid_action"] and info["invalid_actions"] == 1 and info["steps"] == 1
+    assert "Last: Invalid action" in obs and not term and not trunc and r == 0.0
+    assert env.admissible_actions() == before     # nothing happened in the game
+    obs, r, term, trunc, info = env.step("no answer tags at all")
+    assert info["invalid_action"] and info["invalid_actions"] == 2
+    obs, r, term, trunc, info = env.step(f"<answer>{before[0]}</answer>")
+    assert not info["invalid_action"] and "Last: " in obs
+
+
+def test_step_limit_gives_the_failure_reward():
+    e = make_env("alfworld", max_steps=2)
+    try:
+        e.reset(options={"task": EVAL_OFFSET})
+        _, r1, term, trunc, _ = e.step("<answer>look</answer>")
+        assert (r1, term, trunc) == (0.0, False, False)
+        _, r2, term, trunc, info = e.step("<answer>inventory</answer>")
+        assert trunc and not term and r2 == -1.0 and not info["success"]
+    finally:
+        e.close()
+
+
+def test_killed_worker_fails_the_episode_and_is_replaced(env):
+    env.reset(options={"task": EVAL_OFFSET + 2})
+    pid = env.worker_pid
+    restarts = env.restarts
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(EnvWorkerError, match="died"):
+        env.step(f"<answer>{env.admissible_actions()[0]}</answer>")
+    obs, info = env.reset(options={"task": EVAL_OFFSET + 2})      # a fresh worker
+    assert env.worker_pid != pid and env.restarts == restarts + 1
+    assert info["worker_restarts"] == restarts + 1
+    plan = env.walkthrough(EVAL_OFFSET + 2)
+    for cmd in plan:
+        obs, r, term, trunc, info = env.step(f"<answer>{cmd}</answer>")
+    assert info["success"]
+
+
+def test_rollout_marks_a_crashed_episode_failed_and_goes_on(tokenizer, tiny_model):
+    from crl_bench.llm.base import SamplingParams
+    from crl_bench.llm.hf_engine import HFEngine
+    from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner
+
+    pool = EnvPool(max_steps=3)
+
+    class KillingEngine(HFEngine):
+        calls = 0
+
+        def generate(self, prompts, sampling, allowed=None):
+            KillingEngine.calls += 1
+            if KillingEngine.calls == 2:            # after the first actions: one worker dies
+                victim = pool._busy[0]
+                os.kill(victim.worker_pid, signal.SIGKILL)
+            return super().generate(prompts, sampling, allowed)
+
+    orig_acquire_for = pool.acquire_for
+    pool._busy = []
+
+    def acquire_for(env_id, task):
+        env, pending = orig_acquire_for(env_id, task)
+        pool._busy.append(env)
+        return env, pending
+
+    pool.acquire_for = acquire_for
+    runner = RolloutRunner(KillingEngine(tiny_model, tokenizer, batch_size=4), PromptBuilder(tokenizer),
+                           pool, SamplingParams(temperature=1.0, max_new_tokens=12))
+    specs = [EpisodeSpec("alfworld", EVAL_OFFSET + k, group_id=k) for k in range(3)]
+    try:
+        trajs = runner.collect(specs)
+        assert "died" in trajs[0].error and not trajs[0].success
+        for t in trajs[1:]:
+            assert not t.error and t.steps == 3 and t.truncated and t.reward == -1.0
+            assert all(not turn.invalid for turn in t.turns)        # constrained to admissible commands
+        # the run goes on: the pool gives a working env for the next episodes
+        again = runner.collect([EpisodeSpec("alfworld", EVAL_OFFSET, group_id=0)])
+        assert not again[0].error and again[0].steps == 3
+    finally:
+        pool.close()
+
+
+def test_prefetched_reset_is_used_by_the_next_collect(tokenizer, tiny_model):
+    from crl_bench.llm.base import SamplingParams
+    from crl_bench.llm.hf_engine import HFEngine
+    from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner
+
+    pool = EnvPool(max_steps=1)
+    runner = RolloutRunner(HFEngine(tiny_model, tokenizer, batch_size=4), PromptBuilder(tokenizer), pool,
+                           SamplingParams(temperature=1.0, max_new_tokens=12))
+    first = [EpisodeSpec("alfworld", EVAL_OFFSET + 3)]
+    nxt = [EpisodeSpec("alfworld", EVAL_OFFSET + 4), EpisodeSpec("alfworld", EVAL_OFFSET + 4)]
+    try:
+        runner.collect(first, prefetch=nxt)
+        assert len(pool._ready[("alfworld", EVAL_OFFSET + 4)]) == 2
+        trajs = runner.collect(nxt)
+        assert pool.prefetch_hits == 2 and not pool._ready.get(("alfworld", EVAL_OFFSET + 4))
+        assert all(t.steps == 1 and not t.error for t in trajs)
+        assert trajs[0].task_line == trajs[1].task_line != ""
+    finally:
+        pool.close()
+
+
+def test_missing_data_names_the_download_command(tmp_path, monkeypatch, capsys):
+    with pytest.raises(DataMissingError, match="crl-bench data download alfworld"):
+        AlfWorldEnv(data_dir=str(tmp_path))
+    from crl_bench.cli import main
+
+    monkeypatch.setenv("CRL_BENCH_DATA", str(tmp_path))
+    assert main(["run", "--method", "grpo", "--mix", "alfworld", "--preset", "smoke",
+                 "--output-dir", str(tmp_path / "runs")]) == 2
+    assert "crl-bench data download alfworld" in capsys.readouterr().err
+
+
+# ---- download: the network path against a local server, with the real checksums ----------------
+
+class _Server:
+    def __init__(self, root: Path):
+        handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.RequestHandlerClass.log_message = lambda *a, **k: None
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+def _shared() -> Path:
+    return Path(os.environ["CRL_BENCH_DATA"]) / "alfworld"
+
+
+def _manifest_for(server_url: str, archive_name: str, size: int) -> dict:
+    man = json.loads(json.dumps(data_mod.load_manifest("alfworld")))
+    man["release"] = {"url": f"{server_url}/{archive_name}", "size": size}
+    for name in man["splits"]:
+        man["splits"][name]["url"] = f"{server_url}/splits/{name}"
+    return man
+
+
+def test_download_fetches_verifies_and_unpacks(tmp_path, monkeypatch):
+    server = _Server(_shared())
+    archive = _shared() / "json_2.1.1.tar.xz"
+    man = _manifest_for(server.url, archive.name, archive.stat().st_size)
+    monkeypatch.setattr(data_mod, "load_manifest", lambda name: man)
+    try:
+        root = data_mod.download_alfworld(tmp_path / "data", progress=False)
+    finally:
+        server.close()
+    assert (root / "splits" / "train_1466.jsonl").is_file()
+    games = list((root / "json_2.1.1").rglob("game.tw-pddl"))
+    assert len(games) == 1599
+    ids = check_data(str(tmp_path / "data"))
+    assert len(ids["train"]) == 1465 and len(ids["eval"]) == 134
+
+
+def test_download_rejects_a_wrong_size_or_checksum(tmp_path, monkeypatch):
+    server = _Server(_shared())
+    archive = _shared() / "json_2.1.1.tar.xz"
+    man = _manifest_for(server.url, archive.name, archive.stat().st_size + 1)
+    monkeypatch.setattr(data_mod, "load_manifest", lambda name: man)
+    try:
+        with pytest.raises(ChecksumError, match="bytes, expected"):
+            data_mod.download_alfworld(tmp_path / "data", progress=False)
+        man["splits"]["eval_134.jsonl"]["sha256"] = "0" * 64
+        with pytest.raises(ChecksumError, match="sha256"):
+            data_mod.download_alfworld(tmp_path / "data2", progress=False)
+    finally:
+        server.close()
+    assert not (tmp_path / "data" / "alfworld" / "json_2.1.1").exists()
+    assert not (tmp_path / "data2" / "alfworld" / "splits" / "eval_134.jsonl").exists()
+
+
+def test_a_tampered_game_is_rejected(tmp_path):
+    e = AlfWorldEnv()
+    member = e.tasks[EVAL_OFFSET].member
+    good = Path(e.gamefile(EVAL_OFFSET)).read_bytes()
+    bad = tmp_path / "bad.tar.gz"
+    with tarfile.open(bad, "w:gz") as tf:
+        blob = good.replace(b"desklamp", b"desklight", 1)
+        assert hashlib.sha256(blob).hexdigest() != hashlib.sha256(good).hexdigest()
+        src = tmp_path / "game.tw-pddl"
+        src.write_bytes(blob)
+        tf.add(src, arcname=member)
+    hashes = data_mod._game_hashes(_shared())
+    with pytest.raises(ChecksumError, match=member.replace("/", ".")[:40]):
+        data_mod.unpack_alfworld_games(bad, tmp_path / "out", hashes)
+    assert not (tmp_path / "out" / member).exists()
+
+
+def test_bench_alfworld_smoke():
+    from crl_bench.bench_alfworld import bench_alfworld, format_result
+
+    r = bench_alfworld(workers=2, episodes=2, resets=1)
+    assert r["successes"] == {"1": 2, "2": 2}
+    assert r["reset_ms"]["p50"] > 0 and r["step_ms"]["p50"] > 0 and r["worker_rss_mb"] > 0
+    assert r["episodes_per_min"]["2"] > 0 and "episodes/min" in format_result(r)

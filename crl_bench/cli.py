@@ -131,8 +131,9 @@ def cmd_envs(args: argparse.Namespace) -> int:
                 env = make_env(env_id)
                 splits = ", ".join(f"{k}: {len(v)}" for k, v in env.splits.items())
                 actions = env.admissible_actions()
-                print(f"{env_id:18s} tasks ({splits}); actions: "
-                      f"{', '.join(actions) if actions is not None else 'open'}")
+                shown = ("open" if actions is None else ", ".join(actions) if actions
+                         else "the admissible commands of each state")
+                print(f"{env_id:18s} tasks ({splits}); actions: {shown}")
                 env.close()
             except Exception as e:  # noqa: BLE001 - list what we can, say why one is unavailable
                 print(f"{env_id:18s} unavailable here: {type(e).__name__}: {e}")

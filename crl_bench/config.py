@@ -86,6 +86,8 @@ class RolloutConfig:
         env_kwargs: per-env constructor settings, e.g. ``{"minihack-room": {"view": "crop"}}``.
         prefetch: start the next step's resets while this step's actor generates, for envs whose
             resets are slow (``prefetch_resets``, e.g. ALFWorld); the tasks drawn are the same.
+        max_concurrent: episodes live at once (0 = a whole batch); bigger batches (e.g. a 134-task
+            eval) run in waves, bounding the env instances (ALFWorld worker processes) in use.
     """
 
     mix: str = "minihack-room"
@@ -93,6 +95,7 @@ class RolloutConfig:
     history: int = 2
     env_kwargs: dict = field(default_factory=dict)
     prefetch: bool = True
+    max_concurrent: int = 32
 
 
 @dataclass

@@ -162,6 +162,7 @@ class EnvPool:
         self.max_steps = max_steps
         self._free: dict[str, list[TextEnv]] = {}
         self._ready: dict[tuple[str, int], list[TextEnv]] = {}
+        self._prefetchable: dict[str, bool] = {}
         self.prefetch_hits = 0
 
     def acquire(self, env_id: str) -> TextEnv:
@@ -171,7 +172,9 @@ class EnvPool:
         kwargs = dict(self.env_kwargs.get(env_id, {}))
         if self.max_steps:
             kwargs.setdefault("max_steps", self.max_steps)
-        return make_env(env_id, **kwargs)
+        env = make_env(env_id, **kwargs)
+        self._prefetchable[env_id] = bool(getattr(env, "prefetch_resets", False))
+        return env
 
     def acquire_for(self, env_id: str, task: int) -> tuple[TextEnv, bool]:
         """An env for ``task``: ``(env, True)`` when a prefetched env has its reset to ``task`` under
@@ -188,6 +191,8 @@ class EnvPool:
         An env that fails to start its reset is dropped (the later episode resets normally)."""
         n = 0
         for s in specs:
+            if self._prefetchable.get(s.env_id) is False:
+                continue
             env = self.acquire(s.env_id)
             if not getattr(env, "prefetch_resets", False):
                 self.release(s.env_id, env)
@@ -246,15 +251,18 @@ class RolloutRunner:
         pool: env instances.
         sampling: sampling settings.
         constrained: restrict replies to admissible actions for envs with a closed action set.
+        max_concurrent: at most this many episodes live at once (0 = all); larger batches run in
+            waves of this size. Bounds the env instances (ALFWorld: worker processes) a batch needs.
     """
 
     def __init__(self, engine: Engine, prompt_builder: PromptBuilder, pool: EnvPool,
-                 sampling: SamplingParams, constrained: bool = True) -> None:
+                 sampling: SamplingParams, constrained: bool = True, max_concurrent: int = 0) -> None:
         self.engine = engine
         self.prompts = prompt_builder
         self.pool = pool
         self.sampling = sampling
         self.constrained = constrained
+        self.max_concurrent = max(0, int(max_concurrent))
         self.last_stats = RolloutStats()
 
     def _allowed(self, env: TextEnv) -> list[str] | None:
@@ -281,6 +289,27 @@ class RolloutRunner:
         overlap this batch's generation.
         """
         sampling = sampling or self.sampling
+        n = self.max_concurrent or len(specs)
+        if len(specs) <= n:
+            return self._collect_wave(specs, sampling, progress, guide, prefetch)
+        t_start = time.perf_counter()
+        total = RolloutStats()
+        trajs: list[Trajectory] = []
+        for start in range(0, len(specs), n):
+            last = start + n >= len(specs)
+            trajs += self._collect_wave(specs[start:start + n], sampling, progress, guide,
+                                        prefetch if last else specs[start + n:start + 2 * n])
+            st = self.last_stats
+            for f in ("generate_s", "env_s", "generated_tokens", "generate_calls", "retrieve_s"):
+                setattr(total, f, getattr(total, f) + getattr(st, f))
+        total.wall_s = time.perf_counter() - t_start
+        self.last_stats = total
+        return trajs
+
+    def _collect_wave(self, specs: Sequence[EpisodeSpec], sampling: SamplingParams,
+                      progress: Callable[[int], None] | None, guide: GuideFn | None,
+                      prefetch: Sequence[EpisodeSpec] | None) -> list[Trajectory]:
+        """One wave of :meth:`collect`: every spec live at once."""
         stats = RolloutStats()
         t_start = time.perf_counter()
         trajs = [Trajectory(s.env_id, s.task, s.group_id, s.subgroup, meta=dict(s.meta)) for s in specs]

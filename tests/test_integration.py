@@ -108,3 +108,29 @@ def test_real_model_update_changes_policy():
     delta = ((lp2 - lp) * batch["mask"]).sum(-1)
     assert delta[pos].mean() > delta[~pos].mean()
     tr.close()
+
+
+@pytest.mark.slow
+def test_alfworld_smoke_run_and_eval(tmp_path, capsys):
+    """`crl-bench run --mix alfworld --preset smoke` and `crl-bench eval --mix alfworld --split eval`
+    with the real model and real ALFWorld games (data from the data dir, ../shared/data in CI)."""
+    rc = main(["run", "--method", "grpo", "--mix", "alfworld", "--preset", "smoke",
+               "--output-dir", str(tmp_path), "--run-id", "smoke"])
+    assert rc == 0
+    run = tmp_path / "smoke"
+    _check_run_folder(run, steps=2)
+    rows = read_metrics(run)
+    assert rows[0]["env_errors"] == 0 and rows[1]["env_errors"] == 0
+    assert rows[1]["prefetched_resets"] == 8          # step 2's resets were started during step 1
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    # every unwon episode ends at the step limit with the failure reward
+    assert all(e["reward"] == (1.0 if e["success"] else -1.0) for e in episodes)
+    ev = json.loads((run / "eval.json").read_text())
+    assert all(t >= 10000 for t in ev["tasks"]["alfworld"])      # eval = the 134 valid_unseen tasks
+    capsys.readouterr()
+    rc = main(["eval", "--mix", "alfworld", "--split", "eval", "--episodes", "2", "--preset", "smoke",
+               "--quiet", "--out", str(tmp_path / "ev.json")])
+    assert rc == 0
+    ev = json.loads((tmp_path / "ev.json").read_text())
+    assert ev["episodes"] == 2 and ev["split"] == "eval" and ev["tasks"]["alfworld"] == [10000, 10001]
+    assert ev["env_errors"] == 0 and ev["steps_mean"] > 0

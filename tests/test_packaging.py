@@ -14,7 +14,9 @@ CHECK = (
     "import crl_bench, crl_bench.envs.sokoban, crl_bench.envs.minihack, crl_bench.trainer.loop, "
     "crl_bench.baselines, crl_bench.cli;"
     "from crl_bench.env_api import list_envs, make_env;"
-    "assert 'sokoban' in list_envs(), list_envs();"
+    "assert {'sokoban', 'alfworld'} <= set(list_envs()), list_envs();"
+    "import crl_bench.envs.alfworld; from crl_bench.data import load_manifest;"
+    "assert len(load_manifest('alfworld')['games']['eval']) == 134;"
     "make_env('sokoban').reset(options={'task': 0});"
     "print(crl_bench.envs.sokoban.__file__)"
 )

@@ -127,3 +127,40 @@ def test_history_carries_env_feedback(tokenizer, tiny_model):
 
     fb = feedback_of(tr.turns[1].observation)
     assert fb and f"- {tr.turns[0].action} -> {fb}" in second
+
+
+def test_waves_bound_live_episodes_and_keep_order(tokenizer, tiny_model):
+    """max_concurrent=2 runs 5 specs in 3 waves; results come back in spec order, and no more than 2
+    env instances are ever created."""
+    from crl_bench.env_api import register_env
+    from crl_bench.llm.base import SamplingParams
+    from tests_helpers import CoinEnv
+
+    created = []
+
+    def factory(**kw):
+        env = CoinEnv(**kw)
+        created.append(env)
+        return env
+
+    register_env("coin-waves", factory)
+    pool = EnvPool(max_steps=2)
+    runner = RolloutRunner(HFEngine(tiny_model, tokenizer, batch_size=4), PromptBuilder(tokenizer), pool,
+                           SamplingParams(temperature=1.0, max_new_tokens=8), max_concurrent=2)
+    specs = [EpisodeSpec("coin-waves", task=t, group_id=t) for t in range(5)]
+    trajs = runner.collect(specs)
+    assert [t.task for t in trajs] == list(range(5))
+    assert len(created) == 2
+    assert all(t.steps >= 1 for t in trajs)
+    assert runner.last_stats.generate_calls >= 3
+
+
+def test_constrained_reply_longer_than_the_budget_is_completed(tokenizer, tiny_model):
+    from crl_bench.llm.base import SamplingParams
+
+    eng = HFEngine(tiny_model, tokenizer, batch_size=2)
+    long = "take the very long named object number one from the far away receptacle 7</answer>"
+    assert len(tokenizer.encode(long, add_special_tokens=False)) > 8
+    prompt = tokenizer.encode("hello", add_special_tokens=False)
+    gen = eng.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=4), [[long]])[0]
+    assert gen.text.strip().endswith("</answer>") and long.startswith(gen.text.strip()[:10])

@@ -123,7 +123,8 @@ class Trainer:
         self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens)
         self.eval_sampling = SamplingParams(temperature=cfg.eval.temperature, top_p=g.top_p,
                                             max_new_tokens=g.max_new_tokens)
-        self.runner = RolloutRunner(self.engine, self.prompts, self.pool, self.sampling, g.constrained)
+        self.runner = RolloutRunner(self.engine, self.prompts, self.pool, self.sampling, g.constrained,
+                                    max_concurrent=cfg.rollout.max_concurrent)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.updater = PolicyUpdater(

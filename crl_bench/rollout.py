@@ -209,6 +209,10 @@ class EnvPool:
     def release(self, env_id: str, env: TextEnv) -> None:
         self._free.setdefault(env_id, []).append(env)
 
+    def idle_envs(self) -> list[TextEnv]:
+        """Envs the pool holds now (free or with a prefetched reset), e.g. to read worker statistics."""
+        return [e for envs in list(self._free.values()) + list(self._ready.values()) for e in envs]
+
     def discard(self, env: TextEnv) -> None:
         """Drop a broken env (it is closed; a fresh one is created on the next acquire)."""
         try:

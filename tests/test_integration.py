@@ -122,6 +122,7 @@ def test_alfworld_smoke_run_and_eval(tmp_path, capsys):
     rows = read_metrics(run)
     assert rows[0]["env_errors"] == 0 and rows[1]["env_errors"] == 0
     assert rows[1]["prefetched_resets"] == 8          # step 2's resets were started during step 1
+    assert rows[0]["env_workers"] >= 8 and 0 < rows[0]["env_worker_rss_mb_max"] < 1024
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
     # every unwon episode ends at the step limit with the failure reward
     assert all(e["reward"] == (1.0 if e["success"] else -1.0) for e in episodes)

@@ -245,6 +245,9 @@ class Trainer:
             "time_update_s": t_upd, "time_step_s": time.perf_counter() - t0,
             "prefetched_resets": self.pool.prefetch_hits,
         })
+        rss = [e.worker_rss_mb for e in self.pool.idle_envs() if hasattr(e, "worker_rss_mb")]
+        if rss:                       # envs in worker processes (ALFWorld): peak resident memory
+            m.update(env_workers=len(rss), env_worker_rss_mb_max=max(rss))
         return StepResult(m, trajs)
 
     # ---- evaluation -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from crl_bench import data as data_mod
 from crl_bench.data import ChecksumError, DataMissingError
 from crl_bench.env_api import make_env
-from crl_bench.envs.alfworld import EVAL_OFFSET, AlfWorldEnv, EnvWorkerError, check_data
+from crl_bench.envs.alfworld import EVAL_OFFSET, AlfWorldEnv, EnvWorkerError, _task_table, check_data
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +45,7 @@ def test_task_lists_resolve_to_existing_games():
 
 
 def test_missing_trial_is_reported_with_a_warning():
-    data_mod_cache = AlfWorldEnv.__init__.__globals__["_task_table"]
-    data_mod_cache.cache_clear()
+    _task_table.cache_clear()
     with pytest.warns(UserWarning, match=r"1 train task\(s\) have no game.*line 690"):
         AlfWorldEnv()
 

@@ -218,6 +218,11 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         """One line stating the goal of the current task (used for retrieval and in prompts)."""
         return ""
 
+    def task_weights(self, split: str) -> Sequence[float] | None:
+        """Relative sampling weights of ``task_ids(split)`` (same order), or ``None`` for uniform
+        (the default). The trainer's task sampler draws training tasks with these weights."""
+        return None
+
     # ---- protocol -------------------------------------------------------------------------------
     def task_ids(self, split: str) -> Sequence[int]:
         """Task ids of ``split`` (``"train"`` or ``"eval"``). Raises ``KeyError`` for another split."""

@@ -83,16 +83,28 @@ class TaskSampler:
         seed: seed of the sampler's own generator (independent of torch/NumPy global state).
     """
 
-    def __init__(self, mixture: Mixture, task_ids: dict, seed: int) -> None:
+    def __init__(self, mixture: Mixture, task_ids: dict, seed: int, task_weights: dict | None = None) -> None:
         self.mixture = mixture
         self.task_ids = task_ids
         self.rng = np.random.default_rng(seed)
+        self.task_p: dict[str, np.ndarray] = {}
+        for env_id, w in (task_weights or {}).items():
+            if w is None:
+                continue
+            w = np.asarray(w, dtype=np.float64)
+            if len(w) != len(task_ids[env_id]) or (w < 0).any() or w.sum() <= 0:
+                raise ValueError(f"{env_id}: task weights must be {len(task_ids[env_id])} non-negative "
+                                 f"numbers with a positive sum")
+            self.task_p[env_id] = w / w.sum()
 
     def sample(self, n: int) -> list[tuple[str, int]]:
-        """``n`` draws; returns ``[(env_id, task_id), ...]``."""
+        """``n`` draws; returns ``[(env_id, task_id), ...]``. Tasks are uniform within an env unless
+        the env gives weights (``task_weights``, e.g. WebShop's goal weights)."""
         out = []
         for _ in range(n):
             env_id = self.mixture.envs[int(self.rng.choice(len(self.mixture.envs), p=self.mixture.weights))]
             ids = self.task_ids[env_id]
-            out.append((env_id, int(ids[int(self.rng.integers(len(ids)))])))
+            p = self.task_p.get(env_id)
+            k = int(self.rng.choice(len(ids), p=p)) if p is not None else int(self.rng.integers(len(ids)))
+            out.append((env_id, int(ids[k])))
         return out

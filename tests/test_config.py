@@ -50,3 +50,18 @@ def test_mixtures():
     draws = s.sample(50)
     assert all(e == "sokoban" and 10 <= t < 20 for e, t in draws)
     assert draws == TaskSampler(resolve_mixture("sokoban"), {"sokoban": range(10, 20)}, seed=3).sample(50)
+
+
+def test_task_sampler_uses_env_task_weights():
+    from crl_bench.mixtures import TaskSampler, resolve_mixture
+
+    mix = resolve_mixture("sokoban")
+    ids = [10, 11, 12]
+    s = TaskSampler(mix, {"sokoban": ids}, seed=0, task_weights={"sokoban": [0.0, 3.0, 1.0]})
+    draws = [t for _, t in s.sample(4000)]
+    assert 10 not in draws
+    assert abs(draws.count(11) / len(draws) - 0.75) < 0.03
+    uniform = [t for _, t in TaskSampler(mix, {"sokoban": ids}, seed=0).sample(3000)]
+    assert all(abs(uniform.count(t) / 3000 - 1 / 3) < 0.04 for t in ids)
+    with pytest.raises(ValueError, match="non-negative"):
+        TaskSampler(mix, {"sokoban": ids}, seed=0, task_weights={"sokoban": [1.0, -1.0, 1.0]})

@@ -104,13 +104,14 @@ class Trainer:
         self.mixture = resolve_mixture(cfg.rollout.mix)
         self.pool = EnvPool(cfg.rollout.env_kwargs, cfg.rollout.max_steps)
         # one probe env per id: validates the ids early and gives the task splits
-        self.train_tasks, self.eval_tasks = {}, {}
+        self.train_tasks, self.eval_tasks, weights = {}, {}, {}
         for env_id in self.mixture.envs:
             env = self.pool.acquire(env_id)
             self.train_tasks[env_id] = env.task_ids("train")
             self.eval_tasks[env_id] = env.task_ids(cfg.eval.split)
+            weights[env_id] = env.task_weights("train")
             self.pool.release(env_id, env)
-        self.sampler = TaskSampler(self.mixture, self.train_tasks, seed=cfg.train.seed)
+        self.sampler = TaskSampler(self.mixture, self.train_tasks, seed=cfg.train.seed, task_weights=weights)
 
         if model is None:
             from crl_bench.llm.hf_engine import load_model_and_tokenizer

@@ -133,8 +133,8 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             "ratio_with_distill": arms["complementary+distill"] / max(arms["grpo"], 1e-9)}
 
 
-#: envs whose simulator runs in worker processes: benchmarked by their own bench, only when named
-PROCESS_ENVS = ("alfworld",)
+#: envs with a bench of their own (no raw simulator to compare with), run only when named
+PROCESS_ENVS = ("alfworld", "webshop")   # webshop: a scripted-episode bench of its own
 
 
 def main(args: argparse.Namespace) -> int:
@@ -162,8 +162,13 @@ def main(args: argparse.Namespace) -> int:
         if "alfworld" in ids:
             from crl_bench.bench_alfworld import bench_alfworld, format_result
 
-            print(format_result(bench_alfworld(workers=args.workers, episodes=args.episodes)))
+            print(format_result(bench_alfworld(workers=args.workers, episodes=args.episodes or 8)))
             ids = [e for e in ids if e != "alfworld"]
+        if "webshop" in ids:
+            from crl_bench.bench_webshop import bench_webshop, format_result as format_webshop
+
+            print(format_webshop(bench_webshop(episodes=args.episodes or 200)))
+            ids = [e for e in ids if e != "webshop"]
         if ids:
             print(format_table(bench_env(ids, args.steps)))
         if not args.env:

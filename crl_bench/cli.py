@@ -274,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-steps", type=int, default=4, help="rollout bench: actions per episode")
     b.add_argument("--model", default="smollm2-135m-instruct")
     b.add_argument("--workers", type=int, default=2, help="alfworld env bench: N worker processes (vs 1)")
-    b.add_argument("--episodes", type=int, default=8, help="alfworld env bench: episodes per arm")
+    b.add_argument("--episodes", type=int, default=None,
+                   help="env bench: alfworld episodes per arm (8), webshop scripted episodes (200)")
     b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("data", help="download benchmark data into the data dir ($CRL_BENCH_DATA)")

@@ -1,0 +1,1 @@
+"""WebShop text environment (see env.py)."""

@@ -1,0 +1,196 @@
+"""WebShop product catalogue: loading and cleaning as upstream ``web_agent_site/engine/engine.py``
+(``load_products``, ``clean_product_keys``, ``generate_product_prices``).
+
+Files (in ``<data root>/webshop/``): ``items_shuffle_1000.json`` (products), ``items_ins_v2_1000.json``
+(attributes and synthetic instructions), ``items_human_ins.json`` (human instructions).
+
+Deliberate difference from upstream: a ranged price ("$a to $b") is drawn once with
+``random.Random(price_seed).uniform(a, b)`` (in load order) instead of upstream's unseeded global RNG, so
+prices, and the goals' price limits derived from them, are reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+from crl_bench.data import DataMissingError, data_dir
+
+PRODUCTS_FILE = "items_shuffle_1000.json"
+ATTRIBUTES_FILE = "items_ins_v2_1000.json"
+HUMAN_FILE = "items_human_ins.json"
+DEFAULT_PRICE = 100.0
+
+
+@dataclass
+class Product:
+    """One cleaned product (upstream's product dict after ``load_products``).
+
+    Attributes:
+        asin: as in the file (upper case, <= 10 chars). title / name: the raw ``name`` (upstream keeps both
+            ``Title`` and ``name``). description: ``full_description``. bullet_points: ``small_description``
+            (a bare string wrapped in a list).
+        options: ``{option name lowercased (not stripped): [values stripped, lowercased, '/' -> ' | ']}``
+            in file order, duplicates kept; option groups whose content is null are dropped.
+        price_text: the displayed price, ``"$19.99"`` or ``"$19.99 to $27.99"`` (Python float repr).
+        pricing: 1 or 2 floats (``[100.0]`` when the file has no price).
+        attributes: from the attribute file (``["DUMMY_ATTR"]`` if the asin has none there).
+        category, product_category ('›'-joined breadcrumb), query (lowercased, stripped).
+        instruction_text, instruction_attributes: the synthetic instruction (only when loaded with
+            ``human_goals=False``; None if the product has none).
+        human_instructions: the human instruction records (only with ``human_goals=True`` and when the
+            asin is in the human file).
+    """
+
+    asin: str
+    title: str
+    description: str
+    bullet_points: list[str]
+    options: dict[str, list[str]]
+    price_text: str
+    pricing: list[float]
+    attributes: list[str]
+    category: str
+    query: str
+    product_category: str
+    instruction_text: str | None = None
+    instruction_attributes: list[str] | None = None
+    human_instructions: list[dict] | None = None
+    name: str = ""
+
+
+@dataclass
+class Catalogue:
+    """The loaded products (upstream's ``load_products`` return tuple).
+
+    Attributes:
+        products: in load order. by_asin: ``{asin: Product}``. prices: ``{asin: price in dollars}``, drawn
+            once (see the module docstring). attribute_to_asins: ``{attribute: {asin, ...}}``.
+        human_goals: which instruction fields were loaded (see :class:`Product`).
+    """
+
+    products: list[Product]
+    by_asin: dict[str, Product]
+    prices: dict[str, float]
+    attribute_to_asins: dict[str, set[str]] = field(default_factory=dict)
+    human_goals: bool = False
+
+
+def parse_pricing(pricing: str | None) -> tuple[list[float], str]:
+    """``(pricing floats, price text)`` of a raw ``pricing`` string such as ``'$19.99$27.99'``.
+
+    Every '$'-separated piece loses its non-digit, non-'.' characters and becomes
+    ``float(Decimal(piece))``; more than two pieces keep the first two. Empty or None -> ``([100.0], '$100.0')``.
+    Follows ``engine.py::load_products``.
+
+    Raises:
+        IndexError: a non-empty string without '$' (as upstream). decimal.InvalidOperation: a piece with no number.
+    """
+    if not pricing:
+        return [DEFAULT_PRICE], f"${DEFAULT_PRICE}"
+    values = [float(Decimal(re.sub(r"[^\d.]", "", piece))) for piece in pricing.split("$")[1:]]
+    if len(values) == 1:
+        return values, f"${values[0]}"
+    return values[:2], f"${values[0]} to ${values[1]}"
+
+
+def parse_options(raw) -> dict[str, list[str]]:
+    """``customization_options`` (``''`` or ``{Name: [{'value': ...}, ...] | None}``) -> ``{name: [values]}``.
+
+    Names are lowercased only; values are stripped, lowercased, and '/' becomes ' | '. Follows
+    ``engine.py::load_products``.
+    """
+    options: dict[str, list[str]] = {}
+    if raw:
+        for name, contents in raw.items():
+            if contents is not None:
+                options[name.lower()] = [c["value"].strip().replace("/", " | ").lower() for c in contents]
+    return options
+
+
+def draw_price(pricing: list[float], rng: random.Random) -> float:
+    """The price a product sells at: 100.0 for no pricing, the single value, else ``rng.uniform(lo, hi)``.
+
+    Follows ``engine.py::generate_product_prices`` (with a seeded ``rng`` instead of the global RNG).
+    """
+    if not pricing:
+        return DEFAULT_PRICE
+    if len(pricing) == 1:
+        return pricing[0]
+    return rng.uniform(pricing[0], pricing[1])
+
+
+def webshop_dir(data_root: str | os.PathLike | None = None) -> Path:
+    """The folder holding the WebShop files: ``data_dir(data_root) / "webshop"``; a ``data_root`` that
+    itself holds ``items_shuffle_1000.json`` is used as it is."""
+    if data_root is not None and (Path(data_root) / PRODUCTS_FILE).is_file():
+        return Path(data_root)
+    return data_dir(data_root) / "webshop"
+
+
+def _read_json(folder: Path, name: str):
+    path = folder / name
+    if not path.is_file():
+        raise DataMissingError(
+            f"WebShop data file {name} not found in {folder}. Point CRL_BENCH_DATA (or the env's data_dir) at "
+            f"a folder whose webshop/ holds {PRODUCTS_FILE}, {ATTRIBUTES_FILE} and {HUMAN_FILE} "
+            f"(e.g. ../shared/data in this repository's CI).")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load_catalogue(data_root: Path | None = None, num_products: int | None = 1000, price_seed: int = 0,
+                   human_goals: bool = False) -> Catalogue:
+    """Load and clean the first ``num_products`` products (upstream ``load_products`` + ``clean_product_keys``).
+
+    The slice is taken before dropping products whose asin is ``'nan'`` or longer than 10 chars and later
+    duplicates of an asin, so fewer may survive (None = all). With ``human_goals`` the human instruction
+    records are attached, else the synthetic instruction fields (as upstream; goals are built from
+    whichever was loaded). Prices are drawn with ``random.Random(price_seed)`` in load order.
+
+    Raises:
+        DataMissingError: a data file is absent (the human file is needed only with ``human_goals``), or
+            (synthetic) a product's asin is absent from the attribute file (upstream: KeyError).
+    """
+    folder = webshop_dir(data_root)
+    raw = _read_json(folder, PRODUCTS_FILE)
+    attrs = _read_json(folder, ATTRIBUTES_FILE)
+    human = _read_json(folder, HUMAN_FILE) if human_goals else {}
+    if num_products is not None:
+        raw = raw[:num_products]
+    rng = random.Random(price_seed)
+    products: list[Product] = []
+    by_asin: dict[str, Product] = {}
+    for p in raw:
+        asin = p["asin"]
+        if asin == "nan" or len(asin) > 10 or asin in by_asin:
+            continue
+        pricing, price_text = parse_pricing(p.get("pricing"))
+        bullets = p["small_description"]
+        entry = attrs.get(asin, {})
+        prod = Product(
+            asin=asin, title=p["name"], name=p["name"], description=p["full_description"],
+            bullet_points=bullets if isinstance(bullets, list) else [bullets],
+            options=parse_options(p["customization_options"]), price_text=price_text, pricing=pricing,
+            attributes=entry["attributes"] if "attributes" in entry else ["DUMMY_ATTR"],
+            category=p["category"], query=p["query"].lower().strip(), product_category=p["product_category"])
+        if human_goals:
+            prod.human_instructions = human.get(asin)
+        elif asin not in attrs:
+            raise DataMissingError(f"WebShop: product {asin} is missing from {folder / ATTRIBUTES_FILE}")
+        else:
+            prod.instruction_text = entry.get("instruction")
+            prod.instruction_attributes = entry.get("instruction_attributes")
+        products.append(prod)
+        by_asin[asin] = prod
+    attribute_to_asins: dict[str, set[str]] = {}
+    for prod in products:
+        for a in prod.attributes:
+            attribute_to_asins.setdefault(a, set()).add(prod.asin)
+    prices = {prod.asin: draw_price(prod.pricing, rng) for prod in products}
+    return Catalogue(products, by_asin, prices, attribute_to_asins, human_goals)

@@ -135,3 +135,26 @@ def test_alfworld_smoke_run_and_eval(tmp_path, capsys):
     ev = json.loads((tmp_path / "ev.json").read_text())
     assert ev["episodes"] == 2 and ev["split"] == "eval" and ev["tasks"]["alfworld"] == [10000, 10001]
     assert ev["env_errors"] == 0 and ev["steps_mean"] > 0
+
+
+@pytest.mark.slow
+def test_webshop_smoke_run_and_eval(tmp_path, capsys):
+    """`crl-bench run --mix webshop --preset smoke` and `crl-bench eval --mix webshop` with the real
+    model, the real catalogue, BM25 search and the spaCy-based reward."""
+    rc = main(["run", "--method", "grpo", "--mix", "webshop", "--preset", "smoke",
+               "--output-dir", str(tmp_path), "--run-id", "smoke"])
+    assert rc == 0
+    run = tmp_path / "smoke"
+    for name in ("config.yaml", "metrics.jsonl", "eval.json", "episodes.jsonl"):
+        assert (run / name).is_file(), name
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["episodes"] == 8 and r["env_errors"] == 0 and r["tokens_per_s"] > 0 for r in rows)
+    ev = json.loads((run / "eval.json").read_text())
+    assert all(0 <= t < 500 for t in ev["tasks"]["webshop"])          # eval = the held-out goals
+    capsys.readouterr()
+    rc = main(["eval", "--mix", "webshop", "--episodes", "2", "--preset", "smoke", "--quiet",
+               "--out", str(tmp_path / "ev.json")])
+    assert rc == 0
+    ev = json.loads((tmp_path / "ev.json").read_text())
+    assert ev["episodes"] == 2 and ev["tasks"]["webshop"] == [0, 1] and ev["env_errors"] == 0

@@ -55,6 +55,15 @@ class EnvWorkerError(RuntimeError):
 # ---- worker process ------------------------------------------------------------------------------
 
 def _rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's ``VmHWM``, which starts afresh at exec
+    (``ru_maxrss`` does not: a worker forked from a 4 GB trainer would report 4 GB)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 

@@ -270,3 +270,17 @@ def test_bench_alfworld_smoke():
     assert r["successes"] == {"1": 2, "2": 2}
     assert r["reset_ms"]["p50"] > 0 and r["step_ms"]["p50"] > 0 and r["worker_rss_mb"] > 0
     assert r["episodes_per_min"]["2"] > 0 and "episodes/min" in format_result(r)
+
+
+def test_worker_memory_is_its_own_not_the_parents():
+    """The reported peak RSS is the worker's (a fresh interpreter with one game), even when the parent
+    holds much more memory than the worker's cap."""
+    ballast = bytearray(1500 << 20)           # the parent now holds > 1.5 GB
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    e = make_env("alfworld")
+    try:
+        e.reset(options={"task": EVAL_OFFSET})
+        assert 20 < e.worker_rss_mb < e.memory_mb
+    finally:
+        e.close()
+        del ballast

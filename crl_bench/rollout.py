@@ -10,7 +10,7 @@ environment wrote.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 from crl_bench.env_api import TextEnv, feedback_of, make_env
@@ -304,8 +304,9 @@ class RolloutRunner:
             trajs += self._collect_wave(specs[start:start + n], sampling, progress, guide,
                                         prefetch if last else specs[start + n:start + 2 * n])
             st = self.last_stats
-            for f in ("generate_s", "env_s", "generated_tokens", "generate_calls", "retrieve_s"):
-                setattr(total, f, getattr(total, f) + getattr(st, f))
+            for f in fields(RolloutStats):
+                if f.name != "wall_s":
+                    setattr(total, f.name, getattr(total, f.name) + getattr(st, f.name))
         total.wall_s = time.perf_counter() - t_start
         self.last_stats = total
         return trajs

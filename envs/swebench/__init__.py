@@ -1,0 +1,1 @@
+"""SWE-Bench-Verified environment (see env.py)."""

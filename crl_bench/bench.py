@@ -133,8 +133,8 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             "ratio_with_distill": arms["complementary+distill"] / max(arms["grpo"], 1e-9)}
 
 
-#: envs with a bench of their own (no raw simulator to compare with), run only when named
-PROCESS_ENVS = ("alfworld", "webshop")   # webshop: a scripted-episode bench of its own
+#: envs with a bench of their own (worker processes, scripted episodes), run only when named
+OWN_BENCH_ENVS = ("alfworld", "webshop")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -158,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
         from crl_bench.bench_envs import bench_env, format_table
         from crl_bench.env_api import list_envs
 
-        ids = args.env or [e for e in list_envs() if e not in PROCESS_ENVS]
+        ids = args.env or [e for e in list_envs() if e not in OWN_BENCH_ENVS]
         if "alfworld" in ids:
             from crl_bench.bench_alfworld import bench_alfworld, format_result
 
@@ -172,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
         if ids:
             print(format_table(bench_env(ids, args.steps)))
         if not args.env:
-            print(f"(not included by default: {', '.join(PROCESS_ENVS)}; use --env ID)")
+            print(f"(not included by default: {', '.join(OWN_BENCH_ENVS)}; use --env ID)")
         return 0
     env_id = (args.env or ["minihack-room"])[0]
     res = bench_rollout(args.model, env_id, args.envs, args.max_steps)

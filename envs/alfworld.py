@@ -282,7 +282,6 @@ class AlfWorldEnv(TextEnv):
         self._worker: _Worker | None = None
         self._room = ""
         self._goal = ""
-        self._feedback = ""
         self._admissible: list[str] = []
         self._rss_mb = 0.0
 
@@ -347,7 +346,6 @@ class AlfWorldEnv(TextEnv):
         m = _TASK_RE.search(text)
         self._goal = m.group(1).strip() if m else self.tasks[task].goal
         self._room = _TASK_RE.sub("", text).strip()
-        self._feedback = ""
         self._admissible = out["admissible"]
 
     def _submit_apply(self, action: str) -> None:
@@ -366,7 +364,6 @@ class AlfWorldEnv(TextEnv):
         return (self.success_reward if won else 0.0), won, won, out["obs"].strip()
 
     def _observe(self, message: str = "") -> str:
-        self._feedback = message or ""
         parts = [self._room]
         if message:
             parts.append(f"Last: {' '.join(message.split())}")

@@ -9,7 +9,7 @@ Commands::
     crl-bench bench env | rollout | retrieval | overhead
     crl-bench bank show RUN | crl-bench bank stats RUN
     crl-bench model prepare
-    crl-bench data download alfworld [--data-dir DIR] [--source ARCHIVE]
+    crl-bench data download alfworld|swebench [--data-dir DIR] [--source FILE]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from crl_bench.data import ChecksumError, DataMissingError
+from crl_bench.env_api import EnvUnavailableError
 from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
 
 
@@ -281,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="download benchmark data into the data dir ($CRL_BENCH_DATA)")
     ds = d.add_subparsers(dest="data_cmd", required=True)
     dl = ds.add_parser("download", help="fetch a data set from its original public source and verify it")
-    dl.add_argument("dataset", choices=["alfworld"])
+    dl.add_argument("dataset", choices=["alfworld", "swebench"])
     dl.add_argument("--data-dir", help="data root (default: $CRL_BENCH_DATA or ~/.cache/crl-bench/data)")
     dl.add_argument("--source", help="a local archive of the data set to use instead of downloading it")
     dl.add_argument("--no-verify", action="store_true",
@@ -316,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
-    except (ConfigError, KeyError, FileExistsError, DataMissingError, ChecksumError) as e:
+    except (ConfigError, KeyError, FileExistsError, DataMissingError, ChecksumError, EnvUnavailableError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"crl-bench: error: {msg}", file=sys.stderr)
         return 2

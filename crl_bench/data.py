@@ -351,4 +351,10 @@ def build_alfworld_manifest(splits_dir: Path, games_root: Path, out: Path, urls:
     return man
 
 
-DOWNLOADERS: dict[str, Callable[..., Path]] = {"alfworld": download_alfworld}
+def _download_swebench(*args, **kwargs) -> Path:
+    from crl_bench.envs.swebench.instances import download_swebench
+
+    return download_swebench(*args, **kwargs)
+
+
+DOWNLOADERS: dict[str, Callable[..., Path]] = {"alfworld": download_alfworld, "swebench": _download_swebench}

@@ -36,6 +36,12 @@ _ANSWER_RE = re.compile(r"<\s*answer\s*>(.*?)<\s*/\s*answer\s*>", re.IGNORECASE 
 _OPEN_ANSWER_RE = re.compile(r"<\s*answer\s*>(.*)$", re.IGNORECASE | re.DOTALL)
 
 
+class EnvUnavailableError(RuntimeError):
+    """The environment cannot run on this machine: a service it needs (e.g. a Docker daemon) or an
+    artefact it cannot obtain (e.g. a container image) is missing.  Raised when the env is created, with
+    a message that says what is missing and how to provide it; ``crl-bench`` reports it and exits 2."""
+
+
 @dataclass(frozen=True)
 class ParsedAction:
     """Result of parsing one actor reply.
@@ -160,6 +166,14 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
     action_aliases: ClassVar[dict[str, str]] = {}
     #: resets are slow enough (seconds) that the trainer should start them ahead of time
     prefetch_resets: ClassVar[bool] = False
+    #: the last line of every user prompt: how to reply
+    reply_instruction: ClassVar[str] = "Reply with your next action as <answer>ACTION</answer>."
+    #: text opening the actor's turn for this env (``None``: the run's ``generation.prefill``)
+    reply_prefill: ClassVar[str | None] = None
+    #: reply tokens this env needs at least; a turn with such an env raises ``max_new_tokens`` to it
+    min_new_tokens: ClassVar[int] = 0
+    #: extra stop strings of this env's replies (added to the run's ``generation`` stop strings)
+    reply_stop: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, max_steps: int = 30, render_mode: str | None = "ansi") -> None:
         super().__init__()

@@ -9,6 +9,8 @@ environment wrote.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
@@ -125,7 +127,7 @@ class PromptBuilder:
         self.history = history
 
     def user_text(self, task_line: str, history: Sequence[tuple[str, str]], obs: str,
-                  guidance: str = "") -> str:
+                  guidance: str = "", reply: str = "Reply with your next action as <answer>ACTION</answer>.") -> str:
         parts = []
         if task_line:
             parts.append(f"Task: {task_line}")
@@ -136,14 +138,16 @@ class PromptBuilder:
             lines = [f"- {a}" + (f" -> {fb}" if fb else "") for a, fb in recent]
             parts.append("Your last actions:\n" + "\n".join(lines))
         parts.append(obs.strip())
-        parts.append("Reply with your next action as <answer>ACTION</answer>.")
+        parts.append(reply)
         return "\n\n".join(parts)
 
-    def build(self, system: str, user: str) -> list[int]:
-        """Token ids of ``system`` + ``user`` messages, the generation prompt and the prefill."""
+    def build(self, system: str, user: str, prefill: str | None = None) -> list[int]:
+        """Token ids of ``system`` + ``user`` messages, the generation prompt and the prefill
+        (``prefill``, default the builder's own)."""
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer.encode(text + self.prefill, add_special_tokens=False)
+        return self.tokenizer.encode(text + (self.prefill if prefill is None else prefill),
+                                     add_special_tokens=False)
 
 
 class EnvPool:
@@ -355,21 +359,28 @@ class RolloutRunner:
             stats.retrieve_s += time.perf_counter() - t0
 
         while live:
-            prompt_ids, allowed = [], []
+            prompt_ids, allowed, prefills = [], [], {}
+            budget, stops = sampling.max_new_tokens, list(sampling.stop)
             for i in live:
                 env = envs[i]
-                user = self.prompts.user_text(trajs[i].task_line, history[i], obs[i], trajs[i].guidance)
-                prompt_ids.append(self.prompts.build(env.system_prompt, user))
+                prefills[i] = self.prompts.prefill if env.reply_prefill is None else env.reply_prefill
+                user = self.prompts.user_text(trajs[i].task_line, history[i], obs[i], trajs[i].guidance,
+                                              env.reply_instruction)
+                prompt_ids.append(self.prompts.build(env.system_prompt, user, prefills[i]))
                 allowed.append(self._allowed(env))
+                budget = max(budget, env.min_new_tokens)
+                stops += [x for x in env.reply_stop if x not in stops]
+            turn_sampling = sampling if (budget, tuple(stops)) == (sampling.max_new_tokens, tuple(sampling.stop)) \
+                else dataclasses.replace(sampling, max_new_tokens=budget, stop=tuple(stops))
             t0 = time.perf_counter()
-            gens = self.engine.generate(prompt_ids, sampling, allowed)
+            gens = self.engine.generate(prompt_ids, turn_sampling, allowed)
             stats.generate_s += time.perf_counter() - t0
             stats.generate_calls += 1
             t0 = time.perf_counter()
             still, sent = [], []
             for i, gen in zip(live, gens):     # send every action, then wait: workers step in parallel
                 stats.generated_tokens += len(gen.response_ids)
-                reply = self.prompts.prefill + gen.text
+                reply = prefills[i] + gen.text
                 try:
                     envs[i].step_async(reply)
                     sent.append((i, gen, reply))

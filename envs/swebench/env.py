@@ -128,6 +128,7 @@ class SWEBenchEnv(TextEnv):
         self._call: ToolCall | None = None
         self.grade_result: GradeResult | None = None
         self.patch = ""
+        self._submitted = False
 
     def _check_images(self) -> None:
         wanted = {i.image: i for i in self.train_instances + self.eval_instances}
@@ -199,7 +200,7 @@ class SWEBenchEnv(TextEnv):
         self.instance = self.instance_of(task)
         self.sb = self._wait_job()
         self.editor = StrReplaceEditor(ContainerWorkspace(self.sb))
-        self.grade_result, self.patch = None, ""
+        self.grade_result, self.patch, self._submitted = None, "", False
 
     def parse_action(self, reply: str) -> ParsedAction:
         text = reply if isinstance(reply, str) else str(reply)
@@ -236,6 +237,7 @@ class SWEBenchEnv(TextEnv):
     def _apply(self, action: str) -> tuple[float, bool, bool, str]:
         submitted, message = self._wait_job()
         if submitted:
+            self._submitted = True
             self._finish()
             return self._reward(), True, self.grade_result.resolved, self._grade_message()
         return 0.0, False, False, message
@@ -280,16 +282,18 @@ class SWEBenchEnv(TextEnv):
         g = self.grade_result
         if g is None:
             return ""
+        head = "Submitted" if self._submitted else "Step limit reached, the working tree was graded"
         if g.resolved:
-            return "Submitted: the issue is resolved (all tests pass)."
+            return f"{head}: the issue is resolved (all tests pass)."
         why = g.error or "some FAIL_TO_PASS / PASS_TO_PASS tests fail"
-        return f"Submitted: the issue is not resolved ({why})."
+        return f"{head}: the issue is not resolved ({why})."
 
     def _observe(self, message: str = "") -> str:
         if self.instance is None:
             return ""
-        if self.grade_result is not None and not message:
-            message = self._grade_message()
+        if self.grade_result is not None:
+            graded = self._grade_message()
+            message = f"{message}\n{graded}" if message and graded not in message else graded
         if not message:
             inst = self.instance
             return (f"The repository {inst.repo} is checked out at {self.workdir} (commit "

@@ -1,0 +1,212 @@
+"""SWE-Bench-Verified env end to end in real containers, on a synthetic SWE-bench-shaped task.
+
+Needs a running Docker daemon (``.ci/run`` and ``install.sh`` with the test extra install Debian's
+docker.io and start it) and debootstrap for the base image, built once per daemon (about a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from crl_bench.env_api import EnvUnavailableError
+from crl_bench.envs.swebench.env import SWEBenchEnv
+from crl_bench.envs.swebench.sandbox import LABEL, DockerSandbox, ImageUnavailableError, docker_client
+
+sys.path.insert(0, str(Path(__file__).parent))
+from swe_synthetic import GOLD, INSTANCE_ID, TASK_IMAGE, build_task  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:swebench-verified. no task_list")
+
+
+def call(name: str, **args) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+FIX = call("str_replace_editor", command="str_replace", path="/testbed/calc/__init__.py",
+           old_str="return a - b", new_str="return a + b")
+
+
+@pytest.fixture(scope="session")
+def client():
+    return docker_client(timeout=600)
+
+
+@pytest.fixture(scope="session")
+def instances(tmp_path_factory, client):
+    return build_task(tmp_path_factory.mktemp("swe"), client)
+
+
+def our_containers(client) -> list[str]:
+    return [c.name for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"})]
+
+
+@pytest.fixture()
+def make_env(instances, client):
+    made = []
+
+    def make(**kw):
+        kw.setdefault("command_timeout_s", 10)
+        env = SWEBenchEnv(instances=str(instances), max_steps=kw.pop("max_steps", 8), **kw)
+        made.append(env)
+        return env
+
+    before = set(our_containers(client))
+    yield make
+    for env in made:
+        env.close()
+    assert set(our_containers(client)) <= before, "a test left a sandbox container behind"
+
+
+def test_scripted_fix_through_the_editor_is_resolved(make_env, client):
+    env = make_env()
+    obs, info = env.reset(options={"task": 0})
+    assert "/testbed" in obs and info["instance_id"] == INSTANCE_ID
+    assert "add(2, 3) returns -1" in env.task_prompt()
+    name = env.sb.name
+    o, r, term, trunc, info = env.step(call("str_replace_editor", command="view", path="/testbed/calc/__init__.py"))
+    assert "return a - b" in o and r == 0 and not term and not info["invalid_action"]
+    o, r, term, trunc, info = env.step(FIX)
+    assert "return a + b" in o
+    o, r, term, trunc, info = env.step(call("submit"))
+    assert term and not trunc and r == 1.0 and info["success"]
+    g = info["grade"]
+    assert g["resolved"] and g["patch_applied"]
+    assert g["tests_status"]["FAIL_TO_PASS"]["success"] == ["tests/test_calc.py::test_add"]
+    assert g["tests_status"]["PASS_TO_PASS"]["success"] == ["tests/test_calc.py::test_mul"]
+    assert "-    return a - b\n+    return a + b" in info["patch"]
+    assert name not in our_containers(client), "the episode's container must be gone after the episode"
+
+
+def test_doing_nothing_gets_zero(make_env):
+    env = make_env(grade_empty_patch=True)       # run the eval script even though nothing changed
+    env.reset(options={"task": 0})
+    o, r, term, trunc, info = env.step(call("submit"))
+    assert term and r == 0.0 and not info["success"]
+    status = info["grade"]["tests_status"]
+    assert status["FAIL_TO_PASS"]["failure"] == ["tests/test_calc.py::test_add"]
+    assert status["PASS_TO_PASS"]["success"] == ["tests/test_calc.py::test_mul"]
+    env2 = make_env()                             # default: an empty diff is 0 without running tests
+    env2.reset(options={"task": 0})
+    _, r, term, _, info = env2.step(call("submit"))
+    assert term and r == 0.0 and info["grade"]["error"] == "no changes to grade"
+
+
+def test_breaking_a_passing_test_is_not_resolved(make_env):
+    env = make_env()
+    env.reset(options={"task": 0})
+    env.step(FIX)
+    env.step(call("str_replace_editor", command="str_replace", path="/testbed/calc/__init__.py",
+                  old_str="return a * b", new_str="return a ** b"))
+    _, r, term, _, info = env.step(call("submit"))
+    assert term and r == 0.0
+    assert info["grade"]["tests_status"]["PASS_TO_PASS"]["failure"] == ["tests/test_calc.py::test_mul"]
+
+
+def test_step_limit_grades_the_tree_and_same_container_grading(make_env):
+    env = make_env(max_steps=2, grade_in="same")
+    env.reset(options={"task": 0})
+    env.step(call("bash", command="sed -i 's/return a - b/return a + b/' calc/__init__.py"))
+    o, r, term, trunc, info = env.step("I give up")           # invalid last action: still graded
+    assert trunc and not term and info["invalid_action"]
+    assert r == 1.0 and info["success"] and "resolved" in o
+
+
+def test_command_timeout_kills_the_command(make_env):
+    env = make_env(command_timeout_s=2)
+    env.reset(options={"task": 0})
+    t0 = time.monotonic()
+    o, r, term, _, info = env.step(call("bash", command="sleep 60 & sleep 60; echo finished"))
+    assert time.monotonic() - t0 < 20
+    assert "ran past 2 s and was killed" in o and "finished" not in o and not term
+    o, *_ = env.step(call("bash", command="ps -u agent -o comm= | grep -c '^sleep$' || true"))
+    assert o.strip().splitlines()[-1] == "0", "the timed-out command's children must be killed too"
+
+
+def test_no_network_non_root_and_limits(make_env, client):
+    env = make_env()
+    env.reset(options={"task": 0})
+    cfg = client.api.inspect_container(env.sb.container.id)["HostConfig"]
+    assert cfg["NetworkMode"] == "none" and cfg["Memory"] == 4096 << 20 and cfg["PidsLimit"] == 1024
+    probe = ("python3 -c \"import socket\nfor h in [('1.1.1.1', 53), ('172.17.0.1', 2375)]:\n"
+             " try:\n  socket.create_connection(h, timeout=3); print('REACHED', h)\n"
+             " except OSError as e: print('blocked', e.errno)\"; getent hosts pypi.org || echo no-dns")
+    o, *_ = env.step(call("bash", command=probe))
+    assert "REACHED" not in o and o.count("blocked") == 2 and "no-dns" in o
+    o, *_ = env.step(call("bash", command="id -u; touch /etc/x 2>&1 | tail -1"))
+    assert "\n1000\n" in o + "\n" and "Permission denied" in o
+    o, *_ = env.step(call("bash", command="head -c 200000 /dev/zero | tr '\\0' x"))
+    assert "characters truncated" in o and len(o) < 9000
+
+
+def test_malformed_call_is_an_invalid_action_fed_back(make_env):
+    env = make_env()
+    env.reset(options={"task": 0})
+    o, r, term, _, info = env.step('<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>')
+    assert info["invalid_action"] and not term and r == 0 and "Invalid action" in o and "command" in o
+    o, _, _, _, info = env.step(call("str_replace_editor", command="str_replace", path="/testbed/calc/__init__.py",
+                                     old_str="return", new_str="return"))
+    assert not info["invalid_action"] and "error" in o and "lines 6, 11" in o.replace("line ", "lines ")
+
+
+def test_container_removed_when_the_run_is_killed(instances, client):
+    code = ("import sys, time; from crl_bench.envs.swebench.env import SWEBenchEnv\n"
+            f"env = SWEBenchEnv(instances={str(instances)!r})\n"
+            "env.reset(options={'task': 0}); print(env.sb.name, flush=True); time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        name = p.stdout.readline().strip()
+        assert name and name in our_containers(client)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert name in our_containers(client)          # SIGKILL: no cleanup ran in that process...
+    with DockerSandbox(TASK_IMAGE, client=client, non_root=False):
+        pass                                       # ...the next sandbox start reaps it
+    assert name not in our_containers(client)
+
+
+def test_missing_image_is_a_clear_error(tmp_path, instances):
+    row = json.loads(Path(instances).read_text())
+    row["image"] = "crl-bench/no-such-image:never"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(row) + "\n")
+    with pytest.raises(ImageUnavailableError) as e:
+        SWEBenchEnv(instances=str(bad), pull=False)
+    msg = str(e.value)
+    assert "crl-bench/no-such-image:never" in msg and "not present locally" in msg and "recipe" in msg
+    assert isinstance(e.value, EnvUnavailableError)
+
+
+def test_run_command_fails_clearly_without_instance_images(tmp_path):
+    """`crl-bench run --method grpo --mix swebench-verified` on SWE-bench Verified: no swebench image
+    is present and none can be pulled here, so the run stops at once with the reason (exit 2)."""
+    env = dict(os.environ, CRL_BENCH_DATA=os.environ["CRL_BENCH_DATA"])
+    p = subprocess.run([sys.executable, "-m", "crl_bench.cli", "run", "--method", "grpo", "--mix",
+                        "swebench-verified", "--preset", "smoke", "--output-dir", str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "none of the 500 instance images is present locally" in p.stderr
+    assert "swebench/sweb.eval.x86_64." in p.stderr and "docker pull" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_gold_patch_resolves_via_grade(instances, client):
+    """The grader alone: the data set's gold patch applied in a fresh container is resolved."""
+    from crl_bench.envs.swebench.grading import grade
+    from crl_bench.envs.swebench.instances import load_instances
+
+    inst = load_instances(instances)[0]
+    with DockerSandbox(inst.image, client=client, non_root=False) as sb:
+        res = grade(sb, inst, GOLD)
+    assert res.resolved and res.patch_applied and not res.error
+    with DockerSandbox(inst.image, client=client, non_root=False) as sb:
+        res = grade(sb, inst, "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n")
+    assert not res.resolved and not res.patch_applied and "does not apply" in res.error

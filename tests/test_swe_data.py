@@ -408,3 +408,26 @@ def test_cli_reports_a_checksum_error(tmp_path, capsys):
     assert rc == 2
     assert "crl-bench: error:" in capsys.readouterr().err
     assert not (tmp_path / "data" / "swebench" / VERIFIED_FILE).exists()
+
+
+@pytest.mark.parametrize("name,text", [("x.jsonl", "[1, 2]\n"), ("x.json", "[[1, 2]]")])
+def test_rows_that_are_not_objects_are_rejected(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(ValueError, match="JSON object"):
+        load_instances(p)
+
+
+def test_task_list_with_broken_json_names_the_file(tmp_path):
+    p = tmp_path / "ids.json"
+    p.write_text('["a", ')
+    with pytest.raises(ValueError, match="ids.json: not valid JSON"):
+        load_task_list(p)
+
+
+def test_unreadable_unverified_download_leaves_nothing(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not a parquet file")
+    with pytest.raises(Exception):
+        inst_mod.download_swebench(tmp_path / "data", source=str(bad), progress=False, verify=False)
+    assert not any((tmp_path / "data" / "swebench").iterdir())

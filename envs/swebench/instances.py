@@ -109,14 +109,17 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
             for n, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        rows.append(json.loads(line))
+                        row = json.loads(line)
                     except ValueError as e:
                         raise ValueError(f"{path}:{n}: not a JSON object ({e})") from None
+                    if not isinstance(row, dict):
+                        raise ValueError(f"{path}:{n}: not a JSON object")
+                    rows.append(row)
         return rows
     if suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of instances")
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise ValueError(f"{path}: expected a JSON list of instance objects")
         return data
     raise ValueError(f"{path}: unknown instance file type {suffix!r} (use .parquet, .jsonl or .json)")
 
@@ -167,7 +170,10 @@ def load_task_list(path: str | os.PathLike) -> list[str]:
     text = p.read_text(encoding="utf-8")
     ids: list[str]
     if text.lstrip().startswith(("[", "{")):
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"{p}: not valid JSON ({e})") from None
         if isinstance(data, dict):
             data = data.get("kept")
         if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
@@ -223,9 +229,15 @@ def download_swebench(dest_root: Path | None = None, source: str | None = None, 
     if dest.is_file() and (not verify or sha256_file(dest) == man["sha256"]):
         return root
     url = Path(source).resolve().as_uri() if source else man["url"]
-    download_url(url, dest, expected_size=man["size"] if verify else None,
+    staged = root / (VERIFIED_FILE + ".staged.parquet")
+    download_url(url, staged, expected_size=man["size"] if verify else None,
                  expected_sha256=man["sha256"] if verify else None, progress=progress)
-    load_instances(dest)                     # a readable data set, not only the right bytes
+    try:
+        load_instances(staged)               # a readable data set, not only the right bytes
+        os.replace(staged, dest)
+    finally:
+        if staged.exists():
+            staged.unlink()
     return root
 
 

@@ -119,7 +119,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     if suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-            raise ValueError(f"{path}: expected a JSON list of instance objects")
+            raise ValueError(f"{path}: expected a JSON list of instances, each a JSON object")
         return data
     raise ValueError(f"{path}: unknown instance file type {suffix!r} (use .parquet, .jsonl or .json)")
 

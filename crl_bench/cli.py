@@ -209,7 +209,7 @@ def cmd_swe(args: argparse.Namespace) -> int:
     from crl_bench.swe_filter import FilterStateError, run_filter
     from crl_bench.trainer.loop import Trainer
 
-    if args.env != "swebench-verified" and not args.env.startswith("swebench"):
+    if not args.env.startswith("swebench"):
         raise ConfigError(f"swe filter: --env must be a SWE-bench env, got {args.env!r}")
     args.mix, args.method = args.env, "grpo"
     extra: dict[str, Any] = {}

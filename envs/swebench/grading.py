@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,8 +97,6 @@ def grade(sb: DockerSandbox, instance: SWEInstance, patch: str, timeout_s: float
     ``sb`` must be a started sandbox of the instance image; it is left running (the caller closes it).
     Never raises for a failing patch or test run; a sandbox failure is reported in ``error``.
     """
-    import time
-
     t0 = time.perf_counter()
     res = GradeResult()
     try:

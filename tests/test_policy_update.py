@@ -104,3 +104,78 @@ def test_build_batch_rejects_bad_samples():
         build_batch([], 0)
     with pytest.raises(ValueError):
         build_batch([TokenSample([1], [], [], 1.0)], 0)
+
+
+def test_token_weights_modes():
+    from crl_bench.trainer.policy import token_weights
+
+    a = TokenSample([1], [5, 6], [0.0, 0.0], 1.0, sequence="ep0")
+    b1 = TokenSample([1], [5, 6, 7], [0.0] * 3, -1.0, sequence="ep1")
+    b2 = TokenSample([1, 2], [8], [0.0], -1.0, sequence="ep1")
+    # seq-mean-token-mean: two sequences; ep0 has 2 tokens, ep1 has 4 (over two turns)
+    assert token_weights([a, b1, b2], "seq-mean-token-mean") == pytest.approx([1 / 4, 1 / 8, 1 / 8])
+    assert token_weights([a, b1, b2], "token-mean") == pytest.approx([1 / 6] * 3)
+    with pytest.raises(ValueError):
+        token_weights([a], "sum")
+
+
+def test_seq_mean_token_mean_weighs_each_episode_once(tokenizer, tiny_model):
+    """The gradient equals the hand-written mean over episodes of each episode's token mean, where one
+    episode's two turns are two samples; token-mean gives a different gradient."""
+    import copy
+
+    from crl_bench.trainer.losses import ppo_clip_loss
+
+    s = _samples(tokenizer, tiny_model, adv=(1.0, -1.0))
+    short = TokenSample(s[0].prompt_ids, s[0].response_ids[:2], s[0].old_logprobs[:2], 1.0, sequence="a")
+    turn1 = TokenSample(s[1].prompt_ids, s[1].response_ids, s[1].old_logprobs, -1.0, sequence="b")
+    turn2 = TokenSample(s[0].prompt_ids, s[0].response_ids, s[0].old_logprobs, -1.0, sequence="b")
+    samples = [short, turn1, turn2]
+
+    def grad_of(agg):
+        m = copy.deepcopy(tiny_model)
+        PolicyUpdater(m, torch.optim.SGD(m.parameters(), lr=0.0), tokenizer.pad_token_id, micro_batch_size=2,
+                      max_grad_norm=0, loss_agg=agg).update(samples)
+        return m.lm_head.weight.grad.clone()
+
+    m = copy.deepcopy(tiny_model)
+    per_seq = {}
+    for x in samples:
+        b = build_batch([x], tokenizer.pad_token_id)
+        lp = sequence_logprobs(m, b)
+        loss_sum, _ = ppo_clip_loss(lp, b["old_logprobs"], b["advantages"], b["mask"], normalizer=1.0)
+        total, n = per_seq.get(x.sequence, (0.0, 0))
+        per_seq[x.sequence] = (total + loss_sum, n + len(x.response_ids))
+    manual = sum(t / n for t, n in per_seq.values()) / len(per_seq)
+    manual.backward()
+    expected = m.lm_head.weight.grad
+    got = grad_of("seq-mean-token-mean")
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(grad_of("token-mean"), expected, rtol=1e-3, atol=1e-6)
+
+
+def test_mini_batches_keep_an_episode_together(tokenizer, tiny_model):
+    s = _samples(tokenizer, tiny_model)
+    turns = [TokenSample(x.prompt_ids, x.response_ids, x.old_logprobs, 1.0, sequence="ep") for x in s]
+    other = TokenSample(s[0].prompt_ids, s[0].response_ids, s[0].old_logprobs, -1.0, sequence="other")
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
+    stats = PolicyUpdater(tiny_model, opt, tokenizer.pad_token_id, mini_batches=2,
+                          loss_agg="seq-mean-token-mean").update(turns + [other])
+    assert stats["optimizer_steps"] == 2.0                 # two sequences -> two mini-batches, not three
+
+
+def test_recompute_old_logprobs(tokenizer, tiny_model):
+    """With a sampler that differs from the trainer (here: behaviour log-probs off by 0.5), the update
+    recomputes them: the first ratio is exactly 1 and the drift is reported."""
+    s = _samples(tokenizer, tiny_model)
+    skewed = [TokenSample(x.prompt_ids, x.response_ids, [lp - 0.5 for lp in x.old_logprobs], x.advantage)
+              for x in s]
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
+    plain = PolicyUpdater(tiny_model, opt, tokenizer.pad_token_id).update(skewed)
+    assert plain["ratio_mean"] == pytest.approx(float(torch.exp(torch.tensor(0.5))), rel=1e-3)
+    assert "behaviour_logprob_abs_diff" not in plain
+    st = PolicyUpdater(tiny_model, opt, tokenizer.pad_token_id, recompute_old_logprobs=True).update(skewed)
+    assert st["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert st["behaviour_logprob_abs_diff"] == pytest.approx(0.5, abs=1e-3)
+    assert st["behaviour_ratio_min"] == pytest.approx(st["behaviour_ratio_max"], rel=1e-3)
+    assert st["behaviour_ratio_std"] == pytest.approx(0.0, abs=1e-3)

@@ -2,9 +2,13 @@
 
 All functions take per-token tensors of shape ``(B, T)`` aligned with a 0/1 ``mask`` of the same shape
 that marks the tokens the policy generated; every other position contributes nothing, value or gradient.
-Normalisation is token-level: the sum over masked tokens divided by ``normalizer`` (default: the number
-of masked tokens here; pass the token count of the whole optimiser step when accumulating gradients
-over micro-batches, so that micro-batch sizes do not change the weighting).
+Aggregation: by default the sum over masked tokens divided by ``normalizer`` (default: the number of
+masked tokens here; pass the token count of the whole optimiser step when accumulating gradients over
+micro-batches, so that micro-batch sizes do not change the weighting): ``token-mean``.  Any other
+aggregation is given as ``token_weights`` ``(B, T)``, the weight of each token in the step's loss
+(zero off the mask); :class:`crl_bench.trainer.policy.PolicyUpdater` builds them for
+``seq-mean-token-mean`` (each sequence's token mean, averaged over sequences; the released code's
+default, see docs/method.md).
 """
 
 from __future__ import annotations
@@ -18,9 +22,21 @@ def _normalizer(mask: torch.Tensor, normalizer: float | None) -> torch.Tensor | 
     return mask.sum().clamp(min=1.0)
 
 
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None,
+              token_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Scalar loss from per-token losses ``(B, T)``: ``sum(per_token * token_weights)`` when weights are
+    given, else the masked sum divided by ``normalizer`` (token-mean). Off-mask positions never count,
+    whatever value they hold."""
+    if token_weights is not None:
+        w = token_weights.to(per_token.dtype)
+        return torch.where(mask > 0, per_token * w, torch.zeros_like(per_token)).sum()
+    return torch.where(mask > 0, per_token * mask, torch.zeros_like(per_token)).sum() / _normalizer(mask, normalizer)
+
+
 def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, clip_eps: float = 0.2, normalizer: float | None = None,
-                  ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0):
+                  ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
+                  token_weights: torch.Tensor | None = None):
     """PPO clipped surrogate as used by GRPO (Schulman et al. 2017, eq. 7; DeepSeekMath eq. 3).
 
     ``loss_t = max(-A r_t, -A clip(r_t, 1-eps, 1+eps))`` with ``r_t = exp(logp_t - old_logp_t)``,
@@ -36,6 +52,7 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
         normalizer: token count to divide by (see module docstring).
         ref_logprobs: reference-model log-probs ``(B, T)`` for the KL penalty, or ``None``.
         kl_coef: weight of the KL penalty.
+        token_weights: ``(B, T)`` per-token weights replacing ``normalizer`` (see module docstring).
 
     Returns:
         ``(loss, stats)``: scalar loss; stats holds ``clip_frac`` (fraction of masked tokens where the
@@ -54,8 +71,7 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
         k3 = torch.exp(d) - d - 1.0
         per_token = per_token + kl_coef * k3
         kl = (k3 * mask).sum() / mask.sum().clamp(min=1.0)
-    norm = _normalizer(mask, normalizer)
-    loss = (per_token * mask).sum() / norm
+    loss = aggregate(per_token, mask, normalizer, token_weights)
     with torch.no_grad():
         n = mask.sum().clamp(min=1.0)
         stats = {
@@ -69,7 +85,7 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
 
 def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                mask: torch.Tensor, eps_low: float | None = 0.1, eps_high: float | None = 0.1,
-               normalizer: float | None = None):
+               normalizer: float | None = None, token_weights: torch.Tensor | None = None):
     """CISPO: clipped importance-sampling-weight policy optimisation (MiniMax-M1, arXiv 2506.13585, eq. 4).
 
     ``loss = -(1/n) * sum_t sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * log pi(o_t)`` over the masked
@@ -81,7 +97,7 @@ def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
     trust region (PPO gives those exactly zero gradient).
 
     Clip bounds: ``eps_low = eps_high = 0.1`` are the Complementary RL release's extractor defaults
-    (DESIGN.md section 1).  ``eps_low=None`` removes the lower bound: the MiniMax-M1 paper tunes only
+    (docs/method.md).  ``eps_low=None`` removes the lower bound: the MiniMax-M1 paper tunes only
     the upper bound (its lower bound is set large enough never to act), and TRL's ``cispo`` loss
     caps only the top (``epsilon_high=5.0`` there).  ``eps_high=None`` removes the upper bound (plain
     importance-weighted REINFORCE; not recommended).
@@ -93,6 +109,7 @@ def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
         mask: ``(B, T)`` 1 on generated tokens.
         eps_low, eps_high: the clip range of the weight, or ``None`` for no bound on that side.
         normalizer: token count to divide by (default: masked tokens here).
+        token_weights: ``(B, T)`` per-token weights replacing ``normalizer`` (see module docstring).
 
     Returns:
         ``(loss, stats)``: scalar loss; stats holds ``clip_frac`` (fraction of masked tokens whose
@@ -109,8 +126,7 @@ def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
         weight = torch.clamp(ratio, min=lo, max=hi) if (lo is not None or hi is not None) else ratio
     weight = torch.where(mask > 0, weight, torch.zeros_like(weight))   # padding cannot leak inf/nan
     per_token = -weight * advantages.detach() * logprobs
-    norm = _normalizer(mask, normalizer)
-    loss = torch.where(mask > 0, per_token * mask, torch.zeros_like(per_token)).sum() / norm
+    loss = aggregate(per_token, mask, normalizer, token_weights)
     with torch.no_grad():
         n = mask.sum().clamp(min=1.0)
         low = (ratio < lo).to(mask.dtype) if lo is not None else torch.zeros_like(mask)

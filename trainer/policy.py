@@ -1,7 +1,12 @@
 """Policy-gradient updates of an LLM on turn samples (prompt, response, old log-probs, advantage).
 
 One :class:`PolicyUpdater` serves any token-level policy loss: GRPO's PPO-clipped loss for the actor
-here, CISPO for the extractor (it takes the loss function as an argument).  Samples are left-padded
+here, CISPO for the extractor (it takes the loss function as an argument).  Two settings follow the
+released code (docs/method.md): ``loss_agg="seq-mean-token-mean"`` weighs each *sequence* (one whole
+episode of the actor: all its turns, which share :attr:`TokenSample.sequence`; one extraction of the
+extractor) equally, its tokens averaged within it; ``recompute_old_logprobs`` recomputes the old
+log-probs with the trainer's weights before the update (needed whenever the sampler is not the trainer,
+e.g. vLLM or a bf16 sampler).  Samples are left-padded
 into micro-batches so that all responses end at the last position; the model then only has to
 produce logits for the last ``max response length + 1`` positions (``logits_to_keep``), which keeps the
 ``(B, T, vocab)`` tensor small on CPU.
@@ -9,10 +14,11 @@ produce logits for the last ``max response length + 1`` positions (``logits_to_k
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
@@ -28,22 +34,55 @@ class TokenSample:
         response_ids: length R >= 1, the generated tokens that receive gradient.
         old_logprobs: length R, behaviour log-probs.
         advantage: scalar advantage broadcast over the response tokens.
+        sequence: key of the sequence this sample belongs to for ``seq-mean-token-mean`` (e.g. the
+            episode of a turn); ``None``: the sample is a sequence of its own.
     """
 
     prompt_ids: list[int]
     response_ids: list[int]
     old_logprobs: list[float]
     advantage: float
+    sequence: Hashable | None = None
 
 
-def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.device | str = "cpu"):
+LOSS_AGGS = ("seq-mean-token-mean", "token-mean")
+
+
+def token_weights(samples: Sequence[TokenSample], loss_agg: str) -> list[float]:
+    """Per-token loss weight of each sample for one optimiser step over ``samples`` (weights sum to 1
+    over all their tokens).
+
+    ``token-mean``: ``1 / (tokens of all samples)``.  ``seq-mean-token-mean``: ``1 / (S * T_s)`` where
+    ``S`` is the number of distinct sequences and ``T_s`` the response tokens of the sample's sequence
+    (ROLL's ``agg_loss`` mode of that name, with one sequence per episode as in the released
+    ``traj_env_manager.py``).  Raises ``ValueError`` for another ``loss_agg``.
+    """
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    if loss_agg == "token-mean":
+        total = sum(len(s.response_ids) for s in samples)
+        return [1.0 / total if total else 0.0 for _ in samples]
+    keys = [s.sequence if s.sequence is not None else ("sample", i) for i, s in enumerate(samples)]
+    tokens: dict[Hashable, int] = {}
+    for k, s in zip(keys, samples):
+        tokens[k] = tokens.get(k, 0) + len(s.response_ids)
+    n = len(tokens)
+    return [1.0 / (n * tokens[k]) if tokens[k] else 0.0 for k in keys]
+
+
+def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.device | str = "cpu",
+                weights: Sequence[float] | None = None):
     """Left-pad samples into tensors.
+
+    Args:
+        weights: optional per-token loss weight of each sample (see :func:`token_weights`).
 
     Returns:
         dict with ``input_ids``/``attention_mask``/``position_ids`` ``(B, L)``, ``targets`` ``(B, R)``
         (the last R tokens), ``mask`` ``(B, R)`` (1 on each row's own response tokens, right-aligned),
-        ``old_logprobs`` ``(B, R)``, ``advantages`` ``(B,)`` and ``keep`` = R + 1 (logits to keep),
-        where ``R`` is the longest response in the batch.
+        ``old_logprobs`` ``(B, R)``, ``advantages`` ``(B,)``, ``keep`` = R + 1 (logits to keep) and,
+        with ``weights``, ``token_weights`` ``(B, R)`` (``mask`` times the sample's weight), where ``R``
+        is the longest response in the batch.
     """
     if not samples:
         raise ValueError("empty batch")
@@ -65,7 +104,10 @@ def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.devic
         mask[i, rmax - r:] = 1.0
         old[i, rmax - r:] = torch.tensor(s.old_logprobs, dtype=torch.float32)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    return {
+    extra = {}
+    if weights is not None:
+        extra["token_weights"] = (mask * torch.tensor(list(weights), dtype=torch.float32)[:, None]).to(device)
+    return {**extra,
         "input_ids": input_ids.to(device), "attention_mask": attention.to(device),
         "position_ids": position_ids.to(device), "targets": input_ids[:, width - rmax:].to(device),
         "mask": mask.to(device), "old_logprobs": old.to(device),
@@ -93,24 +135,32 @@ class PolicyUpdater:
         optimizer: an optimiser over those parameters.
         pad_id: tokenizer pad id.
         micro_batch_size: samples per forward/backward.
-        mini_batches: optimiser steps per epoch (the samples are split evenly).
+        mini_batches: optimiser steps per epoch (the sequences are split evenly; the turns of one
+            sequence stay in one mini-batch).
         epochs: passes over the samples.
         max_grad_norm: global-norm clip (0 disables).
         temperature: the sampling temperature the old log-probs were computed at.
-        loss_fn: ``loss_fn(logprobs, old_logprobs, advantages, mask, normalizer=..., **loss_kwargs)``
-            -> ``(loss, stats)``; default :func:`ppo_clip_loss`.
+        loss_fn: ``loss_fn(logprobs, old_logprobs, advantages, mask, normalizer=..., token_weights=...,
+            **loss_kwargs)`` -> ``(loss, stats)``; default :func:`ppo_clip_loss`.
         loss_kwargs: extra keyword arguments of ``loss_fn`` (e.g. ``clip_eps``).
         ref_model: a frozen reference for a KL term (``kl_coef`` in ``loss_kwargs``), or a callable
             context manager factory (e.g. peft's ``disable_adapter``) that makes ``model`` the reference.
         skip_zero_advantage: drop samples with advantage exactly 0 from forward/backward (their
-            gradient is exactly 0 when there is no KL term); they still count in the token normaliser.
+            gradient is exactly 0 when there is no KL term); they still count in the aggregation.
+        loss_agg: ``seq-mean-token-mean`` or ``token-mean`` (:func:`token_weights`).
+        recompute_old_logprobs: before the first optimiser step, recompute the old log-probs of the
+            trained samples with the current weights (no gradient) instead of the sampler's; the mean
+            absolute difference and the spread of ``exp(recomputed - behaviour)`` are reported.
     """
 
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, pad_id: int,
                  micro_batch_size: int = 8, mini_batches: int = 1, epochs: int = 1,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, loss_fn: LossFn = ppo_clip_loss,
                  loss_kwargs: dict | None = None, ref_model: Any = None,
-                 skip_zero_advantage: bool = True, seed: int = 0) -> None:
+                 skip_zero_advantage: bool = True, seed: int = 0, loss_agg: str = "token-mean",
+                 recompute_old_logprobs: bool = False) -> None:
+        if loss_agg not in LOSS_AGGS:
+            raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
         self.model = model
         self.optimizer = optimizer
         self.pad_id = pad_id
@@ -123,6 +173,8 @@ class PolicyUpdater:
         self.loss_kwargs = dict(loss_kwargs or {})
         self.ref_model = ref_model
         self.skip_zero_advantage = skip_zero_advantage and not self.loss_kwargs.get("kl_coef")
+        self.loss_agg = loss_agg
+        self.recompute_old_logprobs = recompute_old_logprobs
         self.rng = random.Random(seed)
 
     @property
@@ -138,13 +190,40 @@ class PolicyUpdater:
                     return sequence_logprobs(self.model, batch, self.temperature)
             return sequence_logprobs(self.ref_model, batch, self.temperature)
 
+    def _trains(self, s: TokenSample) -> bool:
+        return not (self.skip_zero_advantage and s.advantage == 0.0)
+
+    def _recompute(self, samples: list[TokenSample]) -> tuple[list[TokenSample], dict[str, float]]:
+        """``samples`` with the old log-probs of the trained ones recomputed, and the drift statistics."""
+        out = list(samples)
+        idx = [i for i, s in enumerate(samples) if self._trains(s)]
+        diffs: list[torch.Tensor] = []
+        with torch.no_grad():
+            for start in range(0, len(idx), self.micro_batch_size):
+                part = idx[start:start + self.micro_batch_size]
+                batch = build_batch([samples[i] for i in part], self.pad_id, self.device)
+                lp = sequence_logprobs(self.model, batch, self.temperature).float().cpu()
+                for row, i in enumerate(part):
+                    r = len(samples[i].response_ids)
+                    new = lp[row, lp.shape[1] - r:]
+                    diffs.append(new - torch.tensor(samples[i].old_logprobs, dtype=torch.float32))
+                    out[i] = dataclasses.replace(samples[i], old_logprobs=new.tolist())
+        if not diffs:
+            return out, {}
+        d = torch.cat(diffs)
+        ratio = torch.exp(d)
+        return out, {"behaviour_logprob_abs_diff": float(d.abs().mean()),
+                     "behaviour_ratio_std": float(ratio.std(unbiased=False)),
+                     "behaviour_ratio_min": float(ratio.min()), "behaviour_ratio_max": float(ratio.max())}
+
     def update(self, samples: Sequence[TokenSample]) -> dict[str, float]:
         """Optimise on ``samples``; returns mean loss statistics over micro-batches.
 
         Returns a dict with ``loss``, ``grad_norm`` (pre-clip, last optimiser step), ``clip_frac``,
-        ``ratio_mean``, ``approx_kl``, ``kl``, ``optimizer_steps``, ``trained_tokens`` and
-        ``trained_samples``.  With no sample carrying a learning signal it returns zeros and makes no
-        optimiser step.
+        ``ratio_mean``, ``approx_kl``, ``kl``, ``optimizer_steps``, ``trained_tokens``,
+        ``trained_samples`` and, with ``recompute_old_logprobs``, ``behaviour_logprob_abs_diff`` and
+        ``behaviour_ratio_std`` / ``_min`` / ``_max``.  With no sample carrying a learning signal it
+        returns zeros and makes no optimiser step.
         """
         totals: dict[str, float] = {}
         count = 0
@@ -152,24 +231,33 @@ class PolicyUpdater:
         steps = 0
         trained_tokens = 0
         trained_samples = 0
-        self.model.train()
         samples = list(samples)
+        drift: dict[str, float] = {}
+        if self.recompute_old_logprobs and any(self._trains(s) for s in samples):
+            self.model.eval()
+            samples, drift = self._recompute(samples)
+        self.model.train()
+        # the unit of shuffling and mini-batching is a sequence (an episode's turns stay together)
+        units: dict[Hashable, list[TokenSample]] = {}
+        for i, s in enumerate(samples):
+            units.setdefault(s.sequence if s.sequence is not None else ("sample", i), []).append(s)
+        unit_list = list(units.values())
         for _ in range(self.epochs):
-            order = samples[:]
+            order = unit_list[:]
             self.rng.shuffle(order)
             size = math.ceil(len(order) / self.mini_batches) if order else 0
             for m in range(self.mini_batches):
-                chunk = order[m * size:(m + 1) * size]
+                chunk = [s for u in order[m * size:(m + 1) * size] for s in u]
                 if not chunk:
                     continue
-                normalizer = float(sum(len(s.response_ids) for s in chunk))
-                work = [s for s in chunk if not (self.skip_zero_advantage and s.advantage == 0.0)]
+                weights = token_weights(chunk, self.loss_agg)
+                work = [(s, w) for s, w in zip(chunk, weights) if self._trains(s)]
                 if not work:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 for start in range(0, len(work), self.micro_batch_size):
                     micro = work[start:start + self.micro_batch_size]
-                    batch = build_batch(micro, self.pad_id, self.device)
+                    batch = build_batch([s for s, _ in micro], self.pad_id, self.device, [w for _, w in micro])
                     ref = self._ref_logprobs(batch)
                     lp = sequence_logprobs(self.model, batch, self.temperature)
                     kwargs = dict(self.loss_kwargs)
@@ -178,7 +266,7 @@ class PolicyUpdater:
                     elif "kl_coef" in kwargs:
                         kwargs.pop("kl_coef")
                     loss, stats = self.loss_fn(lp, batch["old_logprobs"], batch["advantages"],
-                                               batch["mask"], normalizer=normalizer, **kwargs)
+                                               batch["mask"], token_weights=batch["token_weights"], **kwargs)
                     loss.backward()
                     totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
                     for k, v in stats.items():
@@ -199,7 +287,7 @@ class PolicyUpdater:
         if count:
             out["loss"] = totals["loss"] / max(steps, 1)
         out.update(grad_norm=grad_norm, optimizer_steps=float(steps), trained_tokens=float(trained_tokens),
-                   trained_samples=float(trained_samples))
+                   trained_samples=float(trained_samples), **drift)
         for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl"):
             out.setdefault(k, 0.0)
         return out

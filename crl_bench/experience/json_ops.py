@@ -1,0 +1,336 @@
+"""The extractor's second answer format, "json": think, then a JSON list of operations, and its parser.
+
+Modelled on the extractor format of the released Complementary RL code.  A reply is::
+
+    <think>optional reasoning</think>
+    <answer>[
+      {"function_name": "add", "parameters": {"title": "Short title", "content": "One or two sentences."}},
+      {"function_name": "update", "parameters": {"target_ids": [2], "title": "...", "content": "..."}},
+      {"function_name": "update", "parameters": {"target_ids": [1, 3], "title": "...", "content": "..."}}
+    ]</answer>
+
+or, when nothing should change, ``<answer>[{"function_name": "return"}]</answer>``.
+
+Lessons are shown to the extractor numbered ``1..n`` (:func:`format_numbered`), not by bank id;
+``target_ids`` name those numbers and are mapped to bank ids through ``shown_ids``
+(lesson ``k`` is ``shown_ids[k - 1]``).
+
+Mapping to :class:`~crl_bench.experience.types.Operation`:
+
+* ``add`` -> ``Operation("ADD", title, content)``; other parameters (e.g. ``target_ids``) are ignored.
+* ``update`` with one distinct target -> ``Operation("UPDATE", title, content, (bank_id,))``; with two
+  or more distinct targets -> ``Operation("MERGE", title, content, (bank_id, ...))`` (the released
+  ``update`` replaces all its targets by one new lesson).  ``idx`` and ``target_idx`` are accepted as
+  aliases of ``target_ids`` (naming the same lessons when more than one is given), and a bare integer
+  as a one-element list.  Targets are de-duplicated after mapping, in order.
+* ``return`` stops reading: later list items are neither read nor checked.  As the first item it
+  gives the single operation ``Operation("NONE")``.
+
+Rules (as the released parser, the reply is all or nothing):
+
+* A leading ``<think>...</think>`` block is skipped (an unclosed leading ``<think>`` leaves no
+  answer).  The LAST ``<answer>...</answer>`` block of the rest is parsed; text outside it is ignored.
+  Tags are matched case-insensitively, whitespace inside the angle brackets is ignored, and a Markdown
+  code fence around the JSON (```` ```json ... ``` ````) is removed.
+* The answer is read with :func:`json.loads`: a list of operation objects, or one object (taken as
+  a one-element list).  An empty list is an error.
+* Any invalid operation read (not an object, unknown or non-string ``function_name``, non-object
+  ``parameters``, ``title`` / ``content`` missing, not a string, empty, longer than 120 / 600
+  characters, containing one of the tags ``<ops> <op> <title> <content> <think> <answer>`` (opening or
+  closing) or text that is not valid UTF-8 such as a lone surrogate; an ``update`` target that is not
+  an integer or is outside ``1..len(shown_ids)``) rejects the whole reply: ``ops == []``.  Internal
+  whitespace of title and content is collapsed to single spaces before the checks.
+* More than ``max_ops`` operations (``return`` not counted): the first ``max_ops`` are kept and an
+  error is recorded.
+
+:func:`parse_json_operations` never raises on any reply (non-strings, invalid JSON, huge numbers, lone
+surrogates, deeply nested JSON included) and returns the :class:`~crl_bench.experience.operations.
+ParseResult` of the text format: ``ok`` is true only when the whole reply was valid (no error) and
+gave at least one operation; ``blocks`` counts the list items read (``return`` included).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import reprlib
+from typing import Any, Sequence
+
+from crl_bench.experience.operations import MAX_CONTENT_CHARS, MAX_TITLE_CHARS, ParseResult
+from crl_bench.experience.types import ExperienceEntry, Operation
+
+STOP = "</answer>"
+"""Stop string of the extractor's generation in this format (kept in the reply by the engines)."""
+
+TARGET_KEYS = ("target_ids", "idx", "target_idx")
+"""Accepted names of an ``update``'s targets, in order of preference."""
+
+JSON_SYSTEM_PROMPT = """\
+You look after a small set of general lessons for an agent that acts in a text environment. You \
+are shown one finished episode and the lessons that guided it, numbered 1, 2, 3, ... Improve the \
+lessons so that the agent does better in new episodes.
+
+You may first think inside <think></think>. Then answer inside <answer></answer> with a JSON list \
+of at most {max_ops} operations. Each operation is an object with these fields:
+- {{"function_name": "add", "parameters": {{"title": ..., "content": ...}}}} writes a new lesson.
+- {{"function_name": "update", "parameters": {{"target_ids": [...], "title": ..., "content": ...}}}} \
+rewrites lessons: target_ids lists lesson numbers as shown above. One number rewrites that lesson; \
+two or more numbers replace all of those lessons by this single one.
+- {{"function_name": "return"}} ends the list. Answer [{{"function_name": "return"}}] when nothing \
+should change.
+
+A title is a few words; a content is one or two sentences. A lesson is general advice that helps \
+in new episodes, not a list of moves from this one. Use only lesson numbers that are shown.
+
+Example:
+<answer>[{{"function_name": "add", "parameters": {{"title": "Look before moving", "content": "Read \
+the whole map first and plan a path around the walls."}}}}, {{"function_name": "update", \
+"parameters": {{"target_ids": [2], "title": "Count the steps", "content": "Prefer the shortest \
+route; every extra move costs time."}}}}]</answer>"""
+"""System prompt of the json format; a ``str.format`` template with ``{max_ops}`` (as
+:class:`~crl_bench.trainer.extractor.ExtractorPromptBuilder` uses it; literal braces are doubled)."""
+
+JSON_MERGE_SYSTEM_PROMPT = """\
+You look after a small set of general lessons for an agent that acts in a text environment. The \
+lessons below, numbered 1, 2, 3, ..., say nearly the same thing. You may first think inside \
+<think></think>. Then answer inside <answer></answer> with a JSON list holding exactly one \
+operation:
+- {"function_name": "update", "parameters": {"target_ids": [1, 3], "title": ..., "content": ...}} \
+joins the named lessons (two or more numbers) into one lesson that keeps what is useful in each; \
+with a single number it only rewrites that lesson.
+- {"function_name": "return"} keeps the lessons as they are.
+Use only the numbers shown. Keep the title to a few words and the content to one or two sentences.
+
+Example:
+<answer>[{"function_name": "update", "parameters": {"target_ids": [1, 2], "title": "Avoid walls", \
+"content": "Check the map before each move; walking into a wall wastes a turn."}}]</answer>"""
+"""System prompt of the json format's merge pass; used as is (no placeholders, not a format
+template, as :class:`~crl_bench.trainer.extractor.MergePromptBuilder` uses it)."""
+
+_THINK = re.compile(r"^\s*<\s*think\s*>.*?<\s*/\s*think\s*>", re.IGNORECASE | re.DOTALL)
+_THINK_OPEN = re.compile(r"^\s*<\s*think\s*>", re.IGNORECASE)
+_ANSWER_OPEN = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
+_ANSWER_CLOSE = re.compile(r"<\s*/\s*answer\s*>", re.IGNORECASE)
+_FENCE_LANG = re.compile(r"[A-Za-z0-9_-]*")
+_FORBIDDEN_TAG = re.compile(r"<\s*/?\s*(?:ops|op|title|content|think|answer)\s*>", re.IGNORECASE)
+
+_short = reprlib.Repr()
+_short.maxlevel = 2
+_short.maxstring = 40
+_short.maxother = 40
+_short.maxlong = 40
+_short.maxlist = _short.maxdict = 4
+
+
+def _show(value: Any) -> str:
+    """A short repr for error messages (bounded depth and length; never raises)."""
+    try:
+        return _short.repr(value)
+    except Exception:                      # pragma: no cover - e.g. an int too long to print
+        return f"<{type(value).__name__}>"
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.split())
+
+
+def format_numbered(entries: Sequence[ExperienceEntry], empty: str = "(none)") -> str:
+    """Entries as shown to the extractor in the json format: ``"1. title: content"`` per line.
+
+    Numbers are 1-based positions in ``entries`` (the ``target_ids`` of the answer); pass
+    ``[e.id for e in entries]`` as ``shown_ids`` to :func:`parse_json_operations`.  Internal whitespace
+    is collapsed.  Returns ``empty`` when there are no entries.
+    """
+    if not entries:
+        return empty
+    return "\n".join(f"{n}. {_clean(e.title)}: {_clean(e.content)}" for n, e in enumerate(entries, start=1))
+
+
+def _answer_body(text: str) -> tuple[str | None, str]:
+    """The inside of the last ``<answer>...</answer>`` after a leading think block; ``(None, error)``
+    when there is none."""
+    think = _THINK.match(text)
+    if think:
+        text = text[think.end():]
+    elif _THINK_OPEN.match(text):
+        return None, "<think> is not closed (no answer after it)"
+    closes = list(_ANSWER_CLOSE.finditer(text))
+    if not closes:
+        if _ANSWER_OPEN.search(text):
+            return None, "<answer> is not closed by </answer>"
+        return None, "no <answer>...</answer> block"
+    close = closes[-1]
+    opens = list(_ANSWER_OPEN.finditer(text, 0, close.start()))
+    if not opens:
+        return None, "</answer> without <answer>"
+    body = text[opens[-1].end():close.start()].strip()
+    if len(body) >= 6 and body.startswith("```") and body.endswith("```"):    # a Markdown code fence
+        inner = body[3:-3]
+        body = inner[_FENCE_LANG.match(inner).end():]                         # its language tag
+    return body, ""
+
+
+def _text_field(params: dict, name: str, max_chars: int) -> tuple[str, str]:
+    """``(cleaned value, "")`` or ``("", error)`` for the ``title`` / ``content`` parameter."""
+    if name not in params:
+        return "", f"{name} is missing"
+    value = params[name]
+    if not isinstance(value, str):
+        return "", f"{name} is not a string: {_show(value)}"
+    value = _clean(value)
+    if not value:
+        return "", f"empty {name}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "", f"{name} is not valid UTF-8 text (lone surrogate)"
+    if len(value) > max_chars:
+        return "", f"{name} longer than {max_chars} characters"
+    if _FORBIDDEN_TAG.search(value):
+        return "", f"{name} contains a format tag: {_show(value)}"
+    return value, ""
+
+
+def _numbers(value: Any, key: str) -> tuple[list[int], str]:
+    """Lesson numbers of a target parameter: an int or a non-empty list of ints (bools refused)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value], ""
+    if not isinstance(value, list):
+        return [], f"{key} is not an integer or a list of integers: {_show(value)}"
+    if not value:
+        return [], f"{key} is empty"
+    for v in value:
+        if not isinstance(v, int) or isinstance(v, bool):
+            return [], f"{key} holds a non-integer target {_show(v)}"
+    return list(value), ""
+
+
+def _targets(params: dict, shown_ids: Sequence[int]) -> tuple[tuple[int, ...], str]:
+    """Bank ids named by an ``update`` (distinct, in order); ``((), error)`` when invalid."""
+    present = [k for k in TARGET_KEYS if k in params]
+    if not present:
+        return (), "update needs target_ids"
+    chosen: list[int] | None = None
+    for key in present:
+        nums, err = _numbers(params[key], key)
+        if err:
+            return (), err
+        if chosen is not None and nums != chosen:
+            return (), f"{' and '.join(present)} name different lessons"
+        chosen = nums
+    assert chosen is not None
+    bad = [n for n in chosen if not 1 <= n <= len(shown_ids)]
+    if bad:
+        shown = f"1..{len(shown_ids)}" if shown_ids else "none"
+        return (), f"lesson number {_show(bad[0])} out of range (shown: {shown})"
+    return tuple(dict.fromkeys(shown_ids[n - 1] for n in chosen)), ""
+
+
+def _parse_item(item: Any, n: int, shown_ids: Sequence[int], max_title: int,
+                max_content: int) -> tuple[Operation | None, str, bool]:
+    """One list item: ``(operation or None, error, stop)``; ``stop`` is true for ``return``."""
+    where = f"op {n}"
+    if not isinstance(item, dict):
+        return None, f"{where}: not an object: {_show(item)}", False
+    name = item.get("function_name")
+    if not isinstance(name, str):
+        what = "missing" if name is None else f"not a string: {_show(name)}"
+        return None, f"{where}: function_name {what}", False
+    kind = name.strip().lower()
+    if kind == "return":
+        return None, "", True
+    if kind not in ("add", "update"):
+        return None, f"{where}: unknown function_name {_show(name)}", False
+    params = item.get("parameters")
+    if not isinstance(params, dict):
+        what = "missing" if params is None else f"not an object: {_show(params)}"
+        return None, f"{where}: parameters {what}", False
+    targets: tuple[int, ...] = ()
+    if kind == "update":
+        targets, err = _targets(params, shown_ids)
+        if err:
+            return None, f"{where}: {err}", False
+    title, err = _text_field(params, "title", max_title)
+    if err:
+        return None, f"{where}: {err}", False
+    content, err = _text_field(params, "content", max_content)
+    if err:
+        return None, f"{where}: {err}", False
+    if kind == "add":
+        return Operation("ADD", title, content), "", False
+    return Operation("UPDATE" if len(targets) == 1 else "MERGE", title, content, targets), "", False
+
+
+def parse_json_operations(text: str, shown_ids: Sequence[int], max_ops: int = 3, *,
+                          max_title_chars: int = MAX_TITLE_CHARS,
+                          max_content_chars: int = MAX_CONTENT_CHARS) -> ParseResult:
+    """Parse an extractor reply in the json format (see the module docstring); never raises on ``text``.
+
+    Args:
+        text: the full reply, including any pre-filled opening (e.g. ``"<think>" + generated``).
+        shown_ids: bank ids of the lessons shown to the extractor, in the order shown: lesson number
+            ``k`` of the answer is ``shown_ids[k - 1]`` (``[]`` when none was shown: every ``update``
+            is then out of range).
+        max_ops: operations kept; past this count the rest are dropped with an error (the reply
+            stays usable: ``ParseResult.valid``, not ``ok``).
+        max_title_chars, max_content_chars: longer titles / contents make the reply invalid.
+
+    Returns:
+        :class:`~crl_bench.experience.operations.ParseResult`: ``ops`` empty whenever any operation
+        read was invalid; ``errors`` one message per problem; ``ok`` only for a wholly valid reply
+        with at least one operation; ``blocks`` the number of list items read.
+
+    Raises:
+        TypeError / ValueError: only when ``shown_ids`` is not a sequence of integers (a caller bug).
+    """
+    ids = [int(i) for i in shown_ids]
+    res = ParseResult()
+    if not isinstance(text, str):
+        res.errors.append(f"reply is not a string: {type(text).__name__}")
+        return res
+    if not text.strip():
+        res.errors.append("empty reply")
+        return res
+    body, err = _answer_body(text)
+    if body is None:
+        res.errors.append(err)
+        return res
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        res.errors.append("answer is not valid JSON: nested too deeply")
+        return res
+    except ValueError as exc:                  # json.JSONDecodeError, integer too long to convert
+        res.errors.append(f"answer is not valid JSON: {_show(str(exc))}")
+        return res
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        res.errors.append(f"answer is not a JSON list of operations: {_show(data)}")
+        return res
+    if not data:
+        res.errors.append("empty operation list")
+        return res
+    ops: list[Operation] = []
+    errors: list[str] = []
+    stopped = False
+    for n, item in enumerate(data, start=1):
+        res.blocks = n
+        op, err, stopped = _parse_item(item, n, ids, max_title_chars, max_content_chars)
+        if stopped:
+            break
+        if err:
+            errors.append(err)
+        elif op is not None:
+            ops.append(op)
+    if errors:
+        res.errors = errors + ["invalid operation: the whole reply is rejected"]
+        return res
+    if not ops and stopped:
+        ops = [Operation("NONE")]
+    if len(ops) > max_ops:
+        res.errors.append(f"{len(ops)} operations, at most {max_ops} allowed: the rest dropped")
+        ops = ops[:max(max_ops, 0)]
+    res.ops = ops
+    res.ok = bool(ops) and not res.errors
+    return res

@@ -1,6 +1,6 @@
 """Plain GRPO baseline: no experience bank, no extractor, the whole group is experience-free.
 
-DESIGN.md section 1 ("Plain GRPO baseline"); GRPO as in DeepSeekMath (Shao et al. 2024, section 4.1).
+The paper's plain-GRPO baseline (docs/method.md); GRPO as in DeepSeekMath (Shao et al. 2024, section 4.1).
 """
 
 from crl_bench.methods import MethodSpec, register_method

@@ -1,7 +1,7 @@
 """Static-extractor baseline: the full Complementary RL pipeline with the extractor frozen.
 
-DESIGN.md section 1 ("Static-extractor baseline: identical pipeline, extractor frozen (never
-updated)"): the bank is still written by the (untrained) extractor and still guides the actor.
+The paper's static-extractor baseline (docs/method.md): the identical pipeline with the extractor never
+updated; the bank is still written by the (untrained) extractor and still guides the actor.
 """
 
 from crl_bench.methods import MethodSpec, register_method

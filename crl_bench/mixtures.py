@@ -1,7 +1,7 @@
 """Task mixtures: which environments a run samples its groups from, and with what weight.
 
 A mixture is data: a YAML file ``envs: {env_id: weight, ...}`` shipped in ``crl_bench/mixtures/``
-(``3task``, ``6task`` as in the paper, DESIGN.md section 2), a path to such a file, a single env id,
+(``3task``, ``6task`` as in the paper; README "Environments"), a path to such a file, a single env id,
 or an inline ``id:weight,id:weight`` list.
 """
 

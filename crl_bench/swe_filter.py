@@ -1,6 +1,6 @@
 """``crl-bench swe filter``: keep the SWE-bench instances a base model solves sometimes, not always.
 
-Complementary RL (arXiv 2603.17621, SWE-Bench setting; DESIGN.md's env table) trains on the SWE-Bench-Verified
+Complementary RL (arXiv 2603.17621, SWE-Bench setting) trains on the SWE-Bench-Verified
 instances whose pass rate under the base model lies strictly between "never" and "almost always": the
 model is run ``k`` times (16) per instance and an instance is kept when its pass rate (resolved runs /
 k) lies in ``(low, high]`` (0 and 0.8), which kept 124 of the 500.

@@ -2,7 +2,7 @@
 
 GRPO (Shao et al. 2024, DeepSeekMath, section 4.1): each task is rolled out G times; an episode's
 advantage is its outcome reward minus the mean reward of its group, optionally divided by the group's
-standard deviation.  Complementary RL (arXiv 2603.17621; DESIGN.md section 1) splits each group into an
+standard deviation.  Complementary RL (arXiv 2603.17621; docs/method.md) splits each group into an
 experience-free and an experience-guided subgroup and centres within each subgroup separately; the
 released code uses mean-centring without std division, our default.
 """

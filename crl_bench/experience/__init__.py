@@ -1,4 +1,4 @@
-"""The experience bank and everything around it (Complementary RL, arXiv 2603.17621, DESIGN.md section 1).
+"""The experience bank and everything around it (Complementary RL, arXiv 2603.17621, docs/method.md).
 
 * :mod:`.types`: entries and operations (ADD / UPDATE / MERGE / NONE).
 * :mod:`.operations`: the strict text format the extractor answers in, and its parser.

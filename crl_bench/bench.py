@@ -95,14 +95,16 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             "train": {"groups_per_step": groups, "group_size": group_size, "seed": seed},
             "model": {"threads": threads, "name": model}, "eval": {"episodes": 0}}
     grpo = Trainer(build_config([preset_data("default"), base, {"method": "grpo"}]))
-    comp = Trainer(build_config([preset_data("default"), base, {"method": "complementary"}]),
+    # the bench's own first round is the warm-up (it fills the bank), so every timed round retrieves
+    comp = Trainer(build_config([preset_data("default"), base,
+                                 {"method": "complementary", "experience": {"warmup_steps": 0}}]),
                    model=grpo.model, tokenizer=grpo.tokenizer)
     track = comp.experience
     arms = {"grpo": 0.0, "complementary": 0.0, "complementary+distill": 0.0}
     try:
         specs = comp.episode_specs()
         trajs = comp.runner.collect(specs, guide=track.guide)             # warm-up: fill the bank
-        track.after_rollout(trajs, 0)
+        track.after_rollout(trajs, 0, warmup=True)
         track.manager.drain()
         for r in range(rounds):
             specs = comp.episode_specs()

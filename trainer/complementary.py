@@ -1,27 +1,32 @@
 """The experience track of the training loop: Complementary RL's actor-extractor co-evolution.
 
-Complementary RL (arXiv 2603.17621; DESIGN.md section 1).  Beside the actor's GRPO loop:
+Complementary RL (arXiv 2603.17621; every mechanism, its released-code source and its setting are in
+docs/method.md).  Beside the actor's GRPO loop:
 
-1. Each group of G rollouts is split into an experience-free and an experience-guided subgroup; the
-   guided episodes retrieve ``k`` entries from the experience bank at episode start (query: task goal +
-   first observation) and carry them in their prompt.  Advantages are computed within each subgroup
-   (the loop's :meth:`Trainer.advantages` keys on ``(group, subgroup)``).
-2. Every finished episode goes to the background experience manager, whose extractor turns it into
-   ADD / UPDATE / MERGE / NONE operations on the bank; every ``merge_every`` steps a merge pass offers
-   groups of similar entries to the extractor for consolidation.
-3. A guided episode's outcome becomes a reward of the extraction that wrote the entry that guided
-   it, one (extraction, reward) pair per guided episode: ``relative`` (+1 / 0 / -1 against the mean score of the experience-free subgroup of the same
-   group, as in the released code) or ``binary`` (the guided episode succeeded).
-4. When ``extractor.batch_size`` pairs have accumulated, the extractor takes one CISPO update
-   (unless the method freezes it: the static-extractor baseline).  An extraction keeps earning pairs
-   while its entry guides episodes; pairs from extractions sampled before the last update are
-   off-policy, which CISPO's clipped importance weights account for.
+1. Each group of G rollouts is split into an experience-free and an experience-guided subgroup.
+   After the first ``experience.warmup_steps`` steps (which only fill the bank), guided episodes
+   retrieve ``k`` entries at episode start with the env's retrieval query; with
+   ``experience.actor_critic`` the actor first judges them (accept / refine / reject).  What was
+   retrieved (entry ids, the extraction that wrote each entry, the exact text shown) is recorded at
+   retrieval time in a :class:`RetrievalRecord` and carried by the trajectory.
+2. Finished episodes of the guided subgroup (``experience.distill: guided``; ``all`` for every
+   episode) go to the background experience manager, whose extractor turns each into operations on
+   the bank; entries are keyed by the episode's retrieval query (``experience.key: query``).  Every
+   ``merge_every`` steps a merge pass offers groups of similar entries to the extractor.
+3. Credit: each use of an entry by a guided episode adds a reward to the extraction recorded at
+   retrieval time (``binary``: the episode's score, 0 counting -1; ``relative``: +1 / 0 / -1 against
+   the free subgroup's mean; the gate's decision overrides, see :mod:`.actor_critic`).  An
+   extraction's reward is the mean over its uses: one training sample per extraction call.
+4. When ``extractor.batch_size`` extractions wait, the extractor takes one CISPO update with the
+   batch mean as baseline (unless the method freezes it: the static-extractor baseline, whose buffer
+   is bounded the same way and simply never drained by an update).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,15 +37,16 @@ from crl_bench.env_api import feedback_of
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import SentenceEmbedder
 from crl_bench.experience.manager import DistillRequest, ExperienceManager, MergeRequest
-from crl_bench.experience.operations import STOP, guidance_text
 from crl_bench.experience.retrieval import Retriever
+from crl_bench.experience.types import ExperienceEntry
 from crl_bench.llm.base import SamplingParams
 from crl_bench.methods import MethodSpec, register_method
-from crl_bench.rollout import Trajectory
-from crl_bench.trainer.extractor import EpisodeRecord, Extractor, ExtractorPromptBuilder, binary_reward, \
-    normalise_rewards, relative_reward
+from crl_bench.rollout import Guidance, Trajectory
+from crl_bench.trainer.actor_critic import ActorCritic, critic_reward
+from crl_bench.trainer.extractor import EpisodeRecord, Extraction, extractor_for, normalise_rewards, \
+    relative_reward, binary_reward
 from crl_bench.trainer.losses import cispo_loss
-from crl_bench.trainer.policy import PolicyUpdater, TokenSample
+from crl_bench.trainer.policy import PolicyUpdater
 
 COMPLEMENTARY = MethodSpec(
     name="complementary",
@@ -51,6 +57,51 @@ COMPLEMENTARY = MethodSpec(
 register_method(COMPLEMENTARY)
 
 MAX_PENDING_EXTRACTIONS = 4096
+
+KNOWLEDGE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it applies to this task; "
+                    "do not follow it blindly.")
+
+
+def knowledge_text(body: str) -> str:
+    """The experience block shown to the actor: a header and the numbered entries (``body``)."""
+    return f"{KNOWLEDGE_HEADER}\n\n{body}" if body.strip() else ""
+
+
+def numbered_entries(entries: Sequence[ExperienceEntry]) -> str:
+    """``"1. title: content"`` per entry, one per line."""
+    return "\n".join(f"{n}. {' '.join(e.title.split())}: {' '.join(e.content.split())}"
+                     for n, e in enumerate(entries, 1))
+
+
+@dataclass
+class RetrievalRecord:
+    """What one guided episode was given, recorded at retrieval time (credit comes from here, never
+    from the bank later, where an UPDATE or MERGE may have rewritten or removed the entry).
+
+    Attributes:
+        entries: snapshots of the retrieved entries as they were (id, ``source_extraction``: the
+            extraction to credit, title and content).
+        shown: the exact experience text put into the actor's prompt ("" when nothing was shown).
+        judgement: the actor-critic decision (``accept`` / ``refine`` / ``reject`` / ``invalid``), or
+            "" when the gate is off.
+    """
+
+    entries: list[ExperienceEntry] = field(default_factory=list)
+    shown: str = ""
+    judgement: str = ""
+
+
+@dataclass
+class _Credit:
+    """An extraction waiting for its update, with the rewards of its uses so far."""
+
+    extraction: Extraction
+    total: float = 0.0
+    uses: int = 0
+
+    @property
+    def reward(self) -> float:
+        return self.total / self.uses if self.uses else 0.0
 
 
 def episode_record(traj: Trajectory) -> EpisodeRecord:
@@ -64,6 +115,27 @@ def episode_record(traj: Trajectory) -> EpisodeRecord:
                          source=(traj.group_id, traj.meta.get("rollout")))
 
 
+def use_reward(traj: Trajectory, free_scores: Sequence[float], kind: str) -> float:
+    """The reward one use of an entry by guided episode ``traj`` gives the extraction that wrote it.
+
+    ``binary`` (released live path, ``_collect_triggered_interactions_to_buffer``): the episode's
+    score (its return), with a score of exactly 0 counted as -1.  ``relative``: +1 / 0 / -1 against the
+    mean score of the group's experience-free episodes (``binary`` when the group has none).  With an
+    actor-critic judgement on the record, :func:`~crl_bench.trainer.actor_critic.critic_reward` applies
+    first (reject -1, refine 0.5, accept score + 1), then the 0 -> -1 rule.
+    """
+    rec = traj.retrieval if isinstance(traj.retrieval, RetrievalRecord) else None
+    if kind == "relative" and free_scores:
+        r = relative_reward(traj.reward, free_scores)
+        if rec is not None and rec.judgement:
+            r = critic_reward(rec.judgement, r)
+        return r
+    score = float(traj.reward)
+    if rec is not None and rec.judgement:
+        score = critic_reward(rec.judgement, score)
+    return binary_reward(score)
+
+
 class ExperienceTrack:
     """Bank, retrieval, extractor and its training for one run.
 
@@ -75,10 +147,14 @@ class ExperienceTrack:
         run_dir: folder for ``experience.sqlite``; a temporary folder when ``None``.
         embedder: an embedder to use instead of ``experience.embedder`` (tests).
         extractor_model: an extractor model to use instead of loading one (tests).
+        extractor_tokenizer: its tokenizer (default: the actor's).
+        actor_engine, actor_sampling: the actor's engine and sampling, for the actor-critic gate.
     """
 
     def __init__(self, cfg: RunConfig, method: MethodSpec, actor_model: Any, tokenizer: Any,
-                 run_dir: str | Path | None, embedder: Any = None, extractor_model: Any = None) -> None:
+                 run_dir: str | Path | None, embedder: Any = None, extractor_model: Any = None,
+                 extractor_tokenizer: Any = None, actor_engine: Any = None,
+                 actor_sampling: SamplingParams | None = None) -> None:
         import tempfile
 
         from crl_bench.llm.hf_engine import HFEngine
@@ -96,54 +172,59 @@ class ExperienceTrack:
         self.retriever = Retriever(self.bank, k=ex.k, oversample=ex.oversample, freq_penalty=ex.freq_penalty,
                                    recency_window_s=ex.recency_window_s, top1_demote_p=ex.top1_demote_p,
                                    seed=cfg.train.seed)
-        self.tokenizer = tokenizer
-        self.model = extractor_model if extractor_model is not None else self._load_extractor(actor_model)
-        self.engine = HFEngine(self.model, tokenizer, batch_size=cfg.generation.batch_size,
+        if extractor_model is not None:
+            self.model, self.tokenizer = extractor_model, extractor_tokenizer or tokenizer
+        else:
+            self.model, self.tokenizer = self._load_extractor(actor_model, tokenizer)
+        self.engine = HFEngine(self.model, self.tokenizer, batch_size=cfg.generation.batch_size,
                                prefix_cache=cfg.generation.prefix_cache)
-        stop = (STOP, "\n") if xc.one_op_per_reply else (STOP,)
-        sampling = SamplingParams(temperature=xc.temperature, top_p=1.0, max_new_tokens=xc.max_new_tokens,
-                                  stop=stop)
-        self.extractor = Extractor(self.engine, tokenizer, ExtractorPromptBuilder(tokenizer, xc.max_prompt_tokens),
-                                   sampling)
+        self.extractor = extractor_for(xc, self.engine, self.tokenizer)
         self.manager = ExperienceManager(self.bank, self.retriever, self.extractor,
                                          search_workers=ex.search_workers, query_batch=ex.query_batch,
                                          query_timeout_ms=ex.query_timeout_ms)
+        self.critic: ActorCritic | None = None
+        if ex.actor_critic:
+            if actor_engine is None:
+                raise ValueError("experience.actor_critic needs the actor's engine")
+            self.critic = ActorCritic(actor_engine, tokenizer, actor_sampling or SamplingParams(),
+                                      max_new_tokens=max(256, cfg.generation.max_new_tokens))
         self.updater: PolicyUpdater | None = None
         if method.trains_extractor:
             params = [p for p in self.model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=xc.lr, weight_decay=0.0)
             self.updater = PolicyUpdater(
-                self.model, opt, pad_id=tokenizer.pad_token_id, micro_batch_size=xc.micro_batch_size,
+                self.model, opt, pad_id=self.tokenizer.pad_token_id, micro_batch_size=xc.micro_batch_size,
                 max_grad_norm=cfg.train.max_grad_norm,
                 temperature=xc.temperature if xc.temperature > 0 else 1.0, loss_fn=cispo_loss,
                 loss_kwargs={"eps_low": xc.eps_low if xc.eps_low >= 0 else None, "eps_high": xc.eps_high},
-                skip_zero_advantage=True, seed=cfg.train.seed)
+                skip_zero_advantage=True, seed=cfg.train.seed, loss_agg=cfg.train.loss_agg,
+                recompute_old_logprobs=cfg.train.recompute_old_logprobs)
         else:
             for p in self.model.parameters():
                 p.requires_grad_(False)
-        # extractions whose entries are in the bank (id -> Extraction), most recently credited last
-        self.pending: OrderedDict[str, Any] = OrderedDict()
-        # (extraction, reward) pairs waiting for the next extractor update
-        self.rewarded: list[tuple[Any, float]] = []
+        # extractions whose entries are in the bank (id -> Extraction), most recently written last
+        self.pending: OrderedDict[str, Extraction] = OrderedDict()
+        # extractions credited by guided episodes, waiting for an update (at most batch_size, oldest first)
+        self.buffer: OrderedDict[str, _Credit] = OrderedDict()
+        self.dropped = 0
         self.generation = 0
         self.updates: list[dict[str, Any]] = []
 
-    def _load_extractor(self, actor_model: Any) -> Any:
+    def _load_extractor(self, actor_model: Any, actor_tokenizer: Any) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` of the extractor: a copy of the actor (``same``) or its own model."""
         xc = self.cfg.extractor
         if xc.model == "same":
             import copy
 
             base = actor_model.get_base_model() if hasattr(actor_model, "get_base_model") else actor_model
-            model = copy.deepcopy(base)          # separate weights, same starting point
+            model, tok = copy.deepcopy(base), actor_tokenizer       # separate weights, same starting point
         else:
             from crl_bench.llm.hf_engine import load_model_and_tokenizer
 
             model, tok = load_model_and_tokenizer(xc.model, self.cfg.model.dtype)
-            if tok.get_vocab() != self.tokenizer.get_vocab():
-                raise ValueError("extractor.model must share the actor's tokenizer in this build")
         if self.cfg.model.gradient_checkpointing and hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        return model
+        return model, tok
 
     # ---- rollout side ---------------------------------------------------------------------------
     def free_size(self, group_size: int) -> int:
@@ -151,80 +232,131 @@ class ExperienceTrack:
         n = self.cfg.experience.free_size
         return group_size // 2 if n < 0 else n
 
-    def guide(self, requests: list[tuple[str, str, str]]) -> list[tuple[str, list[int]]]:
-        """Rollout callback: retrieve for ``(env_id, task line, first observation)`` of each guided episode."""
-        queries = [(env_id, f"{task}\n{obs}") for env_id, task, obs in requests]
-        found = self.manager.retrieve(queries)
-        return [(guidance_text(entries) if entries else "", [e.id for e in entries]) for entries in found]
+    def guide(self, requests: list[tuple[str, str, str]], record: bool = True) -> list[Guidance]:
+        """Rollout callback: retrieve for ``(env_id, task line, retrieval query)`` of each guided episode.
+
+        Returns one :class:`~crl_bench.rollout.Guidance` per request, whose ``record`` is a
+        :class:`RetrievalRecord` (snapshots of the entries, the text shown, the gate's decision).
+        ``record=False`` (evaluation) leaves the bank's counters untouched.
+        """
+        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests], record=record)
+        bodies = [numbered_entries(entries) for entries in found]
+        decisions = [""] * len(requests)
+        if self.critic is not None:
+            asked = [i for i, entries in enumerate(found) if entries]
+            items = [(requests[i][1], bodies[i], sum(e.times_success + e.times_failure for e in found[i]),
+                      sum(e.times_success for e in found[i])) for i in asked]
+            for i, j in zip(asked, self.critic.judge(items)):
+                decisions[i], bodies[i] = j.decision, j.knowledge
+        out = []
+        for entries, body, decision in zip(found, bodies, decisions):
+            shown = knowledge_text(body)
+            snap = [replace(e) for e in entries]
+            out.append(Guidance(shown, [e.id for e in entries], RetrievalRecord(snap, shown, decision)))
+        return out
+
+    def guide_readonly(self, requests: list[tuple[str, str, str]]) -> list[Guidance]:
+        """:meth:`guide` for evaluation: nothing about the bank changes."""
+        return self.guide(requests, record=False)
+
+    def flush(self) -> None:
+        """Wait until every queued distillation and merge has been applied to the bank."""
+        self.manager.drain()
 
     # ---- after a step's rollout -----------------------------------------------------------------
-    def after_rollout(self, trajs: Sequence[Trajectory], step: int) -> dict[str, Any]:
-        """Record outcomes, reward extractions, queue distillation (and a merge pass); returns metrics."""
-        xc, ex = self.cfg.extractor, self.cfg.experience
+    def after_rollout(self, trajs: Sequence[Trajectory], step: int, warmup: bool = False) -> dict[str, Any]:
+        """Credit the extractions whose entries guided this step, queue distillation (and a merge
+        pass); returns the step's experience metrics.  ``warmup``: a warm-up step (nothing was
+        retrieved, nothing is credited)."""
         self._collect_extractions()
         by_group: dict[int, list[Trajectory]] = defaultdict(list)
         for t in trajs:
             by_group[t.group_id].append(t)
-        rewards: dict[str, list[float]] = defaultdict(list)
-        guided_used = 0
-        with self.manager.lock.write():
-            for g, members in by_group.items():
-                free_scores = [t.reward for t in members if t.subgroup == "free"]
-                for t in members:
-                    if t.subgroup != "guided" or not t.experience_ids:
-                        continue
-                    guided_used += 1
-                    self.bank.record_outcome(t.experience_ids, t.success)
-                    if xc.reward == "relative" and free_scores:
-                        r = relative_reward(t.reward, free_scores)
-                    else:
-                        r = binary_reward(t.success)
-                    for entry in self.bank.get(t.experience_ids):
-                        if entry.source_extraction:
-                            rewards[entry.source_extraction].append(r)
-        credited = 0
-        for eid, rs in rewards.items():
-            extraction = self.pending.get(eid)
-            if extraction is None:
-                continue
-            self.pending.move_to_end(eid)
-            for r in rs:                      # one (extraction, reward) pair per guided episode
-                self.rewarded.append((extraction, float(r)))
-            credited += 1
-        # distillation: every finished episode (or the first n of each group), never waited on
-        reqs = []
-        for g, members in by_group.items():
-            chosen = members if ex.distill_per_group <= 0 else members[:ex.distill_per_group]
-            for t in chosen:
-                if t.turns:
-                    used = self.bank.get(t.experience_ids) if t.experience_ids else []
-                    reqs.append(DistillRequest(episode_record(t), used, t.env_id, step))
-        if ex.merge_every and step % ex.merge_every == 0:
+        credited = self._credit(by_group) if not warmup else 0
+        reqs = self._distill_requests(by_group, step, warmup)
+        n_distill = len(reqs)
+        if self.cfg.experience.merge_every and step % self.cfg.experience.merge_every == 0:
             reqs += self._merge_requests(step)
         if reqs:
             self.manager.submit(reqs)
         guided = [t for t in trajs if t.subgroup == "guided"]
         free = [t for t in trajs if t.subgroup == "free"]
-        return {
+        judged = [t.retrieval.judgement for t in guided if isinstance(t.retrieval, RetrievalRecord)
+                  and t.retrieval.judgement]
+        out = {
             "success_rate/guided": _rate(guided), "success_rate/free": _rate(free),
             "reward_mean/guided": _mean([t.reward for t in guided]),
             "reward_mean/free": _mean([t.reward for t in free]),
-            "guided_with_experience": guided_used,
-            "extractions_credited": credited, "distill_queued": len(reqs),
+            "guided_with_experience": sum(1 for t in guided if t.experience_ids),
+            "extractions_credited": credited, "distill_queued": n_distill, "warmup": warmup,
         }
+        for d in ("accept", "refine", "reject", "invalid"):
+            if judged:
+                out[f"critic_{d}"] = judged.count(d)
+        return out
+
+    def _credit(self, by_group: dict[int, list[Trajectory]]) -> int:
+        """Add each guided episode's use reward to the extractions recorded at its retrieval."""
+        kind = self.cfg.extractor.reward
+        credited = 0
+        outcomes: list[tuple[list[int], bool]] = []
+        for members in by_group.values():
+            free_scores = [t.reward for t in members if t.subgroup == "free"]
+            for t in members:
+                rec = t.retrieval
+                if t.subgroup != "guided" or not isinstance(rec, RetrievalRecord) or not rec.entries:
+                    continue
+                outcomes.append(([e.id for e in rec.entries], t.success))
+                r = use_reward(t, free_scores, kind)
+                for eid in dict.fromkeys(e.source_extraction for e in rec.entries if e.source_extraction):
+                    extraction = self.pending.get(eid)
+                    if extraction is None:          # written before this run, or long forgotten
+                        continue
+                    self.pending.move_to_end(eid)
+                    credit = self.buffer.get(eid)
+                    if credit is None:
+                        credit = self.buffer[eid] = _Credit(extraction)
+                        while len(self.buffer) > self.cfg.extractor.batch_size:
+                            self.buffer.popitem(last=False)
+                            self.dropped += 1
+                    credit.total += r
+                    credit.uses += 1
+                    credited += 1
+        with self.manager.lock.write():
+            for ids, success in outcomes:
+                self.bank.record_outcome(ids, success)
+        return credited
+
+    def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int,
+                          warmup: bool) -> list[DistillRequest]:
+        ex = self.cfg.experience
+        reqs = []
+        for members in by_group.values():
+            chosen = [t for t in members if ex.distill == "all" or t.subgroup == "guided"]
+            if ex.distill_per_group > 0:
+                chosen = chosen[:ex.distill_per_group]
+            for t in chosen:
+                if not t.turns:
+                    continue
+                shown = t.retrieval.entries if isinstance(t.retrieval, RetrievalRecord) else []
+                key = t.query if ex.key == "query" else ""
+                reqs.append(DistillRequest(episode_record(t), list(shown), t.env_id, step, key))
+        return reqs
 
     def _merge_requests(self, step: int) -> list[MergeRequest]:
-        """Groups of similar entries (cosine >= ``merge_threshold``), at most ``merge_max`` each."""
+        """Groups of entries whose index vectors are similar (cosine >= ``merge_threshold``), at most
+        ``merge_max`` each."""
         ex = self.cfg.experience
         out = []
         with self.manager.lock.read():
             for env_id in sorted({e.env_id for e in self.bank.entries()}):
                 entries = self.bank.entries(env_id)
+                vecs = self.bank.vectors([e.id for e in entries])
+                hits_all = self.bank.search_vectors(vecs, ex.merge_max, env_id) if len(entries) else []
                 seen: set[int] = set()
-                for e in entries:
+                for e, hits in zip(entries, hits_all):
                     if e.id in seen:
                         continue
-                    hits = self.bank.search([e.text()], ex.merge_max, env_id)[0]
                     ids = [i for i, s in hits if s >= ex.merge_threshold and i not in seen]
                     if e.id not in ids:
                         ids = [e.id] + ids
@@ -237,31 +369,40 @@ class ExperienceTrack:
     def _collect_extractions(self) -> None:
         invalid_reward = self.cfg.extractor.invalid_reward
         for extraction in self.manager.pop_extractions():
-            applied = getattr(extraction, "applied", None)
+            applied = extraction.applied
             wrote = applied is not None and any(op.kind != "NONE" for op, _ in applied.applied)
             said_none = applied is not None and any(op.kind == "NONE" for op, _ in applied.applied)
             if wrote:
                 self.pending[extraction.id] = extraction
-            elif not said_none and invalid_reward is not None and extraction.response_ids:
-                extraction.reward = float(invalid_reward)     # format signal (optional, off by default)
-                self.rewarded.append((extraction, float(invalid_reward)))
+            elif not said_none and invalid_reward is not None and extraction.response_ids \
+                    and self.updater is not None:
+                credit = _Credit(extraction, float(invalid_reward), 1)   # format signal (off by default)
+                self.buffer[extraction.id] = credit
+                while len(self.buffer) > self.cfg.extractor.batch_size:
+                    self.buffer.popitem(last=False)
+                    self.dropped += 1
         while len(self.pending) > MAX_PENDING_EXTRACTIONS:
             self.pending.popitem(last=False)
 
     # ---- extractor update -----------------------------------------------------------------------
     def maybe_update_extractor(self) -> dict[str, Any] | None:
-        """One CISPO update when ``extractor.batch_size`` rewarded extractions are waiting.
+        """One CISPO update when ``extractor.batch_size`` credited extractions are waiting.
 
+        Each extraction is one training sample whose reward is the mean over its uses; the advantage
+        is that reward minus the batch mean (divided by the std with ``reward_std_normalize``).
         Returns the update's metrics (loss, reward mean, ...), or ``None`` when no update ran.
         """
         xc = self.cfg.extractor
-        if self.updater is None or len(self.rewarded) < xc.batch_size:
+        if self.updater is None or len(self.buffer) < xc.batch_size:
             return None
-        batch, self.rewarded = self.rewarded[:xc.batch_size], self.rewarded[xc.batch_size:]
-        raw = [r for _, r in batch]
+        batch = [self.buffer.popitem(last=False)[1] for _ in range(xc.batch_size)]
+        raw = [c.reward for c in batch]
         advs = normalise_rewards(raw, std=xc.reward_std_normalize)
-        samples = [TokenSample(e.prompt_ids, e.response_ids, e.logprobs, a)
-                   for (e, _), a in zip(batch, advs) if e.response_ids]
+        samples = []
+        for c, a in zip(batch, advs):
+            c.extraction.reward = c.reward
+            if c.extraction.response_ids:
+                samples.append(c.extraction.token_sample(a))
         with self.manager.extractor_lock:
             stats = self.updater.update(samples)
             self.generation += 1
@@ -269,6 +410,7 @@ class ExperienceTrack:
             self.engine.sync_weights(self.model)
         out = {"extractor_update": len(self.updates) + 1, "extractor_generation": self.generation,
                "extractor_reward_mean": _mean(raw), "extractor_batch": len(batch),
+               "extractor_uses_mean": _mean([c.uses for c in batch]),
                **{f"extractor_{k}": v for k, v in stats.items()}}
         self.updates.append(out)
         return out
@@ -280,7 +422,8 @@ class ExperienceTrack:
                 "extractions_failed": s["extractions_failed"], "ops_applied": s["ops_applied"],
                 "ops_rejected": s["ops_rejected"], "op_kinds": s["op_kinds"], "merges": s["merges"],
                 "distill_pending": self.manager.pending(), "extractor_errors": s["extractor_errors"],
-                "extractions_waiting_reward": len(self.pending), "extractions_rewarded": len(self.rewarded),
+                "extractions_waiting_reward": len(self.pending), "extractor_buffer": len(self.buffer),
+                "extractor_buffer_dropped": self.dropped,
                 "retrieval_queries": s["queries"], "retrieval_batches": s["query_batches"]}
 
     def close(self, drain_timeout: float = 0.0) -> None:

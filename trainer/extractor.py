@@ -1,9 +1,10 @@
 """The experience extractor: episode record -> prompt -> operations on the bank, and its rewards.
 
-Complementary RL (arXiv 2603.17621, DESIGN.md section 1): a second LLM reads a finished episode (task,
+Complementary RL (arXiv 2603.17621, docs/method.md): a second LLM reads a finished episode (task,
 observations, actions, outcome) together with the bank entries that guided it and answers with
-ADD / UPDATE / MERGE / NONE operations in the strict format of
-:mod:`crl_bench.experience.operations`.  Its samples (:class:`Extraction`) are later rewarded by the
+ADD / UPDATE / MERGE / NONE operations, in the strict one-line format of
+:mod:`crl_bench.experience.operations` (``extractor.format: line``) or the released JSON format of
+:mod:`crl_bench.experience.json_ops` (``json``); :func:`extractor_for` builds either.  Its samples (:class:`Extraction`) are later rewarded by the
 outcome of the episodes the written entries guided and trained with CISPO
 (:func:`crl_bench.trainer.losses.cispo_loss`).
 
@@ -12,7 +13,7 @@ outcome of the episodes the written entries guided and trained with CISPO
 * :func:`compact_trajectory` renders a record within a token budget.
 * :class:`ExtractorPromptBuilder` builds the chat prompt; :class:`Extractor` samples one reply per
   record in a single batched ``engine.generate`` call.
-* :func:`relative_reward`, :func:`binary_reward`, :func:`normalise_rewards`: the extractor's reward.
+* :func:`binary_reward`, :func:`relative_reward`, :func:`normalise_rewards`: the extractor's reward.
 """
 
 from __future__ import annotations
@@ -279,12 +280,14 @@ class ExtractorPromptBuilder:
             user/assistant exchange (the same for every prompt, so the engine's prefix cache
             reuses it).  Measured with SmolLM2-135M at temperature 1 (24 replies each): 9/24 replies
             with a valid operation with the example, 0/24 without.
+        entry_format: renders the entries for the prompt (default ``[id] title: content`` lines).
     """
 
     def __init__(self, tokenizer: Any, max_prompt_tokens: int = 1536, prefill: str = "<ops>\n<op>",
                  max_ops: int = 4, system_prompt: str = SYSTEM_PROMPT, user_template: str = USER_TEMPLATE,
                  min_trajectory_tokens: int = 128,
-                 decode_fn: Callable[[str], str] | None = strip_observation, demo: bool = True) -> None:
+                 decode_fn: Callable[[str], str] | None = strip_observation, demo: bool = True,
+                 entry_format: Callable[[Sequence[ExperienceEntry]], str] = format_entries) -> None:
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self.prefill = prefill
@@ -294,12 +297,13 @@ class ExtractorPromptBuilder:
         self.min_trajectory_tokens = min_trajectory_tokens
         self.decode_fn = decode_fn
         self.demo = demo
+        self.entry_format = entry_format
 
     def user_text(self, record: EpisodeRecord, entries: Sequence[ExperienceEntry], trajectory: str) -> str:
         """The user message."""
         return self.user_template.format(env_id=record.env_id, task=" ".join(record.task_line.split()),
                                          trajectory=trajectory, outcome=outcome_text(record),
-                                         entries=format_entries(entries))
+                                         entries=self.entry_format(entries))
 
     def messages(self, record: EpisodeRecord, entries: Sequence[ExperienceEntry],
                  trajectory: str) -> list[dict[str, str]]:
@@ -376,6 +380,8 @@ class Extraction:
         reward: set once known (``None`` before).
         shown_ids: ids of the entries the extractor was shown (UPDATE / MERGE may only name these).
         finish_reason: the engine's finish reason (``stop`` / ``eos`` / ``length``).
+        applied: the bank's :class:`~crl_bench.experience.types.ApplyResult` once the experience
+            manager applied the operations (``None`` before, or when nothing parsed).
     """
 
     id: str
@@ -391,6 +397,7 @@ class Extraction:
     reward: float | None = None
     shown_ids: list[int] = field(default_factory=list)
     finish_reason: str = ""
+    applied: Any = None
 
     def token_sample(self, advantage: float):
         """This extraction as a :class:`crl_bench.trainer.policy.TokenSample` for the CISPO update."""
@@ -412,11 +419,14 @@ class Extractor:
         restrict_ids: UPDATE / MERGE may only name the entries shown in the prompt.
         merge_prompts: prompt builder of the merge pass (default: :class:`MergePromptBuilder` with the
             same prefill as ``prompt_builder``).
+        parse_fn: ``parse_fn(reply, shown_ids) -> ParseResult`` reading a reply whose extractor was
+            shown ``shown_ids``; default: the one-line format (:func:`parse_operations`).
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, prompt_builder: ExtractorPromptBuilder,
                  sampling: SamplingParams = DEFAULT_SAMPLING, generation: int = 0,
-                 restrict_ids: bool = True, merge_prompts: "MergePromptBuilder | None" = None) -> None:
+                 restrict_ids: bool = True, merge_prompts: "MergePromptBuilder | None" = None,
+                 parse_fn: Callable[[str, list[int]], ParseResult] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.prompts = prompt_builder
@@ -424,6 +434,12 @@ class Extractor:
         self.generation = generation
         self.restrict_ids = restrict_ids
         self.merge_prompts = merge_prompts or MergePromptBuilder(tokenizer, prompt_builder.prefill)
+        self.parse_fn = parse_fn
+
+    def _parse(self, text: str, shown_ids: list[int]) -> ParseResult:
+        if self.parse_fn is not None:
+            return self.parse_fn(text, shown_ids)
+        return parse_operations(text, self.prompts.max_ops, shown_ids if self.restrict_ids else None)
 
     def extract(self, records: Sequence[EpisodeRecord],
                 retrieved: Sequence[Sequence[ExperienceEntry]] | None = None) -> list[Extraction]:
@@ -444,8 +460,7 @@ class Extractor:
             text = self.prompts.prefill + gen.text
             shown_ids = [e.id for e in shown]
             # a reply the model ended itself (EOS) ends its last line, which closes an open <content>
-            parse = parse_operations(text + ("\n" if gen.finish_reason == "eos" else ""), self.prompts.max_ops,
-                                     shown_ids if self.restrict_ids else None)
+            parse = self._parse(text + ("\n" if gen.finish_reason == "eos" else ""), shown_ids)
             out.append(Extraction(uuid.uuid4().hex, rec.env_id, list(gen.prompt_ids), list(gen.response_ids),
                                   list(gen.logprobs), text, parse, self.generation, rec.group_id, rec.source,
                                   None, shown_ids, gen.finish_reason))
@@ -466,7 +481,7 @@ class Extractor:
         for group, gen in zip(groups, gens):
             text = self.merge_prompts.prefill + gen.text
             shown_ids = [e.id for e in group]
-            parse = parse_operations(text, self.prompts.max_ops, shown_ids)
+            parse = self._parse(text, shown_ids)
             env_id = group[0].env_id if group else ""
             out.append(Extraction(uuid.uuid4().hex, env_id, list(gen.prompt_ids), list(gen.response_ids),
                                   list(gen.logprobs), text, parse, self.generation, 0, "merge", None,
@@ -489,18 +504,21 @@ class MergePromptBuilder:
         tokenizer: tokenizer with a chat template.
         prefill: same convention as :class:`ExtractorPromptBuilder` (default ``"<ops>\\n<op>"``).
         system_prompt: override the wording.
+        entry_format: renders the entries (default ``[id] title: content`` lines).
     """
 
     def __init__(self, tokenizer: Any, prefill: str = "<ops>\n<op>",
-                 system_prompt: str = MERGE_SYSTEM_PROMPT) -> None:
+                 system_prompt: str = MERGE_SYSTEM_PROMPT,
+                 entry_format: Callable[[Sequence[ExperienceEntry]], str] = format_entries) -> None:
         self.tokenizer = tokenizer
         self.prefill = prefill
         self.system_prompt = system_prompt
+        self.entry_format = entry_format
 
     def build(self, entries: Sequence[ExperienceEntry]) -> list[int]:
         """Prompt token ids for consolidating ``entries``."""
         env = entries[0].env_id if entries else ""
-        user = f"Game: {env}\nLessons:\n{format_entries(entries)}\n\nYour operation:"
+        user = f"Game: {env}\nLessons:\n{self.entry_format(entries)}\n\nYour operation:"
         messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text + self.prefill, add_special_tokens=False)
@@ -510,8 +528,9 @@ class MergePromptBuilder:
 # Rewards
 
 def relative_reward(guided_score: float, free_scores: Sequence[float], tol: float = 1e-9) -> float:
-    """Baseline-relative reward of the released code: +1 / 0 / -1 when the guided episode's score is
-    above / equal to (within ``tol``) / below the mean score of the experience-free subgroup.
+    """+1 / 0 / -1 when the guided episode's score is above / equal to (within ``tol``) / below the
+    mean score of the experience-free subgroup (``extractor.reward: relative``).  The released code
+    has this function but never calls it; its live reward is :func:`binary_reward`.
 
     Raises ``ValueError`` when ``free_scores`` is empty (no baseline).
     """
@@ -524,9 +543,16 @@ def relative_reward(guided_score: float, free_scores: Sequence[float], tol: floa
     return 1.0 if diff > 0 else -1.0
 
 
-def binary_reward(success: bool) -> float:
-    """The paper's binary reward: 1.0 when the guided episode succeeded, else 0.0."""
-    return 1.0 if success else 0.0
+def binary_reward(score: float) -> float:
+    """The extractor's reward for one use of its experience (``extractor.reward: binary``): the guided
+    episode's score, with a score of exactly 0 counted as -1.
+
+    For the 0/1 outcome rewards of most envs this is the paper's binary reward (+1 success, -1
+    failure); envs with partial scores (WebShop) keep the score.  Source: the released pipeline's
+    ``_collect_triggered_interactions_to_buffer`` (``multi_agentic_pipeline.py``), docs/method.md.
+    """
+    score = float(score)
+    return -1.0 if score == 0.0 else score
 
 
 def normalise_rewards(rewards: Sequence[float], std: bool = False, eps: float = 1e-6) -> list[float]:
@@ -544,3 +570,31 @@ def normalise_rewards(rewards: Sequence[float], std: bool = False, eps: float = 
         return centred
     sd = math.sqrt(sum(c * c for c in centred) / len(centred))
     return [c / (sd + eps) for c in centred]
+
+
+def extractor_for(xc: Any, engine: Engine, tokenizer: Any) -> Extractor:
+    """The :class:`Extractor` an :class:`~crl_bench.config.ExtractorConfig` describes: its answer format
+    (``line`` / ``json``), prompt budget, operation cap and sampling, over ``engine`` and the
+    extractor's own ``tokenizer``.
+
+    Raises ``ValueError`` for an unknown ``xc.format``.
+    """
+    if xc.format == "json":
+        from crl_bench.experience import json_ops
+
+        builder = ExtractorPromptBuilder(tokenizer, xc.max_prompt_tokens, prefill="", max_ops=xc.max_ops,
+                                         system_prompt=json_ops.JSON_SYSTEM_PROMPT, demo=False,
+                                         entry_format=json_ops.format_numbered)
+        merge = MergePromptBuilder(tokenizer, prefill="", system_prompt=json_ops.JSON_MERGE_SYSTEM_PROMPT,
+                                   entry_format=json_ops.format_numbered)
+        sampling = SamplingParams(temperature=xc.temperature, top_p=xc.top_p, top_k=xc.top_k,
+                                  max_new_tokens=xc.max_new_tokens, stop=(json_ops.STOP,))
+        return Extractor(engine, tokenizer, builder, sampling, merge_prompts=merge,
+                         parse_fn=lambda text, shown: json_ops.parse_json_operations(text, shown, xc.max_ops))
+    if xc.format != "line":
+        raise ValueError(f"extractor.format must be line or json, got {xc.format!r}")
+    stop = (STOP, "\n") if xc.one_op_per_reply else (STOP,)
+    sampling = SamplingParams(temperature=xc.temperature, top_p=xc.top_p, top_k=xc.top_k,
+                              max_new_tokens=xc.max_new_tokens, stop=stop)
+    return Extractor(engine, tokenizer, ExtractorPromptBuilder(tokenizer, xc.max_prompt_tokens, max_ops=xc.max_ops),
+                     sampling)

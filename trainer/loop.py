@@ -3,7 +3,7 @@
 One loop serves every method (``crl_bench.methods``): a method only switches parts on or off.  For
 ``grpo`` each step samples ``groups_per_step`` train tasks from the mixture, rolls each out
 ``group_size`` times, computes outcome advantages within each group and makes one PPO-clipped update
-of the actor on the tokens it generated (DESIGN.md section 1).
+of the actor on the tokens it generated (docs/method.md).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ class Trainer:
         writer: run folder writer, or ``None`` to keep nothing on disk (tests, benchmarks).
         model, tokenizer: an already loaded actor (tests pass a tiny model); loaded from
             ``cfg.model`` when omitted.
-        embedder, extractor_model: replacements for the experience track's embedder and extractor
-            model (tests); built from ``cfg`` when omitted.
+        embedder, extractor_model, extractor_tokenizer: replacements for the experience track's
+            embedder, extractor model and its tokenizer (tests); built from ``cfg`` when omitted.
 
     Raises:
         KeyError: unknown method or env id.
@@ -95,7 +95,8 @@ class Trainer:
     """
 
     def __init__(self, cfg: RunConfig, writer: RunWriter | None = None, model: Any = None,
-                 tokenizer: Any = None, embedder: Any = None, extractor_model: Any = None) -> None:
+                 tokenizer: Any = None, embedder: Any = None, extractor_model: Any = None,
+                 extractor_tokenizer: Any = None) -> None:
         self.cfg = cfg
         self.method: MethodSpec = get_method(cfg.method)
         self.writer = writer
@@ -119,10 +120,12 @@ class Trainer:
         self.tokenizer = tokenizer
         self.model = self._prepare_model(model)
         self.engine = self._make_engine()
-        self.prompts = PromptBuilder(tokenizer, cfg.generation.prefill, cfg.rollout.history)
+        self.prompts = PromptBuilder(tokenizer, cfg.generation.prefill, cfg.rollout.history,
+                                     layout=cfg.rollout.prompt, placement=cfg.experience.placement)
         g = cfg.generation
-        self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens)
-        self.eval_sampling = SamplingParams(temperature=cfg.eval.temperature, top_p=g.top_p,
+        self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                                       max_new_tokens=g.max_new_tokens)
+        self.eval_sampling = SamplingParams(temperature=cfg.eval.temperature, top_p=g.top_p, top_k=g.top_k,
                                             max_new_tokens=g.max_new_tokens)
         self.runner = RolloutRunner(self.engine, self.prompts, self.pool, self.sampling, g.constrained,
                                     max_concurrent=cfg.rollout.max_concurrent)
@@ -134,7 +137,8 @@ class Trainer:
             epochs=cfg.train.ppo_epochs, max_grad_norm=cfg.train.max_grad_norm,
             temperature=g.temperature if g.temperature > 0 else 1.0,
             loss_kwargs={"clip_eps": cfg.train.clip_eps, "kl_coef": cfg.train.kl_coef},
-            ref_model=self._reference(), seed=cfg.train.seed)
+            ref_model=self._reference(), seed=cfg.train.seed, loss_agg=cfg.train.loss_agg,
+            recompute_old_logprobs=cfg.train.recompute_old_logprobs)
         self.step = 0
         self._next_specs: list[EpisodeSpec] | None = None
         self.experience = None
@@ -142,7 +146,9 @@ class Trainer:
             from crl_bench.trainer.complementary import ExperienceTrack
             self.experience = ExperienceTrack(cfg, self.method, self.model, tokenizer,
                                               writer.dir if writer is not None else None,
-                                              embedder=embedder, extractor_model=extractor_model)
+                                              embedder=embedder, extractor_model=extractor_model,
+                                              extractor_tokenizer=extractor_tokenizer,
+                                              actor_engine=self.engine, actor_sampling=self.sampling)
 
     # ---- setup ------------------------------------------------------------------------------------
     def _prepare_model(self, model: Any) -> Any:
@@ -182,20 +188,29 @@ class Trainer:
         return HFEngine(self.model, self.tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache)
 
     # ---- one step ---------------------------------------------------------------------------------
-    def episode_specs(self) -> list[EpisodeSpec]:
-        """The step's episodes: ``groups_per_step`` sampled tasks x ``group_size`` rollouts each.
+    def in_warmup(self, step: int | None = None) -> bool:
+        """Whether 0-based step ``step`` (default: the next one) is an experience warm-up step: no
+        retrieval, no actor update, the bank fills (``experience.warmup_steps``, released 5)."""
+        step = self.step if step is None else step
+        return self.experience is not None and step < self.cfg.experience.warmup_steps
+
+    def episode_specs(self, step: int | None = None) -> list[EpisodeSpec]:
+        """The episodes of 0-based step ``step`` (default: the next one): ``groups_per_step`` sampled
+        tasks x ``group_size`` rollouts each.
 
         With an experience track, the first ``free_size`` rollouts of a group are experience-free and
-        the rest are experience-guided (they retrieve from the bank at episode start).
+        the rest are experience-guided (they retrieve from the bank at episode start, except in
+        warm-up steps).
         """
         size = self.cfg.train.group_size
         n_free = self.experience.free_size(size) if self.experience is not None else size
+        retrieve = not self.in_warmup(step)
         specs = []
         for g, (env_id, task) in enumerate(self.sampler.sample(self.cfg.train.groups_per_step)):
             for k in range(size):
                 guided = k >= n_free
                 specs.append(EpisodeSpec(env_id, task, group_id=g, subgroup="guided" if guided else "free",
-                                         retrieve=guided, meta={"rollout": k}))
+                                         retrieve=guided and retrieve, meta={"rollout": k}))
         return specs
 
     def advantages(self, trajs: Sequence[Trajectory]) -> list[float]:
@@ -204,31 +219,45 @@ class Trainer:
         return grouped_advantages([t.reward for t in trajs], keys, self.cfg.train.adv_std_normalize)
 
     def train_step(self, progress: Any = None) -> StepResult:
-        """Collect one batch of groups, update the actor once; returns the step's metrics."""
+        """Collect one batch of groups, update the actor once; returns the step's metrics.
+
+        With an experience track: pending distillation is flushed into the bank first
+        (``experience.flush_before_rollout``), and in warm-up steps the actor is not updated.
+        """
         t0 = time.perf_counter()
+        warmup = self.in_warmup()
+        if self.experience is not None and self.cfg.experience.flush_before_rollout:
+            self.experience.flush()
+        t_flush = time.perf_counter() - t0
         specs = self._next_specs if self._next_specs is not None else self.episode_specs()
         # the next step's tasks are drawn now (same draws, same order) so that envs with slow resets
         # (ALFWorld) can reset them while this step generates
         self._next_specs = None
         if self.cfg.rollout.prefetch and self.step + 1 < self.cfg.train.steps:
-            self._next_specs = self.episode_specs()
+            self._next_specs = self.episode_specs(self.step + 1)
         guide = self.experience.guide if self.experience is not None else None
         trajs = self.runner.collect(specs, self.sampling, progress=progress, guide=guide,
                                     prefetch=self._next_specs)
         rs = self.runner.last_stats
-        t_roll = time.perf_counter() - t0
+        t_roll = time.perf_counter() - t0 - t_flush
         advs = self.advantages(trajs)
-        samples = [TokenSample(turn.prompt_ids, turn.response_ids, turn.logprobs, adv)
-                   for tr, adv in zip(trajs, advs) for turn in tr.turns if turn.response_ids]
+        # one sequence per episode: seq-mean-token-mean weighs each episode's turns as one sequence
+        samples = [TokenSample(turn.prompt_ids, turn.response_ids, turn.logprobs, adv, sequence=k)
+                   for k, (tr, adv) in enumerate(zip(trajs, advs)) for turn in tr.turns if turn.response_ids]
         t1 = time.perf_counter()
-        upd = self.updater.update(samples) if samples else {}
-        self.engine.sync_weights(self.model)
+        if warmup:
+            upd = {"loss": 0.0, "optimizer_steps": 0.0}          # warm-up: the actor is not trained
+        else:
+            upd = self.updater.update(samples) if samples else {}
+        if upd.get("optimizer_steps"):
+            self.engine.sync_weights(self.model)
         t_upd = time.perf_counter() - t1
         self.step += 1
         m = {"step": self.step, **summarise(trajs)}
         if self.experience is not None:
             t2 = time.perf_counter()
-            m.update(self.experience.after_rollout(trajs, self.step))
+            m["time_flush_s"] = t_flush
+            m.update(self.experience.after_rollout(trajs, self.step, warmup=warmup))
             if self.cfg.experience.wait_distill:
                 self.experience.manager.drain()
             m.update(self.experience.maybe_update_extractor() or {})
@@ -266,8 +295,9 @@ class Trainer:
             specs += [EpisodeSpec(env_id, t, group_id=i, subgroup="guided" if guided else "free",
                                   retrieve=guided) for i, t in enumerate(ids)]
         t0 = time.perf_counter()
+        # guided evaluation retrieves read-only: the bank and its usage counters stay as they were
         trajs = self.runner.collect(specs, self.eval_sampling, progress=progress,
-                                    guide=self.experience.guide if guided else None)
+                                    guide=self.experience.guide_readonly if guided else None)
         out = summarise(trajs)
         per_env = {}
         for env_id in self.mixture.envs:
@@ -318,7 +348,7 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
             writer.log_episodes(res.metrics["step"], res.trajectories)
             if not quiet:
                 m = res.metrics
-                print(f"step {m['step']}: success {m['success_rate']:.2f}  reward {m['reward_mean']:.2f}  "
+                print(f"step {m['step']}{' (warm-up)' if m.get('warmup') else ''}: success {m['success_rate']:.2f}  reward {m['reward_mean']:.2f}  "
                       f"steps {m['steps_mean']:.1f}  invalid {m['invalid_action_rate']:.2f}  "
                       f"loss {m.get('loss', 0.0):.4f}  {m['tokens_per_s']:.1f} tok/s  "
                       f"{m['time_step_s']:.1f}s"

@@ -1,9 +1,11 @@
-"""The experience bank: SQLite (WAL) storage + FAISS vector index (DESIGN.md section 1).
+"""The experience bank: SQLite (WAL) storage + FAISS vector index (docs/method.md).
 
 Storage
     One SQLite file in WAL mode. Table ``entries`` holds every :class:`ExperienceEntry` field, the
-    unix time of the entry's last write (``updated_at``, used by LRU eviction) and the embedding of
-    ``entry.text()`` as float32 bytes. Table ``rejections`` logs every refused operation (time,
+    unix time of the entry's last write (``updated_at``, used by LRU eviction), the text the entry is
+    keyed by (``key_text``) and that text's embedding as float32 bytes.  The key is ``entry.text()``
+    unless the writer gives another (the released keying: the retrieval query of the episode the entry
+    was distilled from; see :meth:`ExperienceBank.apply`). Table ``rejections`` logs every refused operation (time,
     step, extraction id, env id, the operation as JSON, reason). Table ``counters`` keeps totals
     (operations applied per kind, evictions). Ids come from ``AUTOINCREMENT`` and are never reused,
     even after deletion or reopening. Opening an existing file restores the bank: entries are read
@@ -113,7 +115,8 @@ CREATE TABLE IF NOT EXISTS entries (
     times_failure INTEGER NOT NULL DEFAULT 0,
     last_retrieved REAL NOT NULL DEFAULT 0,
     updated_at REAL NOT NULL DEFAULT 0,
-    embedding BLOB NOT NULL
+    embedding BLOB NOT NULL,
+    key_text TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS entries_env ON entries(env_id);
 CREATE TABLE IF NOT EXISTS rejections (
@@ -469,6 +472,8 @@ class ExperienceBank:
         if str(mode).lower() != "wal":
             raise RuntimeError(f"could not put {self.path} in WAL mode (got {mode})")
         c.executescript(_SCHEMA)
+        if "key_text" not in {r[1] for r in c.execute("PRAGMA table_info(entries)")}:   # banks from <= 0.1
+            c.execute("ALTER TABLE entries ADD COLUMN key_text TEXT NOT NULL DEFAULT ''")
         row = c.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
         if row is None:
             c.execute("INSERT INTO meta(key, value) VALUES ('dim', ?)", (str(self.dim),))
@@ -576,10 +581,14 @@ class ExperienceBank:
 
     # ------------------------------------------------------------------ writes
     def apply(self, ops: list[Operation], *, env_id: str, step: int, extraction_id: str,
-              generation: int) -> ApplyResult:
+              generation: int, key_text: str | None = None) -> ApplyResult:
         """Validate and apply ``ops`` in order (one transaction each), then enforce the capacity cap.
 
-        ADD inserts a new entry of ``env_id``. UPDATE rewrites title, content, embedding,
+        ``key_text``: what ADD and UPDATE entries are indexed by (embedded once for the whole call),
+        e.g. the retrieval query of the episode they were distilled from; ``None`` or empty: each
+        entry's own ``"title: content"``. MERGE entries are always keyed by their own text.
+
+        ADD inserts a new entry of ``env_id``. UPDATE rewrites title, content, key, embedding,
         ``updated_step``, ``source_extraction`` and ``generation`` of its one target and keeps its
         counters and ``created_step``. MERGE deletes its targets and inserts one new entry (new id)
         whose ``times_retrieved`` / ``times_success`` / ``times_failure`` are the targets' sums and
@@ -594,10 +603,15 @@ class ExperienceBank:
         to_embed = [i for i, (op, (reason, _)) in enumerate(zip(ops, checks))
                     if reason is None and op.kind != "NONE"]
         vec_of: dict[int, np.ndarray] = {}
+        key_of: dict[int, str] = {}
         if to_embed:
-            texts = [f"{str(ops[i].title).strip()}: {str(ops[i].content).strip()}" for i in to_embed]
+            for i in to_embed:
+                own = f"{str(ops[i].title).strip()}: {str(ops[i].content).strip()}"
+                key_of[i] = key_text if key_text and ops[i].kind != "MERGE" else own
+            texts = list(dict.fromkeys(key_of.values()))
             vecs = np.asarray(self.embedder.encode(texts), dtype=np.float32).reshape(len(texts), self.dim)
-            vec_of = {i: vecs[j] for j, i in enumerate(to_embed)}
+            row = {t: vecs[j] for j, t in enumerate(texts)}
+            vec_of = {i: row[key_of[i]] for i in to_embed}
         for i, op in enumerate(ops):
             reason, targets = checks[i]
             if reason is not None:
@@ -607,7 +621,7 @@ class ExperienceBank:
             if op.kind == "NONE":
                 res.applied.append((op, None))
                 continue
-            outcome = self._apply_one(c, op, targets, vec_of[i], env_id, step, extraction_id, generation)
+            outcome = self._apply_one(c, op, targets, vec_of[i], env_id, step, extraction_id, generation, key_of[i])
             if isinstance(outcome, str):
                 res.rejected.append((op, outcome))
             else:
@@ -616,7 +630,7 @@ class ExperienceBank:
         return res
 
     def _apply_one(self, c: sqlite3.Connection, op: Operation, targets: tuple[int, ...], vec: np.ndarray,
-                   env_id: str, step: int, extraction_id: str, generation: int) -> int | str:
+                   env_id: str, step: int, extraction_id: str, generation: int, key: str) -> int | str:
         """One operation in one transaction; returns the resulting id or a rejection reason."""
         title, content = str(op.title).strip(), str(op.content).strip()
         now = time.time()
@@ -641,14 +655,15 @@ class ExperienceBank:
             if op.kind == "ADD":
                 cur = c.execute(
                     "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
-                    "generation, updated_at, embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (env_id, title, content, int(step), int(step), str(extraction_id), int(generation), now, blob))
+                    "generation, updated_at, embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (env_id, title, content, int(step), int(step), str(extraction_id), int(generation), now, blob,
+                     key))
                 new_id, removed = int(cur.lastrowid), []
             elif op.kind == "UPDATE":
                 (tid,) = targets
                 c.execute("UPDATE entries SET title=?, content=?, updated_step=?, source_extraction=?, "
-                          "generation=?, updated_at=?, embedding=? WHERE id=?",
-                          (title, content, int(step), str(extraction_id), int(generation), now, blob, tid))
+                          "generation=?, updated_at=?, embedding=?, key_text=? WHERE id=?",
+                          (title, content, int(step), str(extraction_id), int(generation), now, blob, key, tid))
                 new_id, removed = tid, [tid]
             else:  # MERGE
                 got = [rows[t] for t in targets]
@@ -657,10 +672,10 @@ class ExperienceBank:
                 cur = c.execute(
                     "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
                     "generation, times_retrieved, times_success, times_failure, last_retrieved, updated_at, "
-                    "embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (env_id, title, content, int(step), int(step), str(extraction_id), int(generation),
                      sum(r[2] for r in got), sum(r[3] for r in got), sum(r[4] for r in got),
-                     max(r[5] for r in got), now, blob))
+                     max(r[5] for r in got), now, blob, key))
                 new_id, removed = int(cur.lastrowid), list(targets)
             self._bump(c, f"applied_{op.kind}")
             c.execute("COMMIT")
@@ -774,6 +789,33 @@ class ExperienceBank:
             for r in c.execute(f"{_SELECT_ENTRY} WHERE id IN ({','.join('?' * len(chunk))})", chunk):
                 found[r[0]] = self._row_entry(r)
         return [found[i] for i in ids if i in found]
+
+    def vectors(self, ids: Sequence[int]) -> np.ndarray:
+        """The index vectors of ``ids`` (``(N, dim)`` float32, in the given order); ids not in the bank
+        are skipped."""
+        ids = [int(i) for i in ids]
+        got: dict[int, np.ndarray] = {}
+        c = self._conn()
+        uniq = list(dict.fromkeys(ids))
+        for s in range(0, len(uniq), _SQL_CHUNK):
+            chunk = uniq[s:s + _SQL_CHUNK]
+            for i, b in c.execute(f"SELECT id, embedding FROM entries WHERE id IN ({','.join('?' * len(chunk))})",
+                                  chunk):
+                got[i] = np.frombuffer(b, dtype=np.float32)
+        rows = [got[i] for i in ids if i in got]
+        return np.stack(rows) if rows else np.empty((0, self.dim), np.float32)
+
+    def key_texts(self, ids: Sequence[int]) -> dict[int, str]:
+        """``{id: the text the entry is keyed by}`` ("" for entries keyed by their own text before
+        keys were stored)."""
+        ids = list(dict.fromkeys(int(i) for i in ids))
+        out: dict[int, str] = {}
+        c = self._conn()
+        for s in range(0, len(ids), _SQL_CHUNK):
+            chunk = ids[s:s + _SQL_CHUNK]
+            out.update(c.execute(f"SELECT id, key_text FROM entries WHERE id IN ({','.join('?' * len(chunk))})",
+                                 chunk).fetchall())
+        return out
 
     def entries(self, env_id: str | None = None) -> list[ExperienceEntry]:
         """All entries (of ``env_id`` if given), by id."""

@@ -1,4 +1,4 @@
-"""The background experience manager (the "background track" of Complementary RL, DESIGN.md section 1).
+"""The background experience manager (the "background track" of Complementary RL, docs/method.md).
 
 Two services run beside the actor's rollout:
 
@@ -37,12 +37,15 @@ class DistillRequest:
         retrieved: the entries that guided the episode (shown to the extractor; empty if free).
         env_id: environment of the episode (entries are written for it).
         step: actor step the episode belongs to.
+        key_text: what the entries written from this episode are indexed by ("" = their own text);
+            the released keying passes the episode's retrieval query.
     """
 
     record: Any
     retrieved: list[ExperienceEntry]
     env_id: str
     step: int
+    key_text: str = ""
 
 
 @dataclass
@@ -74,11 +77,12 @@ class ManagerStats:
 
 
 class _Query:
-    __slots__ = ("env_id", "text", "future")
+    __slots__ = ("env_id", "text", "record", "future")
 
-    def __init__(self, env_id: str, text: str) -> None:
+    def __init__(self, env_id: str, text: str, record: bool = True) -> None:
         self.env_id = env_id
         self.text = text
+        self.record = record
         self.future: Future = Future()
 
 
@@ -120,17 +124,20 @@ class ExperienceManager:
             self._worker.start()
 
     # ---- retrieval ------------------------------------------------------------------------------
-    def retrieve_async(self, env_id: str, text: str) -> Future:
-        """Queue one query; the future resolves to ``list[ExperienceEntry]`` (best first)."""
+    def retrieve_async(self, env_id: str, text: str, record: bool = True) -> Future:
+        """Queue one query; the future resolves to ``list[ExperienceEntry]`` (best first).
+
+        ``record=False`` (evaluation) leaves the bank's retrieval counters untouched."""
         if self._closed:
             raise RuntimeError("experience manager is closed")
-        q = _Query(env_id, text)
+        q = _Query(env_id, text, record)
         self._queries.put(q)
         return q.future
 
-    def retrieve(self, queries: list[tuple[str, str]], timeout: float | None = 60.0) -> list[list[ExperienceEntry]]:
+    def retrieve(self, queries: list[tuple[str, str]], timeout: float | None = 60.0,
+                 record: bool = True) -> list[list[ExperienceEntry]]:
         """Queue ``(env_id, query text)`` pairs together and wait for all answers (in order)."""
-        futures = [self.retrieve_async(env_id, text) for env_id, text in queries]
+        futures = [self.retrieve_async(env_id, text, record) for env_id, text in queries]
         return [f.result(timeout=timeout) for f in futures]
 
     def _batch_loop(self) -> None:
@@ -159,15 +166,20 @@ class ExperienceManager:
 
     def _serve(self, batch: list[_Query]) -> None:
         t0 = time.perf_counter()
-        try:
-            with self.lock.read():
-                results = self.retriever.retrieve([q.text for q in batch], [q.env_id for q in batch])
-        except Exception as e:  # noqa: BLE001 - the callers get the error through their futures
-            for q in batch:
-                q.future.set_exception(e)
-            return
-        for q, r in zip(batch, results):
-            q.future.set_result(r)
+        for record in (True, False):        # recording and read-only queries are searched apart
+            part = [q for q in batch if q.record == record]
+            if not part:
+                continue
+            try:
+                with self.lock.read():
+                    results = self.retriever.retrieve([q.text for q in part], [q.env_id for q in part],
+                                                      record=record)
+            except Exception as e:  # noqa: BLE001 - the callers get the error through their futures
+                for q in part:
+                    q.future.set_exception(e)
+                continue
+            for q, r in zip(part, results):
+                q.future.set_result(r)
         with self._mu:
             self._stats.queries += len(batch)
             self._stats.query_batches += 1
@@ -245,9 +257,10 @@ class ExperienceManager:
             ops = list(ex.parse.ops)
             result = None
             if ops:
+                key = req.key_text if isinstance(req, DistillRequest) else ""
                 with self.lock.write():
                     result = self.bank.apply(ops, env_id=req.env_id, step=req.step, extraction_id=ex.id,
-                                             generation=ex.generation)
+                                             generation=ex.generation, key_text=key)
             with self._mu:
                 st = self._stats
                 if isinstance(req, MergeRequest):

@@ -1,6 +1,6 @@
-"""Top-k experience retrieval with the diversity re-rank (DESIGN.md section 1).
+"""Top-k experience retrieval with the diversity re-rank (docs/method.md).
 
-What is implemented (source: DESIGN.md section 1 and the authors' released code,
+What is implemented (source: the paper and the authors' released code,
 ``roll/pipeline/agentic/memory/async_memory_manager.py::_diversify_uids_by_usage`` with the values of
 ``examples/singletask-agentic/single_task_complementaryrl.yaml``: ``diversity_candidate_multiplier:
 16``, ``diversity_lambda: 0.4``, ``diversity_recent_seconds: 300``, ``diversity_dropout_p: 0.5``,
@@ -28,6 +28,10 @@ What is implemented (source: DESIGN.md section 1 and the authors' released code,
    so a given seed and call sequence gives the same results.
 4. The first ``k`` candidates are returned and their retrieval is recorded
    (``bank.record_retrieval(ids, now)``): only returned entries count, not the candidates.
+
+A read-only call (``record=False``, used by evaluation) changes nothing: no counters are written and
+its demotion draws come from a separate generator, so evaluating between training steps leaves the
+training retrievals exactly as they would have been.
 
 As in the released code, the usage counters are read once per ``retrieve`` call, before its
 retrievals are recorded: queries in the same batch do not see each other's retrievals. The returned
@@ -81,13 +85,16 @@ class Retriever:
         self.rank_score = rank_score
         self.record = record
         self._rng = random.Random(seed)
+        self._readonly_rng = random.Random(seed + 1)
         self._rng_lock = threading.Lock()
 
     def _recent(self, e: ExperienceEntry, now: float) -> bool:
         return e.last_retrieved > 0 and (now - e.last_retrieved) < self.recency_window_s
 
-    def rerank(self, cands: list[tuple[ExperienceEntry, float]], now: float) -> list[ExperienceEntry]:
-        """Re-rank ``(entry, cosine)`` candidates given in similarity order (best first)."""
+    def rerank(self, cands: list[tuple[ExperienceEntry, float]], now: float,
+               rng: random.Random | None = None) -> list[ExperienceEntry]:
+        """Re-rank ``(entry, cosine)`` candidates given in similarity order (best first); demotion
+        draws come from ``rng`` (default: the retriever's own generator)."""
         scored = []
         for r, (e, cos) in enumerate(cands):
             base = -float(r) if self.rank_score == "position" else float(cos)
@@ -97,14 +104,19 @@ class Retriever:
         out = [e for _, _, e in scored]
         if out and self.top1_demote_p > 0 and self._recent(out[0], now):
             with self._rng_lock:
-                draw = self._rng.random()
+                draw = (rng or self._rng).random()
             if draw < self.top1_demote_p:
                 out = out[1:] + out[:1]
         return out
 
-    def retrieve(self, queries: Sequence[str], env_ids: Sequence[str],
-                 now: float | None = None) -> list[list[ExperienceEntry]]:
-        """Up to ``k`` entries per query (of that query's env), best first after the re-rank."""
+    def retrieve(self, queries: Sequence[str], env_ids: Sequence[str], now: float | None = None,
+                 record: bool | None = None) -> list[list[ExperienceEntry]]:
+        """Up to ``k`` entries per query (of that query's env), best first after the re-rank.
+
+        ``record`` (default: the retriever's ``record`` setting) counts the returned entries as
+        retrieved; ``record=False`` is read-only (see the module docstring).
+        """
+        record = self.record if record is None else record
         if len(queries) != len(env_ids):
             raise ValueError("queries and env_ids must have the same length")
         now = time.time() if now is None else float(now)
@@ -124,8 +136,8 @@ class Retriever:
         returned: list[int] = []
         for qi, h in enumerate(hits):
             cands = [(by_id[i], s) for i, s in h if i in by_id]   # ids gone since the search are dropped
-            out[qi] = self.rerank(cands, now)[:self.k]
+            out[qi] = self.rerank(cands, now, None if record else self._readonly_rng)[:self.k]
             returned.extend(e.id for e in out[qi])
-        if self.record and returned:
+        if record and returned:
             self.bank.record_retrieval(returned, now)
         return out

@@ -13,6 +13,7 @@ class SamplingParams:
     Attributes:
         temperature: softmax temperature; ``0`` means greedy decoding.
         top_p: nucleus mass in (0, 1].
+        top_k: sample among the ``top_k`` most likely tokens only (``0`` = no limit).
         max_new_tokens: cap on generated tokens per prompt.
         stop: strings that end a reply (the stop string is kept in the reply).
     """
@@ -21,6 +22,7 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 24
     stop: tuple[str, ...] = ("</answer>",)
+    top_k: int = 0
 
 
 @dataclass

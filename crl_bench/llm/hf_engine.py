@@ -244,7 +244,7 @@ class HFEngine:
         budget = max([params.max_new_tokens] + [t.depth + 1 for t in tries if t is not None])
         kwargs: dict[str, Any] = dict(do_sample=not greedy, max_new_tokens=budget)
         if not greedy:
-            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=max(0, params.top_k))
         out = self.model.generate(
             input_ids=ids, attention_mask=att, logits_processor=processors,
             stopping_criteria=stopping, return_dict_in_generate=True, output_logits=True,

@@ -82,7 +82,8 @@ class VLLMEngine:
             budget = max([budget] + [len(self.tokenizer.encode(c, add_special_tokens=False)) + 1
                                      for c in choice])
         kwargs: dict[str, Any] = dict(
-            temperature=max(params.temperature, 0.0), top_p=params.top_p, max_tokens=budget,
+            temperature=max(params.temperature, 0.0), top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1, max_tokens=budget,
             stop=list(params.stop), include_stop_str_in_output=True, logprobs=0)
         if choice is not None:
             try:

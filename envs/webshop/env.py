@@ -175,6 +175,11 @@ class WebShopEnv(TextEnv):
     def task_prompt(self) -> str:
         return self.goal.instruction_text if self.goal is not None else ""
 
+    def retrieval_query(self, first_observation: str) -> str:
+        """``"Goal: <instruction>"``: the released WebShop query (the first page is the same search
+        page for every task, so only the goal tells tasks apart)."""
+        return f"Goal: {self.task_prompt()}"
+
     # ---- pages ------------------------------------------------------------------------------------
     def _product(self) -> Product:
         assert self.s.asin is not None

@@ -468,6 +468,9 @@ def validate(cfg: RunConfig) -> None:
         ("extractor.eps_high", cfg.extractor.eps_high > 0),
         ("extractor.max_new_tokens", cfg.extractor.max_new_tokens >= 1),
     ]
+    if cfg.generation.engine == "vllm" and not cfg.train.recompute_old_logprobs:
+        raise ConfigError("train.recompute_old_logprobs must be true with generation.engine=vllm: the sampler is "
+                          "not the trainer, so its log-probs are not the trainer's old log-probs")
     for key, ok in checks:
         if not ok:
             section, _, name = key.partition(".")

@@ -27,6 +27,24 @@ def test_wrong_type_is_named():
 def test_bad_value_is_named():
     with pytest.raises(ConfigError, match="train.group_size"):
         build_config([{"train": {"group_size": 0}}])
+    for key, value in (("train.loss_agg", "sum"), ("extractor.format", "xml"), ("experience.key", "title"),
+                       ("experience.distill", "free"), ("rollout.prompt", "full"),
+                       ("experience.placement", "footer"), ("experience.warmup_steps", -1)):
+        section, name = key.split(".")
+        with pytest.raises(ConfigError, match=key):
+            build_config([{section: {name: value}}])
+    with pytest.raises(ConfigError, match="train.recompute_old_logprobs"):
+        build_config([{"generation": {"engine": "vllm"}, "train": {"recompute_old_logprobs": False}}])
+
+
+def test_released_defaults():
+    """Without a preset every method setting is the released code's (docs/method.md)."""
+    cfg = build_config([])
+    assert cfg.train.loss_agg == "seq-mean-token-mean" and cfg.train.recompute_old_logprobs
+    assert cfg.extractor.reward == "binary"
+    assert (cfg.experience.key, cfg.experience.distill, cfg.experience.placement) == ("query", "guided", "system")
+    assert cfg.experience.warmup_steps == 5 and cfg.experience.flush_before_rollout
+    assert cfg.experience.actor_critic
 
 
 def test_override_parsing_and_precedence():

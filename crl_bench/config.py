@@ -188,7 +188,7 @@ class ExperienceConfig:
             query of the episode it was distilled from, so retrieval matches query to query; merged
             entries by their content) or ``lesson`` (the embedding of the entry's own text).
         warmup_steps: the first N steps fill the bank: no retrieval (every episode experience-free),
-            every episode distilled, the actor not updated (released 5).
+            distillation as usual (``distill``), the actor not updated (released 5).
         flush_before_rollout: wait before each rollout until queued distillation is applied
             (released); ``false`` lets distillation run behind the rollout.
         placement: where retrieved experience goes in the actor's prompt: ``system`` (once, appended

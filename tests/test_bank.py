@@ -281,11 +281,12 @@ def test_capacity_fifo(tmp_path, kind):
     bank = make(tmp_path, capacity=3, eviction="fifo", index=kind, hnsw_rebuild_min=1)
     for j in range(3):
         assert apply(bank, [Op("ADD", f"t{j}", f"lesson {j}")]).evicted == []
-    apply(bank, [Op("UPDATE", "t0", "refined lesson 0", (1,))])           # UPDATE keeps created order
+    # an UPDATE re-queues its entry (the released code deletes and re-adds an updated entry)
+    apply(bank, [Op("UPDATE", "t0", "refined lesson 0", (1,))])
     res = apply(bank, [Op("ADD", "t3", "lesson 3")])
-    assert res.evicted == [1]
+    assert res.evicted == [2]
     res = apply(bank, [Op("ADD", f"t{j}", f"lesson {j}") for j in (4, 5)])
-    assert res.evicted == [2, 3]
+    assert res.evicted == [3, 1]
     assert [e.id for e in bank.entries()] == [4, 5, 6]
     res = apply(bank, [Op("MERGE", "m", "merged", (4, 5)), Op("ADD", "t7", "lesson 7")])
     assert res.evicted == [] and [e.id for e in bank.entries()] == [6, 7, 8]

@@ -134,7 +134,8 @@ def test_entries_are_keyed_by_the_episode_query(tokenizer, tiny_model):
 
 def test_credit_is_recorded_at_retrieval_time(tokenizer, tiny_model):
     """An UPDATE and a MERGE applied between retrieval and credit do not move the extractor's reward."""
-    tr = _trainer("complementary", tokenizer, tiny_model, scripted=ADD, experience={"k": 2})
+    tr = _trainer("complementary", tokenizer, tiny_model, scripted=ADD, experience={"k": 3},
+                  extractor={"batch_size": 16})
     tr.train_step()
     bank, track = tr.experience.bank, tr.experience
     writers = {e.source_extraction for e in bank.entries()}
@@ -143,12 +144,13 @@ def test_credit_is_recorded_at_retrieval_time(tokenizer, tiny_model):
     def collect_then_rewrite(*args, **kwargs):
         trajs = collect(*args, **kwargs)
         used = sorted({i for t in trajs for i in t.experience_ids})
-        assert len(used) >= 2
+        assert len(used) >= 3
         with track.manager.lock.write():
-            bank.apply([Operation("UPDATE", "Rewritten", "Something else.", (used[0],))], env_id="test-coin",
-                       step=9, extraction_id="rewriter", generation=0)
-            bank.apply([Operation("MERGE", "Merged", "Merged text.", tuple(used[1:]))], env_id="test-coin",
-                       step=9, extraction_id="merger", generation=0)
+            r1 = bank.apply([Operation("UPDATE", "Rewritten", "Something else.", (used[0],))], env_id="test-coin",
+                            step=9, extraction_id="rewriter", generation=0)
+            r2 = bank.apply([Operation("MERGE", "Merged", "Merged text.", tuple(used[1:]))], env_id="test-coin",
+                            step=9, extraction_id="merger", generation=0)
+        assert not r1.rejected and not r2.rejected and r2.applied      # both really happened
         return trajs
 
     tr.runner.collect = collect_then_rewrite

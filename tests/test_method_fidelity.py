@@ -92,6 +92,7 @@ def test_extractor_reward_is_the_mean_over_uses_of_one_call(tokenizer, tiny_mode
     trajs = [free, _guided(True, 1.0, [ea]), _guided(False, 0.0, [ea]), _guided(True, 1.0, [ea, eb]),
              _guided(False, 0.0, [eb])]
     track.after_rollout(trajs, step=5)
+    assert not track.pending                  # A and B wrote no entry that is in the bank: forgotten now
     assert track.buffer["A"].uses == 3 and track.buffer["A"].reward == pytest.approx(1 / 3)
     assert track.buffer["B"].uses == 2 and track.buffer["B"].reward == pytest.approx(0.0)
     # the update takes one sample per call
@@ -115,12 +116,10 @@ def test_relative_reward_option_and_partial_scores(tokenizer, tiny_model):
 def test_static_buffer_is_bounded(tokenizer, tiny_model):
     tr = _trainer(tokenizer, tiny_model, method="static", extractor={"batch_size": 3})
     track = tr.experience
-    entries = []
-    for n in range(20):
-        eid = f"x{n}"
-        track.pending[eid] = _extraction(eid)
-        entries.append(ExperienceEntry(n + 1, "test-coin", "t", "c", source_extraction=eid))
+    entries = [ExperienceEntry(n + 1, "test-coin", "t", "c", source_extraction=f"x{n}") for n in range(20)]
     for _ in range(3):
+        for e in entries:       # (these entries are not in the bank, so each step forgets their writers)
+            track.pending[e.source_extraction] = _extraction(e.source_extraction)
         track.after_rollout([_guided(True, 1.0, [e]) for e in entries], step=9)
         assert len(track.buffer) <= 3
     assert track.maybe_update_extractor() is None                  # frozen
@@ -173,11 +172,22 @@ def test_actor_critic_gate_decides_what_is_shown(tokenizer, tiny_model, decision
         else:
             assert shown in t.guidance and shown in text
     assert res.metrics[f"critic_{decision}"] == len(guided)
+    outcomes = sum(e.times_success + e.times_failure for e in tr.experience.bank.entries())
+    assert outcomes == (0 if shown is None else len(guided))      # only experience the actor saw is scored
     expected = {"accept": lambda t: t.reward + 1.0, "refine": lambda t: 0.5, "reject": lambda t: -1.0}[decision]
     rewards = [u["extractor_reward_mean"] for u in tr.experience.updates]
     waiting = [c.reward for c in tr.experience.buffer.values()]
     assert rewards or waiting
-    if decision != "accept":
+    # every use got the gate's reward: accept = score + 1 (so 1 or 2), refine 0.5, reject -1
+    uses = [(c.total, c.uses) for c in tr.experience.buffer.values()]
+    assert uses or rewards
+    if decision == "accept":
+        want = sum(expected(t) for t in guided) / len(guided)
+        total = sum(t for t, _ in uses) + sum(u["extractor_reward_mean"] * u["extractor_batch"] * u["extractor_uses_mean"]
+                                              for u in tr.experience.updates)
+        n = sum(k for _, k in uses) + sum(u["extractor_batch"] * u["extractor_uses_mean"] for u in tr.experience.updates)
+        assert n == len(guided) and total / n == pytest.approx(want)
+    else:
         assert all(r == pytest.approx(expected(None)) for r in rewards + waiting)
     tr.close()
 
@@ -270,12 +280,34 @@ def test_window_layout_with_user_placement_repeats_the_guidance(tokenizer):
 
 # ---- flush before rollout, the paper preset -------------------------------------------------------
 
-def test_flush_before_rollout_makes_step_two_see_step_one(tokenizer, tiny_model):
-    tr = _trainer(tokenizer, tiny_model, experience={"wait_distill": False, "flush_before_rollout": True})
+class GatedScripted(Scripted):
+    """A scripted extractor that answers only once ``gate`` is set (or after 5 s)."""
+
+    def __init__(self, *args, **kwargs):
+        import threading
+
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+
+    def generate(self, prompts, params, allowed=None):
+        self.gate.wait(timeout=5.0)
+        return super().generate(prompts, params, allowed)
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_flush_before_rollout_makes_step_two_see_step_one(tokenizer, tiny_model, flush):
+    tr = _trainer(tokenizer, tiny_model, experience={"wait_distill": False, "flush_before_rollout": flush})
+    ex = tr.experience.extractor
+    ex.engine = GatedScripted(tokenizer, "<ops>\n" + ADD + "\n</ops>", ex.prompts.prefill)
     tr.train_step()
-    res = tr.train_step()
-    assert res.metrics["time_flush_s"] >= 0.0
-    assert all(t.experience_ids for t in res.trajectories if t.subgroup == "guided")
+    assert tr.experience.manager.pending() > 0           # step 1's distillation is still waiting
+    res = tr.train_step()                                # with flush: waits (up to 5 s) for it
+    ex.engine.gate.set()
+    guided = [t for t in res.trajectories if t.subgroup == "guided"]
+    if flush:
+        assert all(t.experience_ids for t in guided) and res.metrics["time_flush_s"] > 0
+    else:                                                # rolled out while step 1 was still being distilled
+        assert not any(t.experience_ids for t in guided)
     tr.close()
 
 

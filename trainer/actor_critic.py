@@ -133,8 +133,13 @@ class ActorCritic:
     def __init__(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, max_new_tokens: int = 256) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.sampling = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                                       top_k=sampling.top_k, max_new_tokens=max_new_tokens, stop=("</answer>",))
+        self.max_new_tokens = max_new_tokens
+        self.sampling = self.judge_sampling(sampling)
+
+    def judge_sampling(self, sampling: SamplingParams) -> SamplingParams:
+        """The actor's ``sampling`` (temperature, top-p, top-k) with the judgement's budget and stop."""
+        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                              max_new_tokens=self.max_new_tokens, stop=("</answer>",))
 
     def prompt(self, task: str, knowledge: str, uses: int, successes: int) -> list[int]:
         """Prompt ids for one judgement."""
@@ -145,9 +150,11 @@ class ActorCritic:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def judge(self, items: Sequence[tuple[str, str, int, int]]) -> list[Judgement]:
-        """One :class:`Judgement` per ``(task, knowledge, uses, successes)``, in order."""
+    def judge(self, items: Sequence[tuple[str, str, int, int]],
+              sampling: SamplingParams | None = None) -> list[Judgement]:
+        """One :class:`Judgement` per ``(task, knowledge, uses, successes)``, in order; ``sampling``
+        (e.g. the evaluation's, from :meth:`judge_sampling`) replaces the training sampling."""
         if not items:
             return []
-        gens = self.engine.generate([self.prompt(*it) for it in items], self.sampling)
+        gens = self.engine.generate([self.prompt(*it) for it in items], sampling or self.sampling)
         return [parse_judgement(g.text, it[1]) for g, it in zip(gens, items)]

@@ -56,7 +56,6 @@ COMPLEMENTARY = MethodSpec(
 )
 register_method(COMPLEMENTARY)
 
-MAX_PENDING_EXTRACTIONS = 4096
 
 KNOWLEDGE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it applies to this task; "
                     "do not follow it blindly.")
@@ -148,13 +147,14 @@ class ExperienceTrack:
         embedder: an embedder to use instead of ``experience.embedder`` (tests).
         extractor_model: an extractor model to use instead of loading one (tests).
         extractor_tokenizer: its tokenizer (default: the actor's).
-        actor_engine, actor_sampling: the actor's engine and sampling, for the actor-critic gate.
+        actor_engine, actor_sampling, eval_sampling: the actor's engine and its training and
+            evaluation sampling, for the actor-critic gate.
     """
 
     def __init__(self, cfg: RunConfig, method: MethodSpec, actor_model: Any, tokenizer: Any,
                  run_dir: str | Path | None, embedder: Any = None, extractor_model: Any = None,
                  extractor_tokenizer: Any = None, actor_engine: Any = None,
-                 actor_sampling: SamplingParams | None = None) -> None:
+                 actor_sampling: SamplingParams | None = None, eval_sampling: SamplingParams | None = None) -> None:
         import tempfile
 
         from crl_bench.llm.hf_engine import HFEngine
@@ -188,6 +188,7 @@ class ExperienceTrack:
                 raise ValueError("experience.actor_critic needs the actor's engine")
             self.critic = ActorCritic(actor_engine, tokenizer, actor_sampling or SamplingParams(),
                                       max_new_tokens=max(256, cfg.generation.max_new_tokens))
+            self._eval_judging = self.critic.judge_sampling(eval_sampling or actor_sampling or SamplingParams())
         self.updater: PolicyUpdater | None = None
         if method.trains_extractor:
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -202,7 +203,8 @@ class ExperienceTrack:
         else:
             for p in self.model.parameters():
                 p.requires_grad_(False)
-        # extractions whose entries are in the bank (id -> Extraction), most recently written last
+        # extractions that wrote entries (id -> Extraction), kept while an entry they wrote is in the bank
+        # or an episode may still credit them (pruned after each step's credit)
         self.pending: OrderedDict[str, Extraction] = OrderedDict()
         # extractions credited by guided episodes, waiting for an update (at most batch_size, oldest first)
         self.buffer: OrderedDict[str, _Credit] = OrderedDict()
@@ -237,7 +239,8 @@ class ExperienceTrack:
 
         Returns one :class:`~crl_bench.rollout.Guidance` per request, whose ``record`` is a
         :class:`RetrievalRecord` (snapshots of the entries, the text shown, the gate's decision).
-        ``record=False`` (evaluation) leaves the bank's counters untouched.
+        ``record=False`` (evaluation) leaves the bank's counters untouched, and the gate (if on) judges
+        with the evaluation sampling.
         """
         found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests], record=record)
         bodies = [numbered_entries(entries) for entries in found]
@@ -246,7 +249,8 @@ class ExperienceTrack:
             asked = [i for i, entries in enumerate(found) if entries]
             items = [(requests[i][1], bodies[i], sum(e.times_success + e.times_failure for e in found[i]),
                       sum(e.times_success for e in found[i])) for i in asked]
-            for i, j in zip(asked, self.critic.judge(items)):
+            judging = None if record else self._eval_judging
+            for i, j in zip(asked, self.critic.judge(items, judging)):
                 decisions[i], bodies[i] = j.decision, j.knowledge
         out = []
         for entries, body, decision in zip(found, bodies, decisions):
@@ -273,7 +277,8 @@ class ExperienceTrack:
         for t in trajs:
             by_group[t.group_id].append(t)
         credited = self._credit(by_group) if not warmup else 0
-        reqs = self._distill_requests(by_group, step, warmup)
+        self._prune_pending()
+        reqs = self._distill_requests(by_group, step)
         n_distill = len(reqs)
         if self.cfg.experience.merge_every and step % self.cfg.experience.merge_every == 0:
             reqs += self._merge_requests(step)
@@ -306,7 +311,8 @@ class ExperienceTrack:
                 rec = t.retrieval
                 if t.subgroup != "guided" or not isinstance(rec, RetrievalRecord) or not rec.entries:
                     continue
-                outcomes.append(([e.id for e in rec.entries], t.success))
+                if rec.shown:                       # outcome counters: only experience the actor saw
+                    outcomes.append(([e.id for e in rec.entries], t.success))
                 r = use_reward(t, free_scores, kind)
                 for eid in dict.fromkeys(e.source_extraction for e in rec.entries if e.source_extraction):
                     extraction = self.pending.get(eid)
@@ -327,8 +333,7 @@ class ExperienceTrack:
                 self.bank.record_outcome(ids, success)
         return credited
 
-    def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int,
-                          warmup: bool) -> list[DistillRequest]:
+    def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[DistillRequest]:
         ex = self.cfg.experience
         reqs = []
         for members in by_group.values():
@@ -381,8 +386,15 @@ class ExperienceTrack:
                 while len(self.buffer) > self.cfg.extractor.batch_size:
                     self.buffer.popitem(last=False)
                     self.dropped += 1
-        while len(self.pending) > MAX_PENDING_EXTRACTIONS:
-            self.pending.popitem(last=False)
+
+    def _prune_pending(self) -> None:
+        """Forget extractions none of whose entries is in the bank any more (rewritten, merged away or
+        evicted): no later retrieval can credit them.  Called after the step's credit, so an episode
+        that retrieved an entry before it was rewritten still credits its writer."""
+        with self.manager.lock.read():
+            live = self.bank.source_extractions()
+        for eid in [eid for eid in self.pending if eid not in live]:
+            del self.pending[eid]
 
     # ---- extractor update -----------------------------------------------------------------------
     def maybe_update_extractor(self) -> dict[str, Any] | None:

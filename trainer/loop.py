@@ -148,7 +148,8 @@ class Trainer:
                                               writer.dir if writer is not None else None,
                                               embedder=embedder, extractor_model=extractor_model,
                                               extractor_tokenizer=extractor_tokenizer,
-                                              actor_engine=self.engine, actor_sampling=self.sampling)
+                                              actor_engine=self.engine, actor_sampling=self.sampling,
+                                              eval_sampling=self.eval_sampling)
 
     # ---- setup ------------------------------------------------------------------------------------
     def _prepare_model(self, model: Any) -> Any:
@@ -289,6 +290,8 @@ class Trainer:
         """
         n = self.cfg.eval.episodes if episodes is None else episodes
         guided = self.experience is not None and self.cfg.experience.eval_guided
+        if guided:
+            self.experience.flush()         # the bank evaluated is the one training has written
         specs = []
         for env_id in self.mixture.envs:
             ids = list(self.eval_tasks[env_id][:n])

@@ -419,7 +419,8 @@ class ExperienceBank:
         path: SQLite file (created if missing; reopened and restored if present).
         embedder: object with ``dim`` and ``encode(list[str]) -> (N, dim)`` float32 unit rows.
         capacity: maximum number of entries over all envs (0 = unlimited).
-        eviction: ``fifo`` (oldest created first) or ``lru`` (least recently used first, where the
+        eviction: ``fifo`` (oldest write first: an UPDATE re-queues the entry, as the released code's
+            delete-and-re-add does) or ``lru`` (least recently used first, where the
             last use is ``max(last_retrieved, time of the last write)``; ties by oldest id).
         index: ``flat`` | ``ivf`` | ``hnsw``.
         ivf_nlist, ivf_nprobe: IVF lists (upper bound) and lists probed per query.
@@ -695,7 +696,8 @@ class ExperienceBank:
             if excess <= 0:
                 c.execute("COMMIT")
                 return []
-            order = "id" if self.eviction == "fifo" else "MAX(last_retrieved, updated_at), id"
+            # fifo: by last write (an UPDATE re-queues the entry, as the released code's delete + re-add)
+            order = "updated_at, id" if self.eviction == "fifo" else "MAX(last_retrieved, updated_at), id"
             victims = c.execute(f"SELECT id, env_id FROM entries ORDER BY {order} LIMIT ?", (excess,)).fetchall()
             ids = [v[0] for v in victims]
             for s in range(0, len(ids), _SQL_CHUNK):
@@ -804,6 +806,10 @@ class ExperienceBank:
                 got[i] = np.frombuffer(b, dtype=np.float32)
         rows = [got[i] for i in ids if i in got]
         return np.stack(rows) if rows else np.empty((0, self.dim), np.float32)
+
+    def source_extractions(self) -> set[str]:
+        """The extraction ids that wrote the entries now in the bank."""
+        return {r[0] for r in self._conn().execute("SELECT DISTINCT source_extraction FROM entries")}
 
     def key_texts(self, ids: Sequence[int]) -> dict[int, str]:
         """``{id: the text the entry is keyed by}`` ("" for entries keyed by their own text before

@@ -7,13 +7,12 @@ through a scripted engine where they need bank writes; the real-model path is in
 import pytest
 import torch
 
-from crl_bench.config import build_config, preset_data
 from crl_bench.env_api import register_env
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.types import Operation
 from crl_bench.llm.base import Generation
 from crl_bench.trainer.loop import Trainer
-from tests_helpers import CoinEnv  # noqa: F401  (registered below)
+from tests_helpers import CoinEnv, coin_config
 
 
 class ScriptedEngine:
@@ -44,16 +43,7 @@ def _coin():
 
 
 def _cfg(method, **extra):
-    layers = [preset_data("smoke"), {
-        "method": method,
-        "rollout": {"mix": "test-coin", "max_steps": 2},
-        "train": {"groups_per_step": 2, "group_size": 4, "lr": 1e-3},
-        "model": {"gradient_checkpointing": False},
-        "eval": {"episodes": 2},
-        "experience": {"wait_distill": True, "merge_every": 0},
-        "extractor": {"batch_size": 2, "max_new_tokens": 24, "lr": 1e-3},
-    }, extra]
-    return build_config(layers)
+    return coin_config(method, **extra)
 
 
 def _trainer(method, tokenizer, tiny_model, scripted=None, **extra):

@@ -16,7 +16,7 @@ from crl_bench.trainer.actor_critic import critic_reward, parse_judgement
 from crl_bench.trainer.complementary import RetrievalRecord, use_reward
 from crl_bench.trainer.extractor import Extraction
 from crl_bench.trainer.loop import Trainer
-from tests_helpers import CoinEnv
+from tests_helpers import CoinEnv, coin_config
 
 ADD = "<op>ADD</op><title>Call heads</title><content>Heads wins the coin toss.</content>"
 
@@ -46,16 +46,7 @@ class Scripted:
 
 
 def _cfg(method="complementary", **extra):
-    layers = [preset_data("smoke"), {
-        "method": method,
-        "rollout": {"mix": "test-coin", "max_steps": 2},
-        "train": {"groups_per_step": 2, "group_size": 4, "lr": 1e-3},
-        "model": {"gradient_checkpointing": False},
-        "eval": {"episodes": 2},
-        "experience": {"wait_distill": True, "merge_every": 0},
-        "extractor": {"batch_size": 2, "max_new_tokens": 24, "lr": 1e-3},
-    }, extra]
-    return build_config(layers)
+    return coin_config(method, **extra)
 
 
 def _trainer(tokenizer, model, method="complementary", extractor_text=ADD, **extra):

@@ -444,15 +444,16 @@ def test_stats(tmp_path):
     bank.record_retrieval([3, 3, 4], when=1.0)
     bank.record_outcome([3], True)
     bank.record_outcome([3, 4], False)
-    # ids 1-3 (x), 4 (y); MERGE 1,2 -> 5; ADD 6, 7 (y) -> 5 entries > 4: fifo evicts 3
+    # ids 1-3 (x), 4 (y); MERGE 1,2 -> 5; UPDATE 3 re-queues it; ADD 6, 7 (y) -> 5 entries > 4: fifo
+    # (oldest write first) evicts 4
     st = bank.stats()
-    assert st["count"] == 4 and st["per_env"] == {"x": 1, "y": 3}
-    assert [e.id for e in bank.entries()] == [4, 5, 6, 7]
+    assert st["count"] == 4 and st["per_env"] == {"x": 2, "y": 2}
+    assert [e.id for e in bank.entries()] == [3, 5, 6, 7]
     assert st["applied"] == {"ADD": 6, "UPDATE": 1, "MERGE": 1}
     assert st["evicted_total"] == 1
     assert st["rejections"] == {REJECT_EMPTY_TEXT: 1, REJECT_UNKNOWN_KIND: 1} and st["rejections_total"] == 2
-    assert st["retrieved_total"] == 1 and st["retrieved_mean"] == pytest.approx(0.25)
-    assert st["times_success"] == 0 and st["times_failure"] == 1
+    assert st["retrieved_total"] == 2 and st["retrieved_mean"] == pytest.approx(0.5)
+    assert st["times_success"] == 1 and st["times_failure"] == 1
     assert (st["index"], st["capacity"], st["eviction"]) == ("flat", 4, "fifo")
 
 

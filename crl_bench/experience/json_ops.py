@@ -104,7 +104,7 @@ Use only the numbers shown. Keep the title to a few words and the content to one
 Example:
 <answer>[{"function_name": "update", "parameters": {"target_ids": [1, 2], "title": "Avoid walls", \
 "content": "Check the map before each move; walking into a wall wastes a turn."}}]</answer>"""
-"""System prompt of the json format's merge pass; used as is (no placeholders, not a format
+"""System prompt of the json format's merge pass; used as is (no format fields, not a format
 template, as :class:`~crl_bench.trainer.extractor.MergePromptBuilder` uses it)."""
 
 _THINK = re.compile(r"^\s*<\s*think\s*>.*?<\s*/\s*think\s*>", re.IGNORECASE | re.DOTALL)

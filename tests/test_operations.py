@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from crl_bench.experience.operations import (ParseResult, format_entries, format_operations,
-                                             guidance_text, parse_operations)
+                                             parse_operations)
 from crl_bench.experience.types import ExperienceEntry, Operation
 
 OPS = [
@@ -155,6 +155,3 @@ def test_entries_and_guidance():
     assert format_entries(entries) == ("[12] Avoid corners: A box in a corner is stuck.\n"
                                        "[3] Walls: Bumping wastes a move.")
     assert format_entries([]) == "(none)"
-    assert guidance_text(entries) == ("Lessons from earlier episodes:\n- Avoid corners: A box in a corner is stuck.\n"
-                                      "- Walls: Bumping wastes a move.")
-    assert guidance_text([]) == ""

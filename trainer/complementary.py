@@ -36,6 +36,7 @@ from crl_bench.config import RunConfig
 from crl_bench.env_api import feedback_of
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import SentenceEmbedder
+from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.manager import DistillRequest, ExperienceManager, MergeRequest
 from crl_bench.experience.retrieval import Retriever
 from crl_bench.experience.types import ExperienceEntry
@@ -64,12 +65,6 @@ KNOWLEDGE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it 
 def knowledge_text(body: str) -> str:
     """The experience block shown to the actor: a header and the numbered entries (``body``)."""
     return f"{KNOWLEDGE_HEADER}\n\n{body}" if body.strip() else ""
-
-
-def numbered_entries(entries: Sequence[ExperienceEntry]) -> str:
-    """``"1. title: content"`` per entry, one per line."""
-    return "\n".join(f"{n}. {' '.join(e.title.split())}: {' '.join(e.content.split())}"
-                     for n, e in enumerate(entries, 1))
 
 
 @dataclass
@@ -243,7 +238,7 @@ class ExperienceTrack:
         with the evaluation sampling.
         """
         found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests], record=record)
-        bodies = [numbered_entries(entries) for entries in found]
+        bodies = [format_numbered(entries, empty="") for entries in found]
         decisions = [""] * len(requests)
         if self.critic is not None:
             asked = [i for i, entries in enumerate(found) if entries]
@@ -319,12 +314,7 @@ class ExperienceTrack:
                     if extraction is None:          # written before this run, or long forgotten
                         continue
                     self.pending.move_to_end(eid)
-                    credit = self.buffer.get(eid)
-                    if credit is None:
-                        credit = self.buffer[eid] = _Credit(extraction)
-                        while len(self.buffer) > self.cfg.extractor.batch_size:
-                            self.buffer.popitem(last=False)
-                            self.dropped += 1
+                    credit = self.buffer.get(eid) or self._buffer(_Credit(extraction))
                     credit.total += r
                     credit.uses += 1
                     credited += 1
@@ -381,11 +371,16 @@ class ExperienceTrack:
                 self.pending[extraction.id] = extraction
             elif not said_none and invalid_reward is not None and extraction.response_ids \
                     and self.updater is not None:
-                credit = _Credit(extraction, float(invalid_reward), 1)   # format signal (off by default)
-                self.buffer[extraction.id] = credit
-                while len(self.buffer) > self.cfg.extractor.batch_size:
-                    self.buffer.popitem(last=False)
-                    self.dropped += 1
+                self._buffer(_Credit(extraction, float(invalid_reward), 1))   # format signal (off by default)
+
+    def _buffer(self, credit: _Credit) -> _Credit:
+        """Queue ``credit`` for the next extractor update; beyond ``extractor.batch_size`` waiting calls
+        the oldest is dropped (released: a buffer of that many calls)."""
+        self.buffer[credit.extraction.id] = credit
+        while len(self.buffer) > self.cfg.extractor.batch_size:
+            self.buffer.popitem(last=False)
+            self.dropped += 1
+        return credit
 
     def _prune_pending(self) -> None:
         """Forget extractions none of whose entries is in the bank any more (rewritten, merged away or

@@ -272,12 +272,3 @@ def format_entries(entries: Sequence[ExperienceEntry], empty: str = "(none)") ->
     if not entries:
         return empty
     return "\n".join(f"[{e.id}] {_clean(e.title)}: {_clean(e.content)}" for e in entries)
-
-
-def guidance_text(entries: Sequence[ExperienceEntry],
-                  header: str = "Lessons from earlier episodes:") -> str:
-    """The text put into the actor's prompt (no ids); empty string when there are no entries."""
-    if not entries:
-        return ""
-    lines = [f"- {_clean(e.title)}: {_clean(e.content)}" for e in entries]
-    return "\n".join([header, *lines])

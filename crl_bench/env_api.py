@@ -15,15 +15,20 @@ observation tells the agent what was wrong.  It never raises.
 Environments are found by id through the ``crl_bench.envs`` entry-point group (ours are declared in
 pyproject.toml the same way a user's package declares its own) and registered with gymnasium under the
 ``crl_bench/`` namespace, so ``gymnasium.make("crl_bench/sokoban")`` works as well as
-:func:`make_env`.
+:func:`make_env`.  An env whose optional engine is not installed (a ``pip install 'crl-bench[EXTRA]'``
+extra, see :data:`ENV_EXTRAS`) makes :func:`make_env` raise :class:`EnvUnavailableError` naming the
+missing module and the command that installs it.
 """
 
 from __future__ import annotations
 
 import abc
+import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 import gymnasium as gym
@@ -37,9 +42,84 @@ _OPEN_ANSWER_RE = re.compile(r"<\s*answer\s*>(.*)$", re.IGNORECASE | re.DOTALL)
 
 
 class EnvUnavailableError(RuntimeError):
-    """The environment cannot run on this machine: a service it needs (e.g. a Docker daemon) or an
-    artefact it cannot obtain (e.g. a container image) is missing.  Raised when the env is created, with
-    a message that says what is missing and how to provide it; ``crl-bench`` reports it and exits 2."""
+    """The environment cannot run on this machine: its optional engine (a Python package of an extra),
+    a service it needs (e.g. a Docker daemon) or an artefact it cannot obtain (e.g. a container image)
+    is missing.  Raised when the env is loaded or created, with a message that says what is missing and
+    how to provide it; ``crl-bench`` reports it and exits 2."""
+
+
+#: env id -> the ``crl-bench`` extra (pyproject.toml ``[project.optional-dependencies]``) that installs
+#: its engine; used for the message of a missing engine (:func:`missing_engine_error`)
+ENV_EXTRAS: dict[str, str] = {"alfworld": "alfworld", "webshop": "webshop", "swebench-verified": "swe"}
+
+
+def missing_engine_error(env_id: str, module: str | None, detail: str = "") -> EnvUnavailableError:
+    """The :class:`EnvUnavailableError` for env ``env_id`` whose Python module ``module`` is missing.
+
+    For an env of :data:`ENV_EXTRAS` the message names the extra and both install commands, e.g.
+    ``env 'webshop' needs the [webshop] extra (missing module 'thefuzz'): CRL_EXTRAS=webshop bash
+    install.sh, or pip install 'crl-bench[webshop]'``; for another env (a third-party plugin) it names
+    the missing module only.  ``module`` ``None`` (unknown): ``detail`` (the import error's text) is
+    shown instead.
+    """
+    what = f"missing module {module!r}" if module else f"import failed: {detail or 'unknown module'}"
+    extra = ENV_EXTRAS.get(env_id)
+    if extra is None:
+        return EnvUnavailableError(f"env {env_id!r} cannot be loaded ({what}); install the package "
+                                   f"that provides it")
+    return EnvUnavailableError(f"env {env_id!r} needs the [{extra}] extra ({what}): "
+                               f"CRL_EXTRAS={extra} bash install.sh, or pip install 'crl-bench[{extra}]'")
+
+
+def require_modules(env_id: str, *modules: str) -> None:
+    """Raise :func:`missing_engine_error` for the first of ``modules`` (top-level import names) that
+    cannot be imported; imports nothing (``importlib.util.find_spec``).  For envs whose engine is
+    imported later than construction (e.g. in a worker process), so that a missing one fails early.
+
+    Raises:
+        EnvUnavailableError: a module is not installed.
+    """
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise missing_engine_error(env_id, name)
+
+
+def _missing_module(err: BaseException) -> str | None:
+    """The name of the module whose import failed: the ``name`` of ``err`` or of an ImportError it
+    was raised from (a wrapper such as ``raise ImportError("needs bm25s") from e``); else ``None``."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ImportError) and e.name:
+            return e.name.split(".")[0] if isinstance(e, ModuleNotFoundError) else e.name
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def data_file_map(root: str | os.PathLike, paths: Sequence[str | os.PathLike]) -> dict[str, Path]:
+    """``{name: absolute path}`` of the existing files among ``paths``, for :meth:`TextEnv.data_files`.
+
+    ``name`` is the path relative to the data root ``root`` (POSIX separators, e.g.
+    ``"webshop/items_shuffle_1000.json"``), or the absolute path itself for a file outside it.  Paths
+    that are not regular files are left out.
+    """
+    base = Path(root).absolute()
+    out: dict[str, Path] = {}
+    for p in paths:
+        path = Path(p).absolute()
+        if not path.is_file():
+            continue
+        try:
+            name = path.relative_to(base).as_posix()
+        except ValueError:
+            name = path.as_posix()
+        out[name] = path
+    return out
 
 
 @dataclass(frozen=True)
@@ -242,6 +322,26 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         """
         return f"Goal: {self.task_prompt()}\nObservation: {first_observation.strip()}"
 
+    def task_type(self, task: int) -> str | None:
+        """The benchmark's category of task id ``task`` (e.g. ALFWorld's ``"pick_and_place_simple"``),
+        or ``None`` when the benchmark has none (the default).
+
+        Cheap: no reset and no simulator call, so it works in the main process for any task id of
+        :meth:`task_ids`, before or during episodes.  Envs with categories raise ``KeyError`` for an
+        unknown task id.
+        """
+        return None
+
+    def data_files(self) -> dict[str, Path]:
+        """The data files this env instance reads: ``{name relative to the data root: absolute
+        path}`` (see :func:`data_file_map`), default ``{}`` (procedural envs read none).
+
+        Only real files are listed (a folder of thousands of games is represented by the archive it
+        was unpacked from, or left out); the run summary records their sha256.  Cheap: lists paths,
+        reads nothing.
+        """
+        return {}
+
     def task_weights(self, split: str) -> Sequence[float] | None:
         """Relative sampling weights of ``task_ids(split)`` (same order), or ``None`` for uniform
         (the default). The trainer's task sampler draws training tasks with these weights."""
@@ -423,10 +523,19 @@ def register_gymnasium() -> None:
 def make_env(env_id: str, **kwargs: Any) -> TextEnv:
     """Instantiate environment ``env_id`` with keyword settings (e.g. ``max_steps=20``).
 
-    Raises ``KeyError`` for an unknown id, ``TypeError`` for an unknown setting.
+    Raises:
+        KeyError: unknown id.
+        TypeError: unknown setting, or the entry point did not return a :class:`TextEnv`.
+        EnvUnavailableError: loading or constructing the env failed with an ``ImportError`` (its
+            optional engine is not installed); the message names the env, the missing module, and for
+            our envs the extra and the command that installs it (:func:`missing_engine_error`).  Other
+            errors pass through unchanged.
     """
-    factory = _resolve(env_id)
-    env = factory(**kwargs)
+    try:
+        factory = _resolve(env_id)
+        env = factory(**kwargs)
+    except ImportError as e:
+        raise missing_engine_error(env_id, _missing_module(e), str(e)) from e
     if not isinstance(env, TextEnv):
         raise TypeError(f"{env_id}: entry point returned {type(env).__name__}, not a TextEnv")
     return env

@@ -31,11 +31,13 @@ import os
 import re
 import warnings
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from crl_bench.data import (AlfWorldTask, DataMissingError, alfworld_games_root, alfworld_tasks,
+from crl_bench.data import (ALFWORLD_ARCHIVE, ALFWORLD_SPLIT_FILES, AlfWorldTask, DataMissingError,
+                            alfworld_dir, alfworld_games_root, alfworld_tasks,
                             data_dir as resolve_data_dir)
-from crl_bench.env_api import TextEnv
+from crl_bench.env_api import TextEnv, data_file_map, require_modules
 
 EVAL_OFFSET = 10_000
 
@@ -261,6 +263,8 @@ class AlfWorldEnv(TextEnv):
 
     Raises:
         DataMissingError: the task lists or games are not in the data dir (names the command to run).
+        EnvUnavailableError: ``textworld`` or ``alfworld`` (the ``[alfworld]`` extra) is not installed;
+            checked here, although only the worker process imports them.
     """
 
     env_id: ClassVar[str] = "alfworld"
@@ -271,6 +275,7 @@ class AlfWorldEnv(TextEnv):
                  failure_reward: float = -1.0, memory_mb: int = 1024, timeout_s: float = 120.0,
                  render_mode: str | None = "ansi") -> None:
         super().__init__(max_steps=max_steps, render_mode=render_mode)
+        require_modules(self.env_id, "textworld", "alfworld")
         self.data_root = str(resolve_data_dir(data_dir))
         self.tasks, ids, self.games_root = _task_table(self.data_root)
         self.splits = {"train": ids["train"], "eval": ids["eval"]}
@@ -329,6 +334,26 @@ class AlfWorldEnv(TextEnv):
             raise KeyError(f"alfworld: unknown task id {task}; train ids are 0..1465, eval ids "
                            f"{EVAL_OFFSET}..{EVAL_OFFSET + 133}")
         return os.path.join(self.games_root, self.tasks[task].member)
+
+    def task_type(self, task: int) -> str:
+        """ALFWorld's task type of ``task``: one of ``pick_and_place_simple``,
+        ``look_at_obj_in_light``, ``pick_clean_then_place_in_recep``, ``pick_heat_then_place_in_recep``,
+        ``pick_cool_then_place_in_recep``, ``pick_two_obj_and_place`` (the first field of the task's
+        folder name, :attr:`crl_bench.data.AlfWorldTask.task_type`).  Read from the task table of this
+        process; the worker is not involved.  Raises ``KeyError`` for an unknown id."""
+        if task not in self.tasks:
+            raise KeyError(f"alfworld: unknown task id {task}")
+        return self.tasks[task].task_type
+
+    def data_files(self) -> dict[str, Path]:
+        """The two split files, plus the game archive ``alfworld/json_2.1.1.tar.xz`` when the games
+        were unpacked from it (:func:`crl_bench.data.alfworld_games_root`); games already unpacked in
+        the data dir (thousands of files) are not listed.  See :meth:`TextEnv.data_files`."""
+        folder = alfworld_dir(self.data_root)
+        paths = [folder / "splits" / name for name in ALFWORLD_SPLIT_FILES.values()]
+        if Path(self.games_root).absolute() != folder.absolute():
+            paths.append(folder / ALFWORLD_ARCHIVE)
+        return data_file_map(self.data_root, paths)
 
     # ---- TextEnv hooks ----------------------------------------------------------------------------
     def _submit_reset(self, task: int) -> None:

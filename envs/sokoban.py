@@ -12,13 +12,27 @@ play is a bounded breadth-first search over (player, boxes) states rather than a
 the number of reverse moves recorded for a state is the shortest such play and bounds the length of
 the optimal forward solution.
 
+Eval levels never appear in training.  The generator's level space is small (about one train id in ten
+draws the walls, targets and boxes of one of the 500 eval levels), so :class:`SokobanEnv` excludes by
+level *content*: the identity of a level (:func:`level_identity`) is its grid size, walls, targets and
+boxes, *without* the player start.  Two levels that differ only in where the player stands are
+treated as the same puzzle: the room, the boxes and the goal are the same, and a start inside the
+same region reaches the other start by walking, so keeping such a level in training would leak the
+eval puzzle.  The identities of the eval levels are computed once per process and generator setting
+(:func:`eval_level_identities`, ~0.15 s for the defaults); a task id outside the eval split whose level
+has one of them is regenerated from derived seeds (:func:`generate_level`'s ``attempt``) until it
+does not (:func:`train_level`).  Eval levels themselves are unchanged: an eval id gives the plain
+:func:`generate_level` level, so eval results stay comparable across versions.  Rotated or mirrored
+copies of an eval level are not excluded (the text map an agent sees differs).
+
 Grid coordinates are ``(row, col)`` with ``(0, 0)`` the top-left cell; rows grow downwards.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import ClassVar, NamedTuple
+from functools import lru_cache
+from typing import ClassVar, NamedTuple, Sequence
 
 import numpy as np
 
@@ -138,11 +152,17 @@ def _reverse_play(floor: set[Cell], targets: tuple[Cell, ...], player: Cell, sea
 
 
 def generate_level(task: int, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 2,
-                   search_depth: int = 20, max_tries: int = 1000) -> SokobanState:
+                   search_depth: int = 20, max_tries: int = 1000, attempt: int = 0) -> SokobanState:
     """Generate the level of task id ``task`` (deterministic: same arguments, same level).
+
+    This is the raw generator: it does not exclude eval levels from train ids (see
+    :func:`train_level`, which :class:`SokobanEnv` uses).
 
     Args:
         task: non-negative task id, used as the seed of ``numpy.random.default_rng``.
+        attempt: ``0`` (default) seeds with ``task`` itself; ``k >= 1`` seeds with
+            ``numpy.random.SeedSequence(task, spawn_key=(k,))``, a stream independent of every plain
+            integer seed (used to redraw a train level that equals an eval level).
         dim_room: ``(height, width)`` of the grid, border walls included (both >= 4).
         num_boxes: number of boxes (= number of targets), >= 1.
         search_depth: bound on the number of reverse moves (walks and pulls) played from the solved
@@ -162,10 +182,11 @@ def generate_level(task: int, dim_room: tuple[int, int] = (6, 6), num_boxes: int
     height, width = int(dim_room[0]), int(dim_room[1])
     if height < 4 or width < 4:
         raise ValueError(f"dim_room must be at least (4, 4), got {dim_room}")
-    if num_boxes < 1 or search_depth < 1 or task < 0:
-        raise ValueError(f"need num_boxes >= 1, search_depth >= 1, task >= 0; "
-                         f"got {num_boxes}, {search_depth}, {task}")
-    rng = np.random.default_rng(int(task))
+    if num_boxes < 1 or search_depth < 1 or task < 0 or attempt < 0:
+        raise ValueError(f"need num_boxes >= 1, search_depth >= 1, task >= 0, attempt >= 0; "
+                         f"got {num_boxes}, {search_depth}, {task}, {attempt}")
+    seed = int(task) if attempt == 0 else np.random.SeedSequence(int(task), spawn_key=(int(attempt),))
+    rng = np.random.default_rng(seed)
     for _ in range(max_tries):
         floor = _carve_room(rng, height, width, num_boxes)
         if floor is None:
@@ -184,6 +205,71 @@ def generate_level(task: int, dim_room: tuple[int, int] = (6, 6), num_boxes: int
                        f"num_boxes={num_boxes} after {max_tries} rooms")
 
 
+LevelIdentity = tuple[int, int, tuple[Cell, ...], tuple[Cell, ...], tuple[Cell, ...]]
+
+#: the eval task ids of :class:`SokobanEnv` (its ``splits["eval"]``)
+EVAL_TASKS = range(1_000_000, 1_000_500)
+#: derived seeds tried per train id before giving up (about 1 in 10 draws hits an eval level)
+MAX_REDRAWS = 1000
+
+
+def level_identity(level: SokobanState) -> LevelIdentity:
+    """The content identity of a level: ``(height, width, walls, targets, boxes)`` (sorted cells).
+
+    The player start is deliberately left out (module docstring): levels equal up to the player's
+    start count as the same puzzle.
+    """
+    return (level.height, level.width, tuple(sorted(level.walls)), tuple(sorted(level.targets)),
+            tuple(sorted(level.boxes)))
+
+
+@lru_cache(maxsize=16)
+def _eval_identities(dim_room: tuple[int, int], num_boxes: int, search_depth: int,
+                     eval_tasks: range | tuple[int, ...]) -> frozenset[LevelIdentity]:
+    return frozenset(level_identity(generate_level(t, dim_room, num_boxes, search_depth))
+                     for t in eval_tasks)
+
+
+def eval_level_identities(dim_room: tuple[int, int] = (6, 6), num_boxes: int = 2,
+                          search_depth: int = 20,
+                          eval_tasks: Sequence[int] = EVAL_TASKS) -> frozenset[LevelIdentity]:
+    """Identities (:func:`level_identity`) of the levels of ``eval_tasks`` for one generator setting.
+
+    Computed once per process and setting (cached; ~0.3 ms per level), from the raw
+    :func:`generate_level`.  ``eval_tasks``: the eval task ids (a ``range`` or any sequence of ints).
+    """
+    key = eval_tasks if isinstance(eval_tasks, range) else tuple(int(t) for t in eval_tasks)
+    return _eval_identities((int(dim_room[0]), int(dim_room[1])), int(num_boxes), int(search_depth),
+                            key)
+
+
+def train_level(task: int, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 2,
+                search_depth: int = 20, eval_tasks: Sequence[int] = EVAL_TASKS) -> SokobanState:
+    """The level :class:`SokobanEnv` plays for task id ``task``, with eval levels excluded.
+
+    An id in ``eval_tasks`` gets its raw :func:`generate_level` level.  Any other id gets its raw level
+    unless that level's :func:`level_identity` is one of :func:`eval_level_identities`; then the level
+    is redrawn with ``attempt = 1, 2, ...`` until it is not.  Deterministic: same arguments, same level.
+
+    Raises:
+        ValueError: bad arguments (see :func:`generate_level`).
+        RuntimeError: every one of :data:`MAX_REDRAWS` redraws hit an eval level (a setting whose
+            level space is about as small as the eval split).
+    """
+    level = generate_level(task, dim_room, num_boxes, search_depth)
+    if task in eval_tasks:
+        return level
+    excluded = eval_level_identities(dim_room, num_boxes, search_depth, eval_tasks)
+    attempt = 0
+    while level_identity(level) in excluded:
+        attempt += 1
+        if attempt > MAX_REDRAWS:
+            raise RuntimeError(f"sokoban: task {task}: {MAX_REDRAWS} redraws all gave eval levels "
+                               f"(dim_room={dim_room}, num_boxes={num_boxes})")
+        level = generate_level(task, dim_room, num_boxes, search_depth, attempt=attempt)
+    return level
+
+
 class SokobanEnv(TextEnv):
     """Sokoban on a small procedurally generated grid (default 6x6 with its border walls, 2 boxes).
 
@@ -193,6 +279,11 @@ class SokobanEnv(TextEnv):
     into a box pushes it if the cell behind it is free; otherwise (wall or second box) nothing moves,
     which is still a valid action.  Reward is 1.0 on the step that puts the last box on a target (the
     episode then terminates) and 0.0 otherwise; ``max_steps`` truncates.
+
+    Task ids outside the eval split never give an eval level: a train level equal in content (walls,
+    targets, boxes; the player start is ignored) to an eval level of the same generator setting is
+    redrawn from a derived seed (:func:`train_level`; module docstring).  Eval levels are the raw
+    :func:`generate_level` levels of their ids.
 
     Args:
         max_steps: actions per episode before truncation.
@@ -212,8 +303,7 @@ class SokobanEnv(TextEnv):
         "Goal: push every box onto a target.\n"
         "Reply with exactly one action inside answer tags, for example <answer>left</answer>."
     )
-    splits: ClassVar[dict[str, range]] = {"train": range(0, 1_000_000),
-                                          "eval": range(1_000_000, 1_000_500)}
+    splits: ClassVar[dict[str, range]] = {"train": range(0, 1_000_000), "eval": EVAL_TASKS}
     action_aliases: ClassVar[dict[str, str]] = {
         "u": "up", "d": "down", "l": "left", "r": "right",
         "north": "up", "south": "down", "west": "left", "east": "right",
@@ -237,7 +327,8 @@ class SokobanEnv(TextEnv):
 
     # ---- TextEnv hooks ---------------------------------------------------------------------------
     def _reset_task(self, task: int) -> None:
-        level = generate_level(task, self.dim_room, self.num_boxes, self.search_depth)
+        level = train_level(task, self.dim_room, self.num_boxes, self.search_depth,
+                            self.splits["eval"])
         self._walls = frozenset(level.walls)
         self._targets = frozenset(level.targets)
         self._boxes = set(level.boxes)

@@ -284,3 +284,51 @@ def test_worker_memory_is_its_own_not_the_parents():
     finally:
         e.close()
         del ballast
+
+
+ALFWORLD_TASK_TYPES = {"pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
+                       "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place"}
+
+
+def test_task_type_is_read_in_the_main_process_without_a_game():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = AlfWorldEnv()
+    try:
+        for split in ("train", "eval"):
+            ids = e.task_ids(split)
+            types = {e.task_type(t) for t in ids}
+            assert types == ALFWORLD_TASK_TYPES, split
+            for t in ids:                       # the game's task folder, e.g. pick_and_place_simple-Pen-...
+                assert e.task_type(t) == Path(e.gamefile(t)).parent.parent.name.split("-", 1)[0]
+        assert e.task_type(0) == "pick_and_place_simple"
+        assert e.task_type(EVAL_OFFSET) == "look_at_obj_in_light"
+        assert e.worker_pid is None             # no worker was started for any of it
+        with pytest.raises(KeyError):
+            e.task_type(690)
+    finally:
+        e.close()
+
+
+def test_data_files_list_the_split_files_and_the_archive_used(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = AlfWorldEnv()                       # ../shared/data holds the packed games
+    files = e.data_files()
+    e.close()
+    assert set(files) == {"alfworld/splits/train_1466.jsonl", "alfworld/splits/eval_134.jsonl",
+                          "alfworld/json_2.1.1.tar.xz"}
+    assert all(p.is_absolute() and p.is_file() for p in files.values())
+    assert files["alfworld/json_2.1.1.tar.xz"].samefile(_shared() / "json_2.1.1.tar.xz")
+    # games unpacked in the data dir (a folder of thousands of files): only the split files
+    root = tmp_path / "data"
+    (root / "alfworld" / "splits").mkdir(parents=True)
+    for name in ("train_1466.jsonl", "eval_134.jsonl"):
+        (root / "alfworld" / "splits" / name).write_bytes((_shared() / "splits" / name).read_bytes())
+    (root / "alfworld" / "json_2.1.1").mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # no game is there: every task is skipped
+        e = AlfWorldEnv(data_dir=str(root))
+    assert e.data_files() == {f"alfworld/splits/{n}": (root / "alfworld" / "splits" / n).absolute()
+                              for n in ("train_1466.jsonl", "eval_134.jsonl")}
+    e.close()

@@ -1,9 +1,12 @@
 """Registry and base-class protocol."""
 
+import sys
+
 import gymnasium as gym
 import pytest
 
-from crl_bench.env_api import TextEnv, list_envs, make_env, register_env, register_gymnasium
+from crl_bench.env_api import (EnvUnavailableError, TextEnv, data_file_map, list_envs, make_env, register_env,
+                               register_gymnasium, require_modules)
 
 
 class _Half(TextEnv):
@@ -50,3 +53,101 @@ def test_reset_seed_is_task_and_splits_are_disjoint():
     assert not set(range(ev.start, ev.stop)) & set(range(train.start, min(train.stop, ev.stop)))
     with pytest.raises(KeyError):
         env.task_ids("test")
+
+
+# ---- missing optional engines -----------------------------------------------------------------------
+
+def _forget_modules(monkeypatch, package: str) -> None:
+    """Drop the cached submodules of ``package`` (not the package itself, whose attributes still name
+    them) for this test, so they import anew; monkeypatch puts them back afterwards."""
+    for name in [m for m in sys.modules if m.startswith(package + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_missing_webshop_engine_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "thefuzz", None)       # as if the [webshop] extra were absent
+    _forget_modules(monkeypatch, "crl_bench.envs.webshop")
+    with pytest.raises(EnvUnavailableError) as e:
+        make_env("webshop")
+    msg = str(e.value)
+    assert "'webshop'" in msg and "[webshop]" in msg and "'thefuzz'" in msg
+    assert "CRL_EXTRAS=webshop bash install.sh" in msg and "pip install 'crl-bench[webshop]'" in msg
+    assert isinstance(e.value.__cause__, ImportError)
+
+
+def test_missing_alfworld_engine_fails_at_construction(monkeypatch):
+    # the engine is only imported by the worker process; the env checks for it when created
+    monkeypatch.setitem(sys.modules, "textworld", None)
+    with pytest.raises(EnvUnavailableError, match=r"needs the \[alfworld\] extra.*'textworld'"):
+        make_env("alfworld")
+
+
+def test_missing_module_of_a_plugin_gets_a_generic_message():
+    def needs_missing():
+        import crl_bench_no_such_engine_xyz  # noqa: F401
+
+    register_env("test-plugin-missing", lambda **kw: needs_missing())
+    with pytest.raises(EnvUnavailableError, match="'crl_bench_no_such_engine_xyz'") as e:
+        make_env("test-plugin-missing")
+    assert "extra" not in str(e.value) and "test-plugin-missing" in str(e.value)
+    register_env("test-plugin-missing-module", "crl_bench_no_such_pkg_abc.envs:Env")
+    with pytest.raises(EnvUnavailableError, match="'crl_bench_no_such_pkg_abc'"):
+        make_env("test-plugin-missing-module")
+
+
+def test_a_wrapped_import_error_names_the_module_and_other_errors_pass_through():
+    def wrapped(**kw):
+        try:
+            import crl_bench_no_such_index_lib  # noqa: F401
+        except ImportError as e:
+            raise ImportError("the search needs crl_bench_no_such_index_lib") from e
+
+    register_env("test-plugin-wrapped", wrapped)
+    with pytest.raises(EnvUnavailableError, match="'crl_bench_no_such_index_lib'"):
+        make_env("test-plugin-wrapped")
+
+    def broken(**kw):
+        raise ValueError("bad setting")
+
+    register_env("test-plugin-broken", broken)
+    with pytest.raises(ValueError, match="bad setting"):
+        make_env("test-plugin-broken")
+
+
+def test_require_modules():
+    require_modules("sokoban", "json", "numpy")
+    with pytest.raises(EnvUnavailableError, match=r"\[swe\] extra.*'crl_bench_no_such_sdk'"):
+        require_modules("swebench-verified", "json", "crl_bench_no_such_sdk")
+
+
+# ---- task_type / data_files hooks ---------------------------------------------------------------------
+
+def test_default_hooks_and_data_file_map(tmp_path):
+    env = make_env("sokoban")
+    assert env.task_type(5) is None and env.data_files() == {}
+    root = tmp_path / "data"
+    (root / "bench").mkdir(parents=True)
+    (root / "bench" / "a.json").write_text("{}")
+    outside = tmp_path / "list.txt"
+    outside.write_text("x\n")
+    files = data_file_map(root, [root / "bench" / "a.json", outside, root / "bench" / "missing.json",
+                                 root / "bench"])
+    assert files == {"bench/a.json": (root / "bench" / "a.json").absolute(),
+                     outside.absolute().as_posix(): outside.absolute()}
+    assert all(p.is_absolute() and p.is_file() for p in files.values())
+
+
+@pytest.mark.filterwarnings("ignore:swebench-verified. no task_list")
+def test_swebench_data_files_name_the_instance_file_and_task_list(tmp_path, monkeypatch):
+    from crl_bench.envs.swebench import env as swe_env
+    from crl_bench.envs.swebench.instances import load_instances
+
+    monkeypatch.setattr(swe_env, "docker_client", lambda *a, **kw: object())   # no daemon needed here
+    first = load_instances()[0].instance_id
+    task_list = tmp_path / "keep.txt"
+    task_list.write_text(first + "\n")
+    env = swe_env.SWEBenchEnv(task_list=str(task_list), check_images=False)
+    files = env.data_files()
+    assert set(files) == {"swebench/SWE-bench_Verified.parquet", task_list.absolute().as_posix()}
+    assert all(p.is_file() for p in files.values())
+    assert set(swe_env.SWEBenchEnv(check_images=False).data_files()) == {"swebench/SWE-bench_Verified.parquet"}

@@ -181,3 +181,55 @@ def test_bench_webshop_smoke():
     r = bench_webshop(episodes=5)
     assert r["steps"] >= 5 * 5 and r["steps_per_s"] > 0 and r["search_ms"] > 0
     assert "steps/s" in format_result(r)
+
+
+def test_human_goals_work_with_the_default_split():
+    e = make_env("webshop", human_goals=True)
+    n = len(e.world.goals)
+    train, ev = e.task_ids("train"), e.task_ids("eval")
+    assert n == 13 and ev == [0, 1, 2, 3]                  # the first 30% held out
+    assert train and ev and not set(train) & set(ev) and sorted(train + ev) == list(range(n))
+    assert len(e.task_weights("train")) == len(train)
+    for task in (train[0], ev[0]):
+        obs, info = e.reset(options={"task": task})
+        assert e.goal is e.world.goals[task] and e.task_prompt() in obs
+        obs, r, term, trunc, info = _say(e, "search[pillow]")
+        assert not info["invalid_action"] and e.s.page == "results" and r == 0.0
+    e.reset()                                              # no task given: a train goal
+    assert e.task in train
+    e.close()
+
+
+def test_explicit_test_goals_out_of_range_name_the_range():
+    with pytest.raises(ValueError, match=r"'0-499' outside the 13 human goals 0\.\.12"):
+        make_env("webshop", human_goals=True, test_goals="0-499")
+    with pytest.raises(ValueError, match="leave some for training"):
+        make_env("webshop", human_goals=True, test_goals=(0, 12))
+    with pytest.raises(ValueError, match=r"outside the 6910 synthetic goals 0\.\.6909"):
+        make_env("webshop", test_goals="6000-7000")
+    e = make_env("webshop", human_goals=True, test_goals="10-12")
+    assert e.task_ids("eval") == [10, 11, 12] and e.task_ids("train") == list(range(10))
+
+
+def test_default_test_goals():
+    from crl_bench.envs.webshop.env import default_test_goals
+
+    assert default_test_goals(6910, human_goals=False) == range(500)
+    assert default_test_goals(13, human_goals=True) == range(4)
+    assert default_test_goals(12_000, human_goals=True) == range(500)
+    with pytest.raises(ValueError, match="no training goals"):
+        default_test_goals(1, human_goals=True)
+    with pytest.raises(ValueError, match="no training goals"):
+        default_test_goals(500, human_goals=False)
+
+
+def test_data_files_are_the_json_files_read(env):
+    import os
+
+    names = {"webshop/items_shuffle_1000.json", "webshop/items_ins_v2_1000.json"}
+    files = env.data_files()
+    assert set(files) == names
+    root = os.environ["CRL_BENCH_DATA"]
+    assert all(p.is_absolute() and p.is_file() and p.samefile(os.path.join(root, n)) for n, p in files.items())
+    human = make_env("webshop", human_goals=True).data_files()
+    assert set(human) == names | {"webshop/items_human_ins.json"}

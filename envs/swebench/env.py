@@ -23,13 +23,15 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from pathlib import Path
 from typing import Any, ClassVar
 
-from crl_bench.env_api import ParsedAction, TextEnv
+from crl_bench.data import data_dir as resolve_data_dir
+from crl_bench.env_api import ParsedAction, TextEnv, data_file_map
 
 from .grading import GradeResult, grade
 from .images import ensure_image, local_images
-from .instances import SWEInstance, load_instances, load_task_list, select_instances
+from .instances import SWEInstance, default_instances_path, load_instances, load_task_list, select_instances
 from .sandbox import ContainerWorkspace, DockerSandbox, ImageUnavailableError, docker_client
 from .tools import TOOLS_PROMPT, StrReplaceEditor, ToolCall, ToolCallError, ToolError, parse_tool_call
 
@@ -95,6 +97,9 @@ class SWEBenchEnv(TextEnv):
         if grade_in not in ("fresh", "same"):
             raise ValueError(f"swebench: grade_in must be 'fresh' or 'same', got {grade_in!r}")
         everything = load_instances(instances, data_dir)
+        self._data_root = resolve_data_dir(data_dir)
+        self._data_paths = [Path(instances) if instances else default_instances_path(data_dir)]
+        self._data_paths += [Path(f) for f in (task_list, eval_task_list) if f]
         if task_list:
             self.train_instances = select_instances(everything, load_task_list(task_list))
         else:
@@ -144,6 +149,11 @@ class SWEBenchEnv(TextEnv):
                 f"first one cannot be obtained: {e}") from None
 
     # ---- tasks ------------------------------------------------------------------------------------
+    def data_files(self) -> dict[str, Path]:
+        """The instance file and the task-list files given (``task_list``, ``eval_task_list``), named
+        relative to the data dir when inside it, else by absolute path (:meth:`TextEnv.data_files`)."""
+        return data_file_map(self._data_root, self._data_paths)
+
     def instance_of(self, task: int) -> SWEInstance:
         """The instance of task id ``task``.  Raises KeyError for an unknown id."""
         if 0 <= task < len(self.train_instances):

@@ -16,7 +16,14 @@ search page and ``click[button]`` for a button of the current page; anything els
 The reward is given at ``Buy Now``; success = reward 1.0.
 
 Task ids are goal indices in upstream's shuffled goal list: eval = the held-out test goals
-(``test_goals``, default ``0..499``), train = the rest, sampled by goal weight (:meth:`task_weights`).
+(``test_goals``), train = the rest, sampled by goal weight (:meth:`task_weights`).  By default the
+held-out goals are the first ones of the list, as upstream's baseline (``baseline_models/env.py``,
+``WebEnv``: test = goals ``0..499``, eval = ``500..1499``, train = the rest, with the full catalogue):
+synthetic goals ``0..499``; human goals the first ``min(500, ceil(0.3 * n))`` of the ``n`` human goals
+(:func:`default_test_goals`).  With the 1k catalogue there are only 13 human goals (upstream's baseline
+then uses every goal in every split, with no held-out set), so the 30% share holds out 4 of them and
+trains on 9; with the full catalogue's human goals (over 12,000; any count >= 1,667) the rule gives
+upstream's test goals ``0..499``.
 
 Differences from upstream, all deliberate: ranged prices and ``price_upper`` are drawn from a seeded
 RNG (upstream's global RNG is unseeded there, so its prices change run to run); goal sampling is
@@ -27,6 +34,7 @@ search page (the issue's rule); the search engine is ``bm25s`` with a Lucene-lik
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -34,10 +42,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from crl_bench.data import data_dir as resolve_data_dir
-from crl_bench.env_api import AnswerParser, ParsedAction, TextEnv
+from crl_bench.env_api import AnswerParser, ParsedAction, TextEnv, data_file_map
 
 from .goals import Goal, build_goals
-from .products import Catalogue, Product, load_catalogue
+from .products import (ATTRIBUTES_FILE, HUMAN_FILE, PRODUCTS_FILE, Catalogue, Product, load_catalogue,
+                       webshop_dir)
 from .reward import SpacyTagger, TableTagger, TitleTagger, get_reward
 from .search import BM25Search, document_text
 
@@ -114,6 +123,33 @@ class _Session:
     reward_info: dict = field(default_factory=dict)
 
 
+#: held-out share of the human goals when they are fewer than ``HELD_OUT_GOALS / HUMAN_TEST_SHARE``
+HUMAN_TEST_SHARE = 0.3
+#: held-out goals at most by default: upstream's baseline test goals ``0..499``
+HELD_OUT_GOALS = 500
+
+
+def default_test_goals(num_goals: int, human_goals: bool) -> range:
+    """The default held-out (eval) goal indices for ``num_goals`` goals.
+
+    Synthetic goals: ``range(0, 500)`` (upstream's baseline test goals).  Human goals: the first
+    ``min(500, ceil(0.3 * num_goals))``, at least 1; with the 1k catalogue's 13 human goals that is
+    ``range(0, 4)``.
+
+    Raises:
+        ValueError: too few goals to leave a non-empty train split (synthetic: <= 500; human: < 2).
+    """
+    if human_goals:
+        held_out = min(HELD_OUT_GOALS, max(1, math.ceil(HUMAN_TEST_SHARE * num_goals)))
+    else:
+        held_out = HELD_OUT_GOALS
+    if num_goals <= held_out:
+        kind = "human" if human_goals else "synthetic"
+        raise ValueError(f"webshop: {num_goals} {kind} goals leave no training goals after the "
+                         f"default held-out goals 0..{held_out - 1}; set test_goals explicitly")
+    return range(0, held_out)
+
+
 def _parse_test_goals(spec: str | Sequence[int]) -> range:
     if isinstance(spec, str):
         m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", spec)
@@ -132,7 +168,9 @@ class WebShopEnv(TextEnv):
         data_dir: data root (default ``$CRL_BENCH_DATA`` or the cache); files under ``webshop/``.
         num_products: products loaded (1000: the small configuration).
         human_goals: use the human instructions instead of the synthetic goals.
-        test_goals: the held-out goal range, ``"0-499"`` by default (the eval split); the rest train.
+        test_goals: the held-out goal range (the eval split; the rest train), as ``"lo-hi"`` or
+            ``(lo, hi)``, both ends included.  ``None`` (default): :func:`default_test_goals`, i.e.
+            ``0..499`` for synthetic goals and the first 30% (at most 500) for human goals.
         seed: seeds the ranged prices and ``price_upper`` draws (the goal order uses upstream's 233).
         search_backend: ``"bm25"`` (bm25s, the default) or ``"pyserini"`` (Lucene; needs Java).
         pyserini_index: index folder for the pyserini backend (built there when missing).
@@ -142,23 +180,38 @@ class WebShopEnv(TextEnv):
     Raises:
         DataMissingError: the product files are not in the data dir.
         TaggerMissingError: the spaCy model is not installed (never a silently different reward).
+        ValueError: ``test_goals`` is malformed, reaches outside the goal indices (the message names
+            the valid range) or leaves no training goals.
     """
 
     env_id: ClassVar[str] = "webshop"
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
 
     def __init__(self, max_steps: int = 15, data_dir: str | None = None, num_products: int = 1000,
-                 human_goals: bool = False, test_goals: str | Sequence[int] = "0-499", seed: int = 0,
+                 human_goals: bool = False, test_goals: str | Sequence[int] | None = None, seed: int = 0,
                  search_backend: str = "bm25", pyserini_index: str | None = None, tagger: str = "spacy",
                  render_mode: str | None = "ansi") -> None:
         super().__init__(max_steps=max_steps, render_mode=render_mode)
         root = str(resolve_data_dir(data_dir))
         self.world = _world(root, int(num_products), bool(human_goals), int(seed), search_backend,
                             pyserini_index, tagger)
+        self.data_root = Path(root)
+        self.human_goals = bool(human_goals)
         n = len(self.world.goals)
-        test = _parse_test_goals(test_goals)
-        if test.start < 0 or test.stop > n:
-            raise ValueError(f"webshop: test_goals {test_goals!r} outside 0..{n - 1}")
+        kind = "human" if human_goals else "synthetic"
+        if test_goals is None:
+            test = default_test_goals(n, bool(human_goals))
+        else:
+            test = _parse_test_goals(test_goals)
+            if len(test) == 0:
+                raise ValueError(f"webshop: test_goals {test_goals!r} is an empty range; give lo-hi "
+                                 f"with lo <= hi within the {n} {kind} goals 0..{n - 1}")
+            if test.start < 0 or test.stop > n:
+                raise ValueError(f"webshop: test_goals {test_goals!r} outside the {n} {kind} goals "
+                                 f"0..{n - 1} (human_goals={bool(human_goals)})")
+            if len(test) >= n:
+                raise ValueError(f"webshop: test_goals {test_goals!r} hold out all {n} {kind} goals "
+                                 f"0..{n - 1}; leave some for training")
         self.splits = {"train": [i for i in range(n) if i not in test], "eval": list(test)}
         self._weights = {"train": [self.world.goals[i].weight for i in self.splits["train"]],
                          "eval": [self.world.goals[i].weight for i in self.splits["eval"]]}
@@ -174,6 +227,14 @@ class WebShopEnv(TextEnv):
 
     def task_prompt(self) -> str:
         return self.goal.instruction_text if self.goal is not None else ""
+
+    def data_files(self) -> dict[str, Path]:
+        """The JSON files this instance read (:meth:`TextEnv.data_files`): the products and the
+        attributes file, plus the human-instruction file with ``human_goals`` (it is not read
+        otherwise), e.g. ``{"webshop/items_shuffle_1000.json": Path(...), ...}``."""
+        folder = webshop_dir(self.data_root)
+        names = [PRODUCTS_FILE, ATTRIBUTES_FILE] + ([HUMAN_FILE] if self.human_goals else [])
+        return data_file_map(self.data_root, [folder / n for n in names])
 
     def retrieval_query(self, first_observation: str) -> str:
         """``"Goal: <instruction>"``: the released WebShop query (the first page is the same search

@@ -151,13 +151,14 @@ class EvalConfig:
     """Evaluation on the eval split.
 
     Attributes:
-        episodes: eval episodes per env (the first ``episodes`` task ids of the eval split).
+        episodes: eval episodes per env: the first ``episodes`` task ids of the eval split, or
+            ``"all"`` for every task of it (e.g. ALFWorld's 134). docs/evaluation.md.
         every: evaluate every N training steps (0 = only at the end).
         temperature: sampling temperature at eval (0 = greedy).
         split: which split to evaluate.
     """
 
-    episodes: int = 50
+    episodes: int | str = 50
     every: int = 0
     temperature: float = 0.0
     split: str = "eval"
@@ -282,6 +283,33 @@ class ExtractorConfig:
     one_op_per_reply: bool = True
 
 
+LOGGING_BACKENDS = ("jsonl", "tensorboard", "wandb")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class LoggingConfig:
+    """Where training metrics go besides the run folder (``crl_bench.tracking``).
+
+    Attributes:
+        backends: trackers to feed, from ``jsonl``, ``tensorboard`` (extra ``[tensorboard]``) and
+            ``wandb`` (extra ``[wandb]``). ``metrics.jsonl`` is always written and is the source of
+            truth; listing ``jsonl`` is allowed and changes nothing. ``--set logging.backends=[jsonl,wandb]``
+            or a comma-separated string (``tensorboard,wandb``).
+        wandb_project: Weights & Biases project name.
+        wandb_mode: ``offline`` (default: the run is kept under ``<run folder>/wandb`` and nothing is
+            sent; ``wandb sync`` uploads it later), ``online`` or ``disabled``.
+        tensorboard_dir: ``""`` (default) writes the event files into ``<run folder>/tensorboard``;
+            a folder here gets one sub-folder per run (``<tensorboard_dir>/<run-id>``), so one
+            TensorBoard can compare runs.
+    """
+
+    backends: list[str] = field(default_factory=lambda: ["jsonl"])
+    wandb_project: str = "crl-bench"
+    wandb_mode: str = "offline"
+    tensorboard_dir: str = ""
+
+
 @dataclass
 class RunConfig:
     """Everything one ``crl-bench run`` needs; written resolved to ``<run>/config.yaml``."""
@@ -294,6 +322,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     experience: ExperienceConfig = field(default_factory=ExperienceConfig)
     extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     output_dir: str = "results/runs"
     run_id: str = ""
 
@@ -443,7 +472,8 @@ def validate(cfg: RunConfig) -> None:
         ("model.dtype", cfg.model.dtype in ("float32", "bfloat16", "float16")),
         ("rollout.max_steps", cfg.rollout.max_steps >= 0),
         ("rollout.history", cfg.rollout.history >= 0),
-        ("eval.episodes", cfg.eval.episodes >= 0),
+        ("eval.episodes", cfg.eval.episodes == "all" if isinstance(cfg.eval.episodes, str)
+         else cfg.eval.episodes >= 0),
         ("experience.free_size", -1 <= cfg.experience.free_size < cfg.train.group_size),
         ("experience.k", cfg.experience.k >= 1),
         ("experience.oversample", cfg.experience.oversample >= 1),
@@ -468,6 +498,7 @@ def validate(cfg: RunConfig) -> None:
         ("extractor.eps_high", cfg.extractor.eps_high > 0),
         ("extractor.max_new_tokens", cfg.extractor.max_new_tokens >= 1),
     ]
+    _validate_logging(cfg.logging)
     if cfg.generation.engine == "vllm" and not cfg.train.recompute_old_logprobs:
         raise ConfigError("train.recompute_old_logprobs must be true with generation.engine=vllm: the sampler is "
                           "not the trainer, so its log-probs are not the trainer's old log-probs")
@@ -475,3 +506,22 @@ def validate(cfg: RunConfig) -> None:
         if not ok:
             section, _, name = key.partition(".")
             raise ConfigError(f"invalid value for {key}: {getattr(getattr(cfg, section), name)!r}")
+
+
+def _validate_logging(lc: LoggingConfig) -> None:
+    """Check the ``logging`` section; a comma-separated ``backends`` string becomes a list (deduplicated,
+    order kept). Raises :class:`ConfigError` naming the key."""
+    backends = lc.backends
+    if isinstance(backends, str):
+        backends = [b.strip() for b in backends.split(",") if b.strip()]
+    if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
+        raise ConfigError(f"logging.backends: expected a list of names, got {lc.backends!r}")
+    unknown = [b for b in backends if b not in LOGGING_BACKENDS]
+    if unknown:
+        raise ConfigError(f"invalid value for logging.backends: unknown backend(s) {', '.join(map(repr, unknown))}; "
+                          f"valid: {', '.join(LOGGING_BACKENDS)}")
+    lc.backends = list(dict.fromkeys(backends))
+    if lc.wandb_mode not in WANDB_MODES:
+        raise ConfigError(f"invalid value for logging.wandb_mode: {lc.wandb_mode!r}; valid: {', '.join(WANDB_MODES)}")
+    if not lc.wandb_project.strip():
+        raise ConfigError("invalid value for logging.wandb_project: it must not be empty")

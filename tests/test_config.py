@@ -83,3 +83,22 @@ def test_task_sampler_uses_env_task_weights():
     assert all(abs(uniform.count(t) / 3000 - 1 / 3) < 0.04 for t in ids)
     with pytest.raises(ValueError, match="non-negative"):
         TaskSampler(mix, {"sokoban": ids}, seed=0, task_weights={"sokoban": [1.0, -1.0, 1.0]})
+
+
+def test_logging_config_validation():
+    cfg = build_config([])
+    assert cfg.logging.backends == ["jsonl"] and cfg.logging.wandb_project == "crl-bench"
+    assert cfg.logging.wandb_mode == "offline" and cfg.logging.tensorboard_dir == ""
+    with pytest.raises(ConfigError, match="logging.backends.*'mlflow'"):
+        build_config([{"logging": {"backends": ["jsonl", "mlflow"]}}])
+    with pytest.raises(ConfigError, match="logging.wandb_mode"):
+        build_config([{"logging": {"wandb_mode": "sometimes"}}])
+    with pytest.raises(ConfigError, match="logging.backends"):
+        build_config([{"logging": {"backends": 3}}])
+    with pytest.raises(ConfigError, match="'logging.backend'"):
+        build_config([{"logging": {"backend": ["jsonl"]}}])
+    assert build_config([{"logging": {"backends": ["tensorboard", "tensorboard"]}}]).logging.backends == \
+        ["tensorboard"]
+    cfg = build_config([parse_override("logging.backends=[jsonl, wandb]"), parse_override("logging.wandb_mode=disabled")])
+    assert cfg.logging.backends == ["jsonl", "wandb"] and cfg.logging.wandb_mode == "disabled"
+    assert build_config([parse_override("logging.backends=tensorboard")]).logging.backends == ["tensorboard"]

@@ -8,7 +8,9 @@ per-token log-probs come back without padding.
 from __future__ import annotations
 
 import copy
+import json
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -19,11 +21,45 @@ from crl_bench.llm.base import Generation, SamplingParams
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def adapter_base_model(adapter_dir: str | Path) -> str:
+    """The base model of a peft adapter folder, as something ``from_pretrained`` loads.
+
+    Reads ``base_model_name_or_path`` from ``adapter_dir/adapter_config.json``.  The default model is
+    recognised by its alias or by its converted-checkpoint path (``.../models/smollm2-135m-instruct``,
+    even when that path belongs to another machine or another ``CRL_BENCH_CACHE``) and resolved to
+    this machine's converted checkpoint (converted first if needed); any other value is returned as is.
+
+    Raises:
+        FileNotFoundError: ``adapter_config.json`` is missing.
+        ValueError: the adapter config names no base model.
+        ModelNotAvailable: the default model is needed and its package is missing.
+    """
+    from crl_bench.llm.default_model import ALIASES, DEFAULT_MODEL, default_model_dir, resolve_model
+
+    cfg_path = Path(adapter_dir) / "adapter_config.json"
+    base = json.loads(cfg_path.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{cfg_path}: base_model_name_or_path is empty; cannot tell which model the "
+                         "adapter belongs to")
+    base_path = Path(base)
+    if (base in ALIASES or base_path == default_model_dir()
+            or (base_path.name == DEFAULT_MODEL and base_path.parent.name == "models"
+                and not (base_path / "config.json").is_file())):
+        return resolve_model(DEFAULT_MODEL)
+    return resolve_model(base)
+
+
 def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | None = None):
     """Load a causal LM and its tokenizer; the default alias is converted from its GGUF once.
 
+    A folder holding a peft adapter (``adapter_config.json``, as ``Trainer.save_checkpoint`` writes
+    for a LoRA run) is loaded as: its base model (:func:`adapter_base_model`), the adapter on top
+    (``peft.PeftModel.from_pretrained``), merged into the weights (``merge_and_unload``), so a plain
+    ``PreTrainedModel`` comes back; the tokenizer is the folder's own.
+
     Args:
-        name: ``--model`` value (see :func:`crl_bench.llm.default_model.resolve_model`).
+        name: ``--model`` value (see :func:`crl_bench.llm.default_model.resolve_model`), or an adapter
+            folder.
         dtype: ``float32`` | ``bfloat16`` | ``float16``.
         device: torch device; default CUDA when available, else CPU.
 
@@ -32,7 +68,8 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
 
     Raises:
         ModelNotAvailable: the default model's package is missing.
-        ValueError: unknown dtype, or the tokenizer has no chat template.
+        ValueError: unknown dtype, the tokenizer has no chat template, or an adapter config names no
+            base model.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -41,13 +78,21 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
     if dtype not in _DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     path = resolve_model(name)
+    adapter = Path(path).is_dir() and (Path(path) / "adapter_config.json").is_file()
     tok = AutoTokenizer.from_pretrained(path)
     if not tok.chat_template:
         raise ValueError(f"tokenizer of {name!r} has no chat template; crl-bench builds chat prompts")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    if adapter:
+        from peft import PeftModel
+
+        base = AutoModelForCausalLM.from_pretrained(adapter_base_model(path), dtype=_DTYPES[dtype])
+        model = PeftModel.from_pretrained(base, path).merge_and_unload()
+        model.requires_grad_(True)   # peft froze the base for inference; return it as from_pretrained would
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     model.generation_config.pad_token_id = tok.pad_token_id

@@ -1,0 +1,413 @@
+"""``crl-bench leaderboard``: one table of comparable results from run and submission summaries.
+
+Input: folders walked recursively for ``summary.json`` files (runs and submissions,
+crl_bench/summary.py); a finished run folder without one (``config.yaml`` + ``eval.json``) is
+summarised on the fly; an unfinished run (no ``eval.json``) or an invalid summary is skipped with a
+warning.
+
+Rows: one per (method, model, extractor, mix, eval protocol, eval mode). The eval mode is ``free``
+(no experience) or ``guided`` (read-only retrieval from the bank), so experience methods get two
+rows. Runs with different protocols (split, episodes, tasks per env, temperature, top_p, top_k,
+max_new_tokens, max_steps) are never pooled: the protocol is part of the key.
+
+Numbers (the header of ``leaderboard.md`` says the same):
+
+* per env: success rate, mean and sample standard deviation (ddof=1) over the row's runs, and n, the
+  number of runs that evaluated that env (a run without the env makes n smaller, never a 0);
+* overall: per run the unweighted mean of its per-env success rates (only runs that evaluated every
+  env of the row), then mean and std over runs, and for n >= 3 a 95% percentile bootstrap CI of the
+  mean (``scipy.stats.bootstrap``, 9,999 resamples, seeded: deterministic);
+* mean eval steps and invalid-action rate, train steps, train episodes and train wall seconds:
+  per-run values averaged over the row's runs.
+
+Duplicates: a run id met twice in one row (e.g. a run folder and a submission packed from it, or
+overlapping paths) is counted once, with a warning. Two different runs with the same seed are both
+counted (n counts runs; e.g. re-runs on nondeterministic kernels), with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence, TextIO
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from crl_bench.summary import SummaryError, build_summary, read_summary, validate_summary
+
+MODES = ("guided", "free")
+CI_LEVEL = 0.95
+CI_RESAMPLES = 9999
+CI_SEED = 0
+#: Folders never walked into.
+SKIP_DIRS = {"checkpoint", "__pycache__", "node_modules"}
+#: Columns before the per-env ones, in order.
+BASE_COLUMNS = ["method", "model", "extractor", "mix", "eval", "protocol", "n_runs", "seeds",
+                "overall_mean", "overall_std", "overall_n", "overall_ci_low", "overall_ci_high"]
+TAIL_COLUMNS = ["steps_mean", "invalid_action_rate", "train_steps", "train_episodes", "train_wall_s",
+                "run_ids", "mix_envs", "protocol_json"]
+EVAL_DOC = "docs/evaluation.md"
+
+
+def _warn(warnings: list[str] | None, message: str) -> None:
+    if warnings is None:
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        warnings.append(message)
+
+
+# ---- collecting --------------------------------------------------------------------------------
+def _is_run_dir(files: Iterable[str]) -> bool:
+    names = set(files)
+    return "config.yaml" in names and bool(names & {"eval.json", "versions.json", "metrics.jsonl"})
+
+
+def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every summary under ``paths``, validated.
+
+    Each path is a folder walked recursively (hidden folders, ``checkpoint/`` and ``__pycache__``
+    skipped) or a ``summary.json`` file. A folder with ``summary.json`` is read and not walked
+    further; a run folder (``config.yaml`` with ``eval.json``/``versions.json``/``metrics.jsonl``)
+    without one is summarised on the fly (crl_bench.summary.build_summary).
+
+    Args:
+        paths: folders or summary files.
+        warnings: if given, skip messages are appended to it; otherwise each is printed to stderr.
+
+    Returns:
+        The summaries in walk order (sorted folder names). Unfinished runs (no ``eval.json``),
+        invalid summaries and missing paths are skipped with a warning naming the folder and the
+        problem; nothing here raises for bad input.
+    """
+    out: list[dict[str, Any]] = []
+    seen: set[Path] = set()
+
+    def take(folder: Path, has_summary: bool) -> None:
+        real = folder.resolve()
+        if real in seen:
+            return
+        seen.add(real)
+        try:
+            if has_summary:
+                out.append(read_summary(folder / "summary.json"))
+            else:
+                data = build_summary(folder)
+                validate_summary(data, source=f"{folder} (summarised from its run files)")
+                out.append(data)
+        except SummaryError as e:
+            _warn(warnings, f"skipped {folder}: {e}")
+
+    for p in map(Path, paths):
+        if not p.exists():
+            _warn(warnings, f"{p}: does not exist")
+            continue
+        if p.is_file():
+            if p.name == "summary.json":
+                take(p.parent, True)
+            else:
+                _warn(warnings, f"{p}: not a folder or a summary.json")
+            continue
+        for dirpath, dirnames, filenames in os.walk(p):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS)
+            folder = Path(dirpath)
+            if "summary.json" in filenames:
+                take(folder, True)
+                dirnames[:] = []
+            elif _is_run_dir(filenames):
+                take(folder, False)
+                dirnames[:] = []
+    return out
+
+
+# ---- the table ---------------------------------------------------------------------------------
+def _per_env_text(values: dict[str, Any]) -> str:
+    vals = list(values.values())
+    if vals and all(v == vals[0] for v in vals):
+        return f"{vals[0]}"
+    return ",".join(f"{e}={v}" for e, v in values.items())
+
+
+def protocol_label(protocol: dict[str, Any]) -> str:
+    """Compact text of an eval protocol, e.g. ``"eval · 4 ep/env · T=0 · max_steps 6"``.
+
+    Shows split, episodes per env (``all tasks`` for ``"all"``), the tasks actually run when they
+    differ from the episodes asked, temperature, ``top_p`` unless 1, ``top_k`` unless 0/absent,
+    ``max_new_tokens`` when recorded, and the step limit (one number if all envs share it).
+    """
+    ep = protocol["episodes"]
+    parts = [str(protocol["split"]), "all tasks" if ep == "all" else f"{ep} ep/env"]
+    tpe = protocol.get("tasks_per_env") or {}
+    if ep == "all" or any(v != ep for v in tpe.values()):
+        parts.append(f"tasks {_per_env_text(tpe)}")
+    parts.append(f"T={protocol['temperature']:g}")
+    if protocol.get("top_p", 1.0) != 1.0:
+        parts.append(f"top_p {protocol['top_p']:g}")
+    if protocol.get("top_k"):
+        parts.append(f"top_k {protocol['top_k']}")
+    if protocol.get("max_new_tokens") is not None:
+        parts.append(f"max_new_tokens {protocol['max_new_tokens']}")
+    parts.append(f"max_steps {_per_env_text(protocol.get('max_steps') or {})}")
+    return " · ".join(parts)
+
+
+def _canon(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else math.nan
+
+
+def _std(values: list[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) >= 2 else math.nan
+
+
+def bootstrap_ci(values: Sequence[float], level: float = CI_LEVEL, seed: int = CI_SEED) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of the mean of ``values``.
+
+    Args:
+        values: one number per seed (e.g. overall success rates), at least 3.
+        level: confidence level (0.95).
+        seed: seed of the resampling generator (same input -> same interval).
+
+    Returns:
+        ``(low, high)``; ``(v, v)`` when all values are equal.
+
+    Raises:
+        ValueError: fewer than 3 values.
+    """
+    x = np.asarray(values, dtype=float)
+    if x.size < 3:
+        raise ValueError(f"bootstrap_ci needs at least 3 values, got {x.size}")
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])
+    gen = np.random.default_rng(seed)
+    # scipy >= 1.15 names the generator ``rng``; older versions ``random_state``
+    kw = {"rng": gen} if "rng" in inspect.signature(stats.bootstrap).parameters else {"random_state": gen}
+    res = stats.bootstrap((x,), np.mean, confidence_level=level, n_resamples=CI_RESAMPLES,
+                          method="percentile", **kw)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _model_label(model: dict[str, Any]) -> str:
+    return model["name"] + (f" ({model['variant']})" if model.get("variant") else "")
+
+
+def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] | None = None) -> pd.DataFrame:
+    """One row per (method, model, extractor, mix, protocol, eval mode) over validated summaries.
+
+    Columns: ``BASE_COLUMNS``, then per env ``success_mean/<env>``, ``success_std/<env>``,
+    ``n/<env>`` (envs in mix order), then ``TAIL_COLUMNS``. Success rates are fractions in [0, 1];
+    ``train_wall_s`` is seconds; a std of fewer than 2 runs and a CI of fewer than 3 are NaN; an env
+    no run of the row evaluated has NaN mean and n 0. Sorted by mix, then overall mean (descending,
+    NaN last), then method, model, eval mode, protocol.
+
+    Args:
+        summaries: summary dicts (crl_bench.summary; e.g. from :func:`collect`).
+        warnings: duplicate-run and duplicate-seed messages are appended here (stderr if None).
+
+    Returns:
+        A DataFrame; empty (with the base columns) when there is nothing to show.
+    """
+    groups: dict[tuple, dict[str, Any]] = {}
+    for s in summaries:
+        proto = s["eval_protocol"]
+        for r in s["runs"]:
+            for mode in MODES:
+                block = r["eval"].get(mode)
+                if block is None:
+                    continue
+                key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
+                       _canon(proto), mode)
+                g = groups.setdefault(key, {"summary": s, "mode": mode, "runs": {}})
+                if r["run_id"] in g["runs"]:
+                    _warn(warnings, f"run {r['run_id']} appears twice for {s['method']} / {s['mix']['name']} "
+                                    f"/ {mode}; counted once")
+                    continue
+                g["runs"][r["run_id"]] = {"seed": r["seed"], "train": r["train"], "eval": block}
+
+    rows: list[dict[str, Any]] = []
+    all_envs: list[str] = []
+    for g in groups.values():
+        s, runs = g["summary"], list(g["runs"].items())
+        seeds = [v["seed"] for _, v in runs]
+        for seed in sorted({x for x in seeds if seeds.count(x) > 1}):
+            ids = [rid for rid, v in runs if v["seed"] == seed]
+            _warn(warnings, f"seed {seed} has {len(ids)} runs for {s['method']} / {s['mix']['name']} / "
+                            f"{g['mode']} ({', '.join(ids)}); all are counted")
+        evaluated = {e for _, v in runs for e in v["eval"]["per_env"]}
+        envs = [e for e in s["mix"]["envs"] if e in evaluated] + sorted(evaluated - set(s["mix"]["envs"]))
+        row: dict[str, Any] = {
+            "method": s["method"], "model": _model_label(s["model"]),
+            "extractor": s["model"].get("extractor") or "", "mix": s["mix"]["name"], "eval": g["mode"],
+            "protocol": protocol_label(s["eval_protocol"]), "n_runs": len(runs),
+            "seeds": ",".join(str(x) for x in seeds),
+        }
+        overall: list[float] = []
+        for _, v in runs:
+            per_env = v["eval"]["per_env"]
+            if envs and all(e in per_env for e in envs):
+                overall.append(float(np.mean([per_env[e]["success_rate"] for e in envs])))
+        row["overall_mean"], row["overall_std"], row["overall_n"] = _mean(overall), _std(overall), len(overall)
+        row["overall_ci_low"], row["overall_ci_high"] = (bootstrap_ci(overall) if len(overall) >= 3
+                                                         else (math.nan, math.nan))
+        for e in envs:
+            vals = [float(v["eval"]["per_env"][e]["success_rate"]) for _, v in runs if e in v["eval"]["per_env"]]
+            row[f"success_mean/{e}"], row[f"success_std/{e}"], row[f"n/{e}"] = _mean(vals), _std(vals), len(vals)
+            if e not in all_envs:
+                all_envs.append(e)
+        row["steps_mean"] = _mean([float(v["eval"]["steps_mean"]) for _, v in runs])
+        row["invalid_action_rate"] = _mean([float(v["eval"]["invalid_action_rate"]) for _, v in runs])
+        row["train_steps"] = _mean([float(v["train"]["steps"]) for _, v in runs])
+        row["train_episodes"] = _mean([float(v["train"]["episodes"]) for _, v in runs])
+        row["train_wall_s"] = _mean([float(v["train"]["wall_s"]) for _, v in runs])
+        row["run_ids"] = ",".join(rid for rid, _ in runs)
+        row["mix_envs"] = _canon(s["mix"]["envs"])
+        row["protocol_json"] = _canon(s["eval_protocol"])
+        rows.append(row)
+
+    # two different protocols must never look the same: disambiguate equal labels with a short hash
+    by_label: dict[str, set[str]] = {}
+    for row in rows:
+        by_label.setdefault(row["protocol"], set()).add(row["protocol_json"])
+    for row in rows:
+        if len(by_label[row["protocol"]]) > 1:
+            row["protocol"] += " #" + hashlib.sha1(row["protocol_json"].encode()).hexdigest()[:6]
+
+    env_cols = [f"{k}/{e}" for e in all_envs for k in ("success_mean", "success_std", "n")]
+    df = pd.DataFrame(rows, columns=BASE_COLUMNS + env_cols + TAIL_COLUMNS)
+    for e in all_envs:
+        df[f"n/{e}"] = df[f"n/{e}"].fillna(0).astype(int)
+    if df.empty:
+        return df
+    df["_neg"] = -df["overall_mean"]
+    df = df.sort_values(["mix", "_neg", "method", "model", "eval", "protocol"], na_position="last",
+                        kind="mergesort").drop(columns="_neg").reset_index(drop=True)
+    return df
+
+
+# ---- writing -----------------------------------------------------------------------------------
+def _fmt_stat(mean: float, std: float, n: int) -> str:
+    if not n or math.isnan(mean):
+        return "-"
+    if n < 2 or math.isnan(std):
+        return f"{mean:.3f} (n={n})"
+    return f"{mean:.3f} ± {std:.3f} (n={n})"
+
+
+def _fmt_num(x: Any, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _doc_link(out_dir: Path) -> str:
+    root = Path(__file__).resolve().parents[1]
+    doc = root / EVAL_DOC
+    try:
+        out_dir.resolve().relative_to(root)
+        return Path(os.path.relpath(doc, out_dir.resolve())).as_posix()
+    except ValueError:
+        return EVAL_DOC
+
+
+def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
+    """The markdown text of :func:`write_leaderboard`: a header on how the numbers are computed, then
+    one table per mix (its own env columns)."""
+    lines = [
+        "# crl-bench leaderboard",
+        "",
+        "Generated by `crl-bench leaderboard` from run and submission summaries (`summary.json`; no "
+        f"timestamp, so an unchanged table gives no diff). How results are evaluated and compared: "
+        f"[{EVAL_DOC}]({doc_link}).",
+        "",
+        "* One row per method, model, extractor, mix, evaluation protocol and eval mode (`free`: no "
+        "experience; `guided`: read-only retrieval from the experience bank). Runs with different "
+        "protocols are never pooled; `protocol` shows split, episodes per env, temperature and step limit.",
+        "* Per env: eval success rate, mean ± sample std (ddof=1) over runs (one per seed), n = runs "
+        "that evaluated the env.",
+        f"* Overall: per run, the unweighted mean of its per-env success rates (runs that evaluated every "
+        f"env of the row), then mean ± std over runs; 95% CI: percentile bootstrap of the mean "
+        f"(scipy.stats.bootstrap, {CI_RESAMPLES} resamples, seed {CI_SEED}) when n ≥ 3, else n/a.",
+        "* Steps and invalid-action rate: eval means; train steps, train episodes and wall time (s): "
+        "per run; all averaged over runs. The CSV beside this file has every number unrounded.",
+        "* A run met twice (e.g. a run folder and a submission packed from it) is counted once; "
+        "different runs with the same seed are all counted (the build warns).",
+        "",
+    ]
+    if df.empty:
+        lines.append("No finished runs or submissions found.")
+        return "\n".join(lines) + "\n"
+    for mix, part in df.groupby("mix", sort=False):
+        envs = [c.split("/", 1)[1] for c in part.columns
+                if c.startswith("n/") and part[c].fillna(0).astype(int).sum() > 0]
+        header = (["method", "model", "extractor", "eval", "protocol"] + envs
+                  + ["overall", "95% CI", "steps", "invalid", "train steps", "train episodes",
+                     "wall (s)", "runs"])
+        lines += [f"## {_cell(mix)}", "", "| " + " | ".join(_cell(h) for h in header) + " |",
+                  "|" + "---|" * len(header)]
+        for _, r in part.iterrows():
+            ci = ("n/a" if math.isnan(r["overall_ci_low"])
+                  else f"[{r['overall_ci_low']:.3f}, {r['overall_ci_high']:.3f}]")
+            cells = ([r["method"], r["model"], r["extractor"] or "-", r["eval"], r["protocol"]]
+                     + [_fmt_stat(r[f"success_mean/{e}"], r[f"success_std/{e}"], int(r[f"n/{e}"])) for e in envs]
+                     + [_fmt_stat(r["overall_mean"], r["overall_std"], int(r["overall_n"])), ci,
+                        _fmt_num(r["steps_mean"], ".1f"), _fmt_num(r["invalid_action_rate"], ".3f"),
+                        _fmt_num(r["train_steps"], "g"), _fmt_num(r["train_episodes"], "g"),
+                        _fmt_num(r["train_wall_s"], ".0f"), r["run_ids"]])
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_leaderboard(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``leaderboard.md`` and ``leaderboard.csv`` into ``out_dir`` (created if needed).
+
+    The CSV holds every column of ``df`` unrounded (NaN as empty cells) and reads back with
+    ``pandas.read_csv``.
+
+    Returns:
+        ``(md_path, csv_path)``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md_path, csv_path = out / "leaderboard.md", out / "leaderboard.csv"
+    for path, text in ((md_path, leaderboard_markdown(df, _doc_link(out))), (csv_path, df.to_csv(index=False))):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return md_path, csv_path
+
+
+def main_leaderboard(paths: Sequence[str | Path], out_dir: str | Path, stdout: TextIO | None = None,
+                     stderr: TextIO | None = None) -> int:
+    """``crl-bench leaderboard [DIR ...] [--out DIR]``: collect, build the table, write it.
+
+    Prints one ``warning: ...`` line per skipped folder or duplicate to ``stderr`` and the paths
+    written to ``stdout``.
+
+    Returns:
+        0 when the table was written, 1 when no summary was found (nothing is written then).
+    """
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    warnings: list[str] = []
+    summaries = collect(paths, warnings)
+    df = leaderboard_frame(summaries, warnings)
+    for w in warnings:
+        print(f"warning: {w}", file=stderr)
+    if not summaries:
+        print(f"error: no finished runs or submissions under {', '.join(map(str, paths))}", file=stderr)
+        return 1
+    md, csv = write_leaderboard(df, out_dir)
+    print(f"wrote {md} and {csv}: {len(df)} rows from {len(summaries)} summaries", file=stdout)
+    return 0

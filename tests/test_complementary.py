@@ -234,4 +234,10 @@ def test_guided_eval_leaves_the_bank_and_its_counters_untouched(tokenizer, tiny_
     assert tr.experience.manager.stats()["queries"] == queries + 2      # eval did retrieve
     assert _bank_state(bank) == before
     assert tr.experience.retriever._rng.getstate() == rng_state
+    # the final evaluation runs the same tasks guided and free, both read-only
+    both = tr.evaluate_all()
+    assert both["guided"]["guided"] is True and both["free"]["guided"] is False
+    assert both["guided"]["tasks"] == both["free"]["tasks"]
+    assert tr.eval_episode_count() == 4
+    assert _bank_state(bank) == before
     tr.close()

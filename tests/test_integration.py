@@ -11,10 +11,12 @@ import torch
 
 from crl_bench.cli import main
 from crl_bench.results import read_metrics
+from crl_bench.summary import validate_summary
 
 
 def _check_run_folder(run: Path, steps: int) -> None:
-    for name in ("config.yaml", "versions.json", "seeds.json", "metrics.jsonl", "eval.json", "episodes.jsonl"):
+    for name in ("config.yaml", "versions.json", "seeds.json", "data.json", "metrics.jsonl", "eval.json",
+                 "episodes.jsonl", "summary.json"):
         assert (run / name).is_file(), name
     assert (run / "checkpoint" / "config.json").is_file()
     assert any((run / "checkpoint").glob("*.safetensors"))
@@ -28,9 +30,15 @@ def _check_run_folder(run: Path, steps: int) -> None:
         assert r["invalid_action_rate"] == 0.0        # constrained decoding (default)
         assert r["tokens_per_s"] > 0
     ev = json.loads((run / "eval.json").read_text())
-    assert ev["episodes"] == 4 and 0.0 <= ev["success_rate"] <= 1.0 and ev["steps_mean"] > 0
+    free = ev["free"]
+    assert free["episodes"] == 4 * len(free["per_env"]) and 0.0 <= free["success_rate"] <= 1.0
+    assert free["steps_mean"] > 0 and ev["protocol"]["episodes"] == 4
     versions = json.loads((run / "versions.json").read_text())
     assert "torch" in versions["packages"] and "crl-bench" in versions["packages"]
+    assert "pyyaml" in versions["packages"]                  # every installed distribution
+    summary = json.loads((run / "summary.json").read_text())
+    validate_summary(summary)
+    assert summary["runs"][0]["eval"]["free"]["per_env"].keys() == free["per_env"].keys()
 
 
 @pytest.mark.slow
@@ -41,7 +49,7 @@ def test_smoke_run(tmp_path, mix, capsys):
     assert rc == 0
     _check_run_folder(tmp_path / "smoke", steps=2)
     out = capsys.readouterr().out
-    assert "step 2:" in out and "eval (eval)" in out
+    assert "step 2:" in out and "eval (eval, free)" in out
     # the checkpoint evaluates through `crl-bench eval --run`
     rc = main(["eval", "--run", str(tmp_path / "smoke"), "--episodes", "2", "--quiet"])
     assert rc == 0
@@ -81,7 +89,11 @@ def test_experience_smoke_run(tmp_path, method, capsys):
     for u in updates:
         assert "extractor_loss" in u and "extractor_reward_mean" in u
     ev = json.loads((run / "eval.json").read_text())
-    assert ev["guided"] is True
+    # experience methods: the same eval tasks with the bank (guided, read-only) and without (free)
+    assert ev["guided"]["guided"] is True and ev["free"]["guided"] is False
+    assert ev["guided"]["tasks"] == ev["free"]["tasks"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["runs"][0]["eval"]["guided"] is not None and summary["method"] == method
     assert main(["bank", "stats", str(run)]) == 0
     assert '"count"' in capsys.readouterr().out
 
@@ -130,8 +142,16 @@ def test_alfworld_smoke_run_and_eval(tmp_path, capsys):
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
     # every unwon episode ends at the step limit with the failure reward
     assert all(e["reward"] == (1.0 if e["success"] else -1.0) for e in episodes)
-    ev = json.loads((run / "eval.json").read_text())
+    ev = json.loads((run / "eval.json").read_text())["free"]
     assert all(t >= 10000 for t in ev["tasks"]["alfworld"])      # eval = the 134 valid_unseen tasks
+    # ALFWorld's per-task-type breakdown; the data files' checksums are recorded
+    per_type = ev["per_env"]["alfworld"]["per_type"]
+    assert sum(v["episodes"] for v in per_type.values()) == 4
+    assert set(per_type) <= {"pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
+                             "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep",
+                             "pick_two_obj_and_place"}
+    data = json.loads((run / "data.json").read_text())["data_checksums"]["alfworld"]
+    assert any(name.endswith("eval_134.jsonl") for name in data)
     capsys.readouterr()
     rc = main(["eval", "--mix", "alfworld", "--split", "eval", "--episodes", "2", "--preset", "smoke",
                "--quiet", "--out", str(tmp_path / "ev.json")])
@@ -154,11 +174,28 @@ def test_webshop_smoke_run_and_eval(tmp_path, capsys):
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["episodes"] == 8 and r["env_errors"] == 0 and r["tokens_per_s"] > 0 for r in rows)
-    ev = json.loads((run / "eval.json").read_text())
+    ev = json.loads((run / "eval.json").read_text())["free"]
     assert all(0 <= t < 500 for t in ev["tasks"]["webshop"])          # eval = the held-out goals
+    assert 0.0 <= ev["per_env"]["webshop"]["score_mean"] <= 1.0      # WebShop's score beside success
     capsys.readouterr()
     rc = main(["eval", "--mix", "webshop", "--episodes", "2", "--preset", "smoke", "--quiet",
                "--out", str(tmp_path / "ev.json")])
     assert rc == 0
     ev = json.loads((tmp_path / "ev.json").read_text())
     assert ev["episodes"] == 2 and ev["tasks"]["webshop"] == [0, 1] and ev["env_errors"] == 0
+
+
+def test_missing_engine_is_a_clear_error_and_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    """An env whose engine is not installed: exit 2, the extra and its install command named, no
+    traceback, and no run folder left behind (the run failed before its first step)."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "crl_bench.envs.webshop" or m.startswith("crl_bench.envs.webshop.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "thefuzz", None)          # import thefuzz -> ModuleNotFoundError
+    rc = main(["run", "--method", "grpo", "--mix", "webshop", "--preset", "smoke", "--output-dir",
+               str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "[webshop]" in err and "CRL_EXTRAS=webshop bash install.sh" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -18,6 +18,7 @@ CHECK = (
     "import crl_bench.envs.alfworld; from crl_bench.data import load_manifest;"
     "assert len(load_manifest('alfworld')['games']['eval']) == 134;"
     "make_env('sokoban').reset(options={'task': 0});"
+    "from crl_bench.summary import load_schema; load_schema('summary'); load_schema('submission_metadata');"
     "print(crl_bench.envs.sokoban.__file__)"
 )
 

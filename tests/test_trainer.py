@@ -39,6 +39,28 @@ def test_grpo_step_updates_full_model(tokenizer, tiny_model):
     tr.close()
 
 
+def test_eval_all_and_protocol(tokenizer, tiny_model):
+    """`eval.episodes: all` evaluates every eval task; grpo's eval.json has only the free block, with
+    the protocol that makes it comparable (docs/evaluation.md)."""
+    cfg = _cfg()
+    cfg.eval.episodes = "all"
+    tr = Trainer(cfg, model=tiny_model, tokenizer=tokenizer)
+    n_eval = len(tr.eval_tasks["test-coin"])
+    assert tr.eval_task_ids() == {"test-coin": [int(t) for t in tr.eval_tasks["test-coin"]]}
+    assert tr.eval_task_ids(3) == {"test-coin": [int(t) for t in tr.eval_tasks["test-coin"][:3]]}
+    ev = tr.evaluate_all()
+    assert set(ev) == {"step", "protocol", "free"}
+    assert ev["free"]["episodes"] == n_eval and ev["free"]["guided"] is False
+    p = ev["protocol"]
+    assert p["episodes"] == "all" and p["tasks_per_env"] == {"test-coin": n_eval}
+    assert p["max_steps"] == {"test-coin": 2} and p["temperature"] == cfg.eval.temperature
+    row = ev["free"]["per_env"]["test-coin"]
+    assert row["score_mean"] == pytest.approx(ev["free"]["reward_mean"]) and "per_type" not in row
+    with pytest.raises(ValueError, match="experience bank"):
+        tr.evaluate(guided=True)
+    tr.close()
+
+
 def test_grpo_step_with_lora_and_kl(tokenizer, tiny_model):
     cfg = _cfg(kl_coef=0.05)
     cfg.model.lora = True

@@ -24,6 +24,7 @@ from crl_bench.llm.base import SamplingParams
 from crl_bench.methods import MethodSpec, get_method
 from crl_bench.mixtures import TaskSampler, resolve_mixture
 from crl_bench.results import RunWriter, make_run_id
+from crl_bench.tracking import open_trackers
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
 from crl_bench.trainer.advantages import grouped_advantages
 from crl_bench.trainer.policy import PolicyUpdater, TokenSample
@@ -106,11 +107,19 @@ class Trainer:
         self.pool = EnvPool(cfg.rollout.env_kwargs, cfg.rollout.max_steps)
         # one probe env per id: validates the ids early and gives the task splits
         self.train_tasks, self.eval_tasks, weights = {}, {}, {}
+        self.max_steps: dict[str, int] = {}
+        self.task_types: dict[str, dict[int, str]] = {}       # eval task id -> benchmark task type
+        self.data_files: dict[str, dict[str, str]] = {}
         for env_id in self.mixture.envs:
             env = self.pool.acquire(env_id)
             self.train_tasks[env_id] = env.task_ids("train")
             self.eval_tasks[env_id] = env.task_ids(cfg.eval.split)
             weights[env_id] = env.task_weights("train")
+            self.max_steps[env_id] = int(env.max_steps)
+            types = {int(t): env.task_type(int(t)) for t in self.eval_tasks[env_id]}
+            if any(v is not None for v in types.values()):
+                self.task_types[env_id] = {t: v for t, v in types.items() if v is not None}
+            self.data_files[env_id] = {name: str(path) for name, path in env.data_files().items()}
             self.pool.release(env_id, env)
         self.sampler = TaskSampler(self.mixture, self.train_tasks, seed=cfg.train.seed, task_weights=weights)
 
@@ -282,21 +291,49 @@ class Trainer:
         return StepResult(m, trajs)
 
     # ---- evaluation -------------------------------------------------------------------------------
-    def evaluate(self, episodes: int | None = None, progress: Any = None) -> dict[str, Any]:
-        """Roll out the first ``episodes`` tasks of each env's eval split with the eval sampling.
-
-        Returns ``summarise`` of those episodes plus ``per_env`` (success rate, mean steps, episodes)
-        and the task ids used.
-        """
+    def eval_task_ids(self, episodes: int | str | None = None) -> dict[str, list[int]]:
+        """The eval tasks of each env: the first ``episodes`` ids of its eval split (``"all"``: every
+        one; default ``eval.episodes``)."""
         n = self.cfg.eval.episodes if episodes is None else episodes
-        guided = self.experience is not None and self.cfg.experience.eval_guided
+        return {e: [int(t) for t in (self.eval_tasks[e] if n == "all" else self.eval_tasks[e][:int(n)])]
+                for e in self.mixture.envs}
+
+    def eval_protocol(self, episodes: int | str | None = None) -> dict[str, Any]:
+        """What makes two evaluations comparable (docs/evaluation.md): split, episodes per env (as
+        asked and as run), sampling, and each env's step limit."""
+        tasks = self.eval_task_ids(episodes)
+        g = self.cfg.generation
+        return {"split": self.cfg.eval.split,
+                "episodes": self.cfg.eval.episodes if episodes is None else episodes,
+                "tasks_per_env": {e: len(ids) for e, ids in tasks.items()},
+                "temperature": self.cfg.eval.temperature, "top_p": g.top_p, "top_k": g.top_k,
+                "max_new_tokens": g.max_new_tokens, "max_steps": dict(self.max_steps)}
+
+    def evaluate(self, episodes: int | str | None = None, progress: Any = None,
+                 guided: bool | None = None) -> dict[str, Any]:
+        """Roll out the eval tasks of each env (:meth:`eval_task_ids`) once, with the eval sampling.
+
+        Args:
+            episodes: per env, an int or ``"all"`` (default ``eval.episodes``).
+            progress: called with 1 per finished episode.
+            guided: retrieve from the bank (read-only); default: the method has experience and
+                ``experience.eval_guided``. Raises ``ValueError`` if asked without a bank.
+
+        Returns ``summarise`` of the episodes plus ``per_env`` (episodes, success rate, mean steps,
+        invalid-action rate, ``score_mean`` = mean episode reward, e.g. WebShop's score, and for envs
+        with task types ``per_type``: episodes and success rate per type, e.g. ALFWorld's six),
+        ``guided``, ``episodes_with_experience``, ``split``, ``temperature``, ``wall_s`` and the task
+        ids used.
+        """
+        if guided is None:
+            guided = self.experience is not None and self.cfg.experience.eval_guided
+        if guided and self.experience is None:
+            raise ValueError(f"guided evaluation needs an experience bank; method {self.cfg.method!r} has none")
         if guided:
             self.experience.flush()         # the bank evaluated is the one training has written
-        specs = []
-        for env_id in self.mixture.envs:
-            ids = list(self.eval_tasks[env_id][:n])
-            specs += [EpisodeSpec(env_id, t, group_id=i, subgroup="guided" if guided else "free",
-                                  retrieve=guided) for i, t in enumerate(ids)]
+        tasks = self.eval_task_ids(episodes)
+        specs = [EpisodeSpec(env_id, t, group_id=i, subgroup="guided" if guided else "free", retrieve=guided)
+                 for env_id, ids in tasks.items() for i, t in enumerate(ids)]
         t0 = time.perf_counter()
         # guided evaluation retrieves read-only: the bank and its usage counters stay as they were
         trajs = self.runner.collect(specs, self.eval_sampling, progress=progress,
@@ -305,15 +342,40 @@ class Trainer:
         per_env = {}
         for env_id in self.mixture.envs:
             ts = [t for t in trajs if t.env_id == env_id]
-            if ts:
-                per_env[env_id] = {"episodes": len(ts), "success_rate": float(np.mean([t.success for t in ts])),
-                                   "steps_mean": float(np.mean([t.steps for t in ts])),
-                                   "invalid_action_rate": sum(t.invalid_actions for t in ts) /
-                                   max(1, sum(t.steps for t in ts))}
+            if not ts:
+                continue
+            row = {"episodes": len(ts), "success_rate": float(np.mean([t.success for t in ts])),
+                   "steps_mean": float(np.mean([t.steps for t in ts])),
+                   "invalid_action_rate": sum(t.invalid_actions for t in ts) / max(1, sum(t.steps for t in ts)),
+                   "score_mean": float(np.mean([t.reward for t in ts]))}
+            types = self.task_types.get(env_id)
+            if types:
+                by_type: dict[str, list[bool]] = defaultdict(list)
+                for t in ts:
+                    by_type[types.get(int(t.task), "unknown")].append(bool(t.success))
+                row["per_type"] = {k: {"episodes": len(v), "success_rate": float(np.mean(v))}
+                                   for k, v in sorted(by_type.items())}
+            per_env[env_id] = row
         out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=time.perf_counter() - t0, guided=guided,
-                   temperature=self.cfg.eval.temperature,
-                   tasks={e: list(map(int, self.eval_tasks[e][:n])) for e in self.mixture.envs})
+                   temperature=self.cfg.eval.temperature, tasks=tasks,
+                   # guided: how many episodes the bank actually had experience for
+                   episodes_with_experience=sum(1 for t in trajs if t.experience_ids))
         return out
+
+    def evaluate_all(self, episodes: int | str | None = None, progress: Any = None) -> dict[str, Any]:
+        """The final evaluation written to ``eval.json``: ``{"step", "protocol", "free": ...}`` and,
+        for methods with an experience bank and ``experience.eval_guided``, ``"guided": ...`` too
+        (the same tasks with and without retrieval; blocks as :meth:`evaluate`)."""
+        out: dict[str, Any] = {"step": self.step, "protocol": self.eval_protocol(episodes)}
+        if self.experience is not None and self.cfg.experience.eval_guided:
+            out["guided"] = self.evaluate(episodes, progress, guided=True)
+        out["free"] = self.evaluate(episodes, progress, guided=False)
+        return out
+
+    def eval_episode_count(self, episodes: int | str | None = None) -> int:
+        """Episodes :meth:`evaluate_all` runs (for progress bars)."""
+        modes = 2 if self.experience is not None and self.cfg.experience.eval_guided else 1
+        return modes * sum(len(v) for v in self.eval_task_ids(episodes).values())
 
     def save_checkpoint(self, path: str) -> None:
         """``save_pretrained`` of the actor (adapters only with LoRA) and its tokenizer."""
@@ -326,52 +388,93 @@ class Trainer:
         self.pool.close()
 
 
+def data_checksums(trainer: Trainer) -> dict[str, dict[str, str]]:
+    """sha256 of every data file each env of the run reads (``TextEnv.data_files``), per env id."""
+    from crl_bench.data import sha256_file
+
+    return {env_id: {name: sha256_file(path) for name, path in sorted(files.items())}
+            for env_id, files in trainer.data_files.items() if files}
+
+
 def run_training(cfg: RunConfig, quiet: bool = False) -> str:
     """``crl-bench run``: train for ``cfg.train.steps`` steps, evaluate, write the run folder.
 
+    The folder gets config.yaml, versions.json, seeds.json, data.json (data checksums),
+    metrics.jsonl and episodes.jsonl as the run goes, then eval.json, checkpoint/ and summary.json
+    (crl_bench/results.py). A run that fails before its first step is logged (a bad env, missing
+    data or engine, a model that does not load, Ctrl-C) removes its folder again.
+
     Returns the run folder path.
     """
-    from tqdm import tqdm
+    import shutil
 
     if not cfg.run_id:
         cfg.run_id = make_run_id(cfg.method, cfg.rollout.mix, cfg.train.seed)
     writer = RunWriter(cfg.output_dir, cfg.run_id)
-    writer.write_config(cfg.to_dict())
-    writer.write_versions()
-    trainer = Trainer(cfg, writer)
-    writer.write_json("seeds.json", {"seed": cfg.train.seed, "task_sampler_seed": cfg.train.seed,
-                                     "torch_seed": cfg.train.seed, "torch_threads": trainer.threads})
-    per_step = cfg.train.groups_per_step * cfg.train.group_size
+    trainer: Trainer | None = None
     try:
-        for _ in range(cfg.train.steps):
-            with tqdm(total=per_step, desc=f"step {trainer.step + 1}/{cfg.train.steps} rollout",
-                      unit="ep", disable=quiet, leave=False) as bar:
-                res = trainer.train_step(progress=bar.update)
-            writer.log_metrics(res.metrics)
-            writer.log_episodes(res.metrics["step"], res.trajectories)
-            if not quiet:
-                m = res.metrics
-                print(f"step {m['step']}{' (warm-up)' if m.get('warmup') else ''}: success {m['success_rate']:.2f}  reward {m['reward_mean']:.2f}  "
-                      f"steps {m['steps_mean']:.1f}  invalid {m['invalid_action_rate']:.2f}  "
-                      f"loss {m.get('loss', 0.0):.4f}  {m['tokens_per_s']:.1f} tok/s  "
-                      f"{m['time_step_s']:.1f}s"
-                      + (f"  | guided {m['success_rate/guided']:.2f} free {m['success_rate/free']:.2f}  "
-                         f"bank {m['bank_size']}" if "bank_size" in m else "")
-                      + (f"  extractor update {m['extractor_update']}: reward {m['extractor_reward_mean']:.2f} "
-                         f"loss {m['extractor_loss']:.4f}" if "extractor_update" in m else ""), flush=True)
-            if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
-                ev = trainer.evaluate()
-                writer.log_metrics({"step": trainer.step, "eval": ev})
-        n_eval = cfg.eval.episodes * len(trainer.mixture.envs)
-        with tqdm(total=n_eval, desc="eval", unit="ep", disable=quiet, leave=False) as bar:
-            ev = trainer.evaluate(progress=bar.update)
-        ev["step"] = trainer.step
-        writer.write_json("eval.json", ev)
-        if not quiet:
-            print(f"eval ({cfg.eval.split}): success {ev['success_rate']:.3f}  steps {ev['steps_mean']:.1f}  "
-                  f"invalid {ev['invalid_action_rate']:.3f}  over {ev['episodes']} episodes", flush=True)
-        if cfg.train.save_checkpoint:
-            trainer.save_checkpoint(str(writer.dir / "checkpoint"))
+        writer.write_config(cfg.to_dict())
+        writer.write_versions(model=cfg.model.name, dtype=cfg.model.dtype)
+        writer.attach_trackers(open_trackers(cfg.logging, writer.dir, cfg.run_id, cfg.to_dict()))
+        trainer = Trainer(cfg, writer)
+        writer.write_json("seeds.json", {"seed": cfg.train.seed, "task_sampler_seed": cfg.train.seed,
+                                         "torch_seed": cfg.train.seed, "torch_threads": trainer.threads})
+        writer.write_json("data.json", {"data_checksums": data_checksums(trainer)})
+        _train_and_evaluate(cfg, trainer, writer, quiet)
+    except BaseException:
+        writer.close()                  # trackers first: their files may live in the folder removed below
+        started = writer.metrics_path.is_file() and writer.metrics_path.stat().st_size > 0
+        if trainer is not None:
+            trainer.close()
+            trainer = None
+        if not started:
+            shutil.rmtree(writer.dir, ignore_errors=True)
+        raise
     finally:
-        trainer.close()
+        writer.close()
+        if trainer is not None:
+            trainer.close()
+    from crl_bench.summary import write_summary
+    write_summary(writer.dir)
     return str(writer.dir)
+
+
+def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, quiet: bool) -> None:
+    """The body of :func:`run_training`: the steps, periodic evals, final eval and checkpoint."""
+    from tqdm import tqdm
+
+    per_step = cfg.train.groups_per_step * cfg.train.group_size
+    for _ in range(cfg.train.steps):
+        with tqdm(total=per_step, desc=f"step {trainer.step + 1}/{cfg.train.steps} rollout",
+                  unit="ep", disable=quiet, leave=False) as bar:
+            res = trainer.train_step(progress=bar.update)
+        writer.log_metrics(res.metrics)
+        writer.log_episodes(res.metrics["step"], res.trajectories)
+        if not quiet:
+            print(step_line(res.metrics), flush=True)
+        if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
+            ev = trainer.evaluate()
+            writer.log_metrics({"step": trainer.step, "eval": ev})
+    with tqdm(total=trainer.eval_episode_count(), desc="eval", unit="ep", disable=quiet, leave=False) as bar:
+        ev = trainer.evaluate_all(progress=bar.update)
+    writer.write_json("eval.json", ev)
+    writer.log_to_trackers({"step": trainer.step, "eval": {m: ev[m] for m in ("free", "guided") if m in ev}})
+    if not quiet:
+        for mode in ("guided", "free"):
+            if mode in ev:
+                e = ev[mode]
+                print(f"eval ({cfg.eval.split}, {mode}): success {e['success_rate']:.3f}  steps {e['steps_mean']:.1f}  "
+                      f"invalid {e['invalid_action_rate']:.3f}  over {e['episodes']} episodes", flush=True)
+    if cfg.train.save_checkpoint:
+        trainer.save_checkpoint(str(writer.dir / "checkpoint"))
+
+
+def step_line(m: dict[str, Any]) -> str:
+    """One console line for a step's metrics row."""
+    return (f"step {m['step']}{' (warm-up)' if m.get('warmup') else ''}: success {m['success_rate']:.2f}  "
+            f"reward {m['reward_mean']:.2f}  steps {m['steps_mean']:.1f}  invalid {m['invalid_action_rate']:.2f}  "
+            f"loss {m.get('loss', 0.0):.4f}  {m['tokens_per_s']:.1f} tok/s  {m['time_step_s']:.1f}s"
+            + (f"  | guided {m['success_rate/guided']:.2f} free {m['success_rate/free']:.2f}  "
+               f"bank {m['bank_size']}" if "bank_size" in m else "")
+            + (f"  extractor update {m['extractor_update']}: reward {m['extractor_reward_mean']:.2f} "
+               f"loss {m['extractor_loss']:.4f}" if "extractor_update" in m else ""))

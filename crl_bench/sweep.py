@@ -1,0 +1,194 @@
+"""``crl-bench sweep``: a grid of runs (methods x seeds) on one mix and preset, one after another.
+
+Layout of a sweep folder (``results/sweeps/<name>/`` by default)::
+
+    sweep.yaml        the grid: mix, preset, config file, model, steps, --set overrides, methods, seeds
+    runs/<method>-s<seed>/   one ordinary run folder per cell (crl_bench/results.py)
+
+A cell is finished when its run folder holds ``summary.json`` (written last by ``run_training``).
+Rerunning the same command skips finished cells and restarts unfinished ones from scratch (a run
+killed mid-way leaves a folder without ``summary.json``; it is removed first), so a sweep resumes
+after a kill. Methods and seeds may be extended on a rerun; the rest of the grid (mix, preset,
+config, model, steps, overrides) must match ``sweep.yaml`` or the sweep refuses to mix them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from crl_bench.config import ConfigError, RunConfig
+
+#: The keys of sweep.yaml that define what a cell computes (methods and seeds may grow).
+GRID_KEYS = ("mix", "preset", "config", "model", "steps", "set")
+
+
+@dataclass
+class SweepSpec:
+    """The grid of one sweep.
+
+    Attributes:
+        methods: method names, e.g. ``["grpo", "static", "complementary"]``.
+        seeds: run seeds, e.g. ``[0, 1, 2]``.
+        mix: env id, mixture name or file (as ``crl-bench run --mix``).
+        preset: preset name.
+        config: optional YAML config file layered after the preset.
+        model: optional actor model name or path.
+        steps: optional training steps (overrides the preset).
+        sets: ``section.key=value`` overrides, applied last, in order.
+    """
+
+    methods: list[str]
+    seeds: list[int]
+    mix: str
+    preset: str = "default"
+    config: str | None = None
+    model: str | None = None
+    steps: int | None = None
+    sets: list[str] = field(default_factory=list)
+
+    def grid(self) -> dict[str, Any]:
+        """What must match between runs of one sweep folder."""
+        return {"mix": self.mix, "preset": self.preset, "config": self.config, "model": self.model,
+                "steps": self.steps, "set": list(self.sets)}
+
+    def default_name(self) -> str:
+        """``<mix>-<preset>`` (file-name safe), plus a short hash of the other grid settings if any."""
+        mix = Path(self.mix).stem if self.mix.endswith((".yaml", ".yml")) else self.mix
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{mix}-{self.preset}")
+        extra = {k: v for k, v in self.grid().items() if k not in ("mix", "preset") and v}
+        if extra:
+            name += "-" + hashlib.sha1(json.dumps(extra, sort_keys=True).encode()).hexdigest()[:8]
+        return name
+
+
+def cell_id(method: str, seed: int) -> str:
+    """Run folder name of one cell: ``<method>-s<seed>``."""
+    return f"{method}-s{seed}"
+
+
+def is_finished(run_dir: Path) -> bool:
+    """A run folder is finished when it holds ``summary.json``."""
+    return (run_dir / "summary.json").is_file()
+
+
+def prepare_sweep_dir(spec: SweepSpec, root: str | Path, name: str | None = None) -> Path:
+    """Create (or reopen) the sweep folder and write/check ``sweep.yaml``.
+
+    Raises:
+        ConfigError: the folder holds a sweep with a different grid (names the differing keys).
+    """
+    path = Path(root) / (name or spec.default_name())
+    meta = path / "sweep.yaml"
+    grid = spec.grid()
+    if meta.is_file():
+        try:
+            old = yaml.safe_load(meta.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{meta} is not valid YAML: {e}") from None
+        differing = [k for k in GRID_KEYS if old.get(k) != grid.get(k)]
+        if differing:
+            raise ConfigError(f"sweep folder {path} holds a different grid ({', '.join(differing)} differ: "
+                              f"{ {k: old.get(k) for k in differing} } there); use another --name")
+        methods = list(dict.fromkeys(list(old.get("methods") or []) + spec.methods))
+        seeds = list(dict.fromkeys(list(old.get("seeds") or []) + spec.seeds))
+    else:
+        methods, seeds = spec.methods, spec.seeds
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / ".sweep.yaml.tmp"
+    tmp.write_text(yaml.safe_dump({**grid, "methods": methods, "seeds": seeds}, sort_keys=False))
+    tmp.replace(meta)
+    return path
+
+
+def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], RunConfig],
+              name: str | None = None, quiet: bool = True, print_fn: Callable[[str], None] = print,
+              train: Callable[..., str] | None = None) -> tuple[Path, list[tuple[str, int, str]]]:
+    """Run every (method, seed) cell not yet finished, in order (methods outer, seeds inner).
+
+    Args:
+        spec: the grid.
+        root: folder of sweeps (``results/sweeps``).
+        resolve: ``(method, seed) -> RunConfig`` (the CLI's layering of preset, config, flags, --set).
+            Every cell is resolved before the first run starts, so a bad setting fails at once.
+        name: sweep folder name (default :meth:`SweepSpec.default_name`).
+        quiet: hide each run's per-step lines.
+        print_fn: where progress lines go.
+        train: ``run_training(cfg, quiet=...) -> run folder`` (tests pass a stand-in).
+
+    Returns:
+        ``(sweep folder, failures)`` with one ``(method, seed, error)`` per cell that raised; a
+        failed cell does not stop the others and is retried on the next call.
+
+    Raises:
+        ConfigError: a cell's configuration is invalid, or the folder holds another grid.
+    """
+    if train is None:
+        from crl_bench.trainer.loop import run_training as train
+    if not spec.methods or not spec.seeds:
+        raise ConfigError("sweep: --methods and --seeds must each name at least one value")
+    cells = [(m, s) for m in spec.methods for s in spec.seeds]
+    configs = {(m, s): resolve(m, s) for m, s in cells}
+    path = prepare_sweep_dir(spec, root, name)
+    runs = path / "runs"
+    failures: list[tuple[str, int, str]] = []
+    for i, (method, seed) in enumerate(cells, 1):
+        head = f"[{i}/{len(cells)}] {method} seed {seed}"
+        run_dir = runs / cell_id(method, seed)
+        if is_finished(run_dir):
+            print_fn(f"{head}: finished earlier, skipped ({run_dir})")
+            continue
+        if run_dir.exists():
+            print_fn(f"{head}: unfinished folder from an interrupted sweep, restarting it")
+            shutil.rmtree(run_dir)
+        cfg = configs[(method, seed)]
+        cfg.output_dir, cfg.run_id = str(runs), cell_id(method, seed)
+        print_fn(f"{head}: running ({cfg.train.steps} steps) ...")
+        t0 = time.perf_counter()
+        try:
+            out = train(cfg, quiet=quiet)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - one failed cell must not lose the others
+            failures.append((method, seed, f"{type(e).__name__}: {e}"))
+            print_fn(f"{head}: FAILED after {time.perf_counter() - t0:.0f} s: {type(e).__name__}: {e}")
+            continue
+        print_fn(f"{head}: done in {time.perf_counter() - t0:.0f} s, {eval_line(Path(out))} ({out})")
+    return path, failures
+
+
+def eval_line(run_dir: Path) -> str:
+    """``eval free 0.250 guided 0.300`` from a run folder's eval.json (empty if none)."""
+    p = run_dir / "eval.json"
+    if not p.is_file():
+        return "no eval.json"
+    ev = json.loads(p.read_text())
+    parts = [f"{mode} {ev[mode]['success_rate']:.3f}" for mode in ("free", "guided") if isinstance(ev.get(mode), dict)]
+    return "eval success " + " ".join(parts) if parts else "eval.json without results"
+
+
+def parse_list(text: str, kind: type, what: str) -> list[Any]:
+    """``"a,b"`` -> ``["a", "b"]`` (``kind`` int for seeds). Raises ConfigError naming ``what``."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    try:
+        out = [kind(t) for t in items]
+    except ValueError:
+        raise ConfigError(f"--{what}: expected a comma-separated list of {kind.__name__}s, got {text!r}") from None
+    if not out:
+        raise ConfigError(f"--{what}: empty list")
+    if len(set(out)) != len(out):
+        raise ConfigError(f"--{what}: repeated values in {text!r}")
+    return out
+
+
+def describe(spec: SweepSpec) -> Sequence[str]:
+    """Human-readable lines for the start of a sweep."""
+    return [f"sweep: {len(spec.methods)} methods x {len(spec.seeds)} seeds on {spec.mix} (preset {spec.preset})"]

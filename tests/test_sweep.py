@@ -1,0 +1,116 @@
+"""crl-bench sweep: the grid runs one cell after another into one folder and resumes after a kill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crl_bench.config import ConfigError, build_config
+from crl_bench.sweep import SweepSpec, cell_id, parse_list, run_sweep
+
+
+def _resolve(method: str, seed: int):
+    return build_config([{"method": method, "train": {"seed": seed, "steps": 1}, "rollout": {"mix": "sokoban"}}])
+
+
+class FakeTrain:
+    """Stands in for run_training: writes a run folder like the real one; can die at a chosen call."""
+
+    def __init__(self, die_at: int | None = None) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.die_at = die_at
+
+    def __call__(self, cfg, quiet: bool = True) -> str:
+        self.calls.append((cfg.method, cfg.train.seed))
+        run = Path(cfg.output_dir) / cfg.run_id
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "success_rate": 0.5}) + "\n")
+        if self.die_at is not None and len(self.calls) == self.die_at:
+            raise KeyboardInterrupt          # killed mid-run: the folder stays, without summary.json
+        (run / "eval.json").write_text(json.dumps({"free": {"success_rate": 0.25}}))
+        (run / "summary.json").write_text("{}")
+        return str(run)
+
+
+def test_sweep_runs_grid_in_order_with_a_line_per_run(tmp_path):
+    spec = SweepSpec(methods=["grpo", "complementary"], seeds=[0, 1], mix="sokoban", preset="smoke")
+    lines: list[str] = []
+    train = FakeTrain()
+    path, failures = run_sweep(spec, tmp_path, _resolve, print_fn=lines.append, train=train)
+    assert failures == []
+    assert train.calls == [("grpo", 0), ("grpo", 1), ("complementary", 0), ("complementary", 1)]
+    assert sorted(p.name for p in (path / "runs").iterdir()) == sorted(
+        cell_id(m, s) for m in spec.methods for s in spec.seeds)
+    done = [line for line in lines if "done in" in line]
+    assert len(done) == 4 and all("eval success free 0.250" in line for line in done)
+    assert done[0].startswith("[1/4] grpo seed 0")
+    meta = yaml.safe_load((path / "sweep.yaml").read_text())
+    assert meta["methods"] == ["grpo", "complementary"] and meta["seeds"] == [0, 1] and meta["preset"] == "smoke"
+
+
+def test_sweep_resumes_after_a_kill_and_skips_finished_runs(tmp_path):
+    spec = SweepSpec(methods=["grpo", "static"], seeds=[0, 1], mix="sokoban", preset="smoke")
+    first = FakeTrain(die_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path, _resolve, print_fn=lambda s: None, train=first)
+    assert first.calls == [("grpo", 0), ("grpo", 1), ("static", 0)]
+    path = tmp_path / spec.default_name()
+    assert not (path / "runs" / "static-s0" / "summary.json").exists()      # the killed cell
+    second = FakeTrain()
+    lines: list[str] = []
+    run_sweep(spec, tmp_path, _resolve, print_fn=lines.append, train=second)
+    assert second.calls == [("static", 0), ("static", 1)]                  # finished cells skipped
+    assert sum("skipped" in line for line in lines) == 2
+    assert any("restarting" in line for line in lines)
+    assert all((path / "runs" / cell_id(m, s) / "summary.json").is_file() for m in spec.methods for s in spec.seeds)
+    third = FakeTrain()
+    run_sweep(spec, tmp_path, _resolve, print_fn=lambda s: None, train=third)
+    assert third.calls == []
+
+
+def test_sweep_failed_cell_does_not_stop_the_others(tmp_path):
+    spec = SweepSpec(methods=["grpo"], seeds=[0, 1], mix="sokoban")
+
+    def train(cfg, quiet=True):
+        if cfg.train.seed == 0:
+            raise RuntimeError("boom")
+        return FakeTrain()(cfg)
+
+    _, failures = run_sweep(spec, tmp_path, _resolve, print_fn=lambda s: None, train=train)
+    assert failures == [("grpo", 0, "RuntimeError: boom")]
+
+
+def test_sweep_refuses_a_folder_with_another_grid(tmp_path):
+    run_sweep(SweepSpec(["grpo"], [0], "sokoban", sets=["train.lr=1e-5"]), tmp_path, _resolve, name="x",
+              print_fn=lambda s: None, train=FakeTrain())
+    with pytest.raises(ConfigError, match="set"):
+        run_sweep(SweepSpec(["grpo"], [0], "sokoban", sets=["train.lr=1e-4"]), tmp_path, _resolve, name="x",
+                  print_fn=lambda s: None, train=FakeTrain())
+
+
+def test_sweep_bad_setting_fails_before_any_run(tmp_path):
+    train = FakeTrain()
+
+    def resolve(method, seed):
+        if method == "static":
+            raise ConfigError("unknown config key 'train.lrr'")
+        return _resolve(method, seed)
+
+    with pytest.raises(ConfigError, match="lrr"):
+        run_sweep(SweepSpec(["grpo", "static"], [0], "sokoban"), tmp_path, resolve, train=train)
+    assert train.calls == []
+
+
+def test_default_names_differ_with_settings_and_lists_parse():
+    a = SweepSpec(["grpo"], [0], "6task", "smoke")
+    b = SweepSpec(["grpo"], [0], "6task", "smoke", sets=["train.lr=1e-4"])
+    assert a.default_name() == "6task-smoke" and b.default_name().startswith("6task-smoke-")
+    assert parse_list("0, 1,2", int, "seeds") == [0, 1, 2]
+    with pytest.raises(ConfigError, match="--seeds"):
+        parse_list("0,x", int, "seeds")
+    with pytest.raises(ConfigError, match="repeated"):
+        parse_list("grpo,grpo", str, "methods")

@@ -204,7 +204,9 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
     """One row per (method, model, extractor, mix, protocol, eval mode) over validated summaries.
 
     Columns: ``BASE_COLUMNS``, then per env ``success_mean/<env>``, ``success_std/<env>``,
-    ``n/<env>`` (envs in mix order), then ``TAIL_COLUMNS``. Success rates are fractions in [0, 1];
+    ``n/<env>`` (envs in mix order), then ``score_mean/<env>`` for envs whose score is not their
+    success rate (WebShop's mean score, mean over runs) and ``type_success/<env>/<type>`` for envs
+    with task types (ALFWorld's six; mean over runs), then ``TAIL_COLUMNS``. Success rates are fractions in [0, 1];
     ``train_wall_s`` is seconds; a std of fewer than 2 runs and a CI of fewer than 3 are NaN; an env
     no run of the row evaluated has NaN mean and n 0. Sorted by mix, then overall mean (descending,
     NaN last), then method, model, eval mode, protocol.
@@ -235,6 +237,8 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
 
     rows: list[dict[str, Any]] = []
     all_envs: list[str] = []
+    score_envs: list[str] = []                 # envs whose score is not just success (WebShop)
+    type_cols: list[str] = []                  # type_success/<env>/<task type> (ALFWorld's six)
     for g in groups.values():
         s, runs = g["summary"], list(g["runs"].items())
         seeds = [v["seed"] for _, v in runs]
@@ -263,6 +267,20 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
             row[f"success_mean/{e}"], row[f"success_std/{e}"], row[f"n/{e}"] = _mean(vals), _std(vals), len(vals)
             if e not in all_envs:
                 all_envs.append(e)
+            blocks = [v["eval"]["per_env"][e] for _, v in runs if e in v["eval"]["per_env"]]
+            scores = [float(b["score_mean"]) for b in blocks if "score_mean" in b]
+            if scores and any(abs(float(b["score_mean"]) - float(b["success_rate"])) > 1e-9
+                              for b in blocks if "score_mean" in b):
+                row[f"score_mean/{e}"] = _mean(scores)
+                if e not in score_envs:
+                    score_envs.append(e)
+            types = sorted({t for b in blocks for t in (b.get("per_type") or {})})
+            for t in types:
+                col = f"type_success/{e}/{t}"
+                row[col] = _mean([float(b["per_type"][t]["success_rate"]) for b in blocks
+                                  if t in (b.get("per_type") or {})])
+                if col not in type_cols:
+                    type_cols.append(col)
         row["steps_mean"] = _mean([float(v["eval"]["steps_mean"]) for _, v in runs])
         row["invalid_action_rate"] = _mean([float(v["eval"]["invalid_action_rate"]) for _, v in runs])
         row["train_steps"] = _mean([float(v["train"]["steps"]) for _, v in runs])
@@ -282,7 +300,8 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
             row["protocol"] += " #" + hashlib.sha1(row["protocol_json"].encode()).hexdigest()[:6]
 
     env_cols = [f"{k}/{e}" for e in all_envs for k in ("success_mean", "success_std", "n")]
-    df = pd.DataFrame(rows, columns=BASE_COLUMNS + env_cols + TAIL_COLUMNS)
+    extra_cols = [f"score_mean/{e}" for e in score_envs] + type_cols
+    df = pd.DataFrame(rows, columns=BASE_COLUMNS + env_cols + extra_cols + TAIL_COLUMNS)
     for e in all_envs:
         df[f"n/{e}"] = df[f"n/{e}"].fillna(0).astype(int)
     if df.empty:
@@ -350,7 +369,9 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
     for mix, part in df.groupby("mix", sort=False):
         envs = [c.split("/", 1)[1] for c in part.columns
                 if c.startswith("n/") and part[c].fillna(0).astype(int).sum() > 0]
-        header = (["method", "model", "extractor", "eval", "protocol"] + envs
+        scored = [c.split("/", 1)[1] for c in part.columns
+                  if c.startswith("score_mean/") and part[c].notna().any()]
+        header = (["method", "model", "extractor", "eval", "protocol"] + envs + [f"score: {e}" for e in scored]
                   + ["overall", "95% CI", "steps", "invalid", "train steps", "train episodes",
                      "wall (s)", "runs"])
         lines += [f"## {_cell(mix)}", "", "| " + " | ".join(_cell(h) for h in header) + " |",
@@ -360,12 +381,27 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
                   else f"[{r['overall_ci_low']:.3f}, {r['overall_ci_high']:.3f}]")
             cells = ([r["method"], r["model"], r["extractor"] or "-", r["eval"], r["protocol"]]
                      + [_fmt_stat(r[f"success_mean/{e}"], r[f"success_std/{e}"], int(r[f"n/{e}"])) for e in envs]
+                     + [_fmt_num(r[f"score_mean/{e}"], ".3f") for e in scored]
                      + [_fmt_stat(r["overall_mean"], r["overall_std"], int(r["overall_n"])), ci,
                         _fmt_num(r["steps_mean"], ".1f"), _fmt_num(r["invalid_action_rate"], ".3f"),
                         _fmt_num(r["train_steps"], "g"), _fmt_num(r["train_episodes"], "g"),
                         _fmt_num(r["train_wall_s"], ".0f"), r["run_ids"]])
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
+        typed: dict[str, list[str]] = {}
+        for c in part.columns:
+            if c.startswith("type_success/") and part[c].notna().any():
+                _, env, task_type = c.split("/", 2)
+                typed.setdefault(env, []).append(task_type)
+        for env, types in typed.items():
+            head = ["method", "eval", "protocol"] + types
+            lines += [f"### {_cell(mix)}: {_cell(env)} success by task type (mean over runs)", "",
+                      "| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+            for _, r in part.iterrows():
+                cells = [r["method"], r["eval"], r["protocol"]] + [
+                    _fmt_num(r[f"type_success/{env}/{t}"], ".3f") for t in types]
+                lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from crl_bench.leaderboard import (bootstrap_ci, collect, leaderboard_frame, main_leaderboard, protocol_label,
+from crl_bench.leaderboard import (leaderboard_markdown, bootstrap_ci, collect, leaderboard_frame, main_leaderboard, protocol_label,
                                    write_leaderboard)
 from crl_bench.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
 from crl_bench.summary import SummaryError, build_summary, write_summary
@@ -292,3 +292,21 @@ def test_submission_readme_examples_are_valid(tmp_path):
     df = leaderboard_frame(collect([tmp_path]))
     g = _row(df, eval="guided")
     assert g["n/minihack-room"] == 1 and _row(df, eval="free")["success_mean/minihack-room"] == pytest.approx(0.4)
+
+
+def test_score_and_task_type_columns(tmp_path):
+    """An env whose score is not its success rate (WebShop) gets a score column; an env with task
+    types (ALFWorld) gets a per-type table; both are means over the runs."""
+    for seed, score in ((0, 0.8), (1, 0.6)):
+        d = make_run(tmp_path, f"r{seed}", seed=seed)
+        ev = json.loads((d / "eval.json").read_text())
+        ev["free"]["per_env"]["sokoban"]["score_mean"] = score
+        (d / "eval.json").write_text(json.dumps(ev))
+    df = leaderboard_frame(collect([tmp_path]))
+    assert len(df) == 1
+    assert df.loc[0, "score_mean/sokoban"] == pytest.approx(0.7)
+    assert "score_mean/minihack-room" not in df.columns          # its score equals its success
+    assert df.loc[0, "type_success/sokoban/pick"] == pytest.approx(0.5)
+    md = leaderboard_markdown(df)
+    assert "score: sokoban" in md and "0.700" in md
+    assert "sokoban success by task type" in md

@@ -408,6 +408,9 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
     """
     import shutil
 
+    if quiet:                       # also transformers' own loading/saving progress bars
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
     if not cfg.run_id:
         cfg.run_id = make_run_id(cfg.method, cfg.rollout.mix, cfg.train.seed)
     writer = RunWriter(cfg.output_dir, cfg.run_id)

@@ -134,7 +134,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from crl_bench.leaderboard import collect, leaderboard_frame
+    from crl_bench.leaderboard import collect, display_frame, leaderboard_frame
     from crl_bench.report import make_report
 
     for p in args.paths:
@@ -144,7 +144,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                                            else Path("results") / "report")
     warnings: list[str] = []
     summaries = collect(args.paths, warnings=warnings)
-    table = leaderboard_frame(summaries, warnings=warnings) if summaries else None
+    table = display_frame(leaderboard_frame(summaries, warnings=warnings)) if summaries else None
     for w in warnings:
         print(f"crl-bench report: warning: {w}", file=sys.stderr)
     try:

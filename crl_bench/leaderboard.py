@@ -339,6 +339,39 @@ def _doc_link(out_dir: Path) -> str:
         return EVAL_DOC
 
 
+def _display_rows(part: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Header and formatted cells of one mix's rows (the columns of the markdown table)."""
+    envs = [c.split("/", 1)[1] for c in part.columns
+            if c.startswith("n/") and part[c].fillna(0).astype(int).sum() > 0]
+    scored = [c.split("/", 1)[1] for c in part.columns
+              if c.startswith("score_mean/") and part[c].notna().any()]
+    header = (["method", "model", "extractor", "eval", "protocol"] + envs + [f"score: {e}" for e in scored]
+              + ["overall", "95% CI", "steps", "invalid", "train steps", "train episodes", "wall (s)", "runs"])
+    body = []
+    for _, r in part.iterrows():
+        ci = ("n/a" if math.isnan(r["overall_ci_low"])
+              else f"[{r['overall_ci_low']:.3f}, {r['overall_ci_high']:.3f}]")
+        body.append([r["method"], r["model"], r["extractor"] or "-", r["eval"], r["protocol"]]
+                    + [_fmt_stat(r[f"success_mean/{e}"], r[f"success_std/{e}"], int(r[f"n/{e}"])) for e in envs]
+                    + [_fmt_num(r[f"score_mean/{e}"], ".3f") for e in scored]
+                    + [_fmt_stat(r["overall_mean"], r["overall_std"], int(r["overall_n"])), ci,
+                       _fmt_num(r["steps_mean"], ".1f"), _fmt_num(r["invalid_action_rate"], ".3f"),
+                       _fmt_num(r["train_steps"], "g"), _fmt_num(r["train_episodes"], "g"),
+                       _fmt_num(r["train_wall_s"], ".0f"), r["run_ids"]])
+    return header, body
+
+
+def display_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The leaderboard as the markdown shows it (strings: ``mean ± std (n)``, CI, ...), one frame
+    with a ``mix`` column first and the env columns of every mix (empty where a mix lacks one);
+    for reports (``crl_bench.report``)."""
+    frames = []
+    for mix, part in df.groupby("mix", sort=False):
+        header, body = _display_rows(part)
+        frames.append(pd.DataFrame([[mix] + b for b in body], columns=["mix"] + header))
+    return pd.concat(frames, ignore_index=True).fillna("") if frames else pd.DataFrame(columns=["mix"])
+
+
 def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
     """The markdown text of :func:`write_leaderboard`: a header on how the numbers are computed, then
     one table per mix (its own env columns)."""
@@ -367,25 +400,10 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
         lines.append("No finished runs or submissions found.")
         return "\n".join(lines) + "\n"
     for mix, part in df.groupby("mix", sort=False):
-        envs = [c.split("/", 1)[1] for c in part.columns
-                if c.startswith("n/") and part[c].fillna(0).astype(int).sum() > 0]
-        scored = [c.split("/", 1)[1] for c in part.columns
-                  if c.startswith("score_mean/") and part[c].notna().any()]
-        header = (["method", "model", "extractor", "eval", "protocol"] + envs + [f"score: {e}" for e in scored]
-                  + ["overall", "95% CI", "steps", "invalid", "train steps", "train episodes",
-                     "wall (s)", "runs"])
+        header, body = _display_rows(part)
         lines += [f"## {_cell(mix)}", "", "| " + " | ".join(_cell(h) for h in header) + " |",
                   "|" + "---|" * len(header)]
-        for _, r in part.iterrows():
-            ci = ("n/a" if math.isnan(r["overall_ci_low"])
-                  else f"[{r['overall_ci_low']:.3f}, {r['overall_ci_high']:.3f}]")
-            cells = ([r["method"], r["model"], r["extractor"] or "-", r["eval"], r["protocol"]]
-                     + [_fmt_stat(r[f"success_mean/{e}"], r[f"success_std/{e}"], int(r[f"n/{e}"])) for e in envs]
-                     + [_fmt_num(r[f"score_mean/{e}"], ".3f") for e in scored]
-                     + [_fmt_stat(r["overall_mean"], r["overall_std"], int(r["overall_n"])), ci,
-                        _fmt_num(r["steps_mean"], ".1f"), _fmt_num(r["invalid_action_rate"], ".3f"),
-                        _fmt_num(r["train_steps"], "g"), _fmt_num(r["train_episodes"], "g"),
-                        _fmt_num(r["train_wall_s"], ".0f"), r["run_ids"]])
+        for cells in body:
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
         typed: dict[str, list[str]] = {}

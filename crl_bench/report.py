@@ -364,8 +364,13 @@ def _new_figure(nrows: int, ncols: int, w: float = 4.6, h: float = 3.3):
 def _save(fig, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    from matplotlib.ticker import MaxNLocator
+
     FigureCanvasAgg(fig)
-    fig.savefig(path, format="png", facecolor="white")
+    for ax in fig.axes:                  # training steps are whole numbers
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # "tight" keeps a legend wider than a one-panel figure inside the image
+    fig.savefig(path, format="png", facecolor="white", bbox_inches="tight", pad_inches=0.1)
 
 
 def _legend(fig, axes, extra: Sequence = ()) -> None:
@@ -380,7 +385,8 @@ def _legend(fig, axes, extra: Sequence = ()) -> None:
         handles.append(h)
         labels.append(h.get_label())
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), fontsize=8,
+        ncol = max(1, min(len(labels), 2 * len(fig.axes)))
+        fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=8,
                    frameon=False)
 
 
@@ -742,7 +748,7 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
              f"methods: {_e(', '.join(_group(runs)))}.</p>",
              "<h2>Runs</h2>", _runs_table(runs)]
     if table is not None:
-        parts += ["<h2>Leaderboard</h2>", table.to_html(escape=True, border=0, na_rep="")]
+        parts += ["<h2>Leaderboard</h2>", table.to_html(escape=True, border=0, na_rep="", index=False)]
     parts.append("<h2>Plots</h2>")
     for key in PLOT_FILES:
         reason = plots[key]

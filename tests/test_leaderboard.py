@@ -310,3 +310,16 @@ def test_score_and_task_type_columns(tmp_path):
     md = leaderboard_markdown(df)
     assert "score: sokoban" in md and "0.700" in md
     assert "sokoban success by task type" in md
+
+
+def test_display_frame_matches_the_markdown(tmp_path):
+    """The report's table is the markdown's: formatted cells, one row per leaderboard row."""
+    from crl_bench.leaderboard import display_frame
+
+    _three_seeds(tmp_path / "a")
+    df = leaderboard_frame(collect([tmp_path]))
+    shown = display_frame(df)
+    assert len(shown) == len(df) and list(shown.columns[:2]) == ["mix", "method"]
+    md = leaderboard_markdown(df)
+    for cell in shown.iloc[0].tolist()[1:]:
+        assert str(cell).replace("|", "\\|") in md

@@ -27,6 +27,12 @@ import yaml
 
 from crl_bench.config import ConfigError, RunConfig
 
+from crl_bench.data import ChecksumError, DataMissingError
+from crl_bench.env_api import EnvUnavailableError
+
+#: Errors of the machine's setup, not of one run: they stop the sweep (the CLI exits 2).
+SETUP_ERRORS = (ConfigError, EnvUnavailableError, DataMissingError, ChecksumError)
+
 #: The keys of sweep.yaml that define what a cell computes (methods and seeds may grow).
 GRID_KEYS = ("mix", "preset", "config", "model", "steps", "set")
 
@@ -130,6 +136,8 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
 
     Raises:
         ConfigError: a cell's configuration is invalid, or the folder holds another grid.
+        EnvUnavailableError, DataMissingError, ChecksumError: the machine lacks an env's engine or
+            data (every cell would fail alike); cells finished so far stay finished.
     """
     if train is None:
         from crl_bench.trainer.loop import run_training as train
@@ -155,8 +163,8 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
         t0 = time.perf_counter()
         try:
             out = train(cfg, quiet=quiet)
-        except (KeyboardInterrupt, SystemExit):
-            raise
+        except (KeyboardInterrupt, SystemExit, *SETUP_ERRORS):
+            raise                   # a missing engine or data set would fail every cell the same way
         except Exception as e:  # noqa: BLE001 - one failed cell must not lose the others
             failures.append((method, seed, f"{type(e).__name__}: {e}"))
             print_fn(f"{head}: FAILED after {time.perf_counter() - t0:.0f} s: {type(e).__name__}: {e}")

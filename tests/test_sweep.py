@@ -114,3 +114,19 @@ def test_default_names_differ_with_settings_and_lists_parse():
         parse_list("0,x", int, "seeds")
     with pytest.raises(ConfigError, match="repeated"):
         parse_list("grpo,grpo", str, "methods")
+
+
+def test_sweep_stops_at_a_missing_engine(tmp_path):
+    """A missing engine or data set fails every cell alike: the sweep stops (the CLI exits 2)."""
+    from crl_bench.env_api import EnvUnavailableError
+
+    calls = []
+
+    def train(cfg, quiet=True):
+        calls.append(cfg.method)
+        raise EnvUnavailableError("env 'webshop' needs the [webshop] extra")
+
+    with pytest.raises(EnvUnavailableError):
+        run_sweep(SweepSpec(["grpo", "static"], [0, 1], "sokoban"), tmp_path, _resolve, print_fn=lambda s: None,
+                  train=train)
+    assert calls == ["grpo"]

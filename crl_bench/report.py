@@ -42,6 +42,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import yaml
 
+from crl_bench.results import iter_jsonl
+
 PLOT_FILES = {
     "success": "success_per_env.png",
     "guided_free": "guided_vs_free.png",
@@ -167,16 +169,8 @@ def _normalise_eval(ev: Any, where: str) -> dict[str, Any]:
 def _read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
     train: dict[int, dict] = {}
     evals: dict[int, dict] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    for n, row in iter_jsonl(path):
         where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: a metrics row must be a JSON object")
         step = row.get("step")
         if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
             raise ValueError(f"{where}: missing or non-integer 'step' ({step!r})")

@@ -184,6 +184,24 @@ class RunWriter:
             trackers.close()
 
 
+def iter_jsonl(path: str | Path) -> Any:
+    """``(line number, object)`` for each non-empty line of a JSON-lines file such as metrics.jsonl.
+
+    Raises:
+        ValueError: ``"<path>:<line>: ..."`` for a line that is not JSON or not a JSON object.
+    """
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object")
+        yield n, row
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """Rows of ``metrics.jsonl`` of a run folder."""
     path = Path(run_dir) / "metrics.jsonl"

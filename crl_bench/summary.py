@@ -35,6 +35,8 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
+from crl_bench.results import iter_jsonl
+
 SCHEMA_VERSION = 1
 #: Keys of one evaluation mode that a summary keeps (``tasks`` and ``wall_s`` are dropped).
 EVAL_KEYS = ("episodes", "success_rate", "reward_mean", "steps_mean", "invalid_action_rate", "env_errors")
@@ -206,15 +208,11 @@ def _train_totals(run_dir: Path, config: dict) -> dict[str, Any]:
         raise SummaryError(f"{path}: missing (the per-step training metrics)")
     steps: set[int] = set()
     episodes, wall = 0, 0.0
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SummaryError(f"{path}:{n}: not valid JSON ({e})") from None
-        if not isinstance(row, dict):
-            raise SummaryError(f"{path}:{n}: expected a JSON object")
+    try:
+        rows = list(iter_jsonl(path))
+    except ValueError as e:
+        raise SummaryError(str(e)) from None
+    for n, row in rows:
         if "eval" in row:                    # periodic evaluation rows are not training
             continue
         if "step" not in row:

@@ -163,7 +163,7 @@ def test_single_env_run_uses_overall_success_and_old_eval_format(tmp_path):
 @pytest.mark.parametrize("content, match", [
     ('{"step": 1, "success_rate": 0.5}\nnot json\n', r"metrics\.jsonl:2: not valid JSON"),
     ('{"success_rate": 0.5}\n', "non-integer 'step'"),
-    ('[1, 2]\n', "must be a JSON object"),
+    ('[1, 2]\n', "expected a JSON object"),
 ])
 def test_bad_metrics_give_clear_errors(tmp_path, content, match):
     d = write_run(tmp_path, "grpo", 0)

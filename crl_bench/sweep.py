@@ -4,6 +4,10 @@ Layout of a sweep folder (``results/sweeps/<name>/`` by default)::
 
     sweep.yaml        the grid: mix, preset, config file, model, steps, --set overrides, methods, seeds
     runs/<method>-s<seed>/   one ordinary run folder per cell (crl_bench/results.py)
+    configs/<method>-s<seed>.yaml   the resolved config each cell ran with
+    logs/<method>-s<seed>.log       each cell's console output
+
+Each cell runs as its own ``crl-bench run`` process (:func:`run_in_subprocess`).
 
 A cell is finished when its run folder holds ``summary.json`` (written last by ``run_training``).
 Rerunning the same command skips finished cells and restarts unfinished ones from scratch (a run
@@ -128,7 +132,8 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
         name: sweep folder name (default :meth:`SweepSpec.default_name`).
         quiet: hide each run's per-step lines.
         print_fn: where progress lines go.
-        train: ``run_training(cfg, quiet=...) -> run folder`` (tests pass a stand-in).
+        train: ``(cfg, quiet=...) -> run folder``; default :func:`run_in_subprocess` (each run its own
+            ``crl-bench run`` process); tests pass a stand-in.
 
     Returns:
         ``(sweep folder, failures)`` with one ``(method, seed, error)`` per cell that raised; a
@@ -140,7 +145,7 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
             data (every cell would fail alike); cells finished so far stay finished.
     """
     if train is None:
-        from crl_bench.trainer.loop import run_training as train
+        train = run_in_subprocess
     if not spec.methods or not spec.seeds:
         raise ConfigError("sweep: --methods and --seeds must each name at least one value")
     cells = [(m, s) for m in spec.methods for s in spec.seeds]
@@ -171,6 +176,47 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
             continue
         print_fn(f"{head}: done in {time.perf_counter() - t0:.0f} s, {eval_line(Path(out))} ({out})")
     return path, failures
+
+
+class RunFailed(RuntimeError):
+    """A sweep cell's ``crl-bench run`` process exited non-zero (the message ends with its log's tail)."""
+
+
+def run_in_subprocess(cfg: RunConfig, quiet: bool = True) -> str:
+    """Run one cell as its own ``crl-bench run`` process and return its run folder.
+
+    The resolved configuration is written to ``<sweep>/configs/<run-id>.yaml`` and run with
+    ``--config`` (a full config overrides every preset key), so a crash, a kill or a leak of one run
+    cannot take the sweep down and every run starts from a fresh interpreter. With ``quiet`` the
+    run's output goes to ``<sweep>/logs/<run-id>.log``; otherwise it streams to the console.
+
+    Raises:
+        ConfigError: the run exited 2 (bad setting, missing engine or data: every cell would fail).
+        RunFailed: any other non-zero exit, with the last lines of its log.
+    """
+    import subprocess
+    import sys
+
+    runs = Path(cfg.output_dir)
+    sweep = runs.parent
+    cfg_file = sweep / "configs" / f"{cfg.run_id}.yaml"
+    cfg_file.parent.mkdir(parents=True, exist_ok=True)
+    cfg_file.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    cmd = [sys.executable, "-m", "crl_bench.cli", "run", "--config", str(cfg_file), "--method", cfg.method,
+           "--output-dir", str(runs), "--run-id", cfg.run_id] + (["--quiet"] if quiet else [])
+    if quiet:
+        log = sweep / "logs" / f"{cfg.run_id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as f:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-5:])
+    else:
+        rc, tail = subprocess.run(cmd).returncode, "(output above)"
+    if rc == 2:
+        raise ConfigError(f"crl-bench run of {cfg.run_id} stopped (exit 2): {tail}")
+    if rc != 0:
+        raise RunFailed(f"crl-bench run of {cfg.run_id} exited {rc}: {tail}")
+    return str(runs / cfg.run_id)
 
 
 def eval_line(run_dir: Path) -> str:

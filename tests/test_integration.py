@@ -199,3 +199,22 @@ def test_missing_engine_is_a_clear_error_and_leaves_no_run_folder(tmp_path, monk
     assert rc == 2
     assert "[webshop]" in err and "CRL_EXTRAS=webshop bash install.sh" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.slow
+def test_sweep_runs_real_cells_in_subprocesses_and_resumes(tmp_path, capsys):
+    """`crl-bench sweep` with the real model: one cell per subprocess, summary.json in each run, the
+    leaderboard reads them, and a rerun skips the finished cells."""
+    args = ["sweep", "--methods", "grpo", "--seeds", "0,1", "--mix", "sokoban", "--preset", "smoke",
+            "--set", "train.steps=1", "--set", "eval.episodes=1", "--output-dir", str(tmp_path), "--name", "s"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "[1/2] grpo seed 0: done" in out and "[2/2] grpo seed 1: done" in out
+    runs = tmp_path / "s" / "runs"
+    for cell in ("grpo-s0", "grpo-s1"):
+        validate_summary(json.loads((runs / cell / "summary.json").read_text()))
+        assert (tmp_path / "s" / "logs" / f"{cell}.log").is_file()
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("finished earlier, skipped") == 2
+    assert main(["leaderboard", str(tmp_path), "--out", str(tmp_path)]) == 0
+    assert "grpo-s0,grpo-s1" in (tmp_path / "leaderboard.md").read_text()

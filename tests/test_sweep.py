@@ -130,3 +130,19 @@ def test_sweep_stops_at_a_missing_engine(tmp_path):
         run_sweep(SweepSpec(["grpo", "static"], [0, 1], "sokoban"), tmp_path, _resolve, print_fn=lambda s: None,
                   train=train)
     assert calls == ["grpo"]
+
+
+def test_a_cell_that_exits_2_stops_the_sweep_with_its_log(tmp_path):
+    """The default runner starts `crl-bench run` in a subprocess; an unknown env exits 2 there, which
+    stops the sweep with the log's tail (no model is loaded: the env id fails first)."""
+    from crl_bench.sweep import run_in_subprocess
+
+    def resolve(method, seed):
+        return build_config([{"method": method, "train": {"seed": seed}, "rollout": {"mix": "no-such-env"}}])
+
+    with pytest.raises(ConfigError, match="no-such-env"):
+        run_sweep(SweepSpec(["grpo"], [0, 1], "no-such-env"), tmp_path, resolve, name="x", print_fn=lambda s: None,
+                  train=run_in_subprocess)
+    assert (tmp_path / "x" / "configs" / "grpo-s0.yaml").is_file()
+    assert "no-such-env" in (tmp_path / "x" / "logs" / "grpo-s0.log").read_text()
+    assert not (tmp_path / "x" / "runs" / "grpo-s1").exists()

@@ -94,6 +94,18 @@ def model_info(name: str, dtype: str | None = None) -> dict[str, Any]:
     return info
 
 
+def _git_dirty() -> bool | None:
+    """Whether the checkout has uncommitted changes to tracked files (``None`` outside a checkout):
+    a run of a dirty tree is not reproducible from ``git_commit`` alone."""
+    try:
+        here = Path(__file__).resolve().parent
+        res = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                             capture_output=True, text=True, timeout=10)
+        return bool(res.stdout.strip()) if res.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _git_commit() -> str | None:
     try:
         here = Path(__file__).resolve().parent
@@ -141,6 +153,7 @@ class RunWriter:
             "platform": platform.platform(),
             "packages": package_versions(),
             "git_commit": _git_commit(),
+            "git_dirty": _git_dirty(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         if model is not None:

@@ -1,6 +1,7 @@
 """Experiment trackers (crl_bench.tracking) fed by RunWriter, and versions.json."""
 
 import json
+from pathlib import Path
 import sys
 
 import pytest
@@ -112,6 +113,12 @@ def test_versions_json_records_every_package_and_the_model(tmp_path):
     writer2.write_versions()                                              # old callers: no model field
     info2 = json.loads((writer2.dir / "versions.json").read_text())
     assert "model" not in info2 and "packages" in info2
+    # the test runs in this checkout: the dirty flag is a bool that agrees with git itself
+    import subprocess
+    porcelain = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=Path(__file__).parent)
+    if porcelain.returncode == 0:
+        assert info["git_dirty"] is bool(porcelain.stdout.strip())
 
 
 def test_versions_json_model_folder(tmp_path):

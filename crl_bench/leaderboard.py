@@ -292,11 +292,12 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         rows.append(row)
 
     # two different protocols must never look the same: disambiguate equal labels with a short hash
-    by_label: dict[str, set[str]] = {}
+    # (within one mix: tables are per mix, and other mixes' protocols differ in their envs anyway)
+    by_label: dict[tuple[str, str], set[str]] = {}
     for row in rows:
-        by_label.setdefault(row["protocol"], set()).add(row["protocol_json"])
+        by_label.setdefault((row["mix"], row["protocol"]), set()).add(row["protocol_json"])
     for row in rows:
-        if len(by_label[row["protocol"]]) > 1:
+        if len(by_label[(row["mix"], row["protocol"])]) > 1:
             row["protocol"] += " #" + hashlib.sha1(row["protocol_json"].encode()).hexdigest()[:6]
 
     env_cols = [f"{k}/{e}" for e in all_envs for k in ("success_mean", "success_std", "n")]
@@ -345,7 +346,7 @@ def _display_rows(part: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             if c.startswith("n/") and part[c].fillna(0).astype(int).sum() > 0]
     scored = [c.split("/", 1)[1] for c in part.columns
               if c.startswith("score_mean/") and part[c].notna().any()]
-    header = (["method", "model", "extractor", "eval", "protocol"] + envs + [f"score: {e}" for e in scored]
+    header = (["method", "model", "extractor", "eval", "protocol"] + envs + [f"mean reward: {e}" for e in scored]
               + ["overall", "95% CI", "steps", "invalid", "train steps", "train episodes", "wall (s)", "runs"])
     body = []
     for _, r in part.iterrows():

@@ -327,6 +327,8 @@ def _colours(methods: Iterable[str]) -> dict[str, str]:
 
 
 def _draw(ax, agg: _Agg, colour: str, label: str, linestyle: str = "-", marker: str | None = None) -> None:
+    if marker is None and len(agg.steps) < 3:
+        marker = "."                     # a lone step (an env a mixture sampled once) is still seen
     ax.plot(agg.steps, agg.mean, color=colour, linestyle=linestyle, marker=marker, markersize=4, label=label)
     multi = agg.n >= 2
     if multi.any():
@@ -406,8 +408,9 @@ def _plot_success(runs: Sequence[RunData], path: Path) -> str | None:
     nrows = math.ceil(len(envs) / ncols)
     fig, axes = _new_figure(nrows, ncols)
     any_eval = {"free": False, "guided": False}
-    span = max(1, max(r.last_step for r in runs) - min((int(r.train[0]["step"]) for r in runs if r.train),
-                                                       default=0))
+    first = min((int(r.train[0]["step"]) for r in runs if r.train), default=0)
+    last = max(r.last_step for r in runs)
+    span = max(1, last - first)
     for ax, env in zip(axes, envs):
         for j, (m, agg) in enumerate(curves[env]):
             rs = [r for r in groups[m] if env in r.envs]
@@ -431,6 +434,11 @@ def _plot_success(runs: Sequence[RunData], path: Path) -> str | None:
         ax.set_xlabel("training step")
         ax.set_ylabel("success rate")
         ax.set_ylim(-0.03, 1.03)
+        # one step range for every panel: a mixture's small steps may sample no task of an env
+        ax.set_xlim(first - 0.05 * span - 0.2, last + 0.05 * span + 0.2)
+        if not any(len(agg.steps) for _, agg in curves[env]):
+            ax.text(0.5, 0.55, "no training episode of this env\n(the mixture did not sample it)",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.4")
         ax.grid(alpha=0.3)
     for ax in axes[len(envs):]:
         ax.set_visible(False)

@@ -308,7 +308,7 @@ def test_score_and_task_type_columns(tmp_path):
     assert "score_mean/minihack-room" not in df.columns          # its score equals its success
     assert df.loc[0, "type_success/sokoban/pick"] == pytest.approx(0.5)
     md = leaderboard_markdown(df)
-    assert "score: sokoban" in md and "0.700" in md
+    assert "mean reward: sokoban" in md and "0.700" in md
     assert "sokoban success by task type" in md
 
 
@@ -323,3 +323,13 @@ def test_display_frame_matches_the_markdown(tmp_path):
     md = leaderboard_markdown(df)
     for cell in shown.iloc[0].tolist()[1:]:
         assert str(cell).replace("|", "\\|") in md
+
+
+def test_protocol_labels_of_different_mixes_carry_no_hash(tmp_path):
+    """Tables are per mix: the same compact label in two mixes (their protocols differ in their env
+    lists) needs no disambiguating hash."""
+    make_run(tmp_path, "a", seed=0, mix="sokoban", free={"sokoban": 0.5})
+    make_run(tmp_path, "b", seed=0, mix="minihack-room", free={"minihack-room": 0.5})
+    df = leaderboard_frame(collect([tmp_path]))
+    labels = df["protocol"].tolist()
+    assert len(labels) == 2 and labels[0] == labels[1] and " #" not in labels[0]

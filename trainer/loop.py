@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from crl_bench.config import RunConfig
-from crl_bench.env_api import make_env
 from crl_bench.llm.base import SamplingParams
 from crl_bench.methods import MethodSpec, get_method
 from crl_bench.mixtures import TaskSampler, resolve_mixture
@@ -291,6 +290,11 @@ class Trainer:
         return StepResult(m, trajs)
 
     # ---- evaluation -------------------------------------------------------------------------------
+    @property
+    def guided_eval(self) -> bool:
+        """Whether evaluation also runs guided: the method has a bank and ``experience.eval_guided``."""
+        return self.experience is not None and self.cfg.experience.eval_guided
+
     def eval_task_ids(self, episodes: int | str | None = None) -> dict[str, list[int]]:
         """The eval tasks of each env: the first ``episodes`` ids of its eval split (``"all"``: every
         one; default ``eval.episodes``)."""
@@ -326,7 +330,7 @@ class Trainer:
         ids used.
         """
         if guided is None:
-            guided = self.experience is not None and self.cfg.experience.eval_guided
+            guided = self.guided_eval
         if guided and self.experience is None:
             raise ValueError(f"guided evaluation needs an experience bank; method {self.cfg.method!r} has none")
         if guided:
@@ -344,10 +348,9 @@ class Trainer:
             ts = [t for t in trajs if t.env_id == env_id]
             if not ts:
                 continue
-            row = {"episodes": len(ts), "success_rate": float(np.mean([t.success for t in ts])),
-                   "steps_mean": float(np.mean([t.steps for t in ts])),
-                   "invalid_action_rate": sum(t.invalid_actions for t in ts) / max(1, sum(t.steps for t in ts)),
-                   "score_mean": float(np.mean([t.reward for t in ts]))}
+            env_summary = summarise(ts)
+            row = {k: env_summary[k] for k in ("episodes", "success_rate", "steps_mean", "invalid_action_rate")}
+            row["score_mean"] = env_summary["reward_mean"]
             types = self.task_types.get(env_id)
             if types:
                 by_type: dict[str, list[bool]] = defaultdict(list)
@@ -367,14 +370,14 @@ class Trainer:
         for methods with an experience bank and ``experience.eval_guided``, ``"guided": ...`` too
         (the same tasks with and without retrieval; blocks as :meth:`evaluate`)."""
         out: dict[str, Any] = {"step": self.step, "protocol": self.eval_protocol(episodes)}
-        if self.experience is not None and self.cfg.experience.eval_guided:
+        if self.guided_eval:
             out["guided"] = self.evaluate(episodes, progress, guided=True)
         out["free"] = self.evaluate(episodes, progress, guided=False)
         return out
 
     def eval_episode_count(self, episodes: int | str | None = None) -> int:
         """Episodes :meth:`evaluate_all` runs (for progress bars)."""
-        modes = 2 if self.experience is not None and self.cfg.experience.eval_guided else 1
+        modes = 2 if self.guided_eval else 1
         return modes * sum(len(v) for v in self.eval_task_ids(episodes).values())
 
     def save_checkpoint(self, path: str) -> None:

@@ -10,7 +10,7 @@ Commands::
     crl-bench submission check DIR | crl-bench submission pack RUN ... --name NAME
     crl-bench eval  --mix sokoban [--run RUN_DIR | --model NAME] [--split eval] [--episodes N|all]
     crl-bench envs list | crl-bench envs play ENV [--task N]
-    crl-bench bench env | rollout | retrieval | overhead
+    crl-bench bench env | rollout | retrieval | overhead | step [--mix M --preset P --train-steps N]
     crl-bench bank show RUN | crl-bench bank stats RUN
     crl-bench model prepare
     crl-bench data download alfworld|swebench [--data-dir DIR] [--source FILE]
@@ -272,7 +272,7 @@ def _open_bank(run: str):
         embedder = SentenceEmbedder(embedder_name)
     except Exception:  # noqa: BLE001 - listing needs no embedding; fall back to the stored dimension
         embedder = HashEmbedder(384)
-    return ExperienceBank(path, embedder)
+    return ExperienceBank(path, embedder, index="flat")     # inspection: exact, no graph to build
 
 
 def cmd_swe(args: argparse.Namespace) -> int:
@@ -415,13 +415,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks: env (wrapper vs raw), rollout (batched vs sequential), "
                                      "retrieval (batched vs single search, latency), overhead "
-                                     "(complementary vs grpo rollout time)")
-    b.add_argument("name", choices=["env", "rollout", "retrieval", "overhead"])
+                                     "(complementary vs grpo rollout time), step (training steps before "
+                                     "vs after the bf16 / prefix-cache work)")
+    b.add_argument("name", choices=["env", "rollout", "retrieval", "overhead", "step"])
     b.add_argument("--env", action="append", help="env id(s) (default: all / minihack-room)")
     b.add_argument("--steps", type=int, default=2000, help="env bench: steps per env")
     b.add_argument("--envs", type=int, default=8, help="rollout bench: episodes in the batch")
     b.add_argument("--max-steps", type=int, default=4, help="rollout bench: actions per episode")
     b.add_argument("--model", default="smollm2-135m-instruct")
+    b.add_argument("--mix", default=None, help="step bench: env id or mixture (default: --env or minihack-room)")
+    b.add_argument("--preset", default="smoke", help="step bench: preset (smoke, default, paper)")
+    b.add_argument("--train-steps", type=int, default=2, help="step bench: training steps per arm")
     b.add_argument("--workers", type=int, default=2, help="alfworld env bench: N worker processes (vs 1)")
     b.add_argument("--episodes", type=int, default=None,
                    help="env bench: alfworld episodes per arm (8), webshop scripted episodes (200)")

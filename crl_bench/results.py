@@ -147,7 +147,9 @@ class RunWriter:
     def write_versions(self, model: str | None = None, dtype: str | None = None) -> None:
         """Write ``versions.json``: python, platform, ``packages`` (every installed distribution,
         :func:`package_versions`), git commit, start time and, when ``model`` (the run's
-        ``model.name``) is given, ``model`` (:func:`model_info`; ``dtype``: ``model.dtype``)."""
+        ``model.name``) is given, ``model`` (:func:`model_info`; ``dtype``: ``model.dtype``) and
+        ``precision`` (:func:`crl_bench.llm.precision.describe`: the compute dtype ``auto`` chose and
+        the CPU's bf16 units)."""
         info = {
             "python": sys.version.split()[0],
             "platform": platform.platform(),
@@ -158,6 +160,10 @@ class RunWriter:
         }
         if model is not None:
             info["model"] = model_info(model, dtype)
+        if dtype is not None:
+            from crl_bench.llm.precision import describe
+
+            info["precision"] = describe(dtype)
         self.write_json("versions.json", info)
 
     def write_json(self, name: str, data: Any) -> None:

@@ -106,7 +106,7 @@ def test_real_model_update_changes_policy():
     from crl_bench.trainer.policy import TokenSample, build_batch, sequence_logprobs
 
     cfg = build_config([preset_data("smoke"), {"rollout": {"mix": "sokoban", "max_steps": 2},
-                                               "train": {"lr": 1e-4}}])
+                                               "train": {"lr": 1e-4}, "model": {"dtype": "float32"}}])
     tr = Trainer(cfg)
     trajs = tr.runner.collect(tr.episode_specs()[:4])
     samples = [TokenSample(t.prompt_ids, t.response_ids, t.logprobs, 1.0 if i % 2 == 0 else -1.0)
@@ -116,6 +116,16 @@ def test_real_model_update_changes_policy():
     with torch.no_grad():
         lp = sequence_logprobs(tr.model, batch)
     assert torch.allclose(lp * batch["mask"], batch["old_logprobs"], atol=2e-3)
+    # a bf16 sampler (the weights' bf16 copy) and the bf16-autocast trainer differ from float32, and
+    # from each other, only slightly (that difference is why the trainer recomputes old log-probs)
+    from crl_bench.llm.hf_engine import HFEngine
+
+    n = batch["mask"].sum()
+    with torch.no_grad():
+        sampler = sequence_logprobs(HFEngine(tr.model, tr.tokenizer, compute_dtype=torch.bfloat16).generator, batch)
+        trainer = sequence_logprobs(tr.model, batch, compute_dtype=torch.bfloat16)
+    for other in (sampler, trainer):
+        assert float(((other - lp).abs() * batch["mask"]).sum() / n) < 0.1
     stats = tr.updater.update(samples)
     assert stats["optimizer_steps"] == 1 and stats["grad_norm"] > 0
     with torch.no_grad():

@@ -1,6 +1,8 @@
 """The rollout loop with a tiny random model on real envs."""
 
+import numpy as np
 import pytest
+import torch
 
 from crl_bench.env_api import TextEnv, register_env
 from crl_bench.llm.base import SamplingParams
@@ -108,14 +110,66 @@ def test_prefix_cache_gives_identical_replies_and_logprobs(tokenizer, tiny_model
     outs = []
     for cache in (False, True):
         eng = HFEngine(tiny_model, tokenizer, batch_size=8, prefix_cache=cache)
-        outs.append(eng.generate(prompts, params, allowed) + eng.generate(prompts, params, None))
+        first = eng.generate(prompts, params, allowed)
+        heads = eng.counters["head_tokens"]
+        outs.append(first + eng.generate(prompts, params, None))
         if cache:
-            assert len(eng._kv) == 1          # one shared head, computed once, reused by the 2nd call
+            assert len(eng.store) >= 1        # shared heads computed once, reused by the 2nd call
+            assert eng.counters["head_tokens"] == heads > 0
+            assert eng.counters["cached_tokens"] > 2 * heads
             eng.sync_weights(tiny_model)
-            assert not eng._kv                # dropped when weights change
+            assert not len(eng.store)         # dropped when weights change
     for a, b in zip(*outs):
         assert a.response_ids == b.response_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_group_heads_and_episode_reuse_equal_the_uncached_path(tokenizer, tiny_model):
+    """Multi-turn rollouts of 2 groups x 3 (identical first prompts within a group): with the prefix
+    store (group heads, then each episode's previous prompt + reply) the replies and log-probs are
+    those of the uncached engine, and most prompt tokens come from the store."""
+    specs = [EpisodeSpec("sokoban", t, group_id=t) for t in (0, 1) for _ in range(3)]
+    outs, engines = [], []
+    for cache in (False, True):
+        eng = HFEngine(tiny_model, tokenizer, batch_size=8, prefix_cache=cache, keep_sequences=True)
+        runner = RolloutRunner(eng, PromptBuilder(tokenizer, layout="multiturn"), EnvPool(max_steps=4),
+                               SamplingParams(temperature=0, max_new_tokens=8), constrained=False)
+        outs.append(runner.collect(specs))
+        engines.append(eng)
+    turns = 0
+    for a, b in zip(*outs):
+        assert len(a.turns) == len(b.turns)
+        for ta, tb in zip(a.turns, b.turns):
+            assert ta.prompt_ids == tb.prompt_ids
+            assert ta.response_ids == tb.response_ids
+            assert ta.logprobs == pytest.approx(tb.logprobs, abs=1e-4)
+            turns += 1
+    assert turns > len(specs)                              # episodes went past their first turn
+    plain, cached = (e.counters for e in engines)
+    assert plain["cached_tokens"] == 0 and plain["prefill_tokens"] == plain["prompt_tokens"]
+    assert cached["prompt_tokens"] == plain["prompt_tokens"]
+    assert cached["cached_tokens"] > 0.6 * cached["prompt_tokens"]
+
+
+def test_prefix_store_keeps_longest_and_respects_its_bound():
+    from crl_bench.llm.hf_engine import PrefixStore
+
+    def kv(n):
+        return [(torch.zeros(2, n, 4), torch.zeros(2, n, 4))]
+
+    store = PrefixStore(max_bytes=64 * 200)            # 200 tokens of this shape (64 bytes each)
+    store.put(np.arange(50), kv(50))
+    store.put(np.arange(80), kv(80))                   # extends the first: replaces it
+    assert len(store) == 1
+    store.put(np.arange(60), kv(60))                   # covered by the stored 80: nothing added
+    assert len(store) == 1
+    p, n = store.match(np.concatenate([np.arange(70), [999, 1]]), limit=100)
+    assert n == 70 and len(p.tokens) == 80
+    assert store.match(np.arange(200), limit=10)[1] == 10
+    store.put(np.concatenate([[7], np.arange(120)]), kv(121))
+    store.put(np.concatenate([[8], np.arange(90)]), kv(91))    # over the bound: the oldest goes
+    assert store.nbytes <= store.max_bytes
+    assert store.match(np.arange(80), limit=100)[1] == 0
 
 
 def test_history_carries_env_feedback(tokenizer, tiny_model):

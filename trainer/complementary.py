@@ -41,6 +41,8 @@ from crl_bench.experience.manager import DistillRequest, ExperienceManager, Merg
 from crl_bench.experience.retrieval import Retriever
 from crl_bench.experience.types import ExperienceEntry
 from crl_bench.llm.base import SamplingParams
+from crl_bench.llm.gate import ComputeGate
+from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
 from crl_bench.methods import MethodSpec, register_method
 from crl_bench.rollout import Guidance, Trajectory
 from crl_bench.trainer.actor_critic import ActorCritic, critic_reward
@@ -144,12 +146,15 @@ class ExperienceTrack:
         extractor_tokenizer: its tokenizer (default: the actor's).
         actor_engine, actor_sampling, eval_sampling: the actor's engine and its training and
             evaluation sampling, for the actor-critic gate.
+        gate: the trainer's :class:`~crl_bench.llm.gate.ComputeGate`; the extractor then generates as
+            background work, in the gaps of the actor's generation and updates.
     """
 
     def __init__(self, cfg: RunConfig, method: MethodSpec, actor_model: Any, tokenizer: Any,
                  run_dir: str | Path | None, embedder: Any = None, extractor_model: Any = None,
                  extractor_tokenizer: Any = None, actor_engine: Any = None,
-                 actor_sampling: SamplingParams | None = None, eval_sampling: SamplingParams | None = None) -> None:
+                 actor_sampling: SamplingParams | None = None, eval_sampling: SamplingParams | None = None,
+                 gate: ComputeGate | None = None) -> None:
         import tempfile
 
         from crl_bench.llm.hf_engine import HFEngine
@@ -166,13 +171,18 @@ class ExperienceTrack:
                                    index=ex.index, max_text_chars=ex.max_text_chars)
         self.retriever = Retriever(self.bank, k=ex.k, oversample=ex.oversample, freq_penalty=ex.freq_penalty,
                                    recency_window_s=ex.recency_window_s, top1_demote_p=ex.top1_demote_p,
-                                   seed=cfg.train.seed)
+                                   seed=cfg.train.seed, query_cache=ex.query_cache)
+        self.compute_dtype = DTYPES[resolve_dtype(cfg.model.dtype, next(actor_model.parameters()).device)]
         if extractor_model is not None:
             self.model, self.tokenizer = extractor_model, extractor_tokenizer or tokenizer
         else:
             self.model, self.tokenizer = self._load_extractor(actor_model, tokenizer)
+            if not method.trains_extractor:         # inference only: no float32 master weights needed
+                cast_parameters(self.model, self.compute_dtype)
+        # distillation generates in the compute dtype (bf16 where the CPU has the units)
         self.engine = HFEngine(self.model, self.tokenizer, batch_size=cfg.generation.batch_size,
-                               prefix_cache=cfg.generation.prefix_cache)
+                               prefix_cache=cfg.generation.prefix_cache, compute_dtype=self.compute_dtype,
+                               cache_mb=cfg.generation.cache_mb, gate=gate, background=gate is not None)
         self.extractor = extractor_for(xc, self.engine, self.tokenizer)
         self.manager = ExperienceManager(self.bank, self.retriever, self.extractor,
                                          search_workers=ex.search_workers, query_batch=ex.query_batch,
@@ -194,7 +204,7 @@ class ExperienceTrack:
                 temperature=xc.temperature if xc.temperature > 0 else 1.0, loss_fn=cispo_loss,
                 loss_kwargs={"eps_low": xc.eps_low if xc.eps_low >= 0 else None, "eps_high": xc.eps_high},
                 skip_zero_advantage=True, seed=cfg.train.seed, loss_agg=cfg.train.loss_agg,
-                recompute_old_logprobs=cfg.train.recompute_old_logprobs)
+                recompute_old_logprobs=cfg.train.recompute_old_logprobs, compute_dtype=self.compute_dtype)
         else:
             for p in self.model.parameters():
                 p.requires_grad_(False)
@@ -218,7 +228,7 @@ class ExperienceTrack:
         else:
             from crl_bench.llm.hf_engine import load_model_and_tokenizer
 
-            model, tok = load_model_and_tokenizer(xc.model, self.cfg.model.dtype)
+            model, tok = load_model_and_tokenizer(xc.model, "float32")      # master weights
         if self.cfg.model.gradient_checkpointing and hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         return model, tok
@@ -431,7 +441,8 @@ class ExperienceTrack:
                 "distill_pending": self.manager.pending(), "extractor_errors": s["extractor_errors"],
                 "extractions_waiting_reward": len(self.pending), "extractor_buffer": len(self.buffer),
                 "extractor_buffer_dropped": self.dropped,
-                "retrieval_queries": s["queries"], "retrieval_batches": s["query_batches"]}
+                "retrieval_queries": s["queries"], "retrieval_batches": s["query_batches"],
+                "retrieval_query_cache_hit_rate": self.retriever.cache_info()["hit_rate"]}
 
     def close(self, drain_timeout: float = 0.0) -> None:
         self.manager.close(drain_timeout=drain_timeout)

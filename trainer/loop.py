@@ -20,6 +20,8 @@ import torch
 
 from crl_bench.config import RunConfig
 from crl_bench.llm.base import SamplingParams
+from crl_bench.llm.gate import ComputeGate
+from crl_bench.llm.precision import DTYPES, resolve_dtype
 from crl_bench.methods import MethodSpec, get_method
 from crl_bench.mixtures import TaskSampler, resolve_mixture
 from crl_bench.results import RunWriter, make_run_id
@@ -124,8 +126,12 @@ class Trainer:
 
         if model is None:
             from crl_bench.llm.hf_engine import load_model_and_tokenizer
-            model, tokenizer = load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
+            # trainable weights stay float32 (master weights); compute_dtype is what runs
+            model, tokenizer = load_model_and_tokenizer(cfg.model.name, "float32")
         self.tokenizer = tokenizer
+        # the actor's generation and updates come first; distillation runs in their gaps
+        self.gate = ComputeGate()
+        self.compute_dtype = DTYPES[resolve_dtype(cfg.model.dtype, next(model.parameters()).device)]
         self.model = self._prepare_model(model)
         self.engine = self._make_engine()
         self.prompts = PromptBuilder(tokenizer, cfg.generation.prefill, cfg.rollout.history,
@@ -146,7 +152,7 @@ class Trainer:
             temperature=g.temperature if g.temperature > 0 else 1.0,
             loss_kwargs={"clip_eps": cfg.train.clip_eps, "kl_coef": cfg.train.kl_coef},
             ref_model=self._reference(), seed=cfg.train.seed, loss_agg=cfg.train.loss_agg,
-            recompute_old_logprobs=cfg.train.recompute_old_logprobs)
+            recompute_old_logprobs=cfg.train.recompute_old_logprobs, compute_dtype=self.compute_dtype)
         self.step = 0
         self._next_specs: list[EpisodeSpec] | None = None
         self.experience = None
@@ -157,7 +163,7 @@ class Trainer:
                                               embedder=embedder, extractor_model=extractor_model,
                                               extractor_tokenizer=extractor_tokenizer,
                                               actor_engine=self.engine, actor_sampling=self.sampling,
-                                              eval_sampling=self.eval_sampling)
+                                              eval_sampling=self.eval_sampling, gate=self.gate)
 
     # ---- setup ------------------------------------------------------------------------------------
     def _prepare_model(self, model: Any) -> Any:
@@ -194,7 +200,9 @@ class Trainer:
             from crl_bench.llm.vllm_engine import VLLMEngine
             return VLLMEngine.from_model(self.model, self.tokenizer, self.cfg.model)
         from crl_bench.llm.hf_engine import HFEngine
-        return HFEngine(self.model, self.tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache)
+        return HFEngine(self.model, self.tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
+                        compute_dtype=self.compute_dtype, keep_sequences=self.cfg.rollout.prompt == "multiturn",
+                        cache_mb=g.cache_mb, gate=self.gate)
 
     # ---- one step ---------------------------------------------------------------------------------
     def in_warmup(self, step: int | None = None) -> bool:
@@ -245,9 +253,11 @@ class Trainer:
         if self.cfg.rollout.prefetch and self.step + 1 < self.cfg.train.steps:
             self._next_specs = self.episode_specs(self.step + 1)
         guide = self.experience.guide if self.experience is not None else None
+        cache0 = dict(getattr(self.engine, "counters", {}))
         trajs = self.runner.collect(specs, self.sampling, progress=progress, guide=guide,
                                     prefetch=self._next_specs)
         rs = self.runner.last_stats
+        cache = {k: v - cache0.get(k, 0) for k, v in getattr(self.engine, "counters", {}).items()}
         t_roll = time.perf_counter() - t0 - t_flush
         advs = self.advantages(trajs)
         # one sequence per episode: seq-mean-token-mean weighs each episode's turns as one sequence
@@ -257,7 +267,8 @@ class Trainer:
         if warmup:
             upd = {"loss": 0.0, "optimizer_steps": 0.0}          # warm-up: the actor is not trained
         else:
-            upd = self.updater.update(samples) if samples else {}
+            with self.gate.foreground():
+                upd = self.updater.update(samples) if samples else {}
         if upd.get("optimizer_steps"):
             self.engine.sync_weights(self.model)
         t_upd = time.perf_counter() - t1
@@ -284,6 +295,10 @@ class Trainer:
             "time_update_s": t_upd, "time_step_s": time.perf_counter() - t0,
             "prefetched_resets": self.pool.prefetch_hits,
         })
+        if cache.get("prompt_tokens"):     # transformers engine: prompt tokens it did not have to compute
+            prefill = cache["prefill_tokens"] + cache.get("head_tokens", 0)
+            m.update(prompt_tokens=cache["prompt_tokens"], prefill_tokens=prefill,
+                     prefix_cache_saved=1.0 - prefill / cache["prompt_tokens"])
         rss = [e.worker_rss_mb for e in self.pool.idle_envs() if hasattr(e, "worker_rss_mb")]
         if rss:                       # envs in worker processes (ALFWorld): peak resident memory
             m.update(env_workers=len(rss), env_worker_rss_mb_max=max(rss))

@@ -6,7 +6,8 @@ released code (docs/method.md): ``loss_agg="seq-mean-token-mean"`` weighs each *
 episode of the actor: all its turns, which share :attr:`TokenSample.sequence`; one extraction of the
 extractor) equally, its tokens averaged within it; ``recompute_old_logprobs`` recomputes the old
 log-probs with the trainer's weights before the update (needed whenever the sampler is not the trainer,
-e.g. vLLM or a bf16 sampler).  Samples are left-padded
+e.g. vLLM or a bf16 sampler).  With ``compute_dtype`` bf16 the forward/backward runs under
+``torch.autocast`` while the weights and the optimiser state stay float32.  Samples are left-padded
 into micro-batches so that all responses end at the last position; the model then only has to
 produce logits for the last ``max response length + 1`` positions (``logits_to_keep``), which keeps the
 ``(B, T, vocab)`` tensor small on CPU.
@@ -22,6 +23,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
+from crl_bench.llm.precision import autocast
 from crl_bench.trainer.losses import ppo_clip_loss, token_logprobs
 
 
@@ -116,10 +118,14 @@ def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.devic
     }
 
 
-def sequence_logprobs(model: Any, batch: dict, temperature: float = 1.0) -> torch.Tensor:
-    """Log-probs ``(B, R)`` of the batch's response tokens under ``model`` (with gradient if enabled)."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], logits_to_keep=batch["keep"], use_cache=False)
+def sequence_logprobs(model: Any, batch: dict, temperature: float = 1.0,
+                      compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Log-probs ``(B, R)`` (float32) of the batch's response tokens under ``model`` (with gradient if
+    enabled); the forward runs under autocast to ``compute_dtype`` (``None``: the weights' dtype), the
+    log-softmax in float32 outside it."""
+    with autocast(batch["input_ids"].device, compute_dtype or torch.float32):
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"], logits_to_keep=batch["keep"], use_cache=False)
     logits = out.logits[:, :-1, :]                       # predicts the last R tokens
     return token_logprobs(logits, batch["targets"], temperature)
 
@@ -151,6 +157,8 @@ class PolicyUpdater:
         recompute_old_logprobs: before the first optimiser step, recompute the old log-probs of the
             trained samples with the current weights (no gradient) instead of the sampler's; the mean
             absolute difference and the spread of ``exp(recomputed - behaviour)`` are reported.
+        compute_dtype: dtype of the forward/backward (``torch.autocast``; ``None`` or float32: none);
+            the model's own weights, gradients and optimiser state are untouched by it.
     """
 
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, pad_id: int,
@@ -158,7 +166,7 @@ class PolicyUpdater:
                  max_grad_norm: float = 1.0, temperature: float = 1.0, loss_fn: LossFn = ppo_clip_loss,
                  loss_kwargs: dict | None = None, ref_model: Any = None,
                  skip_zero_advantage: bool = True, seed: int = 0, loss_agg: str = "token-mean",
-                 recompute_old_logprobs: bool = False) -> None:
+                 recompute_old_logprobs: bool = False, compute_dtype: torch.dtype | None = None) -> None:
         if loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
         self.model = model
@@ -175,11 +183,16 @@ class PolicyUpdater:
         self.skip_zero_advantage = skip_zero_advantage and not self.loss_kwargs.get("kl_coef")
         self.loss_agg = loss_agg
         self.recompute_old_logprobs = recompute_old_logprobs
+        self.compute_dtype = compute_dtype or torch.float32
         self.rng = random.Random(seed)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def _logprobs(self, model: Any, batch: dict) -> torch.Tensor:
+        """:func:`sequence_logprobs` in the compute dtype (float32 result)."""
+        return sequence_logprobs(model, batch, self.temperature, self.compute_dtype)
 
     def _ref_logprobs(self, batch: dict) -> torch.Tensor | None:
         if self.ref_model is None or not self.loss_kwargs.get("kl_coef"):
@@ -187,8 +200,8 @@ class PolicyUpdater:
         with torch.no_grad():
             if callable(self.ref_model) and not isinstance(self.ref_model, torch.nn.Module):
                 with self.ref_model():
-                    return sequence_logprobs(self.model, batch, self.temperature)
-            return sequence_logprobs(self.ref_model, batch, self.temperature)
+                    return self._logprobs(self.model, batch)
+            return self._logprobs(self.ref_model, batch)
 
     def _trains(self, s: TokenSample) -> bool:
         return not (self.skip_zero_advantage and s.advantage == 0.0)
@@ -202,7 +215,7 @@ class PolicyUpdater:
             for start in range(0, len(idx), self.micro_batch_size):
                 part = idx[start:start + self.micro_batch_size]
                 batch = build_batch([samples[i] for i in part], self.pad_id, self.device)
-                lp = sequence_logprobs(self.model, batch, self.temperature).float().cpu()
+                lp = self._logprobs(self.model, batch).float().cpu()
                 for row, i in enumerate(part):
                     r = len(samples[i].response_ids)
                     new = lp[row, lp.shape[1] - r:]
@@ -259,7 +272,7 @@ class PolicyUpdater:
                     micro = work[start:start + self.micro_batch_size]
                     batch = build_batch([s for s, _ in micro], self.pad_id, self.device, [w for _, w in micro])
                     ref = self._ref_logprobs(batch)
-                    lp = sequence_logprobs(self.model, batch, self.temperature)
+                    lp = self._logprobs(self.model, batch)
                     kwargs = dict(self.loss_kwargs)
                     if ref is not None:
                         kwargs["ref_logprobs"] = ref

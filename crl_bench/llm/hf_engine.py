@@ -1,24 +1,30 @@
 """Batched generation with transformers (the default engine; CPU or GPU).
 
-The engine shares the policy's weights with the trainer, so there is nothing to synchronise after an
-update.  Prompts are left-padded into micro-batches sorted by length; each reply's token ids and
-per-token log-probs come back without padding.
+The engine samples from the trainer's model (or a low-precision copy of its weights, refreshed after
+each update).  Prompts are left-padded into micro-batches sorted by length, with cached key/value
+prefixes reused (:class:`PrefixStore`); each reply's token ids and per-token log-probs come back
+without padding.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, StopStringCriteria, StoppingCriteriaList
+from transformers import (DynamicCache, LogitsProcessor, LogitsProcessorList, StopStringCriteria,
+                          StoppingCriteriaList)
 
 from crl_bench.llm.base import Generation, SamplingParams
+from crl_bench.llm.gate import ComputeGate, YieldToForeground
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from crl_bench.llm.precision import DTYPES as _DTYPES
+from crl_bench.llm.precision import cast_parameters
 
 
 def adapter_base_model(adapter_dir: str | Path) -> str:
@@ -60,7 +66,9 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
     Args:
         name: ``--model`` value (see :func:`crl_bench.llm.default_model.resolve_model`), or an adapter
             folder.
-        dtype: ``float32`` | ``bfloat16`` | ``float16``.
+        dtype: dtype of the loaded weights: ``float32`` | ``bfloat16`` | ``float16`` | ``auto``
+            (:func:`crl_bench.llm.precision.resolve_dtype`).  The trainer loads trainable models in
+            ``float32`` (master weights) whatever its compute dtype.
         device: torch device; default CUDA when available, else CPU.
 
     Returns:
@@ -75,8 +83,10 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
 
     from crl_bench.llm.default_model import resolve_model
 
-    if dtype not in _DTYPES:
-        raise ValueError(f"model.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    from crl_bench.llm.precision import resolve_dtype
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = resolve_dtype(dtype, device)
     path = resolve_model(name)
     adapter = Path(path).is_dir() and (Path(path) / "adapter_config.json").is_file()
     tok = AutoTokenizer.from_pretrained(path)
@@ -93,21 +103,9 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
         model.requires_grad_(True)   # peft froze the base for inference; return it as from_pretrained would
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
-
-
-def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    """Length of the longest common token prefix, leaving every prompt at least one own token."""
-    first = prompts[0]
-    n = min(len(p) for p in prompts) - 1
-    for i in range(max(n, 0)):
-        t = first[i]
-        if any(p[i] != t for p in prompts):
-            return i
-    return max(n, 0)
 
 
 class _Trie:
@@ -162,53 +160,189 @@ class AllowedRepliesProcessor(LogitsProcessor):
         return out
 
 
-class HFEngine:
-    """Generation engine over a transformers causal LM (weights shared with the trainer).
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two 1-D token arrays."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
 
-    Prefix caching: the prompts of one batch usually share a long head (chat template, system prompt,
-    task line).  With ``prefix_cache`` on, the key/value cache of that common head is computed once
-    (batch 1), kept across calls until the weights change, and expanded over the batch; each row is
-    laid out as ``head + padding + own tail`` with the padding masked, so positions and outputs are
-    those of the plain left-padded batch.  On CPU, where prompt processing dominates, this removes
-    most of the repeated work.
+
+class _Prefix:
+    """One cached prefix: its token ids ``(L,)`` and, per layer, keys and values ``(H, L, D)``."""
+
+    __slots__ = ("tokens", "layers", "nbytes")
+
+    def __init__(self, tokens: np.ndarray, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.tokens = tokens
+        self.layers = layers
+        self.nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+
+
+class PrefixStore:
+    """Key/value caches of token prefixes, least recently used first out, bounded in bytes.
+
+    A prompt reuses the stored prefix that shares the most leading tokens with it; the reused part
+    is that common prefix (keys and values at a position depend only on the tokens up to it, so any
+    common prefix is exact).  Storing a prefix that extends a stored one replaces it; storing one
+    that a stored prefix already extends is a no-op.
+
+    Args:
+        max_bytes: memory bound of the stored tensors (bytes); the least recently used prefixes are
+            dropped beyond it.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[int, _Prefix] = OrderedDict()
+        self._next = 0
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.nbytes = 0
+
+    def match(self, ids: np.ndarray, limit: int) -> tuple[_Prefix | None, int]:
+        """The stored prefix sharing the most leading tokens with ``ids`` and that count (at most
+        ``limit``); ``(None, 0)`` when nothing matches."""
+        best, best_n, best_key = None, 0, None
+        for key, item in self._items.items():
+            if item.tokens[0] != ids[0]:
+                continue
+            n = min(_lcp(item.tokens, ids), limit)
+            if n > best_n:
+                best, best_n, best_key = item, n, key
+        if best_key is not None:
+            self._items.move_to_end(best_key)
+        return best, best_n
+
+    def put(self, tokens: np.ndarray, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Store ``layers`` (per layer keys and values ``(H, L, D)``) as the cache of ``tokens`` ``(L,)``."""
+        if len(tokens) == 0:
+            return
+        for key, item in list(self._items.items()):
+            n = _lcp(item.tokens, tokens)
+            if n == len(tokens):                       # already covered by a stored prefix
+                self._items.move_to_end(key)
+                return
+            if n == len(item.tokens):                  # the new prefix extends this one
+                self.nbytes -= item.nbytes
+                del self._items[key]
+        item = _Prefix(tokens, layers)
+        if item.nbytes > self.max_bytes:
+            return
+        self._items[self._next] = item
+        self._next += 1
+        self.nbytes += item.nbytes
+        while self.nbytes > self.max_bytes and self._items:
+            _, old = self._items.popitem(last=False)
+            self.nbytes -= old.nbytes
+
+
+class HFEngine:
+    """Generation engine over a transformers causal LM.
+
+    Weights: the engine samples from the trainer's own model; with a ``compute_dtype`` other than
+    the model's (float32 master weights, bf16 generation) it keeps a copy of the weights in that
+    dtype, refreshed by :meth:`sync_weights` after every update.
+
+    Prefix caching (``prefix_cache``): prompt processing (prefill) dominates generation on a CPU, and
+    the prompts of a batch repeat each other: the rollouts of one group start from the same prompt,
+    every prompt of an env starts with the same chat template and system prompt, and a
+    ``multiturn`` episode's prompt extends its previous turn's prompt and reply.  The engine keeps a
+    :class:`PrefixStore` of key/value caches and, for each batch:
+
+    1. finds, for each prompt, the longest stored prefix it starts with;
+    2. computes once (batched) each longer head that at least two prompts of the batch share (a
+       group's common prompt, an env's system prompt with the retrieved experience) and stores it;
+    3. generates with each row laid out as ``left padding + its cached prefix + padding + its own
+       new tokens`` (the padding masked; positions follow the attention mask, so they are those of
+       the plain left-padded batch), so the prefill covers only the new tokens;
+    4. with ``keep_sequences`` (on for ``multiturn`` prompts), stores each row's prompt and reply, so
+       the episode's next turn reuses them (per-episode key/value reuse).
+
+    Outputs equal those of the uncached path up to floating-point rounding (tests compare them).
+    All cached prefixes are dropped when the weights change.
 
     Args:
         model: the policy (a ``PreTrainedModel`` or a peft wrapper of one).
         tokenizer: its tokenizer (left padding, pad token set).
         batch_size: prompts per ``generate`` call.
-        prefix_cache: reuse the key/value cache of the batch's common prompt head.
-        min_prefix: shortest common head (tokens) worth caching.
+        prefix_cache: reuse cached prompt prefixes (see above).
+        min_prefix: shortest prefix (tokens) worth caching or reusing.
+        compute_dtype: dtype to generate in (``None``: the model's own).
+        keep_sequences: store each row's prompt + reply after generation (multi-turn reuse).
+        cache_mb: memory bound of the prefix store (MiB).
+        group_heads: compute the heads shared by any two prompts (step 2); ``False`` computes only
+            the head common to the whole batch (this engine's behaviour before per-group heads; kept
+            for ``crl-bench bench step``'s before/after comparison).
+        gate: a :class:`~crl_bench.llm.gate.ComputeGate` shared with other engines of the process.
+        background: with ``gate``, generate as background work (in the gaps of the foreground,
+            yielding at every decode step); otherwise generation is foreground work.
     """
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, prefix_cache: bool = True,
-                 min_prefix: int = 32) -> None:
-        self.model = model
+                 min_prefix: int = 32, compute_dtype: torch.dtype | str | None = None,
+                 keep_sequences: bool = False, cache_mb: int = 1024, group_heads: bool = True,
+                 gate: ComputeGate | None = None, background: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.gate = gate
+        self.background = background
+        self.group_heads = group_heads
         self.batch_size = batch_size
         self.prefix_cache = prefix_cache
         self.min_prefix = min_prefix
+        self.keep_sequences = keep_sequences
+        self.compute_dtype = _DTYPES[compute_dtype] if isinstance(compute_dtype, str) else compute_dtype
+        self.store = PrefixStore(int(cache_mb) * 2**20)
         self._stop_criteria: dict[tuple[str, ...], StopStringCriteria] = {}
         # bounded: envs such as ALFWorld have a different admissible set at almost every step
         self._trie_cache: OrderedDict[tuple[str, ...], _Trie] = OrderedDict()
         self.trie_cache_size = 512
-        self._kv: OrderedDict[tuple[int, ...], Any] = OrderedDict()
-
-    def sync_weights(self, model: Any) -> None:
-        """Weights are shared with the trainer; cached prefixes are stale after an update."""
+        #: prompt tokens seen, served from the prefix store, and computed (prefill), since creation
+        self.counters = {"prompt_tokens": 0, "cached_tokens": 0, "prefill_tokens": 0, "head_tokens": 0}
         self.model = model
-        self._kv.clear()
+        self._shadow: Any = None
+        self.sync_weights(model)
 
-    def _prefix_kv(self, head: list[int]) -> Any:
-        key = tuple(head)
-        if key in self._kv:
-            self._kv.move_to_end(key)
-            return self._kv[key]
-        ids = torch.tensor([head], dtype=torch.long, device=self.device)
-        kv = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True).past_key_values
-        self._kv[key] = kv
-        while len(self._kv) > 8:
-            self._kv.popitem(last=False)
-        return kv
+    # ---- weights -----------------------------------------------------------------------------------
+    def sync_weights(self, model: Any) -> None:
+        """Sample from ``model``'s current weights: refresh the low-precision copy (if any) and drop
+        every cached prefix (they belong to the old weights)."""
+        self.model = model
+        self.store.clear()
+        dtype = self.compute_dtype
+        params = list(model.parameters())
+        if dtype is None or all(p.dtype == dtype for p in params if p.is_floating_point()):
+            self._shadow = None
+            return
+        with torch.no_grad():
+            if self._shadow is None:
+                self._shadow = cast_parameters(copy.deepcopy(model), dtype)   # buffers stay float32
+                self._shadow.eval()
+                for p in self._shadow.parameters():
+                    p.requires_grad_(False)
+            else:
+                for dst, src in zip(self._shadow.parameters(), params):
+                    dst.copy_(src)
+
+    @property
+    def generator(self) -> Any:
+        """The model generation runs on (the low-precision copy, or the trainer's model)."""
+        return self._shadow if self._shadow is not None else self.model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def cache_hit_rate(self) -> float:
+        """Share of prompt tokens served from the prefix store (0 when nothing was generated)."""
+        c = self.counters
+        return c["cached_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
 
     def _trie(self, replies: Sequence[str]) -> _Trie:
         key = tuple(replies)
@@ -224,10 +358,7 @@ class HFEngine:
             self._trie_cache.move_to_end(key)
         return trie
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
+    # ---- generation --------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  allowed: Sequence[Sequence[str] | None] | None = None) -> list[Generation]:
@@ -236,43 +367,125 @@ class HFEngine:
             raise ValueError(f"allowed has {len(allowed)} entries for {len(prompts)} prompts")
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
-        was_training = self.model.training
-        self.model.eval()
+        model = self.generator
+        was_training = model.training
+        model.eval()
         try:
             for start in range(0, len(order), self.batch_size):
                 idx = order[start:start + self.batch_size]
                 batch = [list(prompts[i]) for i in idx]
                 batch_allowed = [allowed[i] if allowed is not None else None for i in idx]
-                for i, gen in zip(idx, self._generate_batch(batch, params, batch_allowed)):
+                with self._section():
+                    gens = self._generate_batch(model, batch, params, batch_allowed)
+                for i, gen in zip(idx, gens):
                     results[i] = gen
         finally:
             if was_training:
-                self.model.train()
+                model.train()
         return results  # type: ignore[return-value]
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
+    def _section(self):
+        """The gate section one batch runs in (none without a gate)."""
+        if self.gate is None:
+            return contextlib.nullcontext()
+        return self.gate.background() if self.background else self.gate.foreground()
+
+    def _plan(self, model: Any, arrays: list[np.ndarray]) -> list[tuple[_Prefix | None, int]]:
+        """For each prompt, the stored prefix it reuses and how many tokens of it (steps 1-2 of the
+        class docstring); every prompt keeps at least one token to compute."""
+        if not self.prefix_cache:
+            return [(None, 0)] * len(arrays)
+        matches = [self.store.match(a, len(a) - 1) for a in arrays]
+        # heads shared by >= 2 prompts: the longest common prefix with a lexicographic neighbour
+        order = sorted(range(len(arrays)), key=lambda i: arrays[i].tolist())
+        share = [0] * len(arrays)
+        for a, b in zip(order, order[1:]):
+            n = _lcp(arrays[a], arrays[b])
+            share[a], share[b] = max(share[a], n), max(share[b], n)
+        if not self.group_heads:                     # only the head common to the whole batch
+            common = min((_lcp(arrays[a], arrays[b]) for a, b in zip(order, order[1:])), default=0)
+            share = [common] * len(arrays)
+        heads: dict[bytes, np.ndarray] = {}
+        for i, a in enumerate(arrays):
+            s = min(share[i], len(a) - 1)
+            if s >= self.min_prefix and s >= matches[i][1] + self.min_prefix:
+                heads.setdefault(a[:s].tobytes(), a[:s])
+        if heads:
+            self._compute_heads(model, list(heads.values()))
+            matches = [self.store.match(a, len(a) - 1) for a in arrays]
+        return [(p, n) if n >= self.min_prefix else (None, 0) for p, n in matches]
+
+    def _layout(self, arrays: list[np.ndarray], reuse: list[tuple[_Prefix | None, int]]):
+        """Padded batch: ``ids``/``att`` ``(B, W)``, the cache of the first ``P`` columns (or
+        ``None``), ``P`` and ``W``.  Row ``i`` holds its reused prefix right-aligned in ``[0, P)`` and
+        its remaining tokens right-aligned in ``[P, W)``."""
+        pad = self.tokenizer.pad_token_id
+        width_p = max(n for _, n in reuse)
+        tails = [a[n:] for a, (_, n) in zip(arrays, reuse)]
+        width = width_p + max(len(t) for t in tails)
+        ids = torch.full((len(arrays), width), pad, dtype=torch.long)
+        att = torch.zeros((len(arrays), width), dtype=torch.long)
+        for i, (a, (_, n), t) in enumerate(zip(arrays, reuse, tails)):
+            if n:
+                ids[i, width_p - n:width_p] = torch.from_numpy(a[:n])
+                att[i, width_p - n:width_p] = 1
+            ids[i, width - len(t):] = torch.from_numpy(t)
+            att[i, width - len(t):] = 1
+        cache = None
+        if width_p:
+            ref = next(p for p, n in reuse if n)
+            layers = []
+            for layer, (k0, v0) in enumerate(ref.layers):
+                k = k0.new_zeros((len(arrays), k0.shape[0], width_p, k0.shape[2]))
+                v = v0.new_zeros((len(arrays), v0.shape[0], width_p, v0.shape[2]))
+                for i, (p, n) in enumerate(reuse):
+                    if n:
+                        k[i, :, width_p - n:] = p.layers[layer][0][:, :n]
+                        v[i, :, width_p - n:] = p.layers[layer][1][:, :n]
+                layers.append((k, v))
+            cache = DynamicCache(ddp_cache_data=layers)
+        dev = self.device
+        return ids.to(dev), att.to(dev), cache, width_p, width
+
+    def _store_rows(self, cache: Any, arrays: list[np.ndarray], reuse: list[tuple[_Prefix | None, int]],
+                    width_p: int, width: int, extra: list[np.ndarray] | None = None) -> None:
+        """Store each row's reused prefix + new tokens (+ ``extra[i]``, tokens generated after
+        column ``width``) from a batch ``cache`` laid out by :meth:`_layout`."""
+        dev = cache.layers[0].keys.device
+        for i, (a, (_, n)) in enumerate(zip(arrays, reuse)):
+            u = len(a) - n
+            more = extra[i] if extra is not None else np.empty(0, dtype=np.int64)
+            pos = torch.cat([torch.arange(width_p - n, width_p), torch.arange(width - u, width + len(more))]).to(dev)
+            layers = [(lay.keys[i].index_select(1, pos), lay.values[i].index_select(1, pos)) for lay in cache.layers]
+            self.store.put(np.concatenate([a, more]), layers)
+
+    def _compute_heads(self, model: Any, heads: list[np.ndarray]) -> None:
+        """Compute and store the key/value caches of ``heads`` (one batched forward)."""
+        reuse = [self.store.match(h, len(h) - 1) for h in heads]
+        reuse = [(p, n) if n >= self.min_prefix else (None, 0) for p, n in reuse]
+        ids, att, cache, width_p, width = self._layout(heads, reuse)
+        pos = (att.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids[:, width_p:], attention_mask=att, position_ids=pos[:, width_p:],
+                    past_key_values=cache if cache is not None else DynamicCache(), use_cache=True,
+                    logits_to_keep=1)
+        self.counters["head_tokens"] += sum(len(h) - n for h, (_, n) in zip(heads, reuse))
+        self._store_rows(out.past_key_values, heads, reuse, width_p, width)
+
+    def _generate_batch(self, model: Any, prompts: list[list[int]], params: SamplingParams,
                         allowed: list[Sequence[str] | None]) -> list[Generation]:
         tok = self.tokenizer
         pad = tok.pad_token_id
         eos = tok.eos_token_id
-        head = _common_prefix(prompts) if self.prefix_cache else 0
-        head = head if head >= self.min_prefix else 0
-        tails = [p[head:] for p in prompts]
-        width = head + max(len(t) for t in tails)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        att = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, (p, t) in enumerate(zip(prompts, tails)):
-            ids[i, :head] = torch.tensor(p[:head], dtype=torch.long)
-            att[i, :head] = 1
-            ids[i, width - len(t):] = torch.tensor(t, dtype=torch.long)
-            att[i, width - len(t):] = 1
-        ids, att = ids.to(self.device), att.to(self.device)
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        reuse = self._plan(model, arrays)
+        ids, att, cache, width_p, width = self._layout(arrays, reuse)
+        c = self.counters
+        c["prompt_tokens"] += sum(len(a) for a in arrays)
+        c["cached_tokens"] += sum(n for _, n in reuse)
+        c["prefill_tokens"] += sum(len(a) - n for a, (_, n) in zip(arrays, reuse))
         extra: dict[str, Any] = {}
-        if head:
-            kv = copy.deepcopy(self._prefix_kv(prompts[0][:head]))
-            if len(prompts) > 1:
-                kv.batch_repeat_interleave(len(prompts))
-            extra["past_key_values"] = kv
+        if cache is not None:
+            extra["past_key_values"] = cache
 
         processors = LogitsProcessorList()
         tries = [self._trie(a) if a is not None else None for a in allowed]
@@ -284,13 +497,15 @@ class HFEngine:
             if key not in self._stop_criteria:
                 self._stop_criteria[key] = StopStringCriteria(tok, list(key))
             stopping.append(self._stop_criteria[key])
+        if self.gate is not None and self.background:
+            stopping.append(YieldToForeground(self.gate))
         greedy = params.temperature <= 0
         # a constrained reply always fits: the budget grows to the longest allowed reply (+ EOS)
         budget = max([params.max_new_tokens] + [t.depth + 1 for t in tries if t is not None])
         kwargs: dict[str, Any] = dict(do_sample=not greedy, max_new_tokens=budget)
         if not greedy:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=max(0, params.top_k))
-        out = self.model.generate(
+        out = model.generate(
             input_ids=ids, attention_mask=att, logits_processor=processors,
             stopping_criteria=stopping, return_dict_in_generate=True, output_logits=True,
             pad_token_id=pad, eos_token_id=eos, **kwargs, **extra)
@@ -316,4 +531,10 @@ class HFEngine:
                     break
             text = tok.decode(resp, skip_special_tokens=True)
             results.append(Generation(list(prompts[i]), resp, lps[i][:len(resp)], text, reason))
+        if self.prefix_cache and self.keep_sequences and out.past_key_values is not None:
+            # the cache holds every fed token: the prompt and all generated tokens but the last
+            fed = out.past_key_values.get_seq_length() - width
+            self._store_rows(out.past_key_values, arrays, reuse, width_p, width,
+                             [np.asarray(g.response_ids[:max(0, min(len(g.response_ids), fed))], dtype=np.int64)
+                              for g in results])
         return results

@@ -66,7 +66,9 @@ class VLLMEngine:
         if getattr(model_cfg, "lora", False):
             raise ValueError("generation.engine=vllm does not support model.lora=true; "
                              "use full fine-tuning or generation.engine=transformers")
-        return cls(resolve_model(model_cfg.name), tokenizer, dtype=model_cfg.dtype)
+        from crl_bench.llm.precision import resolve_dtype
+
+        return cls(resolve_model(model_cfg.name), tokenizer, dtype=resolve_dtype(model_cfg.dtype, "cuda"))
 
     def sync_weights(self, model: Any) -> None:
         """Copy the trainer's current weights into vLLM (HF parameter names)."""

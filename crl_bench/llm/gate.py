@@ -1,0 +1,94 @@
+"""Who computes when: the actor's work first, background distillation in its gaps.
+
+On a CPU, two threads of one process that run torch operations at the same time each start their own
+team of intra-op threads; with as many threads per team as cores, the cores are oversubscribed and
+both slow down many times over (threads spin at barriers while their partners are descheduled).
+Measured on a 2-core machine: the actor's rollout ran ~2x slower with distillation generating beside
+it.  A :class:`ComputeGate` serialises the two without giving up the overlap that matters: foreground
+work (the actor's generation and updates) holds the gate; background work (the extractor's
+generation) waits for it before starting and between decode steps (:class:`YieldToForeground`), so
+it uses the gaps of the rollout (env steps, retrieval, prompt building) and the time between steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Iterator
+
+import torch
+from transformers import StoppingCriteria
+
+
+class ComputeGate:
+    """A priority gate between foreground and background compute in one process.
+
+    Foreground sections (:meth:`foreground`) may nest and run concurrently with each other; a
+    background section (:meth:`background`) runs only while no foreground section is open, and a
+    foreground section waits for a running background *step* to end (background code calls
+    :meth:`yield_point` between steps; the longest wait is one step, e.g. one decode forward).
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._foreground = 0
+        self._background = 0
+        self.background_wait_s = 0.0       # seconds background work spent waiting for the foreground
+        self.foreground_wait_s = 0.0       # seconds foreground work spent waiting for a background step
+
+    @contextlib.contextmanager
+    def foreground(self) -> Iterator[None]:
+        """Open a foreground section (blocks while a background step is running)."""
+        t0 = time.perf_counter()
+        with self._cv:
+            self._foreground += 1
+            self._cv.wait_for(lambda: self._background == 0)
+            self.foreground_wait_s += time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._foreground -= 1
+                self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def background(self) -> Iterator[None]:
+        """Open a background step: waits until no foreground section is open."""
+        self._acquire_background()
+        try:
+            yield
+        finally:
+            self._release_background()
+
+    def yield_point(self) -> None:
+        """Inside a background section: let waiting foreground work run, then continue."""
+        with self._cv:
+            if not self._foreground:
+                return
+        self._release_background()
+        self._acquire_background()
+
+    def _acquire_background(self) -> None:
+        t0 = time.perf_counter()
+        with self._cv:
+            self._cv.wait_for(lambda: self._foreground == 0)
+            self._background += 1
+            self.background_wait_s += time.perf_counter() - t0
+
+    def _release_background(self) -> None:
+        with self._cv:
+            self._background -= 1
+            self._cv.notify_all()
+
+
+class YieldToForeground(StoppingCriteria):
+    """A transformers stopping criterion that never stops generation but, at every decode step,
+    yields the CPU to waiting foreground work (:meth:`ComputeGate.yield_point`)."""
+
+    def __init__(self, gate: ComputeGate) -> None:
+        self.gate = gate
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        self.gate.yield_point()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)

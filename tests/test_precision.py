@@ -1,0 +1,132 @@
+"""Compute dtype detection, float32 master weights with bf16 autocast, the bf16 generation copy, and
+the compute gate between the actor and background distillation."""
+
+import threading
+
+import pytest
+import torch
+
+from crl_bench.config import build_config
+from crl_bench.llm.gate import ComputeGate, YieldToForeground
+from crl_bench.llm.hf_engine import HFEngine
+from crl_bench.llm.precision import cast_parameters, cpu_bf16_units, resolve_dtype
+from crl_bench.trainer.policy import PolicyUpdater, TokenSample
+
+
+def test_auto_uses_bf16_only_with_native_units():
+    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "amx_bf16"})) == "bfloat16"
+    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "avx512_bf16"})) == "bfloat16"
+    # AVX-512 VNNI without bf16 units: oneDNN emulates bf16 there, slower than float32
+    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "avx512_vnni"})) == "float32"
+    assert resolve_dtype("auto", "cpu", frozenset()) == "float32"
+    assert resolve_dtype("float32", "cpu", frozenset({"amx_bf16"})) == "float32"
+    assert resolve_dtype("bfloat16", "cpu", frozenset()) == "bfloat16"
+    assert cpu_bf16_units(frozenset({"amx_bf16", "avx512_bf16", "sse"})) == ["amx_bf16", "avx512_bf16"]
+    with pytest.raises(ValueError, match="model.dtype"):
+        resolve_dtype("bf16", "cpu")
+
+
+def test_default_config_is_auto_and_bad_dtype_names_the_key():
+    from crl_bench.config import ConfigError
+
+    assert build_config([]).model.dtype == "auto"
+    with pytest.raises(ConfigError, match="model.dtype"):
+        build_config([{"model": {"dtype": "int8"}}])
+
+
+def test_cast_parameters_keeps_buffers(tiny_model):
+    buffers = {n: b.dtype for n, b in tiny_model.named_buffers()}
+    cast_parameters(tiny_model, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in tiny_model.parameters())
+    assert {n: b.dtype for n, b in tiny_model.named_buffers()} == buffers
+
+
+def test_bf16_generation_copy_follows_the_float32_weights(tokenizer, tiny_model):
+    from crl_bench.llm.base import SamplingParams
+
+    eng = HFEngine(tiny_model, tokenizer, compute_dtype=torch.bfloat16)
+    assert eng.generator is not tiny_model
+    assert all(p.dtype == torch.bfloat16 for p in eng.generator.parameters())
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())     # master weights untouched
+    ids = tokenizer.encode("hello there, what next?")
+    out = eng.generate([ids], SamplingParams(temperature=0, max_new_tokens=4))[0]
+    assert out.response_ids and len(out.logprobs) == len(out.response_ids)
+    with torch.no_grad():
+        tiny_model.lm_head.weight.add_(0.5)
+    eng.sync_weights(tiny_model)
+    assert torch.equal(eng.generator.lm_head.weight, tiny_model.lm_head.weight.to(torch.bfloat16))
+    # float32 compute, or a model already in the compute dtype: no copy
+    assert HFEngine(tiny_model, tokenizer, compute_dtype=torch.float32).generator is tiny_model
+
+
+def test_autocast_update_keeps_float32_master_weights_and_state(tokenizer, tiny_model):
+    opt = torch.optim.AdamW(tiny_model.parameters(), lr=1e-2)
+    upd = PolicyUpdater(tiny_model, opt, pad_id=tokenizer.pad_token_id, compute_dtype=torch.bfloat16,
+                        recompute_old_logprobs=True)
+    before = tiny_model.lm_head.weight.detach().clone()
+    samples = [TokenSample([1, 2, 3, 4], [5, 6], [-3.0, -3.0], 1.0, sequence=0),
+               TokenSample([1, 2, 7], [8], [-3.0], -1.0, sequence=1)]
+    out = upd.update(samples)
+    assert out["optimizer_steps"] == 1 and torch.isfinite(torch.tensor(out["loss"]))
+    assert "behaviour_logprob_abs_diff" in out
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
+    state = opt.state[tiny_model.lm_head.weight]
+    assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
+    assert not torch.equal(before, tiny_model.lm_head.weight)
+
+
+def test_autocast_logprobs_are_close_to_float32(tokenizer, tiny_model):
+    from crl_bench.trainer.policy import build_batch, sequence_logprobs
+
+    batch = build_batch([TokenSample([1, 2, 3, 4, 9, 10], [5, 6, 11], [0.0] * 3, 1.0)], tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp32 = sequence_logprobs(tiny_model, batch)
+        lp16 = sequence_logprobs(tiny_model, batch, compute_dtype=torch.bfloat16)
+    assert lp16.dtype == torch.float32
+    assert torch.allclose(lp32, lp16, atol=0.05)
+
+
+def test_background_waits_for_the_foreground_and_yields_at_decode_steps():
+    gate = ComputeGate()
+    events: list[str] = []
+    in_background = threading.Event()
+    release = threading.Event()
+
+    def background():
+        with gate.background():
+            events.append("bg-start")
+            in_background.set()
+            release.wait(10)
+            YieldToForeground(gate)(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 5))
+            events.append("bg-after-yield")
+
+    t = threading.Thread(target=background)
+    t.start()
+    assert in_background.wait(10)
+    entered = threading.Event()
+
+    def foreground():
+        with gate.foreground():
+            events.append("fg")
+            entered.set()
+
+    f = threading.Thread(target=foreground)
+    f.start()
+    # the foreground is waiting for the background's step; let the step end at its yield point
+    release.set()
+    assert entered.wait(10)
+    f.join(10)
+    t.join(10)
+    assert events == ["bg-start", "fg", "bg-after-yield"]
+
+    # a background section does not start while a foreground section is open
+    events.clear()
+    started = threading.Event()
+    with gate.foreground():
+        t = threading.Thread(target=lambda: (gate.background().__enter__(), started.set()))
+        t.start()
+        assert not started.wait(0.2)
+        events.append("fg-done")
+    assert started.wait(10)
+    t.join(10)
+    gate._release_background()

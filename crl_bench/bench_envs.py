@@ -17,6 +17,13 @@ and are not part of the step times. The timing loop is the same for both paths; 
 
 The project's target is ``ratio = text step time / raw step time <= 1.3``.
 
+Envs that cannot run here are skipped when every env is benchmarked (no ids given, e.g.
+``crl-bench bench env`` without ``--env``): an env whose engine, service or data is missing
+(:class:`~crl_bench.env_api.EnvUnavailableError`, e.g. SWE-bench without a Docker daemon or its
+container images; :class:`~crl_bench.data.DataMissingError`) and an env with an open action set
+(no random legal actions to draw, e.g. SWE-bench's tool calls). They are listed after the table with
+the reason; the others are measured. An env named explicitly still raises.
+
 Usage::
 
     python -m crl_bench.bench_envs --steps 5000              # every registered env
@@ -33,9 +40,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crl_bench.env_api import TextEnv, list_envs, make_env
+from crl_bench.data import DataMissingError
+from crl_bench.env_api import EnvUnavailableError, TextEnv, list_envs, make_env
 
-__all__ = ["bench_env", "format_table", "main"]
+__all__ = ["OpenActionSetError", "bench_env", "format_skipped", "format_table", "main"]
+
+
+class OpenActionSetError(ValueError):
+    """The env has an open action set (``admissible_actions()`` gives nothing), so the benchmark has
+    no legal actions to draw at random."""
+
+
+#: errors that mean "this env cannot be benchmarked on this machine" (skipped, not fatal, when every
+#: env is benchmarked)
+UNAVAILABLE = (EnvUnavailableError, DataMissingError, OpenActionSetError)
 
 
 class _Path:
@@ -141,8 +159,8 @@ def _bench_one(env_id: str, steps: int, seed: int, chunk: int, warmup: int,
         text_env.reset(options={"task": tasks[0]})
         legal = text_env.admissible_actions()
         if not legal:
-            raise ValueError(f"{env_id}: bench_env needs a closed action set "
-                             f"(admissible_actions() returned {legal!r})")
+            raise OpenActionSetError(f"{env_id}: bench_env needs a closed action set "
+                                     f"(admissible_actions() returned {legal!r})")
         legal = list(legal)
         actions = [legal[int(i)] for i in rng.integers(len(legal), size=warmup + steps)]
         raw = _Path(raw_env, True, actions, tasks)
@@ -188,8 +206,8 @@ def _bench_one(env_id: str, steps: int, seed: int, chunk: int, warmup: int,
 
 
 def bench_env(env_ids: list[str] | None, steps: int, seed: int = 0, *, chunk: int = 100,
-              warmup: int = 50, env_kwargs: dict[str, dict[str, Any]] | None = None
-              ) -> list[dict[str, Any]]:
+              warmup: int = 50, env_kwargs: dict[str, dict[str, Any]] | None = None,
+              skipped: list[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
     """Time raw simulator steps against text-env steps for each env (see the module docstring).
 
     Args:
@@ -199,6 +217,10 @@ def bench_env(env_ids: list[str] | None, steps: int, seed: int = 0, *, chunk: in
         chunk: steps per timing chunk; the two paths alternate chunk by chunk.
         warmup: untimed steps taken by each path first.
         env_kwargs: optional settings per env id, passed to :func:`make_env` for both instances.
+        skipped: when a list is given, an env that cannot run here (:data:`UNAVAILABLE`: missing
+            engine, service, container image or data, or an open action set) is not measured:
+            ``(env_id, reason)`` is appended to the list and the other envs are measured. Without
+            it, such an env raises.
 
     Returns:
         one dict per env: ``env``; ``raw_steps`` / ``text_steps`` (timed steps, equal by
@@ -210,15 +232,29 @@ def bench_env(env_ids: list[str] | None, steps: int, seed: int = 0, *, chunk: in
         and ``raw_reset_ms`` / ``text_reset_ms`` (mean time of a timed reset).
 
     Raises:
-        ValueError: ``steps`` or ``chunk`` < 1, or an env with an open action set.
-        KeyError: an unknown env id.
+        ValueError: ``steps`` or ``chunk`` < 1, or (``skipped`` not given) an env with an open action
+            set (:class:`OpenActionSetError`).
+        EnvUnavailableError, DataMissingError: (``skipped`` not given) an env that cannot run here.
+        KeyError: an unknown env id (never skipped).
     """
     if steps < 1 or chunk < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1, chunk >= 1, warmup >= 0; got {steps}, {chunk}, {warmup}")
     ids = list(env_ids) if env_ids is not None else list_envs()
     env_kwargs = env_kwargs or {}
-    return [_bench_one(env_id, steps, seed, chunk, warmup, env_kwargs.get(env_id, {}))
-            for env_id in ids]
+    rows = []
+    for env_id in ids:
+        try:
+            rows.append(_bench_one(env_id, steps, seed, chunk, warmup, env_kwargs.get(env_id, {})))
+        except UNAVAILABLE as e:
+            if skipped is None:
+                raise
+            skipped.append((env_id, f"{type(e).__name__}: {e}"))
+    return rows
+
+
+def format_skipped(skipped: Sequence[tuple[str, str]]) -> str:
+    """One line per env :func:`bench_env` skipped, with the reason ("" when none was)."""
+    return "\n".join(f"skipped {env_id} (cannot run here): {reason}" for env_id, reason in skipped)
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -261,8 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--json", action="store_true", help="print the rows as JSON after the table")
     args = p.parse_args(argv)
-    rows = bench_env(args.envs or None, args.steps, args.seed, chunk=args.chunk, warmup=args.warmup)
+    skipped: list[tuple[str, str]] | None = None if args.envs else []
+    rows = bench_env(args.envs or None, args.steps, args.seed, chunk=args.chunk, warmup=args.warmup,
+                     skipped=skipped)
     print(format_table(rows))
+    if skipped:
+        print(format_skipped(skipped))
     if args.json:
         print(json.dumps(rows, indent=1))
     return 0

@@ -591,7 +591,7 @@ def read_bank(path: str | os.PathLike, limit: int = TOP_ENTRIES) -> tuple[list, 
         raise FileNotFoundError(f"no experience bank at {p}")
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    bank = ExperienceBank(p, HashEmbedder(_stored_dim(p)))
+    bank = ExperienceBank(p, HashEmbedder(_stored_dim(p)), index="flat")    # exact; no graph to build
     try:
         entries = bank.entries()
         stats = bank.stats()

@@ -454,7 +454,8 @@ def test_stats(tmp_path):
     assert st["rejections"] == {REJECT_EMPTY_TEXT: 1, REJECT_UNKNOWN_KIND: 1} and st["rejections_total"] == 2
     assert st["retrieved_total"] == 2 and st["retrieved_mean"] == pytest.approx(0.5)
     assert st["times_success"] == 1 and st["times_failure"] == 1
-    assert (st["index"], st["capacity"], st["eviction"]) == ("flat", 4, "fifo")
+    assert (st["index"], st["capacity"], st["eviction"]) == ("auto", 4, "fifo")
+    assert st["shard_index"] == {"x": "flat", "y": "flat"}   # auto: small shards are searched exactly
 
 
 # ------------------------------------------------------------------------------------ locks + stress
@@ -475,11 +476,12 @@ def test_rwlock_writer_preference():
     assert order == ["w", "r"]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ("auto",))
 def test_concurrent_readers_and_writers(tmp_path, kind):
     duration = 1.0 if kind != "flat" else 2.0
+    # auto: shards of ~40 entries cross auto_threshold 30 (and half of it) back and forth
     bank = make(tmp_path, index=kind, capacity=80, ivf_min_train=20, ivf_nlist=8, ivf_nprobe=2,
-                hnsw_rebuild_min=8, hnsw_rebuild_fraction=0.1)
+                hnsw_rebuild_min=8, hnsw_rebuild_fraction=0.1, auto_threshold=30)
     retriever = Retriever(bank, k=2)
     lock = RWLock()
     log: list = []                      # (ops, result) in apply order (appended under the write lock)
@@ -586,6 +588,8 @@ def test_concurrent_readers_and_writers(tmp_path, kind):
         assert any(s.trainings for s in bank._shards.values())            # IVF trained while threads ran
     if kind == "hnsw":
         assert any(s.rebuilds for s in bank._shards.values())             # tombstones compacted
+    if kind == "auto":
+        assert any(s.switches for s in bank._shards.values())            # flat -> hnsw while threads ran
     bank.close()
     again = make(tmp_path, index=kind, capacity=80)
     assert {e.id for e in again.entries()} == set(live)
@@ -597,7 +601,15 @@ def test_bench_retrieval_smoke(tmp_path):
     from crl_bench.bench_retrieval import bench_retrieval, format_table
 
     rows = bench_retrieval(sizes=(300,), queries=8, k=5, dim=32, repeats=1, latency_samples=16,
-                           workdir=str(tmp_path), bank_kwargs={"ivf_min_train": 100})
-    assert [(r["index"], r["size"]) for r in rows] == [("flat", 300), ("ivf", 300), ("hnsw", 300)]
+                           recall_queries=32, workdir=str(tmp_path), bank_kwargs={"ivf_min_train": 100},
+                           index=("flat", "ivf", "hnsw", "auto"))
+    assert [(r["data"], r["index"], r["size"]) for r in rows] == \
+        [(d, i, 300) for d in ("sentence", "gaussian") for i in ("flat", "ivf", "hnsw", "auto")]
     assert all(r["recall@1"] == 1.0 and r["batched_ms"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in rows)
-    assert format_table(rows).count("\n") == 4
+    assert {r["index"]: r["shard_index"] for r in rows} == {"flat": "flat", "ivf": "ivf", "hnsw": "hnsw",
+                                                             "auto": "flat"}
+    assert format_table(rows).count("\n") == 9
+    vecs = np.random.default_rng(0).standard_normal((340, 16))
+    rows = bench_retrieval(sizes=(300,), queries=8, k=5, dim=16, index="flat", vectors=vecs, repeats=1,
+                           latency_samples=8, recall_queries=40, workdir=str(tmp_path))
+    assert [(r["data"], r["recall@k"]) for r in rows] == [("file", 1.0)]

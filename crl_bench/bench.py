@@ -190,7 +190,7 @@ STEP_ARMS = {
 
 
 def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, seed: int = 0,
-               overrides: dict | None = None) -> dict[str, Any]:
+               overrides: dict | None = None, update_probe: bool = True) -> dict[str, Any]:
     """Training steps of ``preset`` on ``mix``, arms :data:`STEP_ARMS`, interleaved (before, after,
     after, before, ...) so that machine load hits both alike.
 
@@ -199,7 +199,8 @@ def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, 
     rates (tokens/s) are compared, and step times as means.  With the ``after`` arm's generator the
     pure-torch throughput (:func:`pure_throughput`) is measured in the same run, and the rollout's
     share of it is ``(prefill tokens / pure prefill rate + generated tokens / pure decode rate) /
-    generate seconds``.
+    generate seconds``.  ``update_probe=False`` skips the same-batch update comparison (it costs
+    about as much as the steps themselves on big presets).
 
     Returns:
         dict with per-arm sums (steps, generated tokens, prompt and prefill tokens, rollout /
@@ -234,7 +235,7 @@ def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, 
         # one update of each arm on the same batch (the last rollout of "after", advantages +-1 by
         # episode), so update times compare even when the steps above had no learning signal
         samples = [TokenSample(t.prompt_ids, t.response_ids, t.logprobs, 1.0 if k % 2 else -1.0, sequence=k)
-                   for k, tr in enumerate(last or []) for t in tr.turns if t.response_ids]
+                   for k, tr in enumerate(last or []) for t in tr.turns if t.response_ids] if update_probe else []
         for name in names:
             t0 = time.perf_counter()
             upd = trainers[name].updater.update(samples) if samples else {}
@@ -264,8 +265,9 @@ def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, 
         "tokens_per_s": f["tokens_per_s"] / max(b["tokens_per_s"], 1e-9),
         "step_s": b["step_s_mean"] / max(f["step_s_mean"], 1e-9),
         "rollout_s": b["rollout_s_mean"] / max(f["rollout_s_mean"], 1e-9),
-        "update_same_batch": b["update_probe_s"] / max(f["update_probe_s"], 1e-9),
     }
+    if update_probe:
+        out["ratios"]["update_same_batch"] = b["update_probe_s"] / max(f["update_probe_s"], 1e-9)
     return out
 
 
@@ -288,9 +290,10 @@ def format_step(res: dict[str, Any]) -> str:
                  f"(batch {p['batch']}, {p['context']}-token context)")
     lines.append(f"after / before: rollout tok/s {r['tokens_per_s']:.2f}x, step time {r['step_s']:.2f}x faster, "
                  f"rollout time {r['rollout_s']:.2f}x faster")
-    lines.append(f"one update on the same batch ({res['before']['update_probe_tokens']} trained tokens, "
-                 f"recomputed old log-probs): before {res['before']['update_probe_s']:.1f} s, after "
-                 f"{res['after']['update_probe_s']:.1f} s: {r['update_same_batch']:.2f}x faster")
+    if "update_same_batch" in r:
+        lines.append(f"one update on the same batch ({res['before']['update_probe_tokens']} trained tokens, "
+                     f"recomputed old log-probs): before {res['before']['update_probe_s']:.1f} s, after "
+                     f"{res['after']['update_probe_s']:.1f} s: {r['update_same_batch']:.2f}x faster")
     for name in STEP_ARMS:
         a = res[name]
         if "behaviour_logprob_abs_diff" in a:
@@ -312,7 +315,8 @@ def main(args: argparse.Namespace) -> int:
         return retrieval_main(args.extra)
     if args.name == "step":
         env_id = (args.env or ["minihack-room"])[0]
-        print(format_step(bench_step(args.model, args.mix or env_id, args.preset, args.train_steps)))
+        print(format_step(bench_step(args.model, args.mix or env_id, args.preset, args.train_steps,
+                                     update_probe=not args.no_update_probe)))
         return 0
     if args.name == "overhead":
         env_id = (args.env or ["minihack-room"])[0]

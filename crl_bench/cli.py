@@ -426,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--mix", default=None, help="step bench: env id or mixture (default: --env or minihack-room)")
     b.add_argument("--preset", default="smoke", help="step bench: preset (smoke, default, paper)")
     b.add_argument("--train-steps", type=int, default=2, help="step bench: training steps per arm")
+    b.add_argument("--no-update-probe", action="store_true",
+                   help="step bench: skip the same-batch update comparison (costly on big presets)")
     b.add_argument("--workers", type=int, default=2, help="alfworld env bench: N worker processes (vs 1)")
     b.add_argument("--episodes", type=int, default=None,
                    help="env bench: alfworld episodes per arm (8), webshop scripted episodes (200)")

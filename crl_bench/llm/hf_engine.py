@@ -343,10 +343,10 @@ class HFEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def cache_hit_rate(self) -> float:
-        """Share of prompt tokens served from the prefix store (0 when nothing was generated)."""
-        c = self.counters
-        return c["cached_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
+    @property
+    def caching(self) -> bool:
+        """Whether prefixes are cached (``prefix_cache`` on and a non-zero ``cache_mb``)."""
+        return self.prefix_cache and self.store.max_bytes > 0
 
     def _trie(self, replies: Sequence[str]) -> _Trie:
         key = tuple(replies)
@@ -397,7 +397,7 @@ class HFEngine:
     def _plan(self, model: Any, arrays: list[np.ndarray]) -> list[tuple[_Prefix | None, int]]:
         """For each prompt, the stored prefix it reuses and how many tokens of it (steps 1-2 of the
         class docstring); every prompt keeps at least one token to compute."""
-        if not self.prefix_cache:
+        if not self.caching:
             return [(None, 0)] * len(arrays)
         matches = [self.store.match(a, len(a) - 1) for a in arrays]
         # heads shared by >= 2 prompts: the longest common prefix with a lexicographic neighbour
@@ -502,7 +502,7 @@ class HFEngine:
         pad = tok.pad_token_id
         eos = tok.eos_token_id
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
-        if self.gate is not None and self.background and self.prefix_cache:
+        if self.gate is not None and self.background and self.caching:
             self._prefill_in_chunks(model, arrays)
         reuse = self._plan(model, arrays)
         ids, att, cache, width_p, width = self._layout(arrays, reuse)
@@ -558,7 +558,7 @@ class HFEngine:
                     break
             text = tok.decode(resp, skip_special_tokens=True)
             results.append(Generation(list(prompts[i]), resp, lps[i][:len(resp)], text, reason))
-        if self.prefix_cache and self.keep_sequences and out.past_key_values is not None:
+        if self.caching and self.keep_sequences and out.past_key_values is not None:
             # the cache holds every fed token: the prompt and all generated tokens but the last
             fed = out.past_key_values.get_seq_length() - width
             self._store_rows(out.past_key_values, arrays, reuse, width_p, width,

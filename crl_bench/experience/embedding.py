@@ -99,11 +99,8 @@ class SentenceEmbedder:
         self._model = st
         get_dim = getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension
         self._dim = int(get_dim())
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._cache_lock = threading.Lock()
         self._model_lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        self._lru = QueryCache(_Uncached(self), self.cache_size)
 
     @property
     def dim(self) -> int:
@@ -117,40 +114,25 @@ class SentenceEmbedder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Embed ``texts`` -> ``(N, dim)`` float32, L2-normalised rows; cached texts are not recomputed."""
-        texts = [str(t) for t in texts]
-        out = np.empty((len(texts), self._dim), dtype=np.float32)
-        if not texts:
-            return out
-        missing: dict[str, list[int]] = {}
-        with self._cache_lock:
-            for i, t in enumerate(texts):
-                v = self._cache.get(t) if self.cache_size > 0 else None
-                if v is None:
-                    missing.setdefault(t, []).append(i)
-                else:
-                    self._cache.move_to_end(t)
-                    out[i] = v
-            self.hits += len(texts) - sum(len(v) for v in missing.values())
-            self.misses += sum(len(v) for v in missing.values())
-        if missing:
-            uniq = list(missing)
-            vecs = self._embed_uncached(uniq)
-            for t, v in zip(uniq, vecs):
-                for i in missing[t]:
-                    out[i] = v
-            if self.cache_size > 0:
-                with self._cache_lock:
-                    for t, v in zip(uniq, vecs):
-                        self._cache[t] = v.copy()
-                        self._cache.move_to_end(t)
-                    while len(self._cache) > self.cache_size:
-                        self._cache.popitem(last=False)
-        return out
+        return self._lru.encode(texts)
 
     def cache_info(self) -> dict:
-        with self._cache_lock:
-            return {"size": len(self._cache), "capacity": self.cache_size, "hits": self.hits,
-                    "misses": self.misses}
+        """``size, capacity, hits, misses, evictions, hit_rate`` of the text cache (:class:`QueryCache`)."""
+        return self._lru.info()
+
+
+class _Uncached:
+    """A :class:`SentenceEmbedder`'s model calls without its cache (what its cache embeds misses with)."""
+
+    def __init__(self, owner: SentenceEmbedder) -> None:
+        self.owner = owner
+
+    @property
+    def dim(self) -> int:
+        return self.owner.dim
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return self.owner._embed_uncached(list(texts))
 
 
 class QueryCache:

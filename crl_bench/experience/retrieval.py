@@ -9,8 +9,8 @@ What is implemented (source: the paper and the authors' released code,
 1. All queries are embedded in one batch, through a bounded LRU cache of query text -> embedding
    (:class:`~crl_bench.experience.embedding.QueryCache`, ``query_cache`` entries; the released code
    caches query embeddings too): only texts not seen recently are embedded. Its counters
-   (:meth:`Retriever.cache_info`: hits, misses, evictions, hit rate) are reported by the experience
-   manager's ``stats()`` as ``query_cache_*``. Queries are grouped by env id and each group is
+   (:meth:`Retriever.cache_info`: hits, misses, evictions, hit rate) reach every metrics row of the
+   experience methods as ``retrieval_query_cache_hit_rate``. Queries are grouped by env id and each group is
    searched with one batched FAISS call for ``k * oversample`` candidates, ordered by cosine
    similarity.
 2. For candidate ``m`` at 0-based position ``r(m)`` in that order::

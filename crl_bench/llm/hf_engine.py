@@ -23,8 +23,7 @@ from transformers import (DynamicCache, LogitsProcessor, LogitsProcessorList, St
 from crl_bench.llm.base import Generation, SamplingParams
 from crl_bench.llm.gate import ComputeGate, YieldToForeground
 
-from crl_bench.llm.precision import DTYPES as _DTYPES
-from crl_bench.llm.precision import cast_parameters
+from crl_bench.llm.precision import DTYPES as _DTYPES, cast_parameters
 
 
 def adapter_base_model(adapter_dir: str | Path) -> str:

@@ -179,3 +179,96 @@ def test_recompute_old_logprobs(tokenizer, tiny_model):
     assert st["behaviour_logprob_abs_diff"] == pytest.approx(0.5, abs=1e-3)
     assert st["behaviour_ratio_min"] == pytest.approx(st["behaviour_ratio_max"], rel=1e-3)
     assert st["behaviour_ratio_std"] == pytest.approx(0.0, abs=1e-3)
+
+
+def _shared_samples(tokenizer, advs=(1.0, -0.5, 0.25)):
+    head = ("<|im_start|>system\nYou play a small grid game. Reach the stairs; each turn pick one move "
+            "from north, east, south, west.<|im_end|>\n<|im_start|>user\n")
+    tails = ["You are at row 1.", "You are at row 2, column 3, next to a wall.", "Row 0."]
+    replies = ["north</answer>", "east</answer>", "south west</answer>"]
+    out = []
+    for t, r, a in zip(tails, replies, advs):
+        p = tokenizer.encode(head + t + "<|im_end|>\n<|im_start|>assistant\n<answer>")
+        rid = tokenizer.encode(r)
+        out.append(TokenSample(p, rid, [-1.0] * len(rid), a))
+    return out
+
+
+def test_shared_prefix_forward_equals_full_forward(tokenizer, tiny_model):
+    """The shared-prefix forward (prefix once, broadcast as the cache) gives the same log-probs and the
+    same gradient as the plain left-padded forward, prompts of different lengths included."""
+    import copy
+
+    from crl_bench.trainer.policy import common_prefix_length, shared_prefix_logprobs
+
+    s = _shared_samples(tokenizer)
+    shared = common_prefix_length(s)
+    assert shared >= 20 and all(x.prompt_ids[:shared] == s[0].prompt_ids[:shared] for x in s)
+    assert len({x.prompt_ids[shared] for x in s}) > 1
+    lp_full = sequence_logprobs(tiny_model, build_batch(s, tokenizer.pad_token_id))
+    lp_shared, batch = shared_prefix_logprobs(tiny_model, s, shared, tokenizer.pad_token_id)
+    mask = batch["mask"].bool()
+    assert torch.allclose(lp_full[mask], lp_shared[mask], atol=1e-5)
+
+    grads, stats = [], []
+    for share in (False, True):
+        m = copy.deepcopy(tiny_model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        st = PolicyUpdater(m, opt, tokenizer.pad_token_id, micro_batch_size=3, max_grad_norm=0,
+                           share_prefix=share, min_shared_prefix=8).update(s)
+        stats.append(st)
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+    assert stats[0]["shared_prefix_tokens"] == 0 and stats[1]["shared_prefix_tokens"] == 2 * shared
+    assert stats[0]["loss"] == pytest.approx(stats[1]["loss"], rel=1e-4)
+    assert grads[0].keys() == grads[1].keys()
+    for name, g in grads[0].items():
+        assert float((g - grads[1][name]).norm()) <= 1e-3 * float(g.norm()) + 1e-12, name
+    # tokens only the shared prefix holds get their gradient through the broadcast cache
+    only_prefix = set(s[0].prompt_ids[:shared]) - {t for x in s for t in x.prompt_ids[shared:] + x.response_ids}
+    rows = torch.tensor(sorted(only_prefix))
+    emb = [g["model.embed_tokens.weight"][rows] for g in grads]
+    assert float(emb[1].norm()) > 0 and float((emb[0] - emb[1]).norm()) <= 1e-3 * float(emb[0].norm())
+
+
+def test_shared_prefix_with_identical_prompts(tokenizer, tiny_model):
+    """A group's first turns have identical prompts: all but the last prompt token are shared, and the
+    gradient still equals the plain forward's."""
+    import copy
+
+    base = _shared_samples(tokenizer)[0]
+    s = [TokenSample(base.prompt_ids, r, [-1.0] * len(r), a)
+         for r, a in ((tokenizer.encode("north</answer>"), 1.0), (tokenizer.encode("west</answer>"), -1.0))]
+    grads, stats = [], []
+    for share in (False, True):
+        m = copy.deepcopy(tiny_model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        stats.append(PolicyUpdater(m, opt, tokenizer.pad_token_id, max_grad_norm=0, share_prefix=share,
+                                   min_shared_prefix=8).update(s))
+        grads.append(m.lm_head.weight.grad.clone())
+    assert stats[1]["shared_prefix_tokens"] == len(base.prompt_ids) - 1
+    assert float((grads[0] - grads[1]).norm()) <= 1e-3 * float(grads[0].norm())
+
+
+def test_shared_prefix_is_off_with_gradient_checkpointing(tokenizer, tiny_model):
+    import copy
+
+    m = copy.deepcopy(tiny_model)
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    st = PolicyUpdater(m, opt, tokenizer.pad_token_id, micro_batch_size=3, min_shared_prefix=8).update(
+        _shared_samples(tokenizer))
+    assert st["shared_prefix_tokens"] == 0 and st["optimizer_steps"] == 1
+
+
+def test_folded_recompute_matches_a_separate_pass(tokenizer, tiny_model):
+    """With one optimiser step the recomputed old log-probs come from the training forward itself:
+    the same drift statistics as the separate no-gradient pass, ratio exactly 1."""
+    s = [TokenSample(x.prompt_ids, x.response_ids, [lp - 0.3 for lp in x.old_logprobs], x.advantage)
+         for x in _samples(tokenizer, tiny_model)]
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
+    up = PolicyUpdater(tiny_model, opt, tokenizer.pad_token_id, recompute_old_logprobs=True)
+    _, separate = up._recompute(s)
+    folded = up.update(s)
+    assert folded["ratio_mean"] == 1.0 and folded["clip_frac"] == 0.0
+    for k, v in separate.items():
+        assert folded[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k

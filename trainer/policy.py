@@ -130,7 +130,72 @@ def sequence_logprobs(model: Any, batch: dict, temperature: float = 1.0,
     return token_logprobs(logits, batch["targets"], temperature)
 
 
+def common_prefix_length(samples: Sequence[TokenSample]) -> int:
+    """Length of the longest prompt prefix all ``samples`` share (at most each prompt's length)."""
+    if not samples:
+        return 0
+    first = samples[0].prompt_ids
+    n = min(len(s.prompt_ids) for s in samples)
+    for s in samples[1:]:
+        ids = s.prompt_ids
+        k = 0
+        while k < n and ids[k] == first[k]:
+            k += 1
+        n = k
+        if n == 0:
+            break
+    return n
+
+
+def shared_prefix_logprobs(model: Any, samples: Sequence[TokenSample], shared: int, pad_id: int,
+                           temperature: float = 1.0, compute_dtype: torch.dtype | None = None,
+                           device: torch.device | str = "cpu",
+                           weights: Sequence[float] | None = None) -> tuple[torch.Tensor, dict]:
+    """:func:`sequence_logprobs` of ``samples`` whose prompts share their first ``shared`` tokens,
+    computing that prefix once: one forward of the prefix (batch 1) gives its keys and values, which
+    are broadcast to the batch as the cache of a second forward over each sample's remaining tokens
+    (left-padded after the prefix, positions continuing from it).  Gradients flow through the
+    broadcast into the single prefix computation, so the result and its gradient equal the full
+    forward's (to float rounding) at a fraction of the cost when prefixes are long (a group's
+    system prompt and task).  Needs a model whose forward takes ``past_key_values`` (transformers
+    decoder LMs) and no gradient checkpointing (it disables the cache in training).
+
+    Returns ``(logprobs (B, R) float32, batch)`` with ``batch`` as :func:`build_batch` of the
+    samples' remaining tokens (``mask``, ``old_logprobs``, ``advantages``, ...).
+    """
+    from transformers import DynamicCache
+
+    if not 0 < shared < min(len(s.prompt_ids) for s in samples):
+        raise ValueError(f"shared prefix {shared} must be in [1, shortest prompt - 1] (the last prompt "
+                         "token predicts the first response token)")
+    prefix = torch.tensor([samples[0].prompt_ids[:shared]], dtype=torch.long, device=device)
+    rest = [dataclasses.replace(s, prompt_ids=list(s.prompt_ids[shared:])) for s in samples]
+    batch = build_batch(rest, pad_id, device, weights)
+    b = batch["input_ids"].shape[0]
+    dtype = compute_dtype or torch.float32
+    with autocast(prefix.device, dtype):
+        head = model(input_ids=prefix, use_cache=True, logits_to_keep=1)
+        layers = [(lay.keys.expand(b, -1, -1, -1), lay.values.expand(b, -1, -1, -1))
+                  for lay in head.past_key_values.layers]
+        cache = DynamicCache(ddp_cache_data=layers)
+        ones = torch.ones((b, shared), dtype=batch["attention_mask"].dtype, device=prefix.device)
+        out = model(input_ids=batch["input_ids"],
+                    attention_mask=torch.cat([ones, batch["attention_mask"]], dim=1),
+                    position_ids=batch["position_ids"] + shared, past_key_values=cache,
+                    logits_to_keep=batch["keep"], use_cache=True)
+    logits = out.logits[:, :-1, :]
+    return token_logprobs(logits, batch["targets"], temperature), batch
+
+
 LossFn = Callable[..., tuple[torch.Tensor, dict]]
+
+
+def _checkpointing(model: Any) -> bool:
+    """Whether ``model`` recomputes activations in backward (transformers renamed the flag in v5)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name) or name in getattr(model, "__dict__", {}):
+            return bool(getattr(model, name))
+    return False
 
 
 class PolicyUpdater:
@@ -156,9 +221,15 @@ class PolicyUpdater:
         loss_agg: ``seq-mean-token-mean`` or ``token-mean`` (:func:`token_weights`).
         recompute_old_logprobs: before the first optimiser step, recompute the old log-probs of the
             trained samples with the current weights (no gradient) instead of the sampler's; the mean
-            absolute difference and the spread of ``exp(recomputed - behaviour)`` are reported.
+            absolute difference and the spread of ``exp(recomputed - behaviour)`` are reported.  With
+            one epoch of one mini-batch (one optimiser step) they are taken, detached, from the
+            training forward itself (the same weights and inputs), saving a forward pass.
         compute_dtype: dtype of the forward/backward (``torch.autocast``; ``None`` or float32: none);
             the model's own weights, gradients and optimiser state are untouched by it.
+        share_prefix: compute the prompt prefix that all samples of a micro-batch share once
+            (:func:`shared_prefix_logprobs`; samples are ordered by prompt so that a group's turns
+            meet), when it is at least ``min_shared_prefix`` tokens, the model has no gradient
+            checkpointing and no KL reference is needed; otherwise the plain forward.
     """
 
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, pad_id: int,
@@ -166,7 +237,8 @@ class PolicyUpdater:
                  max_grad_norm: float = 1.0, temperature: float = 1.0, loss_fn: LossFn = ppo_clip_loss,
                  loss_kwargs: dict | None = None, ref_model: Any = None,
                  skip_zero_advantage: bool = True, seed: int = 0, loss_agg: str = "token-mean",
-                 recompute_old_logprobs: bool = False, compute_dtype: torch.dtype | None = None) -> None:
+                 recompute_old_logprobs: bool = False, compute_dtype: torch.dtype | None = None,
+                 share_prefix: bool = True, min_shared_prefix: int = 32) -> None:
         if loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
         self.model = model
@@ -184,6 +256,8 @@ class PolicyUpdater:
         self.loss_agg = loss_agg
         self.recompute_old_logprobs = recompute_old_logprobs
         self.compute_dtype = compute_dtype or torch.float32
+        self.share_prefix = share_prefix
+        self.min_shared_prefix = max(1, int(min_shared_prefix))
         self.rng = random.Random(seed)
 
     @property
@@ -223,18 +297,24 @@ class PolicyUpdater:
                     out[i] = dataclasses.replace(samples[i], old_logprobs=new.tolist())
         if not diffs:
             return out, {}
-        d = torch.cat(diffs)
+        return out, self._drift(torch.cat(diffs))
+
+    @staticmethod
+    def _drift(d: torch.Tensor) -> dict[str, float]:
+        """Sampler-vs-trainer statistics of per-token log-prob differences ``d`` (recomputed minus
+        behaviour)."""
         ratio = torch.exp(d)
-        return out, {"behaviour_logprob_abs_diff": float(d.abs().mean()),
-                     "behaviour_ratio_std": float(ratio.std(unbiased=False)),
-                     "behaviour_ratio_min": float(ratio.min()), "behaviour_ratio_max": float(ratio.max())}
+        return {"behaviour_logprob_abs_diff": float(d.abs().mean()),
+                "behaviour_ratio_std": float(ratio.std(unbiased=False)),
+                "behaviour_ratio_min": float(ratio.min()), "behaviour_ratio_max": float(ratio.max())}
 
     def update(self, samples: Sequence[TokenSample]) -> dict[str, float]:
         """Optimise on ``samples``; returns mean loss statistics over micro-batches.
 
         Returns a dict with ``loss``, ``grad_norm`` (pre-clip, last optimiser step), ``clip_frac``,
         ``ratio_mean``, ``approx_kl``, ``kl``, ``optimizer_steps``, ``trained_tokens``,
-        ``trained_samples`` and, with ``recompute_old_logprobs``, ``behaviour_logprob_abs_diff`` and
+        ``trained_samples``, ``shared_prefix_tokens`` (prompt tokens not recomputed thanks to
+        ``share_prefix``) and, with ``recompute_old_logprobs``, ``behaviour_logprob_abs_diff`` and
         ``behaviour_ratio_std`` / ``_min`` / ``_max``.  With no sample carrying a learning signal it
         returns zeros and makes no optimiser step.
         """
@@ -244,9 +324,15 @@ class PolicyUpdater:
         steps = 0
         trained_tokens = 0
         trained_samples = 0
+        shared_tokens = 0
         samples = list(samples)
         drift: dict[str, float] = {}
-        if self.recompute_old_logprobs and any(self._trains(s) for s in samples):
+        # with one optimiser step over the batch the recomputed old log-probs are exactly the ones the
+        # training forward computes before that step, so they are taken from it (detached) instead of
+        # a separate no-gradient pass over the same samples
+        fold = self.recompute_old_logprobs and self.epochs == 1 and self.mini_batches == 1
+        diffs: list[torch.Tensor] = []
+        if self.recompute_old_logprobs and not fold and any(self._trains(s) for s in samples):
             self.model.eval()
             samples, drift = self._recompute(samples)
         self.model.train()
@@ -268,17 +354,36 @@ class PolicyUpdater:
                 if not work:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
+                sharing = (self.share_prefix and not self.loss_kwargs.get("kl_coef")
+                           and not _checkpointing(self.model))
+                if sharing:             # one optimiser step: the order of micro-batches is free
+                    work.sort(key=lambda sw: sw[0].prompt_ids)
                 for start in range(0, len(work), self.micro_batch_size):
                     micro = work[start:start + self.micro_batch_size]
-                    batch = build_batch([s for s, _ in micro], self.pad_id, self.device, [w for _, w in micro])
-                    ref = self._ref_logprobs(batch)
-                    lp = self._logprobs(self.model, batch)
+                    # (each sample keeps a prompt token: its logits predict the first response token)
+                    shared = min(common_prefix_length([s for s, _ in micro]),
+                                 min(len(s.prompt_ids) for s, _ in micro) - 1) if sharing else 0
+                    if shared >= self.min_shared_prefix:
+                        lp, batch = shared_prefix_logprobs(
+                            self.model, [s for s, _ in micro], shared, self.pad_id, self.temperature,
+                            self.compute_dtype, self.device, [w for _, w in micro])
+                        ref = None
+                        shared_tokens += shared * (len(micro) - 1)
+                    else:
+                        batch = build_batch([s for s, _ in micro], self.pad_id, self.device, [w for _, w in micro])
+                        ref = self._ref_logprobs(batch)
+                        lp = self._logprobs(self.model, batch)
+                    old_lp = batch["old_logprobs"]
+                    if fold:
+                        mask = batch["mask"].bool()
+                        diffs.append((lp.detach() - old_lp)[mask].float().cpu())
+                        old_lp = lp.detach()
                     kwargs = dict(self.loss_kwargs)
                     if ref is not None:
                         kwargs["ref_logprobs"] = ref
                     elif "kl_coef" in kwargs:
                         kwargs.pop("kl_coef")
-                    loss, stats = self.loss_fn(lp, batch["old_logprobs"], batch["advantages"],
+                    loss, stats = self.loss_fn(lp, old_lp, batch["advantages"],
                                                batch["mask"], token_weights=batch["token_weights"], **kwargs)
                     loss.backward()
                     totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
@@ -295,12 +400,14 @@ class PolicyUpdater:
                                                               if p.grad is not None])))
                 self.optimizer.step()
                 steps += 1
+        if diffs:
+            drift = self._drift(torch.cat(diffs))
         out = {k: v / max(count, 1) for k, v in totals.items()}
         # "loss" above is a mean of micro-batch partial sums; report the step loss (their sum per step)
         if count:
             out["loss"] = totals["loss"] / max(steps, 1)
         out.update(grad_norm=grad_norm, optimizer_steps=float(steps), trained_tokens=float(trained_tokens),
-                   trained_samples=float(trained_samples), **drift)
+                   trained_samples=float(trained_samples), shared_prefix_tokens=float(shared_tokens), **drift)
         for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl"):
             out.setdefault(k, 0.0)
         return out

@@ -165,12 +165,16 @@ class EvalConfig:
         episodes: eval episodes per env: the first ``episodes`` task ids of the eval split, or
             ``"all"`` for every task of it (e.g. ALFWorld's 134). docs/evaluation.md.
         every: evaluate every N training steps (0 = only at the end).
+        at_start: also evaluate the untrained actor before step 1 (experience-free; a ``step: 0``
+            eval row in metrics.jsonl and ``initial`` in eval.json), the baseline a run's final eval
+            is compared with.
         temperature: sampling temperature at eval (0 = greedy).
         split: which split to evaluate.
     """
 
     episodes: int | str = 50
     every: int = 0
+    at_start: bool = False
     temperature: float = 0.0
     split: str = "eval"
 
@@ -319,12 +323,15 @@ class LoggingConfig:
         tensorboard_dir: ``""`` (default) writes the event files into ``<run folder>/tensorboard``;
             a folder here gets one sub-folder per run (``<tensorboard_dir>/<run-id>``), so one
             TensorBoard can compare runs.
+        transcripts: also write each training episode's full transcript (observations, replies,
+            guidance) into ``episodes.jsonl`` (default off: the action sequence is always there).
     """
 
     backends: list[str] = field(default_factory=lambda: ["jsonl"])
     wandb_project: str = "crl-bench"
     wandb_mode: str = "offline"
     tensorboard_dir: str = ""
+    transcripts: bool = False
 
 
 @dataclass

@@ -11,6 +11,8 @@ for the experience methods, ``experience.sqlite``, and writes into ``out_dir``:
 ``extractor_reward.png``   mean extractor reward vs step (steps where the extractor trained)
 ``bank.png``               bank size vs step and the cumulative applied ADD/UPDATE/MERGE/NONE counts
 ``invalid_actions.png``    invalid-action rate vs step per method
+``entropy.png``            the entropy of the actor's reply choice (``reply_entropy``) vs step per
+                           method: a policy collapsing to one reply per state falls towards 0
 ``report.html``            one self-contained page: the runs, the plots (embedded as base64 data
                            URIs), the leaderboard table if given, each bank's 10 most used entries
 =========================  ==========================================================================
@@ -50,6 +52,7 @@ PLOT_FILES = {
     "extractor": "extractor_reward.png",
     "bank": "bank.png",
     "invalid": "invalid_actions.png",
+    "entropy": "entropy.png",
 }
 """File name of each plot ``make_report`` writes (key: plot)."""
 
@@ -677,7 +680,8 @@ _CAPTIONS = {
                 "Markers at each method's last step: final evaluation success (eval.json) — filled circle: "
                 "without experience (free); open triangle: with retrieved experience (guided, experience "
                 "methods only); error bars span min–max over seeds. Dotted lines with crosses, where present: "
-                "the periodic evaluations (eval.every) without experience, mean over seeds. "),
+                "the periodic evaluations (eval.every, and the step-0 evaluation of eval.at_start) without "
+                "experience, mean over seeds. "),
     "guided_free": ("Training success of the experience-guided and the experience-free subgroups of each "
                     "group vs training step, one panel per experience method. "),
     "extractor": ("Mean extractor reward (extractor_reward_mean) on the steps where the extractor was "
@@ -685,6 +689,10 @@ _CAPTIONS = {
     "bank": ("Left: experience bank size (entries) vs step. Right: cumulative count of applied operations "
              "by kind (ADD / UPDATE / MERGE / NONE; colour: kind, line style: method). "),
     "invalid": "Invalid-action rate (invalid actions / actions) of the training rollouts vs step, per method. ",
+    "entropy": ("Entropy of the actor's sampled reply choice (reply_entropy, nats: per turn the summed "
+                "entropies of the distributions its tokens were drawn from, constrained decoding's mask "
+                "applied; with a closed action set at most ln(number of actions)) vs step, per method. A "
+                "policy collapsing to one action per state falls towards 0. "),
 }
 
 
@@ -737,6 +745,10 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
         "invalid": lambda p: _plot_per_method(
             runs, p, "invalid_action_rate", "invalid-action rate", "Invalid-action rate", None,
             "no run logged invalid_action_rate"),
+        "entropy": lambda p: _plot_per_method(
+            runs, p, "reply_entropy", "entropy of the reply choice (nats)",
+            "Actor entropy (reply choice, sampled)", None,
+            "no run logged reply_entropy (the transformers engine reports it; vLLM does not)"),
     }
     for key, job in jobs.items():
         target = out / PLOT_FILES[key]

@@ -8,7 +8,8 @@ Layout of a run folder::
     seeds.json       every seed the run used
     metrics.jsonl    one JSON object per training step
     episodes.jsonl   one JSON object per training episode: step, env, task, group, subgroup, outcome,
-                     and the ids of the experience entries that guided it
+                     the action sequence, the mean token entropy, the ids of the experience entries
+                     that guided it and, with ``logging.transcripts``, the full transcript
     eval.json        final evaluation (success rate, mean steps, per env)
     checkpoint/      final weights (save_pretrained) and tokenizer
 """
@@ -171,15 +172,34 @@ class RunWriter:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
         tmp.replace(self.dir / name)
 
-    def log_episodes(self, step: int, trajectories: Any) -> None:
-        """Append one line per episode of ``step`` (which entries guided which episode, outcomes)."""
+    def log_episodes(self, step: int, trajectories: Any, transcripts: bool = False) -> None:
+        """Append one line per episode of ``step``: env, task, group, outcome, which entries guided
+        it, its ``actions`` (the canonical action of each turn, ``null`` for an invalid reply) and its
+        ``reply_entropy`` (mean over its turns of the sampled reply's entropy, see
+        ``trainer.loop.summarise``; ``null`` without engine entropies).
+
+        With ``transcripts`` (``logging.transcripts``) the line also holds ``transcript``: the task
+        line, the guidance the prompts carried, one ``{observation, reply, action, invalid, reward}``
+        per turn and the final observation.
+        """
         with (self.dir / "episodes.jsonl").open("a") as f:
             for t in trajectories:
-                f.write(json.dumps({
+                ents = [sum(turn.sampling_entropy) for turn in t.turns if turn.sampling_entropy]
+                row = {
                     "step": step, "env": t.env_id, "task": t.task, "group": t.group_id,
                     "subgroup": t.subgroup, "rollout": t.meta.get("rollout"), "success": t.success,
                     "reward": t.reward, "steps": t.steps, "invalid_actions": t.invalid_actions,
-                    "experience_ids": list(t.experience_ids), "error": t.error}) + "\n")
+                    "actions": [turn.action for turn in t.turns],
+                    "reply_entropy": round(sum(ents) / len(ents), 4) if ents else None,
+                    "experience_ids": list(t.experience_ids), "error": t.error}
+                if transcripts:
+                    row["transcript"] = {
+                        "task": t.task_line, "guidance": t.guidance,
+                        "turns": [{"observation": turn.observation, "reply": turn.reply,
+                                   "action": turn.action, "invalid": turn.invalid, "reward": turn.reward}
+                                  for turn in t.turns],
+                        "final_observation": t.final_obs}
+                f.write(json.dumps(row) + "\n")
 
     def log_metrics(self, row: dict[str, Any]) -> None:
         """Append one JSON line (flushed at once, so a crashed run keeps its history), then hand the

@@ -35,6 +35,10 @@ class Turn:
         reward: env reward of this step.
         observation: the observation text the actor answered (for the extractor's record).
         reply: the actor's reply text, prefill included.
+        entropy: entropy (nats) of the actor's unconstrained next-token distribution at each response
+            token (length R; empty when the engine does not report it, e.g. vLLM).
+        sampling_entropy: entropy (nats) of the distribution each response token was drawn from
+            (constrained decoding's mask and the sampling settings applied; length R or empty).
     """
 
     prompt_ids: list[int]
@@ -45,6 +49,8 @@ class Turn:
     reward: float
     observation: str = ""
     reply: str = ""
+    entropy: list[float] = field(default_factory=list)
+    sampling_entropy: list[float] = field(default_factory=list)
 
     @property
     def action_mask(self) -> list[int]:
@@ -470,7 +476,9 @@ class RolloutRunner:
                     continue
                 tr = trajs[i]
                 tr.turns.append(Turn(gen.prompt_ids, gen.response_ids, gen.logprobs, info.get("action"),
-                                     bool(info.get("invalid_action")), float(r), obs[i], reply))
+                                     bool(info.get("invalid_action")), float(r), obs[i], reply,
+                                     list(gen.extra.get("entropy", ())),
+                                     list(gen.extra.get("sampling_entropy", ()))))
                 tr.reward += float(r)
                 tr.steps = int(info.get("steps", len(tr.turns)))
                 tr.invalid_actions = int(info.get("invalid_actions", 0))

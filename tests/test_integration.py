@@ -4,6 +4,7 @@ Bounded: the smoke preset is 2 steps of 2 groups x 4 rollouts of at most 6 actio
 """
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ def _check_run_folder(run: Path, steps: int) -> None:
         assert (run / name).is_file(), name
     assert (run / "checkpoint" / "config.json").is_file()
     assert any((run / "checkpoint").glob("*.safetensors"))
-    rows = read_metrics(run)
+    rows = [r for r in read_metrics(run) if "eval" not in r]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     for r in rows:
         for key in ("success_rate", "reward_mean", "steps_mean", "invalid_action_rate", "loss",
@@ -29,6 +30,8 @@ def _check_run_folder(run: Path, steps: int) -> None:
         assert r["episodes"] == 8
         assert r["invalid_action_rate"] == 0.0        # constrained decoding (default)
         assert r["tokens_per_s"] > 0
+        # constrained to 8 (minihack) or 4 (sokoban) actions: the reply choice's entropy is bounded
+        assert 0.0 <= r["reply_entropy"] <= math.log(8) + 1e-6 and r["entropy"] > 0
     ev = json.loads((run / "eval.json").read_text())
     free = ev["free"]
     assert free["episodes"] == 4 * len(free["per_env"]) and 0.0 <= free["success_rate"] <= 1.0
@@ -45,9 +48,25 @@ def _check_run_folder(run: Path, steps: int) -> None:
 @pytest.mark.parametrize("mix", ["minihack-room", "sokoban"])
 def test_smoke_run(tmp_path, mix, capsys):
     rc = main(["run", "--method", "grpo", "--mix", mix, "--preset", "smoke", "--output-dir", str(tmp_path),
-               "--run-id", "smoke"])
+               "--run-id", "smoke", "--set", "eval.at_start=true", "--set", "logging.transcripts=true"])
     assert rc == 0
-    _check_run_folder(tmp_path / "smoke", steps=2)
+    run = tmp_path / "smoke"
+    _check_run_folder(run, steps=2)
+    # eval.at_start: the untrained actor on the same eval tasks, a step-0 row, eval.json and the summary
+    first = read_metrics(run)[0]
+    assert first["step"] == 0 and first["eval"]["free"]["episodes"] == 4
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["initial"]["step"] == 0 and ev["initial"]["free"]["tasks"] == ev["free"]["tasks"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["runs"][0]["eval"]["initial"]["episodes"] == 4
+    # episodes.jsonl: each episode's action sequence and, with logging.transcripts, its transcript
+    episodes = [json.loads(x) for x in (run / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 16
+    for e in episodes:
+        assert len(e["actions"]) == e["steps"] and all(isinstance(a, str) for a in e["actions"])
+        turns = e["transcript"]["turns"]
+        assert [t["action"] for t in turns] == e["actions"] and turns[0]["observation"]
+        assert all("</answer>" in t["reply"] for t in turns) and e["transcript"]["task"]
     out = capsys.readouterr().out
     assert "step 2:" in out and "eval (eval, free)" in out
     # the checkpoint evaluates through `crl-bench eval --run`

@@ -44,6 +44,7 @@ def write_run(root: Path, method: str, seed: int, mix: str = ",".join(ENVS), ste
     for step in range(1, steps + 1):
         base = min(1.0, 0.1 * step + rng.uniform(0, 0.1))
         row = {"step": step, "success_rate": base, "invalid_action_rate": max(0.0, 0.5 - 0.07 * step),
+               "reply_entropy": 1.2 - 0.1 * step + 0.05 * seed,
                "steps_mean": 9.0 - step * 0.5, "reward_mean": base}
         if len(envs) > 1:
             row.update({f"success_rate/{e}": min(1.0, base + 0.05 * i) for i, e in enumerate(envs)})
@@ -258,9 +259,9 @@ def test_grpo_only_runs_skip_experience_plots_with_a_note(tmp_path):
     for key in ("guided_free", "extractor", "bank"):
         assert not (tmp_path / "out" / rep.PLOT_FILES[key]).exists()
         assert f"{rep.PLOT_FILES[key]} not drawn" in page
-    for key in ("success", "invalid"):
+    for key in ("success", "invalid", "entropy"):
         _check_image(tmp_path / "out" / rep.PLOT_FILES[key])
-    assert page.count("data:image/png;base64,") == 2
+    assert page.count("data:image/png;base64,") == 3
     assert "No run has an experience bank" in page
     assert "Leaderboard" not in page
 

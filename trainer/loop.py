@@ -47,9 +47,16 @@ def set_threads(threads: int) -> int:
 
 
 def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
-    """Success rate, mean reward/steps, invalid-action rate (invalid / actions), errors, per env.
+    """Success rate, mean reward/steps, invalid-action rate (invalid / actions), errors, per env, and
+    the actor's entropy.
 
-    Returns a flat dict; per-env success rates appear as ``success_rate/<env_id>``.
+    Returns a flat dict; per-env success rates appear as ``success_rate/<env_id>``.  ``entropy`` is the
+    mean over every generated token of the entropy (nats) of the actor's unconstrained next-token
+    distribution at the sampling temperature (as verl's ``actor/entropy``); ``reply_entropy`` the mean
+    over turns of the summed entropies of the distributions the reply's tokens were drawn from (the
+    allowed-reply mask applied): with a closed action set, the entropy of the action choice, between 0
+    (one action per state: a collapsed policy) and ln(number of actions).  Both are absent when the
+    engine does not report entropies (vLLM).
     """
     if not trajs:
         return {"episodes": 0, "success_rate": 0.0, "reward_mean": 0.0, "steps_mean": 0.0,
@@ -63,6 +70,12 @@ def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
         "invalid_action_rate": (sum(t.invalid_actions for t in trajs) / steps) if steps else 0.0,
         "env_errors": sum(1 for t in trajs if t.error),
     }
+    ents = [e for t in trajs for turn in t.turns for e in turn.entropy]
+    if ents:
+        out["entropy"] = float(np.mean(ents))
+    replies = [sum(turn.sampling_entropy) for t in trajs for turn in t.turns if turn.sampling_entropy]
+    if replies:
+        out["reply_entropy"] = float(np.mean(replies))
     by_env: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         by_env[t.env_id].append(t)
@@ -465,12 +478,23 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
     from tqdm import tqdm
 
     per_step = cfg.train.groups_per_step * cfg.train.group_size
+    initial = None
+    if cfg.eval.at_start and trainer.step == 0:
+        # the untrained actor on the same tasks and protocol as the final eval (the step-0 point of
+        # the eval curve); a method with a bank has nothing in it yet, so this is experience-free
+        with tqdm(total=sum(map(len, trainer.eval_task_ids().values())), desc="eval (step 0)",
+                  unit="ep", disable=quiet, leave=False) as bar:
+            initial = trainer.evaluate(progress=bar.update, guided=False)
+        writer.log_metrics({"step": 0, "eval": {"free": initial}})
+        if not quiet:
+            print(f"eval at step 0 ({cfg.eval.split}, free): success {initial['success_rate']:.3f}  "
+                  f"over {initial['episodes']} episodes", flush=True)
     for _ in range(cfg.train.steps):
         with tqdm(total=per_step, desc=f"step {trainer.step + 1}/{cfg.train.steps} rollout",
                   unit="ep", disable=quiet, leave=False) as bar:
             res = trainer.train_step(progress=bar.update)
         writer.log_metrics(res.metrics)
-        writer.log_episodes(res.metrics["step"], res.trajectories)
+        writer.log_episodes(res.metrics["step"], res.trajectories, cfg.logging.transcripts)
         if not quiet:
             print(step_line(res.metrics), flush=True)
         if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
@@ -478,6 +502,8 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
             writer.log_metrics({"step": trainer.step, "eval": ev})
     with tqdm(total=trainer.eval_episode_count(), desc="eval", unit="ep", disable=quiet, leave=False) as bar:
         ev = trainer.evaluate_all(progress=bar.update)
+    if initial is not None:
+        ev["initial"] = {"step": 0, "free": initial}
     writer.write_json("eval.json", ev)
     writer.log_to_trackers({"step": trainer.step, "eval": {m: ev[m] for m in ("free", "guided") if m in ev}})
     if not quiet:
@@ -494,7 +520,9 @@ def step_line(m: dict[str, Any]) -> str:
     """One console line for a step's metrics row."""
     return (f"step {m['step']}{' (warm-up)' if m.get('warmup') else ''}: success {m['success_rate']:.2f}  "
             f"reward {m['reward_mean']:.2f}  steps {m['steps_mean']:.1f}  invalid {m['invalid_action_rate']:.2f}  "
-            f"loss {m.get('loss', 0.0):.4f}  {m['tokens_per_s']:.1f} tok/s  {m['time_step_s']:.1f}s"
+            f"loss {m.get('loss', 0.0):.4f}"
+            + (f"  entropy {m['reply_entropy']:.2f}" if "reply_entropy" in m else "")
+            + f"  {m['tokens_per_s']:.1f} tok/s  {m['time_step_s']:.1f}s"
             + (f"  | guided {m['success_rate/guided']:.2f} free {m['success_rate/free']:.2f}  "
                f"bank {m['bank_size']}" if "bank_size" in m else "")
             + (f"  extractor update {m['extractor_update']}: reward {m['extractor_reward_mean']:.2f} "

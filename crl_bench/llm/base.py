@@ -36,6 +36,12 @@ class Generation:
             distribution at the sampling temperature (``temperature==0`` -> temperature 1); length R.
         text: decoded reply.
         finish_reason: ``"stop"`` (stop string), ``"eos"`` or ``"length"``.
+        extra: engine-specific per-reply data; the transformers engine puts two lists of length R
+            there: ``"entropy"``, the entropy in nats of the same unconstrained distribution as
+            ``logprobs`` at each generated position, and ``"sampling_entropy"``, that of the
+            distribution the token was drawn from (allowed-reply mask, temperature, top-k/top-p
+            applied; for a closed action set their sum over the reply estimates the entropy of the
+            action choice, at most ln(number of actions)).
     """
 
     prompt_ids: list[int]

@@ -533,13 +533,22 @@ class HFEngine:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=max(0, params.top_k))
         out = model.generate(
             input_ids=ids, attention_mask=att, logits_processor=processors,
-            stopping_criteria=stopping, return_dict_in_generate=True, output_logits=True,
+            stopping_criteria=stopping, return_dict_in_generate=True, output_logits=True, output_scores=True,
             pad_token_id=pad, eos_token_id=eos, **kwargs, **extra)
         seqs = out.sequences[:, width:].tolist()
         temp = params.temperature if params.temperature > 0 else 1.0
         raw = torch.stack(out.logits, dim=1).float() / temp            # (B, T, V) unprocessed logits
         gen_ids = out.sequences[:, width:]
-        lps = torch.log_softmax(raw, dim=-1).gather(-1, gen_ids.unsqueeze(-1)).squeeze(-1).tolist()
+        logp = torch.log_softmax(raw, dim=-1)
+        lps = logp.gather(-1, gen_ids.unsqueeze(-1)).squeeze(-1).tolist()
+        # entropy (nats) of the same unconstrained distribution at each generated position, and of the
+        # distribution each token was drawn from (allowed-reply mask, temperature, top-k/top-p applied)
+        ents = (-(logp.exp() * logp).sum(-1)).tolist()
+        del logp
+        scores = torch.stack(out.scores, dim=1).float()
+        slogp = torch.log_softmax(scores, dim=-1)
+        sents = (-(slogp.exp() * slogp).nan_to_num(0.0).sum(-1)).tolist()
+        del scores, slogp
 
         results = []
         for i, seq in enumerate(seqs):
@@ -556,7 +565,9 @@ class HFEngine:
                     reason = "stop"
                     break
             text = tok.decode(resp, skip_special_tokens=True)
-            results.append(Generation(list(prompts[i]), resp, lps[i][:len(resp)], text, reason))
+            results.append(Generation(list(prompts[i]), resp, lps[i][:len(resp)], text, reason,
+                                      extra={"entropy": ents[i][:len(resp)],
+                                             "sampling_entropy": sents[i][:len(resp)]}))
         if self.caching and self.keep_sequences and out.past_key_values is not None:
             # the cache holds every fed token: the prompt and all generated tokens but the last
             fed = out.past_key_values.get_seq_length() - width

@@ -42,7 +42,8 @@ from scipy import stats
 
 from crl_bench.summary import SummaryError, build_summary, read_summary, validate_summary
 
-MODES = ("guided", "free")
+#: eval modes of a summary run; ``initial`` is the untrained actor before step 1 (``eval.at_start``).
+MODES = ("guided", "free", "initial")
 CI_LEVEL = 0.95
 CI_RESAMPLES = 9999
 CI_SEED = 0
@@ -52,7 +53,7 @@ SKIP_DIRS = {"checkpoint", "__pycache__", "node_modules"}
 BASE_COLUMNS = ["method", "model", "extractor", "mix", "eval", "protocol", "n_runs", "seeds",
                 "overall_mean", "overall_std", "overall_n", "overall_ci_low", "overall_ci_high"]
 TAIL_COLUMNS = ["steps_mean", "invalid_action_rate", "train_steps", "train_episodes", "train_wall_s",
-                "run_ids", "mix_envs", "protocol_json"]
+                "per_seed", "run_ids", "mix_envs", "protocol_json"]
 EVAL_DOC = "docs/evaluation.md"
 
 
@@ -255,10 +256,13 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
             "seeds": ",".join(str(x) for x in seeds),
         }
         overall: list[float] = []
+        by_seed: list[str] = []
         for _, v in runs:
             per_env = v["eval"]["per_env"]
             if envs and all(e in per_env for e in envs):
                 overall.append(float(np.mean([per_env[e]["success_rate"] for e in envs])))
+                by_seed.append(f"{v['seed']}={overall[-1]!r}")
+        row["per_seed"] = ";".join(by_seed)
         row["overall_mean"], row["overall_std"], row["overall_n"] = _mean(overall), _std(overall), len(overall)
         row["overall_ci_low"], row["overall_ci_high"] = (bootstrap_ci(overall) if len(overall) >= 3
                                                          else (math.nan, math.nan))
@@ -384,7 +388,8 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
         f"[{EVAL_DOC}]({doc_link}).",
         "",
         "* One row per method, model, extractor, mix, evaluation protocol and eval mode (`free`: no "
-        "experience; `guided`: read-only retrieval from the experience bank). Runs with different "
+        "experience; `guided`: read-only retrieval from the experience bank; `initial`: the untrained "
+        "actor on the same tasks before step 1, for runs with `eval.at_start`). Runs with different "
         "protocols are never pooled; `protocol` shows split, episodes per env, temperature and step limit.",
         "* Per env: eval success rate, mean ± sample std (ddof=1) over runs (one per seed), n = runs "
         "that evaluated the env.",
@@ -407,6 +412,8 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
         for cells in body:
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
+        if (part["eval"] == "initial").any():
+            lines += _per_seed_lines(mix, part)
         typed: dict[str, list[str]] = {}
         for c in part.columns:
             if c.startswith("type_success/") and part[c].notna().any():
@@ -422,6 +429,30 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
                 lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
             lines.append("")
     return "\n".join(lines)
+
+
+def _per_seed_lines(mix: str, part: pd.DataFrame) -> list[str]:
+    """A table of each row's overall success per seed (rows of one mix that has ``initial`` evals),
+    so that the final eval of every seed can be read beside the same seed's step-0 eval."""
+    seeds: list[str] = []
+    values: list[dict[str, str]] = []
+    for _, r in part.iterrows():
+        cells: dict[str, str] = {}
+        for item in str(r.get("per_seed") or "").split(";"):
+            if "=" in item:
+                seed, val = item.split("=", 1)
+                cells[seed] = f"{float(val):.3f}"
+                if seed not in seeds:
+                    seeds.append(seed)
+        values.append(cells)
+    seeds.sort(key=lambda x: (len(x), x))
+    head = ["method", "eval", "protocol"] + [f"seed {x}" for x in seeds]
+    lines = [f"### {_cell(mix)}: overall success per seed (`initial` = the same run before training)", "",
+             "| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+    for (_, r), cells in zip(part.iterrows(), values):
+        lines.append("| " + " | ".join(_cell(c) for c in [r["method"], r["eval"], r["protocol"]]
+                                       + [cells.get(x, "-") for x in seeds]) + " |")
+    return lines + [""]
 
 
 def write_leaderboard(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:

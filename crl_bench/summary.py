@@ -9,13 +9,15 @@ makes results comparable across runs, machines and submitters (schema_version 1,
      "eval_protocol": {"split", "episodes", "temperature", "top_p", ["top_k", "max_new_tokens"],
                        "max_steps": {env_id: int}, "tasks_per_env": {env_id: int}},
      "seeds": [...], "runs": [{"run_id", "seed", "train": {"steps", "episodes", "wall_s"},
-                               "eval": {"free": EVALS | null, "guided": EVALS | null}}],
+                               "eval": {"free": EVALS | null, "guided": EVALS | null,
+                                        ["initial": EVALS]}}],
      "versions": {"crl_bench", "python", "git_commit", "packages"},
      "data_checksums": {env_id: {file: sha256}}, "created": ISO-8601}
 
 ``EVALS`` is one evaluation mode of ``eval.json`` without its task ids and wall time: episodes,
 pooled success rate, mean reward, mean steps, invalid-action rate, env errors and ``per_env``
 (episodes, success rate, mean steps, invalid-action rate, ``score_mean``, ``per_type``).
+``initial`` (runs with ``eval.at_start``) is the untrained actor's evaluation on the same tasks.
 
 A run's summary has one entry in ``runs``; a submission's has one per seed
 (crl_bench/submission.py). The leaderboard (crl_bench/leaderboard.py) reads only summaries.
@@ -354,6 +356,10 @@ def build_summary(run_dir: str | Path) -> dict[str, Any]:
     else:
         raise SummaryError(f"{eval_path}: missing 'free' (new format) or 'success_rate' (old format)")
 
+    initial = None
+    init_in = ev.get("initial")
+    if isinstance(init_in, dict) and isinstance(init_in.get("free"), dict):
+        initial = _evals(init_in["free"], eval_path, "initial.free")
     seen = [e for b in (free, guided) if b for e in b["per_env"]]
     mix = _mix(mix_spec, seen)
     if method == "grpo":
@@ -378,7 +384,7 @@ def build_summary(run_dir: str | Path) -> dict[str, Any]:
         "eval_protocol": protocol,
         "seeds": [seed],
         "runs": [{"run_id": str(run_id), "seed": seed, "train": _train_totals(run_dir, config),
-                  "eval": {"free": free, "guided": guided}}],
+                  "eval": {"free": free, "guided": guided, **({"initial": initial} if initial else {})}}],
         "versions": {"crl_bench": str(packages.get("crl-bench", "unknown")),
                      "python": str(_get(versions, "python", run_dir / "versions.json")),
                      "git_commit": versions.get("git_commit"),

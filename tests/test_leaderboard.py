@@ -333,3 +333,27 @@ def test_protocol_labels_of_different_mixes_carry_no_hash(tmp_path):
     df = leaderboard_frame(collect([tmp_path]))
     labels = df["protocol"].tolist()
     assert len(labels) == 2 and labels[0] == labels[1] and " #" not in labels[0]
+
+
+def test_initial_evals_give_step_zero_rows_and_a_per_seed_table(tmp_path):
+    """Runs with eval.at_start: their step-0 evaluation is an ``initial`` row beside the final ``free``
+    row, and the markdown lists each seed's overall success for both."""
+    base = {"sokoban": 0.25, "minihack-room": 0.0}
+    for seed, final in ((0, {"sokoban": 0.5, "minihack-room": 0.5}), (1, {"sokoban": 0.75, "minihack-room": 0.25})):
+        d = make_run(tmp_path, f"grpo-s{seed}", seed=seed, free=final, initial=base)
+        summary = build_summary(d)
+        assert summary["runs"][0]["eval"]["initial"]["per_env"]["sokoban"]["success_rate"] == 0.25
+        write_summary(d)
+    make_run(tmp_path, "old-s2", seed=2)              # a run without an initial eval: no initial row
+    df = leaderboard_frame(collect([tmp_path]))
+    init = _row(df, method="grpo", eval="initial")
+    assert init["n_runs"] == 2 and init["overall_mean"] == pytest.approx(0.125)
+    assert init["per_seed"] == "0=0.125;1=0.125"
+    free = _row(df, method="grpo", eval="free")
+    assert free["n_runs"] == 3 and free["per_seed"].startswith("0=0.5;1=0.5;2=")
+    md = leaderboard_markdown(df)
+    table = md[md.index("overall success per seed"):]
+    lines = [ln for ln in table.splitlines() if ln.startswith("| grpo")]
+    assert lines[0].split("|")[2].strip() == "free" and lines[0].split("|")[4:6] == [" 0.500 ", " 0.500 "]
+    init_line = next(ln for ln in lines if "| initial |" in ln)
+    assert init_line.split("|")[4:7] == [" 0.125 ", " 0.125 ", " - "]

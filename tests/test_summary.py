@@ -37,7 +37,8 @@ def make_run(root: Path, run_id: str, *, method: str = "grpo", mix: str = "sokob
              seed: int = 0, free: dict[str, float] | None = None, guided: dict[str, float] | None = None,
              episodes: int | str = 4, temperature: float = 0.0, max_steps: int = 6,
              train_rows: list[tuple[int, float]] = ((8, 2.0), (8, 3.0)), old_format: bool = False,
-             finished: bool = True, steps_mean: float = 3.0, invalid: float = 0.1) -> Path:
+             finished: bool = True, steps_mean: float = 3.0, invalid: float = 0.1,
+             initial: dict[str, float] | None = None) -> Path:
     """Write a synthetic run folder ``root/run_id`` (config.yaml, versions.json, metrics.jsonl,
     data.json and, when ``finished``, eval.json in the new or old format)."""
     free = {"sokoban": 0.5, "minihack-room": 0.25} if free is None else free
@@ -76,6 +77,8 @@ def make_run(root: Path, run_id: str, *, method: str = "grpo", mix: str = "sokob
               "free": _eval_block(free, steps_mean, invalid, n_tasks, types=True)}
         if guided is not None:
             ev["guided"] = _eval_block(guided, steps_mean, invalid, n_tasks)
+        if initial is not None:
+            ev["initial"] = {"step": 0, "free": _eval_block(initial, steps_mean, invalid, n_tasks)}
     (d / "eval.json").write_text(json.dumps(ev))
     return d
 

@@ -254,6 +254,11 @@ class MiniHackTextEnv(TextEnv):
             defaults to the subclass's :attr:`default_variant`.
         view: ``"full"`` (seen map trimmed to its bounding box) or ``"crop"`` (9x9 around the agent);
             defaults to :attr:`default_view`.
+        goal_offset: when the stairs are in view, also state where they are relative to the agent in
+            compass terms (``The stairs down are 3 south and 2 east of you (direction:
+            southeast).``), the kind of relative
+            description BALROG's language observation of NetHack gives; off by default.  The ``cpu``
+            preset turns it on (docs/learning.md).
         max_steps: actions per episode before truncation (see :class:`TextEnv`); default 30.
         inner_max_steps: NLE's own step limit (reaching it ends the game as ABORTED, which this env
             reports as terminated with reward 0); default ``max(1000, 10 * max_steps)`` so that
@@ -279,10 +284,12 @@ class MiniHackTextEnv(TextEnv):
     extra_obs_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, variant: str | None = None, view: str | None = None, max_steps: int = 30,
-                 inner_max_steps: int | None = None, render_mode: str | None = "ansi") -> None:
+                 inner_max_steps: int | None = None, render_mode: str | None = "ansi",
+                 goal_offset: bool = False) -> None:
         super().__init__(max_steps=max_steps, render_mode=render_mode)
         self.variant = variant or self.default_variant
         self.view = view or self.default_view
+        self.goal_offset = bool(goal_offset)
         if self.view not in ("full", "crop"):
             raise ValueError(f"{self.env_id}: view must be 'full' or 'crop', got {self.view!r}")
         if self.variant not in gym.registry:
@@ -534,6 +541,8 @@ class MiniHackTextEnv(TextEnv):
         k = text.find(">")
         if k >= 0:
             pos += f" Stairs down at row {k // gw}, column {k % gw}."
+            if self.goal_offset:
+                pos += " " + _offset_sentence(k // gw - ar, k % gw - ac)
         self._frame = "\n".join(["Map (row 0 is the top):", *rows, f"Legend: {legend}", pos])
         return True
 
@@ -660,6 +669,21 @@ def _names_key(inv_strs: np.ndarray) -> bool:
             return True
         p = raw.find(b"key", p + 1)
     return False
+
+
+def _offset_sentence(dr: int, dc: int) -> str:
+    """``The stairs down are 3 south and 2 east of you (direction: southeast).`` for a goal ``dr``
+    rows below and ``dc`` columns right of the agent (negative: north / west); ``... are here.`` for
+    (0, 0).  The direction is the compass move that shortens the way whenever no wall is between."""
+    parts = []
+    if dr:
+        parts.append(f"{abs(dr)} {'south' if dr > 0 else 'north'}")
+    if dc:
+        parts.append(f"{abs(dc)} {'east' if dc > 0 else 'west'}")
+    if not parts:
+        return "The stairs down are here."
+    way = ("north" if dr < 0 else "south" if dr > 0 else "") + ("west" if dc < 0 else "east" if dc > 0 else "")
+    return f"The stairs down are {' and '.join(parts)} of you (direction: {way})."
 
 
 def _join(*parts: str) -> str:

@@ -380,3 +380,37 @@ def test_river_boulder_push(envs):
         assert "boulder" in obs.split("Last: ")[1]  # "With great effort you move the boulder."
         pushed += 1
     assert pushed >= 3
+
+
+def test_offset_sentence_names_the_shortening_move():
+    from crl_bench.envs.minihack import _offset_sentence
+
+    assert _offset_sentence(3, -2) == "The stairs down are 3 south and 2 west of you (direction: southwest)."
+    assert _offset_sentence(-1, 0) == "The stairs down are 1 north of you (direction: north)."
+    assert _offset_sentence(0, 4) == "The stairs down are 4 east of you (direction: east)."
+    assert _offset_sentence(0, 0) == "The stairs down are here."
+
+
+def test_goal_offset_line_follows_the_agent():
+    """Room-Random with goal_offset: the line agrees with the map's coordinates, and following its
+    direction from any start reaches the stairs within the room's Chebyshev distance."""
+    import re
+
+    env = make_env("minihack-room", variant="MiniHack-Room-Random-5x5-v0", goal_offset=True, max_steps=8)
+    plain = make_env("minihack-room", variant="MiniHack-Room-Random-5x5-v0", max_steps=8)
+    try:
+        for task in range(6):
+            obs, _ = env.reset(options={"task": task})
+            assert "direction:" not in plain.reset(options={"task": task})[0]
+            r, c, gr, gc = map(int, re.search(r"You are at row (\d+), column (\d+)\. Stairs down at row (\d+), "
+                                              r"column (\d+)\.", obs).groups())
+            assert f"direction: " in obs and abs(gr - r) <= 4
+            for _ in range(4):
+                way = re.search(r"\(direction: (\w+)\)", obs).group(1)
+                obs, reward, terminated, truncated, info = env.step(f"<answer>{way}</answer>")
+                if terminated:
+                    break
+            assert terminated and info["success"] and reward > 0, obs
+    finally:
+        env.close()
+        plain.close()

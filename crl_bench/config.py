@@ -125,6 +125,8 @@ class TrainConfig:
         groups_per_step: tasks per step; each is rolled out ``group_size`` times (one group).
         group_size: G, rollouts per task.
         lr, weight_decay, max_grad_norm: AdamW settings and gradient clipping (0 disables clipping).
+        lr_warmup_steps: the learning rate rises linearly over the first N optimiser steps (0 = none;
+            trainer/policy.py ``linear_warmup``).
         clip_eps: PPO ratio clip.
         kl_coef: coefficient of the k3 KL penalty to the initial model (0 = off, the default).
         adv_std_normalize: divide group-centred rewards by the group std (default: mean-centred only).
@@ -135,6 +137,9 @@ class TrainConfig:
             token of the step weighs the same, so long episodes weigh more). Also used by CISPO.
         recompute_old_logprobs: recompute the old log-probs with the trainer's weights before the
             update (released); required whenever the sampler is not the trainer (vLLM, bf16 sampling).
+        share_prefix: compute the prompt prefix a micro-batch's turns share once per update forward
+            (trainer/policy.py ``shared_prefix_logprobs``; same gradient; off with gradient
+            checkpointing or a KL term).
         seed: seeds Python, NumPy, torch and the task sampler.
         save_checkpoint: write the final weights into the run folder.
     """
@@ -144,6 +149,7 @@ class TrainConfig:
     group_size: int = 8
     lr: float = 1e-5
     weight_decay: float = 0.0
+    lr_warmup_steps: int = 0
     max_grad_norm: float = 1.0
     clip_eps: float = 0.2
     kl_coef: float = 0.0
@@ -153,6 +159,7 @@ class TrainConfig:
     mini_batches: int = 1
     loss_agg: str = "seq-mean-token-mean"
     recompute_old_logprobs: bool = True
+    share_prefix: bool = True
     seed: int = 0
     save_checkpoint: bool = True
 
@@ -484,6 +491,7 @@ def validate(cfg: RunConfig) -> None:
         ("train.groups_per_step", cfg.train.groups_per_step >= 1),
         ("train.group_size", cfg.train.group_size >= 1),
         ("train.lr", cfg.train.lr >= 0),
+        ("train.lr_warmup_steps", cfg.train.lr_warmup_steps >= 0),
         ("train.clip_eps", cfg.train.clip_eps > 0),
         ("train.micro_batch_size", cfg.train.micro_batch_size >= 1),
         ("train.ppo_epochs", cfg.train.ppo_epochs >= 1),

@@ -272,3 +272,15 @@ def test_folded_recompute_matches_a_separate_pass(tokenizer, tiny_model):
     assert folded["ratio_mean"] == 1.0 and folded["clip_frac"] == 0.0
     for k, v in separate.items():
         assert folded[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+
+
+def test_linear_warmup_scales_the_first_steps(tokenizer, tiny_model):
+    from crl_bench.trainer.policy import linear_warmup
+
+    opt = torch.optim.AdamW(tiny_model.parameters(), lr=1e-3)
+    up = PolicyUpdater(tiny_model, opt, tokenizer.pad_token_id, scheduler=linear_warmup(opt, 4))
+    s = _samples(tokenizer, tiny_model)
+    lrs = [up.update(s)["lr"] for _ in range(6)]
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    with pytest.raises(ValueError, match="warm-up"):
+        linear_warmup(opt, 0)

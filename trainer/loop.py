@@ -28,7 +28,7 @@ from crl_bench.results import RunWriter, make_run_id
 from crl_bench.tracking import open_trackers
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
 from crl_bench.trainer.advantages import grouped_advantages
-from crl_bench.trainer.policy import PolicyUpdater, TokenSample
+from crl_bench.trainer.policy import PolicyUpdater, TokenSample, linear_warmup
 
 
 def seed_everything(seed: int) -> None:
@@ -165,7 +165,9 @@ class Trainer:
             temperature=g.temperature if g.temperature > 0 else 1.0,
             loss_kwargs={"clip_eps": cfg.train.clip_eps, "kl_coef": cfg.train.kl_coef},
             ref_model=self._reference(), seed=cfg.train.seed, loss_agg=cfg.train.loss_agg,
-            recompute_old_logprobs=cfg.train.recompute_old_logprobs, compute_dtype=self.compute_dtype)
+            recompute_old_logprobs=cfg.train.recompute_old_logprobs, compute_dtype=self.compute_dtype,
+            share_prefix=cfg.train.share_prefix,
+            scheduler=linear_warmup(self.optimizer, cfg.train.lr_warmup_steps) if cfg.train.lr_warmup_steps else None)
         self.step = 0
         self._next_specs: list[EpisodeSpec] | None = None
         self.experience = None

@@ -190,6 +190,20 @@ def shared_prefix_logprobs(model: Any, samples: Sequence[TokenSample], shared: i
 LossFn = Callable[..., tuple[torch.Tensor, dict]]
 
 
+def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Learning rate ``lr * k / steps`` at the k-th optimiser step (k = 1..steps), then ``lr``.
+
+    Adam's first steps are sign steps (``m / sqrt(v) = g / |g|``): every weight moves by the full
+    learning rate whatever its gradient's signal-to-noise ratio, which on sparse-reward RL batches
+    shifts a small actor's action distribution state-independently (docs/learning.md).  A warm-up
+    (verl's ``lr_warmup_steps``, TRL's ``warmup_steps``) keeps those steps small until Adam's moment
+    estimates average several batches.  Raises ``ValueError`` for ``steps < 1``.
+    """
+    if steps < 1:
+        raise ValueError(f"warm-up steps must be >= 1, got {steps}")
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / steps))
+
+
 def _checkpointing(model: Any) -> bool:
     """Whether ``model`` recomputes activations in backward (transformers renamed the flag in v5)."""
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
@@ -230,6 +244,8 @@ class PolicyUpdater:
             (:func:`shared_prefix_logprobs`; samples are ordered by prompt so that a group's turns
             meet), when it is at least ``min_shared_prefix`` tokens, the model has no gradient
             checkpointing and no KL reference is needed; otherwise the plain forward.
+        scheduler: a ``torch.optim.lr_scheduler`` stepped after every optimiser step (e.g. the
+            learning-rate warm-up of :func:`linear_warmup`); the learning rate used is reported as ``lr``.
     """
 
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, pad_id: int,
@@ -238,7 +254,8 @@ class PolicyUpdater:
                  loss_kwargs: dict | None = None, ref_model: Any = None,
                  skip_zero_advantage: bool = True, seed: int = 0, loss_agg: str = "token-mean",
                  recompute_old_logprobs: bool = False, compute_dtype: torch.dtype | None = None,
-                 share_prefix: bool = True, min_shared_prefix: int = 32) -> None:
+                 share_prefix: bool = True, min_shared_prefix: int = 32,
+                 scheduler: Any = None) -> None:
         if loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
         self.model = model
@@ -257,6 +274,7 @@ class PolicyUpdater:
         self.recompute_old_logprobs = recompute_old_logprobs
         self.compute_dtype = compute_dtype or torch.float32
         self.share_prefix = share_prefix
+        self.scheduler = scheduler
         self.min_shared_prefix = max(1, int(min_shared_prefix))
         self.rng = random.Random(seed)
 
@@ -321,6 +339,7 @@ class PolicyUpdater:
         totals: dict[str, float] = {}
         count = 0
         grad_norm = 0.0
+        lr = float(self.optimizer.param_groups[0]["lr"])
         steps = 0
         trained_tokens = 0
         trained_samples = 0
@@ -398,7 +417,10 @@ class PolicyUpdater:
                 else:
                     grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params
                                                               if p.grad is not None])))
+                lr = float(self.optimizer.param_groups[0]["lr"])
                 self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
                 steps += 1
         if diffs:
             drift = self._drift(torch.cat(diffs))
@@ -406,7 +428,7 @@ class PolicyUpdater:
         # "loss" above is a mean of micro-batch partial sums; report the step loss (their sum per step)
         if count:
             out["loss"] = totals["loss"] / max(steps, 1)
-        out.update(grad_norm=grad_norm, optimizer_steps=float(steps), trained_tokens=float(trained_tokens),
+        out.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(steps), trained_tokens=float(trained_tokens),
                    trained_samples=float(trained_samples), shared_prefix_tokens=float(shared_tokens), **drift)
         for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl"):
             out.setdefault(k, 0.0)

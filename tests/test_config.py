@@ -5,7 +5,7 @@ from crl_bench.mixtures import TaskSampler, resolve_mixture
 
 
 def test_presets_load():
-    assert {"default", "smoke", "paper"} <= set(list_presets())
+    assert {"default", "smoke", "cpu", "paper"} <= set(list_presets())
     for name in list_presets():
         build_config([preset_data(name)])
 

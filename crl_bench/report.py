@@ -411,7 +411,9 @@ def _plot_success(runs: Sequence[RunData], path: Path) -> str | None:
     nrows = math.ceil(len(envs) / ncols)
     fig, axes = _new_figure(nrows, ncols)
     any_eval = {"free": False, "guided": False}
-    first = min((int(r.train[0]["step"]) for r in runs if r.train), default=0)
+    # the step-0 evaluation (eval.at_start) is part of the x range
+    first = min([int(r.train[0]["step"]) for r in runs if r.train]
+                + [int(ev["step"]) for r in runs for ev in r.evals], default=0)
     last = max(r.last_step for r in runs)
     span = max(1, last - first)
     for ax, env in zip(axes, envs):

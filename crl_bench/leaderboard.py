@@ -140,7 +140,8 @@ def protocol_label(protocol: dict[str, Any]) -> str:
 
     Shows split, episodes per env (``all tasks`` for ``"all"``), the tasks actually run when they
     differ from the episodes asked, temperature, ``top_p`` unless 1, ``top_k`` unless 0/absent,
-    ``max_new_tokens`` when recorded, and the step limit (one number if all envs share it).
+    ``max_new_tokens`` when recorded, the step limit (one number if all envs share it) and each env's
+    constructor settings when it has any (e.g. ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``).
     """
     ep = protocol["episodes"]
     parts = [str(protocol["split"]), "all tasks" if ep == "all" else f"{ep} ep/env"]
@@ -155,6 +156,8 @@ def protocol_label(protocol: dict[str, Any]) -> str:
     if protocol.get("max_new_tokens") is not None:
         parts.append(f"max_new_tokens {protocol['max_new_tokens']}")
     parts.append(f"max_steps {_per_env_text(protocol.get('max_steps') or {})}")
+    for env, settings in sorted((protocol.get("env_settings") or {}).items()):
+        parts.append(f"{env}: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
     return " · ".join(parts)
 
 

@@ -7,7 +7,8 @@ makes results comparable across runs, machines and submitters (schema_version 1,
     {"schema_version": 1, "kind": "run" | "submission", "method": ...,
      "model": {"name", "variant", "extractor"}, "mix": {"name", "envs": {env_id: weight}},
      "eval_protocol": {"split", "episodes", "temperature", "top_p", ["top_k", "max_new_tokens"],
-                       "max_steps": {env_id: int}, "tasks_per_env": {env_id: int}},
+                       "max_steps": {env_id: int}, "tasks_per_env": {env_id: int},
+                       ["env_settings": {env_id: {setting: value}}]},
      "seeds": [...], "runs": [{"run_id", "seed", "train": {"steps", "episodes", "wall_s"},
                                "eval": {"free": EVALS | null, "guided": EVALS | null,
                                         ["initial": EVALS]}}],
@@ -46,7 +47,7 @@ EVAL_KEYS = ("episodes", "success_rate", "reward_mean", "steps_mean", "invalid_a
 PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate", "score_mean", "per_type")
 #: Protocol keys of a new-format ``eval.json`` that a summary keeps.
 PROTOCOL_KEYS = ("split", "episodes", "temperature", "top_p", "top_k", "max_new_tokens", "max_steps",
-                 "tasks_per_env")
+                 "tasks_per_env", "env_settings")
 
 
 class SummaryError(ValueError):
@@ -361,6 +362,12 @@ def build_summary(run_dir: str | Path) -> dict[str, Any]:
     if isinstance(init_in, dict) and isinstance(init_in.get("free"), dict):
         initial = _evals(init_in["free"], eval_path, "initial.free")
     seen = [e for b in (free, guided) if b for e in b["per_env"]]
+    if "env_settings" not in protocol:         # runs written before the protocol recorded them
+        kwargs = config.get("rollout", {}).get("env_kwargs") if isinstance(config.get("rollout"), dict) else None
+        settings = {e: dict(kwargs[e]) for e in seen
+                    if isinstance(kwargs, dict) and isinstance(kwargs.get(e), dict) and kwargs[e]}
+        if settings:
+            protocol["env_settings"] = settings
     mix = _mix(mix_spec, seen)
     if method == "grpo":
         extractor = None

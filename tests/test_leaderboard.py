@@ -357,3 +357,20 @@ def test_initial_evals_give_step_zero_rows_and_a_per_seed_table(tmp_path):
     assert lines[0].split("|")[2].strip() == "free" and lines[0].split("|")[4:6] == [" 0.500 ", " 0.500 "]
     init_line = next(ln for ln in lines if "| initial |" in ln)
     assert init_line.split("|")[4:7] == [" 0.125 ", " 0.125 ", " - "]
+
+
+def test_env_settings_are_part_of_the_protocol(tmp_path):
+    """Two runs that differ only in an env's constructor settings (a MiniHack variant) are never
+    pooled, and the label says how they differ; settings come from config.yaml for runs whose
+    eval.json predates env_settings."""
+    make_run(tmp_path, "fixed-s0", seed=0)
+    room = {"minihack-room": {"variant": "MiniHack-Room-Random-5x5-v0", "goal_offset": True}}
+    d = make_run(tmp_path, "random-s0", seed=0, env_kwargs={**room, "webshop": {"x": 1}})
+    proto = build_summary(d)["eval_protocol"]
+    assert proto["env_settings"] == room             # only envs the run evaluated
+    df = leaderboard_frame(collect([tmp_path]))
+    rows = df[(df["method"] == "grpo") & (df["eval"] == "free")]
+    assert len(rows) == 2 and sorted(rows["n_runs"]) == [1, 1]
+    labels = sorted(rows["protocol"])
+    assert labels[1].endswith("minihack-room: goal_offset=True, variant=MiniHack-Room-Random-5x5-v0")
+    assert "variant" not in labels[0]

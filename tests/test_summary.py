@@ -38,7 +38,7 @@ def make_run(root: Path, run_id: str, *, method: str = "grpo", mix: str = "sokob
              episodes: int | str = 4, temperature: float = 0.0, max_steps: int = 6,
              train_rows: list[tuple[int, float]] = ((8, 2.0), (8, 3.0)), old_format: bool = False,
              finished: bool = True, steps_mean: float = 3.0, invalid: float = 0.1,
-             initial: dict[str, float] | None = None) -> Path:
+             initial: dict[str, float] | None = None, env_kwargs: dict | None = None) -> Path:
     """Write a synthetic run folder ``root/run_id`` (config.yaml, versions.json, metrics.jsonl,
     data.json and, when ``finished``, eval.json in the new or old format)."""
     free = {"sokoban": 0.5, "minihack-room": 0.25} if free is None else free
@@ -46,7 +46,7 @@ def make_run(root: Path, run_id: str, *, method: str = "grpo", mix: str = "sokob
     d.mkdir(parents=True)
     config = {"method": method, "model": {"name": "smollm2-135m-instruct", "dtype": "float32"},
               "generation": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 24},
-              "rollout": {"mix": mix, "max_steps": max_steps},
+              "rollout": {"mix": mix, "max_steps": max_steps, **({"env_kwargs": env_kwargs} if env_kwargs else {})},
               "train": {"steps": len(train_rows), "seed": seed, "groups_per_step": 2, "group_size": 4},
               "eval": {"episodes": episodes, "every": 0, "temperature": temperature, "split": "eval"},
               "extractor": {"model": "same"}, "output_dir": str(root), "run_id": run_id}

@@ -334,14 +334,17 @@ class Trainer:
 
     def eval_protocol(self, episodes: int | str | None = None) -> dict[str, Any]:
         """What makes two evaluations comparable (docs/evaluation.md): split, episodes per env (as
-        asked and as run), sampling, and each env's step limit."""
+        asked and as run), sampling, each env's step limit and, for envs that have any, their
+        constructor settings (``rollout.env_kwargs``, e.g. a MiniHack variant) as ``env_settings``."""
         tasks = self.eval_task_ids(episodes)
         g = self.cfg.generation
         return {"split": self.cfg.eval.split,
                 "episodes": self.cfg.eval.episodes if episodes is None else episodes,
                 "tasks_per_env": {e: len(ids) for e, ids in tasks.items()},
                 "temperature": self.cfg.eval.temperature, "top_p": g.top_p, "top_k": g.top_k,
-                "max_new_tokens": g.max_new_tokens, "max_steps": dict(self.max_steps)}
+                "max_new_tokens": g.max_new_tokens, "max_steps": dict(self.max_steps),
+                **({"env_settings": settings} if (settings := {
+                    e: dict(kw) for e, kw in self.cfg.rollout.env_kwargs.items() if e in tasks and kw}) else {})}
 
     def evaluate(self, episodes: int | str | None = None, progress: Any = None,
                  guided: bool | None = None) -> dict[str, Any]:

@@ -693,7 +693,8 @@ _CAPTIONS = {
     "invalid": "Invalid-action rate (invalid actions / actions) of the training rollouts vs step, per method. ",
     "entropy": ("Entropy of the actor's sampled reply choice (reply_entropy, nats: per turn the summed "
                 "entropies of the distributions its tokens were drawn from, constrained decoding's mask "
-                "applied; with a closed action set at most ln(number of actions)) vs step, per method. A "
+                "applied; with a closed action set its mean estimates the action choice's entropy, at most "
+                "ln(number of actions)) vs step, per method. A "
                 "policy collapsing to one action per state falls towards 0. "),
 }
 

@@ -30,8 +30,7 @@ def _check_run_folder(run: Path, steps: int) -> None:
         assert r["episodes"] == 8
         assert r["invalid_action_rate"] == 0.0        # constrained decoding (default)
         assert r["tokens_per_s"] > 0
-        # constrained to 8 (minihack) or 4 (sokoban) actions: the reply choice's entropy is bounded
-        assert 0.0 <= r["reply_entropy"] <= math.log(8) + 1e-6 and r["entropy"] > 0
+        assert r["reply_entropy"] >= 0.0 and r["entropy"] > 0
     ev = json.loads((run / "eval.json").read_text())
     free = ev["free"]
     assert free["episodes"] == 4 * len(free["per_env"]) and 0.0 <= free["success_rate"] <= 1.0
@@ -52,6 +51,10 @@ def test_smoke_run(tmp_path, mix, capsys):
     assert rc == 0
     run = tmp_path / "smoke"
     _check_run_folder(run, steps=2)
+    # a closed set of 8 (MiniHack) or 4 (Sokoban) replies: one reply's summed token entropies are at
+    # most ln(first-token choices) + ln(continuations) <= ln 4 + ln 3 (north/south each continue three
+    # ways), and their mean estimates the action choice's entropy (<= ln 8)
+    assert all(0.0 < r["reply_entropy"] <= math.log(12) + 1e-6 for r in read_metrics(run) if "eval" not in r)
     # eval.at_start: the untrained actor on the same eval tasks, a step-0 row, eval.json and the summary
     first = read_metrics(run)[0]
     assert first["step"] == 0 and first["eval"]["free"]["episodes"] == 4

@@ -54,8 +54,9 @@ def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
     mean over every generated token of the entropy (nats) of the actor's unconstrained next-token
     distribution at the sampling temperature (as verl's ``actor/entropy``); ``reply_entropy`` the mean
     over turns of the summed entropies of the distributions the reply's tokens were drawn from (the
-    allowed-reply mask applied): with a closed action set, the entropy of the action choice, between 0
-    (one action per state: a collapsed policy) and ln(number of actions).  Both are absent when the
+    allowed-reply mask applied): with a closed action set its mean estimates the entropy of the action
+    choice, 0 for a collapsed policy (one action per state) and at most ln(number of actions) (one
+    reply's sum can exceed that when replies share leading tokens).  Both are absent when the
     engine does not report entropies (vLLM).
     """
     if not trajs:

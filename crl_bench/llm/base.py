@@ -40,8 +40,8 @@ class Generation:
             there: ``"entropy"``, the entropy in nats of the same unconstrained distribution as
             ``logprobs`` at each generated position, and ``"sampling_entropy"``, that of the
             distribution the token was drawn from (allowed-reply mask, temperature, top-k/top-p
-            applied; for a closed action set their sum over the reply estimates the entropy of the
-            action choice, at most ln(number of actions)).
+            applied; for a closed action set their sum over the reply is an unbiased estimate of the
+            entropy of the action choice, which is at most ln(number of actions)).
     """
 
     prompt_ids: list[int]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import threading
@@ -10,9 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from crl_bench.experience.bank import (REJECT_ADD_TARGETS, REJECT_EMPTY_TEXT, REJECT_MERGE_TARGETS,
-                                       REJECT_TOO_LONG, REJECT_UNKNOWN_KIND, REJECT_UNKNOWN_TARGET,
-                                       REJECT_UPDATE_TARGETS, REJECT_WRONG_ENV, REJECTION_REASONS,
+from crl_bench.experience.bank import (REJECT_ADD_TARGETS, REJECT_BAD_TEXT, REJECT_EMBED_FAILED,
+                                       REJECT_EMPTY_TEXT, REJECT_MERGE_TARGETS, REJECT_TOO_LONG,
+                                       REJECT_UNKNOWN_KIND, REJECT_UNKNOWN_TARGET, REJECT_UPDATE_TARGETS,
+                                       REJECT_WRITE_FAILED, REJECT_WRONG_ENV, REJECTION_REASONS,
                                        ExperienceBank)
 from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
 from crl_bench.experience.locks import RWLock
@@ -208,11 +210,72 @@ REJECT_CASES = [
     (Op("MERGE", "title", "content", (1, 999)), REJECT_UNKNOWN_TARGET),
     (Op("UPDATE", "title", "content", (3,)), REJECT_WRONG_ENV),
     (Op("MERGE", "title", "content", (1, 3)), REJECT_WRONG_ENV),
+    # ids outside SQLite's integer range or not finite: these raised OverflowError mid-reply before
+    (Op("UPDATE", "title", "content", (99999999999999999999,)), REJECT_UNKNOWN_TARGET),
+    (Op("UPDATE", "title", "content", (float("inf"),)), REJECT_UNKNOWN_TARGET),
+    (Op("MERGE", "title", "content", (1, float("-inf"))), REJECT_UNKNOWN_TARGET),
+    (Op("UPDATE", "title", "content", (-1,)), REJECT_UNKNOWN_TARGET),
+    (Op("UPDATE", "title", "content", 7), REJECT_UNKNOWN_TARGET),
+    # a lone surrogate cannot be stored as UTF-8 (raised UnicodeEncodeError before)
+    (Op("ADD", "ti\ud800tle", "content"), REJECT_BAD_TEXT),
+    (Op("UPDATE", "title", "con\udfffent", (1,)), REJECT_BAD_TEXT),
 ]
+# reasons that depend on the embedder or the database, tested below
+RUNTIME_REASONS = {REJECT_EMBED_FAILED, REJECT_WRITE_FAILED}
 
 
 def test_every_reason_is_covered():
-    assert {r for _, r in REJECT_CASES} == set(REJECTION_REASONS)
+    assert {r for _, r in REJECT_CASES} | RUNTIME_REASONS == set(REJECTION_REASONS)
+
+
+def test_bad_operations_in_a_reply_apply_the_rest(tmp_path):
+    """A reply mixing good and hostile operations: each good one applied, each bad one rejected and
+    logged, nothing raised (OverflowError / UnicodeEncodeError escaped apply() before)."""
+    bank = make(tmp_path)
+    ops = [Op("ADD", "a", "first"), Op("UPDATE", "b", "x", (99999999999999999999,)),
+           Op("ADD", "\ud800", "lone surrogate"), Op("MERGE", "m", "x", (1, float("inf"))),
+           Op("ADD", "c", "second")]
+    res = apply(bank, ops)
+    assert [i for _, i in res.applied] == [1, 2]
+    assert [r for _, r in res.rejected] == [REJECT_UNKNOWN_TARGET, REJECT_BAD_TEXT, REJECT_UNKNOWN_TARGET]
+    log = bank.rejections()
+    assert [r["reason"] for r in log] == [r for _, r in res.rejected]
+    assert log[1]["operation"]["title"] == "\ud800"        # logged with an escape, read back as given
+    check_index_consistent(bank)
+
+
+class _FailingEmbedder:
+    """Raises on any text containing "boom", embeds the rest like EMB."""
+    dim = EMB.dim
+
+    def encode(self, texts):
+        if any("boom" in t for t in texts):
+            raise RuntimeError("embedder down")
+        return EMB.encode(texts)
+
+
+def test_embedder_failure_rejects_only_that_operation(tmp_path):
+    bank = ExperienceBank(tmp_path / "b.db", _FailingEmbedder())
+    with pytest.warns(UserWarning, match="embedding a bank entry failed"):
+        res = apply(bank, [Op("ADD", "a", "fine"), Op("ADD", "b", "boom"), Op("ADD", "c", "also fine")])
+    assert [i for _, i in res.applied] == [1, 2]
+    assert res.rejected == [(Op("ADD", "b", "boom"), REJECT_EMBED_FAILED)]
+    assert bank.rejections()[0]["reason"] == REJECT_EMBED_FAILED
+    check_index_consistent(bank)
+
+
+def test_database_refusal_rolls_back_one_operation(tmp_path):
+    """A write the database refuses (here a trigger) is rolled back and rejected, the others apply."""
+    bank = make(tmp_path)
+    bank._conn().execute("CREATE TRIGGER no_bad BEFORE INSERT ON entries WHEN NEW.title = 'bad' "
+                         "BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    with pytest.warns(UserWarning, match="bank write refused"):
+        res = apply(bank, [Op("ADD", "a", "one"), Op("ADD", "bad", "two"), Op("ADD", "c", "three")])
+    assert [o.title for o, _ in res.applied] == ["a", "c"]
+    assert res.rejected == [(Op("ADD", "bad", "two"), REJECT_WRITE_FAILED)]
+    assert [e.title for e in bank.entries()] == ["a", "c"]
+    assert bank.rejections()[0]["reason"] == REJECT_WRITE_FAILED
+    check_index_consistent(bank)
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])

@@ -128,8 +128,13 @@ REJECT_UPDATE_TARGETS = "update_target_count"   # UPDATE without exactly one tar
 REJECT_MERGE_TARGETS = "merge_target_count"     # MERGE with fewer than 2 distinct targets
 REJECT_UNKNOWN_TARGET = "unknown_target"        # a target id not in the bank (or not an integer)
 REJECT_WRONG_ENV = "target_other_env"           # a target belongs to another env id
+REJECT_BAD_TEXT = "invalid_text"                # title or content is not encodable text (lone surrogate)
+REJECT_EMBED_FAILED = "embedding_failed"        # the embedder raised on the operation's key text
+REJECT_WRITE_FAILED = "write_failed"            # the database refused the write (rolled back)
 REJECTION_REASONS = (REJECT_UNKNOWN_KIND, REJECT_EMPTY_TEXT, REJECT_TOO_LONG, REJECT_ADD_TARGETS,
-                     REJECT_UPDATE_TARGETS, REJECT_MERGE_TARGETS, REJECT_UNKNOWN_TARGET, REJECT_WRONG_ENV)
+                     REJECT_UPDATE_TARGETS, REJECT_MERGE_TARGETS, REJECT_UNKNOWN_TARGET, REJECT_WRONG_ENV,
+                     REJECT_BAD_TEXT, REJECT_EMBED_FAILED, REJECT_WRITE_FAILED)
+_MAX_ID = 2 ** 63 - 1                           # SQLite INTEGER range; entry ids are positive
 
 INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")
 APPROX_KINDS = ("ivf", "hnsw")
@@ -176,9 +181,30 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 
 def _op_json(op: Operation) -> str:
-    return json.dumps({"kind": getattr(op, "kind", None), "title": getattr(op, "title", None),
-                       "content": getattr(op, "content", None),
-                       "targets": list(getattr(op, "targets", ()) or ())}, default=str, ensure_ascii=False)
+    """The operation as JSON for the rejection log; never raises (text that is not valid Unicode, e.g.
+    a lone surrogate, is written with ``\\u`` escapes, odd targets as their ``str``)."""
+    targets = getattr(op, "targets", ()) or ()
+    try:
+        targets = list(targets)
+    except TypeError:
+        targets = [targets]
+    doc = {"kind": getattr(op, "kind", None), "title": getattr(op, "title", None),
+           "content": getattr(op, "content", None), "targets": targets}
+    out = json.dumps(doc, default=str, ensure_ascii=False)
+    try:
+        out.encode("utf-8")
+    except UnicodeEncodeError:
+        out = json.dumps(doc, default=str, ensure_ascii=True)
+    return out
+
+
+def _valid_text(text: str) -> bool:
+    """Whether ``text`` can be stored and embedded (UTF-8 encodable: no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- vector shards
@@ -714,10 +740,13 @@ class ExperienceBank:
             return None, ()
         raw = getattr(op, "targets", ()) or ()
         try:
-            targets = tuple(dict.fromkeys(int(t) for t in raw))
+            raw = tuple(raw)
             if any(isinstance(t, bool) or (isinstance(t, float) and not t.is_integer()) for t in raw):
                 raise ValueError
-        except (TypeError, ValueError):
+            targets = tuple(dict.fromkeys(int(t) for t in raw))
+            if any(not 0 < t <= _MAX_ID for t in targets):
+                raise ValueError         # ids are positive SQLite integers: 99999999999999999999 is no id
+        except (TypeError, ValueError, OverflowError):   # OverflowError: int(float("inf"))
             return REJECT_UNKNOWN_TARGET, ()
         if kind == "ADD" and raw:
             return REJECT_ADD_TARGETS, targets
@@ -728,15 +757,22 @@ class ExperienceBank:
         title, content = str(op.title or "").strip(), str(op.content or "").strip()
         if not title or not content:
             return REJECT_EMPTY_TEXT, targets
+        if not (_valid_text(title) and _valid_text(content)):
+            return REJECT_BAD_TEXT, targets
         if len(title) > self.max_text_chars or len(content) > self.max_text_chars:
             return REJECT_TOO_LONG, targets
         return None, targets
 
     def _log_rejection(self, c: sqlite3.Connection, op: Operation, reason: str, env_id: str, step: int,
                        extraction_id: str) -> None:
-        c.execute("INSERT INTO rejections(time, step, extraction_id, env_id, operation, reason) "
-                  "VALUES (?, ?, ?, ?, ?, ?)", (time.time(), int(step), str(extraction_id), str(env_id),
-                                                _op_json(op), reason))
+        """Record a refused operation (outside or inside the caller's transaction); a log write the
+        database refuses is reported as a warning, never raised (the refusal itself still stands)."""
+        try:
+            c.execute("INSERT INTO rejections(time, step, extraction_id, env_id, operation, reason) "
+                      "VALUES (?, ?, ?, ?, ?, ?)", (time.time(), int(step), str(extraction_id), str(env_id),
+                                                    _op_json(op), reason))
+        except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
+            warnings.warn(f"could not log a rejected bank operation ({reason}): {exc!r}")
 
     # ------------------------------------------------------------------ writes
     def apply(self, ops: list[Operation], *, env_id: str, step: int, extraction_id: str,
@@ -767,10 +803,10 @@ class ExperienceBank:
             for i in to_embed:
                 own = f"{str(ops[i].title).strip()}: {str(ops[i].content).strip()}"
                 key_of[i] = key_text if key_text and ops[i].kind != "MERGE" else own
-            texts = list(dict.fromkeys(key_of.values()))
-            vecs = np.asarray(self.embedder.encode(texts), dtype=np.float32).reshape(len(texts), self.dim)
-            row = {t: vecs[j] for j, t in enumerate(texts)}
-            vec_of = {i: row[key_of[i]] for i in to_embed}
+            row = self._embed_each(list(dict.fromkeys(key_of.values())))
+            vec_of = {i: row[key_of[i]] for i in to_embed if key_of[i] in row}
+            checks = [(REJECT_EMBED_FAILED, t) if i in key_of and i not in vec_of else (r, t)
+                      for i, (r, t) in enumerate(checks)]
         for i, op in enumerate(ops):
             reason, targets = checks[i]
             if reason is not None:
@@ -788,6 +824,26 @@ class ExperienceBank:
         res.evicted = self._enforce_capacity()
         self._settle()
         return res
+
+    def _embed_each(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """Embed ``texts`` in one batch; if the embedder raises, text by text, leaving out those that
+        fail (their operations are rejected as ``embedding_failed``)."""
+        def encode(batch: list[str]) -> np.ndarray:
+            vecs = np.asarray(self.embedder.encode(batch), dtype=np.float32).reshape(len(batch), self.dim)
+            if not np.isfinite(vecs).all():
+                raise ValueError("non-finite embedding")
+            return vecs
+        try:
+            vecs = encode(texts)
+            return {t: vecs[j] for j, t in enumerate(texts)}
+        except Exception:  # noqa: BLE001 - find the text that fails, keep the rest
+            out = {}
+            for t in texts:
+                try:
+                    out[t] = encode([t])[0]
+                except Exception as exc:  # noqa: BLE001
+                    warnings.warn(f"embedding a bank entry failed ({exc!r}); its operation is rejected")
+            return out
 
     def _apply_one(self, c: sqlite3.Connection, op: Operation, targets: tuple[int, ...], vec: np.ndarray,
                    env_id: str, step: int, extraction_id: str, generation: int, key: str) -> int | str:
@@ -839,6 +895,11 @@ class ExperienceBank:
                 new_id, removed = int(cur.lastrowid), list(targets)
             self._bump(c, f"applied_{op.kind}")
             c.execute("COMMIT")
+        except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
+            c.execute("ROLLBACK")      # nothing of this operation stays; earlier ones are committed
+            warnings.warn(f"bank write refused ({exc!r}); operation rejected as {REJECT_WRITE_FAILED}")
+            self._log_rejection(c, op, REJECT_WRITE_FAILED, env_id, step, extraction_id)
+            return REJECT_WRITE_FAILED
         except BaseException:
             c.execute("ROLLBACK")
             raise

@@ -256,23 +256,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _open_bank(run: str):
-    """Open the experience bank of a run folder (read access; the real embedder only gives ``dim``)."""
-    from crl_bench.experience.bank import ExperienceBank
+    """Open the experience bank of a run folder (or a ``.sqlite`` path) read-only, for inspection.
+
+    Nothing is written: not the file, not a ``-wal``/``-shm`` beside a cleanly closed bank. A file that
+    is not a crl-bench bank is refused. A bank is the ``.sqlite`` file with its ``-wal``/``-shm``
+    files: after a crash the entries can sit only in the ``-wal``, so a near-empty ``.sqlite`` without
+    its ``-wal`` gets a warning (it was probably copied without it).
+
+    Raises:
+        ConfigError: no bank there, or the file is not a (readable) crl-bench bank.
+    """
+    from crl_bench.experience.bank import ExperienceBank, NotABankError
     from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
 
     path = Path(run) / "experience.sqlite" if Path(run).is_dir() else Path(run)
     if not path.is_file():
         raise ConfigError(f"{run!r} has no experience bank (experience.sqlite); was it run with "
                           "--method complementary or static?")
+    wal = path.with_name(path.name + "-wal")
+    hint = (f" Its write-ahead log {wal.name} is missing: a bank that was not closed cleanly keeps its "
+            f"entries there; copy {path.name} with its -wal and -shm files." if not wal.exists() else "")
     cfg_path = path.parent / "config.yaml"
     embedder_name = "all-minilm-l6-v2"
     if cfg_path.is_file():
-        embedder_name = (load_yaml(cfg_path).get("experience") or {}).get("embedder", embedder_name)
+        try:
+            embedder_name = (load_yaml(cfg_path).get("experience") or {}).get("embedder", embedder_name)
+        except ConfigError:
+            pass                    # the bank records its own dimension; the name is only a preference
     try:
         embedder = SentenceEmbedder(embedder_name)
     except Exception:  # noqa: BLE001 - listing needs no embedding; fall back to the stored dimension
         embedder = HashEmbedder(384)
-    return ExperienceBank(path, embedder, index="flat")     # inspection: exact, no graph to build
+    try:
+        bank = ExperienceBank(path, embedder, index="flat", read_only=True)   # exact, no graph to build
+    except NotABankError as e:
+        near_empty = path.stat().st_size <= 8192
+        raise ConfigError(f"{e}." + (hint if near_empty else "")) from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    if len(bank) == 0 and hint:
+        print(f"crl-bench: warning: {path} holds no entries.{hint}", file=sys.stderr)
+    return bank
 
 
 def cmd_swe(args: argparse.Namespace) -> int:

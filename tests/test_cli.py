@@ -75,6 +75,78 @@ def test_bank_show_and_stats(tmp_path, capsys):
     assert main(["bank", "show", str(tmp_path / "nowhere")]) == 2
 
 
+def _bank_files(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_bank_inspection_never_writes(tmp_path, capsys):
+    """`bank show/stats` open the bank read-only: a cleanly closed bank gets no -wal/-shm beside it and
+    its bytes are unchanged; an unrelated SQLite file is refused (exit 2), not given the bank's tables
+    and switched to WAL as before; a corrupt file is a clear error, not a traceback."""
+    import sqlite3
+
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.experience.embedding import HashEmbedder
+    from crl_bench.experience.types import Operation
+
+    run = tmp_path / "run"
+    run.mkdir()
+    bank = ExperienceBank(run / "experience.sqlite", HashEmbedder(384))
+    bank.apply([Operation("ADD", "t", "c")], env_id="e", step=1, extraction_id="x", generation=0)
+    bank.close()
+    before, files = (run / "experience.sqlite").read_bytes(), _bank_files(run)
+    assert main(["bank", "stats", str(run)]) == 0 and main(["bank", "show", str(run)]) == 0
+    assert (run / "experience.sqlite").read_bytes() == before and _bank_files(run) == files
+
+    other = tmp_path / "other.sqlite"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE notes (body TEXT)")
+    con.commit()
+    con.close()
+    before = other.read_bytes()
+    capsys.readouterr()
+    for cmd in ("stats", "show"):
+        assert main(["bank", cmd, str(other)]) == 2
+        assert "not a crl-bench experience bank" in capsys.readouterr().err
+    assert other.read_bytes() == before and _bank_files(tmp_path) == ["other.sqlite", "run"]
+    con = sqlite3.connect(other)
+    assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["notes"]
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    con.close()
+
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 40)
+    assert main(["bank", "stats", str(corrupt)]) == 2
+    assert "crl-bench: error:" in capsys.readouterr().err
+
+
+def test_bank_without_its_wal_is_explained(tmp_path, capsys):
+    """A bank whose writer never checkpointed keeps its entries in the -wal: read with it, the entries
+    are there; the .sqlite copied alone is refused with the reason (its -wal is missing)."""
+    import shutil
+
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.experience.embedding import HashEmbedder
+    from crl_bench.experience.types import Operation
+
+    live = tmp_path / "live"
+    live.mkdir()
+    bank = ExperienceBank(live / "experience.sqlite", HashEmbedder(384))    # stays open: a "crashed" run
+    bank.apply([Operation("ADD", "lesson", "body")], env_id="e", step=1, extraction_id="x", generation=0)
+    with_wal, alone = tmp_path / "with_wal", tmp_path / "alone"
+    with_wal.mkdir()
+    alone.mkdir()
+    for name in ("experience.sqlite", "experience.sqlite-wal", "experience.sqlite-shm"):
+        shutil.copy(live / name, with_wal / name)
+    shutil.copy(live / "experience.sqlite", alone / "experience.sqlite")
+    bank.close()
+    capsys.readouterr()
+    assert main(["bank", "show", str(with_wal)]) == 0
+    assert "[e] lesson" in capsys.readouterr().out
+    assert main(["bank", "show", str(alone)]) == 2
+    assert "experience.sqlite-wal is missing" in capsys.readouterr().err
+
+
 def test_flags_resolve_into_config():
     from crl_bench.cli import resolve_config
 

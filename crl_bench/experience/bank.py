@@ -134,6 +134,7 @@ REJECT_WRITE_FAILED = "write_failed"            # the database refused the write
 REJECTION_REASONS = (REJECT_UNKNOWN_KIND, REJECT_EMPTY_TEXT, REJECT_TOO_LONG, REJECT_ADD_TARGETS,
                      REJECT_UPDATE_TARGETS, REJECT_MERGE_TARGETS, REJECT_UNKNOWN_TARGET, REJECT_WRONG_ENV,
                      REJECT_BAD_TEXT, REJECT_EMBED_FAILED, REJECT_WRITE_FAILED)
+BANK_TABLES = ("entries", "rejections", "counters", "meta")    # what makes a SQLite file a bank
 _MAX_ID = 2 ** 63 - 1                           # SQLite INTEGER range; entry ids are positive
 
 INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")
@@ -178,6 +179,10 @@ CREATE TABLE IF NOT EXISTS rejections (
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+
+class NotABankError(ValueError):
+    """A file opened as an experience bank is not one (not SQLite, or without the bank's tables)."""
 
 
 def _op_json(op: Operation) -> str:
@@ -593,6 +598,15 @@ class ExperienceBank:
         search_threads: OpenMP threads per FAISS search (calling thread only; 0 = leave as is).
         flat_blas_min_queries: batches of at least this many queries use BLAS for exact search
             (lowers FAISS's process-wide ``distance_compute_blas_threshold``; 0 = leave it).
+        read_only: open an existing bank without writing to it (SQLite ``mode=ro``: no schema, no
+            WAL switch, no checkpoint; ``apply`` and the counters raise ``PermissionError``), for
+            ``crl-bench bank show/stats`` and the evaluation of a finished run. Raises
+            ``FileNotFoundError`` when the file does not exist and :class:`NotABankError` when it is
+            not a crl-bench bank.
+
+    Files: a bank is the ``.sqlite`` file together with its ``-wal`` and ``-shm`` files while a
+    writer has it open or after a crash (committed entries may sit only in the ``-wal`` until a
+    checkpoint); copy or move the three together.
     """
 
     def __init__(self, path: str | Path, embedder, capacity: int = 0, eviction: str = "fifo",
@@ -601,7 +615,8 @@ class ExperienceBank:
                  ivf_min_scan: int = 10000, hnsw_m: int = 32, hnsw_ef_construction: int = 80,
                  hnsw_ef_search: int = 128, hnsw_ef_per_k: int = 8, hnsw_rebuild_min: int = 256,
                  hnsw_rebuild_fraction: float = 0.25, auto_threshold: int = AUTO_THRESHOLD,
-                 auto_index: str = "hnsw", search_threads: int = 1, flat_blas_min_queries: int = 8):
+                 auto_index: str = "hnsw", search_threads: int = 1, flat_blas_min_queries: int = 8,
+                 read_only: bool = False):
         if eviction not in EVICTION_POLICIES:
             raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}")
         if index not in INDEX_KINDS:
@@ -634,9 +649,13 @@ class ExperienceBank:
                      "hnsw_ef_search": hnsw_ef_search, "hnsw_ef_per_k": hnsw_ef_per_k,
                      "hnsw_rebuild_min": hnsw_rebuild_min, "hnsw_rebuild_fraction": hnsw_rebuild_fraction,
                      "auto_threshold": auto_threshold, "auto_index": auto_index}
+        self.read_only = bool(read_only)
         self._local = threading.local()
         self._closed = False
         self._shards: dict[str, object] = {}
+        if self.read_only:
+            self._open_read_only()
+            return
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         c = self._conn()
@@ -653,15 +672,60 @@ class ExperienceBank:
             raise ValueError(f"{self.path} holds {row[0]}-dim embeddings, embedder gives {self.dim}")
         self._load_index()
 
+    def _open_read_only(self) -> None:
+        """Open an existing bank for inspection or evaluation without writing a byte to it.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            NotABankError: the file is not SQLite, or lacks the bank's tables or its ``dim`` record.
+            ValueError: the stored embeddings have another dimension than the embedder's.
+        """
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no experience bank at {self.path}")
+        try:
+            c = self._conn()
+            tables = {r[0]: r[1] for r in c.execute("SELECT name, sql FROM sqlite_master WHERE type='table'")}
+            missing = [t for t in BANK_TABLES if t not in tables]
+            if missing:
+                raise NotABankError(f"{self.path} is not a crl-bench experience bank (no table "
+                                    f"{', '.join(missing)})")
+            cols = {r[1] for r in c.execute("PRAGMA table_info(entries)")}
+            if not {"id", "env_id", "title", "content", "embedding"} <= cols:
+                raise NotABankError(f"{self.path} is not a crl-bench experience bank (table entries lacks "
+                                    "the bank's columns)")
+            row = c.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
+        except sqlite3.DatabaseError as exc:       # not a database, or a corrupt one
+            raise NotABankError(f"{self.path} is not a readable SQLite experience bank: {exc}") from None
+        if row is None:
+            raise NotABankError(f"{self.path} is not a crl-bench experience bank (no embedding dimension "
+                                "recorded in table meta)")
+        if int(row[0]) != self.dim:
+            raise ValueError(f"{self.path} holds {row[0]}-dim embeddings, embedder gives {self.dim}")
+        self._load_index()
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise PermissionError(f"experience bank {self.path} was opened read-only")
+
     # ------------------------------------------------------------------ plumbing
     def _conn(self) -> sqlite3.Connection:
         if self._closed:
             raise RuntimeError("ExperienceBank is closed")
         c = getattr(self._local, "conn", None)
         if c is None:
-            c = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
-            c.execute("PRAGMA synchronous=NORMAL")
-            c.execute("PRAGMA busy_timeout=60000")
+            if self.read_only:
+                # mode=ro: SQLite never writes the file. With a -wal beside it (a writer has it open,
+                # or crashed) its frames are read through the -shm index, so entries committed before
+                # a crash are seen; without one the file is complete and opened immutable, so no
+                # -wal/-shm files are created beside it either.
+                wal = self.path.with_name(self.path.name + "-wal").exists()
+                uri = f"{self.path.resolve().as_uri()}?mode=ro" + ("" if wal else "&immutable=1")
+                c = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None)
+                c.execute("PRAGMA busy_timeout=60000")
+            else:
+                c = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
+                c.execute("PRAGMA synchronous=NORMAL")
+                c.execute("PRAGMA busy_timeout=60000")
             self._local.conn = c
         return c
 
@@ -790,8 +854,10 @@ class ExperienceBank:
         whose ``last_retrieved`` is their maximum. NONE changes nothing (reported as applied with
         id None). Refused operations are logged and returned, never raised.
 
-        The caller must serialise writes (see the module docstring).
+        The caller must serialise writes (see the module docstring). Raises ``PermissionError`` on a
+        bank opened with ``read_only`` (a programming error, not extractor input).
         """
+        self._check_writable()
         res = ApplyResult()
         c = self._conn()
         checks = [self._static_check(op) for op in ops]
@@ -970,7 +1036,9 @@ class ExperienceBank:
     # ------------------------------------------------------------------ counters (SQLite only)
     def record_retrieval(self, ids: Sequence[int], when: float) -> None:
         """Count one retrieval of each id (repeats count again) and set ``last_retrieved`` to ``when``
-        (never moving it backwards). Unknown ids are ignored. Safe beside concurrent reads."""
+        (never moving it backwards). Unknown ids are ignored. Safe beside concurrent reads.
+        Raises ``PermissionError`` on a read-only bank."""
+        self._check_writable()
         if not len(ids):
             return
         c = self._conn()
@@ -985,7 +1053,9 @@ class ExperienceBank:
             raise
 
     def record_outcome(self, ids: Sequence[int], success: bool) -> None:
-        """Count the outcome of an episode guided by ``ids``. Unknown ids are ignored."""
+        """Count the outcome of an episode guided by ``ids``. Unknown ids are ignored. Raises
+        ``PermissionError`` on a read-only bank."""
+        self._check_writable()
         if not len(ids):
             return
         col = "times_success" if success else "times_failure"
@@ -1158,7 +1228,8 @@ class ExperienceBank:
         c = getattr(self._local, "conn", None)
         if c is not None:
             try:
-                c.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                if not self.read_only:
+                    c.execute("PRAGMA wal_checkpoint(PASSIVE)")
             except sqlite3.Error:
                 pass
             c.close()

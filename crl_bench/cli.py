@@ -164,36 +164,57 @@ def cmd_submission(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """``crl-bench eval``: evaluate a model, or a finished run's checkpoint with its own bank.
+
+    With ``--run``: the run's ``checkpoint/`` (refused, exit 2, when there is none: nothing trained to
+    evaluate) under the run's config; a ``complementary``/``static`` run is evaluated guided by its own
+    ``experience.sqlite`` (opened read-only: no entry, counter or file changes) and experience-free,
+    like the run's final ``eval.json``. The result goes to ``RUN/checkpoint-<split>-split.json``
+    unless ``--out`` says otherwise. Without ``--run``: the model free (no bank to guide it).
+    """
     from tqdm import tqdm
 
+    from crl_bench.methods import get_method
     from crl_bench.trainer.loop import Trainer
 
-    if args.run:
-        run_dir = Path(args.run)
+    run_dir = Path(args.run) if args.run else None
+    if run_dir is not None:
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"--run {args.run!r} is not a run folder (no config.yaml)")
-        args.config = args.config or str(run_dir / "config.yaml")
         ckpt = run_dir / "checkpoint"
-        if not args.model and ckpt.is_dir():
+        if not args.model:
+            if not ckpt.is_dir():
+                raise ConfigError(f"--run {args.run!r} has no checkpoint/ (run with train.save_checkpoint: false, "
+                                  "or it did not finish): there is no trained actor to evaluate; for the base "
+                                  f"model use --config {run_dir / 'config.yaml'}")
             args.model = str(ckpt)
+        args.config = args.config or str(run_dir / "config.yaml")
     extra: dict[str, Any] = {"eval.split": args.split}
     if args.episodes is not None:
         extra["eval.episodes"] = args.episodes
     cfg = resolve_config(args, extra)
-    if args.run and cfg.model.lora and args.model == str(Path(args.run) / "checkpoint"):
+    if run_dir is not None and cfg.model.lora and args.model == str(run_dir / "checkpoint"):
         # a LoRA run's checkpoint is peft's adapter: load_model_and_tokenizer loads its base model and
         # merges the adapter in, so the eval must not wrap the merged weights in a fresh adapter
         cfg.model.lora = False
-    trainer = Trainer(cfg, writer=None)
+    bank = None
+    if run_dir is not None and get_method(cfg.method).uses_experience:
+        bank = run_dir / "experience.sqlite"
+        if not bank.is_file():
+            raise ConfigError(f"--run {args.run!r} is a {cfg.method} run without its experience.sqlite")
+    trainer = Trainer(cfg, writer=None, read_only_bank=bank)
+    ev: dict[str, Any] = {"model": cfg.model.name, "method": cfg.method, "run": str(run_dir) if run_dir else None}
     try:
-        total = sum(len(ids) for ids in trainer.eval_task_ids().values())
+        modes = ("guided", "free") if bank is not None else ("free",)
+        total = sum(len(ids) for ids in trainer.eval_task_ids().values()) * len(modes)
         with tqdm(total=total, desc=f"eval {cfg.eval.split}", unit="ep", disable=args.quiet) as bar:
-            ev = trainer.evaluate(progress=bar.update)
+            for mode in modes:
+                ev[mode] = trainer.evaluate(progress=bar.update, guided=mode == "guided")
     finally:
         trainer.close()
-    ev["model"] = cfg.model.name
-    print(json.dumps({k: v for k, v in ev.items() if k != "tasks"}, indent=2))
-    out = Path(args.out) if args.out else (Path(args.run) / f"eval-{cfg.eval.split}.json" if args.run else None)
+    print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "tasks"} if isinstance(v, dict) else v)
+                      for k, v in ev.items()}, indent=2))
+    out = Path(args.out) if args.out else (run_dir / f"checkpoint-{cfg.eval.split}-split.json" if run_dir else None)
     if out:
         out.write_text(json.dumps(ev, indent=2))
         print(f"wrote {out}")
@@ -421,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="success rate and mean steps on a split")
     _add_config_args(e, with_method=False)
-    e.add_argument("--run", help="a run folder: evaluate its checkpoint with its config")
+    e.add_argument("--run", help="a run folder: evaluate its checkpoint with its config (and, for complementary/"
+                                 "static, guided by its own bank, read-only, and free)")
     e.add_argument("--split", default="eval")
     e.add_argument("--episodes", type=_episodes, help="episodes per env (a number, or 'all')")
     e.add_argument("--out", help="write the result JSON here")

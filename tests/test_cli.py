@@ -147,6 +147,16 @@ def test_bank_without_its_wal_is_explained(tmp_path, capsys):
     assert "experience.sqlite-wal is missing" in capsys.readouterr().err
 
 
+def test_eval_refuses_a_run_without_checkpoint(tmp_path, capsys):
+    """`eval --run` on a run with no checkpoint/ evaluated the base model with exit 0 before."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("method: grpo\nrollout:\n  mix: minihack-room\n")
+    assert main(["eval", "--run", str(run), "--quiet"]) == 2
+    assert "has no checkpoint" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+
+
 def test_flags_resolve_into_config():
     from crl_bench.cli import resolve_config
 

@@ -241,3 +241,35 @@ def test_guided_eval_leaves_the_bank_and_its_counters_untouched(tokenizer, tiny_
     assert tr.eval_episode_count() == 4
     assert _bank_state(bank) == before
     tr.close()
+
+
+def test_read_only_bank_evaluates_a_finished_runs_bank(tmp_path, tokenizer, tiny_model):
+    """`crl-bench eval --run`'s trainer: the finished run's bank, opened read-only, guides the eval
+    (before, a fresh empty bank was built and the eval still said guided); no extractor is loaded,
+    the bank file does not change and training is refused."""
+    from crl_bench.results import RunWriter
+
+    cfg = _cfg("complementary")
+    writer = RunWriter(tmp_path, run_id="run")
+    import copy
+    tr = Trainer(cfg, writer=writer, model=tiny_model, tokenizer=tokenizer, embedder=HashEmbedder(64),
+                 extractor_model=copy.deepcopy(tiny_model))
+    tr.experience.extractor.engine = ScriptedEngine(tr.experience.engine, ADD, tr.experience.extractor.prompts.prefill)
+    tr.train_step()
+    tr.train_step()
+    before = _bank_state(tr.experience.bank)
+    tr.close()
+    bank_file = writer.dir / "experience.sqlite"
+    raw = bank_file.read_bytes()
+    ev_tr = Trainer(cfg, model=tiny_model, tokenizer=tokenizer, embedder=HashEmbedder(64),
+                    read_only_bank=bank_file)
+    try:
+        assert ev_tr.experience.extractor is None and ev_tr.experience.model is None
+        ev = ev_tr.evaluate(guided=True)
+        assert ev["guided"] is True and ev["episodes_with_experience"] == ev["episodes"] == 2
+        with pytest.raises(RuntimeError, match="read-only"):
+            ev_tr.train_step()
+        assert _bank_state(ev_tr.experience.bank) == before
+    finally:
+        ev_tr.close()
+    assert bank_file.read_bytes() == raw

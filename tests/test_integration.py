@@ -75,8 +75,8 @@ def test_smoke_run(tmp_path, mix, capsys):
     # the checkpoint evaluates through `crl-bench eval --run`
     rc = main(["eval", "--run", str(tmp_path / "smoke"), "--episodes", "2", "--quiet"])
     assert rc == 0
-    ev = json.loads((tmp_path / "smoke" / "eval-eval.json").read_text())
-    assert ev["episodes"] == 2 and ev["model"].endswith("checkpoint")
+    ev = json.loads((tmp_path / "smoke" / "checkpoint-eval-split.json").read_text())
+    assert ev["free"]["episodes"] == 2 and ev["model"].endswith("checkpoint") and "guided" not in ev
 
 
 @pytest.mark.slow
@@ -117,7 +117,22 @@ def test_experience_smoke_run(tmp_path, method, capsys):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["runs"][0]["eval"]["guided"] is not None and summary["method"] == method
     assert main(["bank", "stats", str(run)]) == 0
-    assert '"count"' in capsys.readouterr().out
+    stats_before = capsys.readouterr().out
+    assert '"count"' in stats_before
+    # `eval --run` evaluates the checkpoint guided by the run's own bank (read-only) and free; before,
+    # it evaluated "guided" with a fresh empty bank
+    entries_before = (run / "experience.sqlite").read_bytes()
+    assert main(["eval", "--run", str(run), "--episodes", "3", "--quiet"]) == 0
+    ev = json.loads((run / "checkpoint-eval-split.json").read_text())
+    assert ev["guided"]["guided"] is True and ev["free"]["guided"] is False and ev["method"] == method
+    assert ev["guided"]["episodes"] == ev["free"]["episodes"] == 3
+    n_entries = json.loads(stats_before)["count"]
+    if n_entries:
+        assert ev["guided"]["episodes_with_experience"] == 3     # the run's bank guided every episode
+    assert (run / "experience.sqlite").read_bytes() == entries_before
+    capsys.readouterr()
+    assert main(["bank", "stats", str(run)]) == 0
+    assert capsys.readouterr().out == stats_before           # counters untouched
 
 
 @pytest.mark.slow

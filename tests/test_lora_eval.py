@@ -122,8 +122,8 @@ def test_cli_eval_of_a_lora_run(tmp_path, monkeypatch, base_dir, tokenizer):
     (model_type, lora, name), = seen
     assert not issubclass(model_type, peft.PeftModel) and lora is False
     assert name == str(run / "checkpoint")
-    ev = json.loads((run / "eval-eval.json").read_text())
-    assert ev["episodes"] == 2 and ev["model"] == str(run / "checkpoint")
+    ev = json.loads((run / "checkpoint-eval-split.json").read_text())
+    assert ev["free"]["episodes"] == 2 and ev["model"] == str(run / "checkpoint")
 
 
 def test_merged_model_is_trainable_like_a_plain_load(tmp_path, base_dir):

@@ -148,13 +148,16 @@ class ExperienceTrack:
             evaluation sampling, for the actor-critic gate.
         gate: the trainer's :class:`~crl_bench.llm.gate.ComputeGate`; the extractor then generates as
             background work, in the gaps of the actor's generation and updates.
+        read_only_bank: evaluate with this existing bank (a finished run's ``experience.sqlite``),
+            opened read-only: retrieval only, no extractor is loaded, and distillation, credit and
+            counters are unavailable (``after_rollout`` raises ``RuntimeError``).
     """
 
     def __init__(self, cfg: RunConfig, method: MethodSpec, actor_model: Any, tokenizer: Any,
                  run_dir: str | Path | None, embedder: Any = None, extractor_model: Any = None,
                  extractor_tokenizer: Any = None, actor_engine: Any = None,
                  actor_sampling: SamplingParams | None = None, eval_sampling: SamplingParams | None = None,
-                 gate: ComputeGate | None = None) -> None:
+                 gate: ComputeGate | None = None, read_only_bank: str | Path | None = None) -> None:
         import tempfile
 
         from crl_bench.llm.hf_engine import HFEngine
@@ -162,28 +165,43 @@ class ExperienceTrack:
         self.cfg = cfg
         self.method = method
         ex, xc = cfg.experience, cfg.extractor
-        if run_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="crl-bank-")
-            run_dir = self._tmp.name
-        self.bank_path = Path(run_dir) / "experience.sqlite"
+        self.read_only = read_only_bank is not None
+        if self.read_only:
+            self.bank_path = Path(read_only_bank)
+        else:
+            if run_dir is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="crl-bank-")
+                run_dir = self._tmp.name
+            self.bank_path = Path(run_dir) / "experience.sqlite"
         self.embedder = embedder or SentenceEmbedder(ex.embedder)
         self.bank = ExperienceBank(self.bank_path, self.embedder, capacity=ex.capacity, eviction=ex.eviction,
-                                   index=ex.index, max_text_chars=ex.max_text_chars)
+                                   index=ex.index, max_text_chars=ex.max_text_chars, read_only=self.read_only)
         self.retriever = Retriever(self.bank, k=ex.k, oversample=ex.oversample, freq_penalty=ex.freq_penalty,
                                    recency_window_s=ex.recency_window_s, top1_demote_p=ex.top1_demote_p,
                                    seed=cfg.train.seed, query_cache=ex.query_cache)
         self.compute_dtype = DTYPES[resolve_dtype(cfg.model.dtype, next(actor_model.parameters()).device)]
-        if extractor_model is not None:
-            self.model, self.tokenizer = extractor_model, extractor_tokenizer or tokenizer
-        else:
-            self.model, self.tokenizer = self._load_extractor(actor_model, tokenizer)
-            if not method.trains_extractor:         # inference only: no float32 master weights needed
-                cast_parameters(self.model, self.compute_dtype)
-        # distillation generates in the compute dtype (bf16 where the CPU has the units)
-        self.engine = HFEngine(self.model, self.tokenizer, batch_size=cfg.generation.batch_size,
-                               prefix_cache=cfg.generation.prefix_cache, compute_dtype=self.compute_dtype,
-                               cache_mb=cfg.generation.cache_mb, gate=gate, background=gate is not None)
-        self.extractor = extractor_for(xc, self.engine, self.tokenizer)
+        # extractions that wrote entries (id -> Extraction), kept while an entry they wrote is in the bank
+        # or an episode may still credit them (pruned after each step's credit)
+        self.pending: OrderedDict[str, Extraction] = OrderedDict()
+        # extractions credited by guided episodes, waiting for an update (at most batch_size, oldest first)
+        self.buffer: OrderedDict[str, _Credit] = OrderedDict()
+        self.dropped = 0
+        self.generation = 0
+        self.updates: list[dict[str, Any]] = []
+        self.model = self.engine = self.extractor = None
+        self.tokenizer = tokenizer
+        if not self.read_only:
+            if extractor_model is not None:
+                self.model, self.tokenizer = extractor_model, extractor_tokenizer or tokenizer
+            else:
+                self.model, self.tokenizer = self._load_extractor(actor_model, tokenizer)
+                if not method.trains_extractor:         # inference only: no float32 master weights needed
+                    cast_parameters(self.model, self.compute_dtype)
+            # distillation generates in the compute dtype (bf16 where the CPU has the units)
+            self.engine = HFEngine(self.model, self.tokenizer, batch_size=cfg.generation.batch_size,
+                                   prefix_cache=cfg.generation.prefix_cache, compute_dtype=self.compute_dtype,
+                                   cache_mb=cfg.generation.cache_mb, gate=gate, background=gate is not None)
+            self.extractor = extractor_for(xc, self.engine, self.tokenizer)
         self.manager = ExperienceManager(self.bank, self.retriever, self.extractor,
                                          search_workers=ex.search_workers, query_batch=ex.query_batch,
                                          query_timeout_ms=ex.query_timeout_ms)
@@ -195,6 +213,8 @@ class ExperienceTrack:
                                       max_new_tokens=max(256, cfg.generation.max_new_tokens))
             self._eval_judging = self.critic.judge_sampling(eval_sampling or actor_sampling or SamplingParams())
         self.updater: PolicyUpdater | None = None
+        if self.read_only:
+            return
         if method.trains_extractor:
             params = [p for p in self.model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=xc.lr, weight_decay=0.0)
@@ -209,14 +229,6 @@ class ExperienceTrack:
         else:
             for p in self.model.parameters():
                 p.requires_grad_(False)
-        # extractions that wrote entries (id -> Extraction), kept while an entry they wrote is in the bank
-        # or an episode may still credit them (pruned after each step's credit)
-        self.pending: OrderedDict[str, Extraction] = OrderedDict()
-        # extractions credited by guided episodes, waiting for an update (at most batch_size, oldest first)
-        self.buffer: OrderedDict[str, _Credit] = OrderedDict()
-        self.dropped = 0
-        self.generation = 0
-        self.updates: list[dict[str, Any]] = []
 
     def _load_extractor(self, actor_model: Any, actor_tokenizer: Any) -> tuple[Any, Any]:
         """``(model, tokenizer)`` of the extractor: a copy of the actor (``same``) or its own model."""
@@ -277,7 +289,9 @@ class ExperienceTrack:
     def after_rollout(self, trajs: Sequence[Trajectory], step: int, warmup: bool = False) -> dict[str, Any]:
         """Credit the extractions whose entries guided this step, queue distillation (and a merge
         pass); returns the step's experience metrics.  ``warmup``: a warm-up step (nothing was
-        retrieved, nothing is credited)."""
+        retrieved, nothing is credited). Raises ``RuntimeError`` on a read-only (evaluation) track."""
+        if self.read_only:
+            raise RuntimeError("this experience track evaluates a finished run's bank read-only; it cannot train")
         self._collect_extractions()
         by_group: dict[int, list[Trajectory]] = defaultdict(list)
         for t in trajs:

@@ -13,6 +13,7 @@ import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -104,6 +105,9 @@ class Trainer:
             ``cfg.model`` when omitted.
         embedder, extractor_model, extractor_tokenizer: replacements for the experience track's
             embedder, extractor model and its tokenizer (tests); built from ``cfg`` when omitted.
+        read_only_bank: for methods with experience, evaluate with this existing bank (a finished
+            run's ``experience.sqlite``) opened read-only instead of a fresh one; the trainer can then
+            evaluate but not train (``crl-bench eval --run``).
 
     Raises:
         KeyError: unknown method or env id.
@@ -112,7 +116,7 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, writer: RunWriter | None = None, model: Any = None,
                  tokenizer: Any = None, embedder: Any = None, extractor_model: Any = None,
-                 extractor_tokenizer: Any = None) -> None:
+                 extractor_tokenizer: Any = None, read_only_bank: str | Path | None = None) -> None:
         self.cfg = cfg
         self.method: MethodSpec = get_method(cfg.method)
         self.writer = writer
@@ -179,7 +183,8 @@ class Trainer:
                                               embedder=embedder, extractor_model=extractor_model,
                                               extractor_tokenizer=extractor_tokenizer,
                                               actor_engine=self.engine, actor_sampling=self.sampling,
-                                              eval_sampling=self.eval_sampling, gate=self.gate)
+                                              eval_sampling=self.eval_sampling, gate=self.gate,
+                                              read_only_bank=read_only_bank)
 
     # ---- setup ------------------------------------------------------------------------------------
     def _prepare_model(self, model: Any) -> Any:
@@ -256,7 +261,10 @@ class Trainer:
 
         With an experience track: pending distillation is flushed into the bank first
         (``experience.flush_before_rollout``), and in warm-up steps the actor is not updated.
+        Raises ``RuntimeError`` on a trainer built with ``read_only_bank`` (evaluation only).
         """
+        if self.experience is not None and self.experience.read_only:
+            raise RuntimeError("this trainer evaluates a finished run's bank read-only; it cannot train")
         t0 = time.perf_counter()
         warmup = self.in_warmup()
         if self.experience is not None and self.cfg.experience.flush_before_rollout:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from crl_bench.data import ChecksumError, DataMissingError
+from crl_bench.llm.default_model import ModelNotAvailable
 from crl_bench.env_api import EnvUnavailableError
 from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
 
@@ -246,14 +247,23 @@ def play(env_id: str, task: int, max_steps: int, stdin: Any = None, stdout: Any 
 
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
+    if stdin is None or getattr(stdin, "closed", False):
+        raise ConfigError("envs play reads your actions from standard input, which is closed")
     env = make_env(env_id, max_steps=max_steps)
-    obs, info = env.reset(options={"task": task})
+    try:
+        obs, info = env.reset(options={"task": task})
+    except BaseException:
+        env.close()
+        raise
     print(f"{env_id}, task {task}. {env.task_prompt()}  (type an action, or 'quit')\n", file=stdout)
     total = 0.0
     while True:
         print(obs, file=stdout)
         print("> ", end="", file=stdout, flush=True)
-        line = stdin.readline()
+        try:
+            line = stdin.readline()
+        except (OSError, ValueError):       # stdin closed or unreadable mid-game: end like EOF
+            line = ""
         if not line or line.strip().lower() in ("quit", "exit", "q"):
             print("\nbye", file=stdout)
             break
@@ -537,7 +547,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
-    except (ConfigError, KeyError, FileExistsError, DataMissingError, ChecksumError, EnvUnavailableError) as e:
+    except (ConfigError, KeyError, FileExistsError, DataMissingError, ChecksumError, EnvUnavailableError,
+            ModelNotAvailable) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"crl-bench: error: {msg}", file=sys.stderr)
         return 2

@@ -432,12 +432,17 @@ def parse_override(text: str) -> dict[str, Any]:
     """``"train.lr=1e-5"`` -> ``{"train": {"lr": 1e-05}}``; the value is parsed as YAML.
 
     Raises:
-        ConfigError: no ``=`` in ``text``.
+        ConfigError: no ``=`` in ``text``, or a value that is not valid YAML (the key is named).
     """
     if "=" not in text:
         raise ConfigError(f"override {text!r} must look like section.key=value")
     key, _, raw = text.partition("=")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"--set {key.strip()}: value {raw!r} is not valid YAML ({problem}); quote it "
+                          "to pass a string") from None
     out: dict[str, Any] = {}
     cur = out
     parts = key.strip().split(".")
@@ -453,17 +458,30 @@ def list_presets() -> list[str]:
                   if p.name.endswith(".yaml"))
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping. Raises :class:`ConfigError` if the file is missing or not a mapping."""
+def load_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """Read a YAML mapping from ``path`` (``what`` names the file in errors, e.g. ``"mixture file"``).
+
+    Raises:
+        ConfigError: the file is missing or unreadable, not UTF-8 text (a binary file), not valid
+            YAML, or not a mapping at top level (a list, a scalar).
+    """
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+        raise ConfigError(f"{what} {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {str(p)!r} is not a text (UTF-8) YAML file") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {str(p)!r} cannot be read: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from e
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping at top level")
+        raise ConfigError(f"{what} {str(p)!r} must hold a mapping at top level, not a {type(data).__name__}")
     return data
 
 

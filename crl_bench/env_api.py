@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 ENTRY_POINT_GROUP = "crl_bench.envs"
@@ -347,6 +348,32 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         (the default). The trainer's task sampler draws training tasks with these weights."""
         return None
 
+    def check_task(self, task: Any) -> int:
+        """``task`` as an int if it is a task id of one of this env's splits, the same rule for every
+        env (procedural envs' splits are ranges of seeds, so any id in them is a task).
+
+        Raises:
+            KeyError: not an integer (a bool or a fractional number is none either), or in no split;
+                the message names the splits' ranges.
+        """
+        if isinstance(task, bool) or not isinstance(task, (int, np.integer, float, str)):
+            raise KeyError(f"{self.env_id}: task id must be an integer, got {task!r}")
+        try:
+            as_int = int(task)
+            if isinstance(task, float) and task != as_int:
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            raise KeyError(f"{self.env_id}: task id must be an integer, got {task!r}") from None
+        if any(as_int in ids for ids in self.splits.values()):
+            return as_int
+
+        def describe(ids: Sequence[int]) -> str:
+            if isinstance(ids, range) and ids.step == 1:
+                return f"{ids.start}..{ids.stop - 1}" if len(ids) else "none"
+            return f"{len(ids)} ids" + (f", {min(ids)}..{max(ids)}" if len(ids) else "")
+        known = "; ".join(f"{name}: {describe(ids)}" for name, ids in self.splits.items())
+        raise KeyError(f"{self.env_id}: {as_int} is not a task id of this env ({known})")
+
     # ---- protocol -------------------------------------------------------------------------------
     def task_ids(self, split: str) -> Sequence[int]:
         """Task ids of ``split`` (``"train"`` or ``"eval"``). Raises ``KeyError`` for another split."""
@@ -386,11 +413,11 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         task = (options or {}).get("task")
         if task is None:
             if seed is not None:
-                task = int(seed)
+                task = seed
             else:
                 train = self.task_ids("train")
                 task = int(train[int(self.np_random.integers(len(train)))])
-        self.task = int(task)
+        self.task = self.check_task(task)
         self._steps = 0
         self._invalid = 0
         self._done = False

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from crl_bench.config import ConfigError
+from crl_bench.config import ConfigError, load_yaml
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,9 @@ def resolve_mixture(spec: str) -> Mixture:
     """Turn ``--mix`` text into a :class:`Mixture`.
 
     Raises:
-        ConfigError: empty spec, unreadable file, bad weight.  Unknown env ids are reported when the
-            envs are created (the registry names the known ones).
+        ConfigError: empty spec; a file that is missing, binary, not YAML or not a mapping; bad
+            weight.  Unknown env ids are reported when the envs are created (the registry names
+            the known ones).
     """
     spec = spec.strip()
     if not spec:
@@ -60,9 +61,7 @@ def resolve_mixture(spec: str) -> Mixture:
         return _from_mapping(spec, data.get("envs"))
     if spec.endswith((".yaml", ".yml")):
         p = Path(spec)
-        if not p.is_file():
-            raise ConfigError(f"mixture file {spec!r} does not exist")
-        data = yaml.safe_load(p.read_text()) or {}
+        data = load_yaml(p, "mixture file")
         return _from_mapping(p.stem, data.get("envs"))
     envs: dict[str, float] = {}
     for part in spec.split(","):

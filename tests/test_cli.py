@@ -166,3 +166,72 @@ def test_flags_resolve_into_config():
     cfg = resolve_config(args)
     assert cfg.method == "static" and cfg.extractor.model == "some/model" and cfg.model.name == "a/b"
     assert cfg.train.seed == 3 and cfg.experience.k == 2 and cfg.rollout.mix == "sokoban"
+
+
+# ------------------------------------------------------------------- bad input: exit 2, nothing written
+def _bad_inputs(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("envs: [minihack-room\n")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- minihack-room\n- sokoban\n")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    out = str(tmp_path / "runs")
+    base = ["run", "--method", "grpo", "--preset", "smoke", "--output-dir", out]
+    return {
+        "mixture not YAML": (base + ["--mix", str(bad)], "not valid YAML"),
+        "mixture binary": (base + ["--mix", str(binary)], "not a text"),
+        "mixture a list": (base + ["--mix", str(listing)], "must hold a mapping"),
+        "--set not YAML": (base + ["--mix", "minihack-room", "--set", "train.steps=[1"], "train.steps"),
+        "binary --config": (base + ["--mix", "minihack-room", "--config", str(binary)], "not a text"),
+        "list --config": (base + ["--mix", "minihack-room", "--config", str(listing)], "must hold a mapping"),
+        "--model missing folder": (base + ["--mix", "minihack-room", "--model", str(tmp_path / "nowhere")],
+                                   "does not exist"),
+        "--output-dir under a file": (["run", "--method", "grpo", "--preset", "smoke", "--mix", "minihack-room",
+                                       "--output-dir", str(a_file / "runs")], "cannot be created"),
+        "play sokoban task -5": (["envs", "play", "sokoban", "--task", "-5"], "-5 is not a task id"),
+        "play minihack task -5": (["envs", "play", "minihack-room", "--task", "-5"], "-5 is not a task id"),
+        "play alfworld-free task": (["envs", "play", "sokoban", "--task", "99999999"], "not a task id"),
+    }
+
+
+def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """Each of these was a raw traceback (exit 1) or, for minihack --task -5, silently accepted."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    for name, (argv, needle) in _bad_inputs(tmp_path).items():
+        capsys.readouterr()
+        assert main(argv) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("crl-bench: error:") and needle in err, (name, err)
+        assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()          # no run folder, not even the output folder
+
+
+def test_envs_play_with_stdin_closed(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", None)
+    assert main(["envs", "play", "minihack-room"]) == 2
+    assert "standard input" in capsys.readouterr().err
+    closed = io.StringIO("north\n")
+    closed.close()
+    monkeypatch.setattr("sys.stdin", closed)
+    assert main(["envs", "play", "minihack-room"]) == 2
+
+
+def test_task_ids_are_validated_the_same_way_everywhere():
+    import pytest
+
+    from crl_bench.env_api import make_env
+
+    for env_id in ("sokoban", "minihack-room"):
+        env = make_env(env_id)
+        for bad in (-5, 2 ** 40, 1.5, True, "x", None, [1]):
+            with pytest.raises(KeyError, match="task id"):
+                env.check_task(bad)
+        assert env.check_task(3) == 3 and env.check_task(3.0) == 3
+        eval_id = env.task_ids("eval")[0]
+        assert env.check_task(eval_id) == eval_id
+        env.close()

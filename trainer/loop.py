@@ -441,6 +441,38 @@ def data_checksums(trainer: Trainer) -> dict[str, dict[str, str]]:
             for env_id, files in trainer.data_files.items() if files}
 
 
+def preflight(cfg: RunConfig) -> None:
+    """What can be checked before a run folder is written, so a run that cannot start writes nothing:
+    the mixture resolves, the model names an existing folder or a hub id, and the output folder can be
+    created and written.
+
+    Raises:
+        ModelNotAvailable: a model or extractor folder does not exist.
+        ConfigError: the output folder cannot be created or written (names it and why).
+    """
+    import tempfile
+
+    from crl_bench.config import ConfigError
+    from crl_bench.llm.default_model import check_model_name
+
+    resolve_mixture(cfg.rollout.mix)            # a mixture file that is missing or malformed
+    check_model_name(cfg.model.name)
+    if cfg.extractor.model != "same":
+        check_model_name(cfg.extractor.model)
+    out = Path(cfg.output_dir)
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"output folder {str(out)!r} cannot be created: {str(existing)!r} is a file")
+    try:
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".crl-write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"output folder {str(out)!r} cannot be written ({str(existing)!r}: "
+                          f"{e.strerror or e})") from None
+
+
 def run_training(cfg: RunConfig, quiet: bool = False) -> str:
     """``crl-bench run``: train for ``cfg.train.steps`` steps, evaluate, write the run folder.
 
@@ -458,6 +490,8 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
         hf_logging.disable_progress_bar()
     if not cfg.run_id:
         cfg.run_id = make_run_id(cfg.method, cfg.rollout.mix, cfg.train.seed)
+    preflight(cfg)
+    created = [p for p in [Path(cfg.output_dir), *Path(cfg.output_dir).parents] if not p.exists()]
     writer = RunWriter(cfg.output_dir, cfg.run_id)
     trainer: Trainer | None = None
     try:
@@ -475,8 +509,13 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
         if trainer is not None:
             trainer.close()
             trainer = None
-        if not started:
+        if not started:                 # a run that never started leaves nothing behind
             shutil.rmtree(writer.dir, ignore_errors=True)
+            for folder in created:      # innermost first: the output folders made for it, if still empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
         raise
     finally:
         writer.close()

@@ -102,4 +102,26 @@ def resolve_model(name: str) -> str:
     """
     if name in ALIASES:
         return str(prepare_default_model())
+    check_model_name(name)
     return name
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a ``--model`` value is meant as a local folder rather than a hub id
+    (``namespace/name``): absolute, ``.``/``~``-relative, or with more than one separator."""
+    return name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1
+
+
+def check_model_name(name: str) -> None:
+    """Cheap check before anything is written: a ``--model`` that names a local folder must exist.
+
+    Raises:
+        ModelNotAvailable: the folder does not exist (before, transformers answered "Repo id must be
+            in the form 'repo_name' or 'namespace/repo_name'").
+    """
+    if name in ALIASES:
+        return
+    if looks_like_path(name) and not Path(name).expanduser().is_dir():
+        raise ModelNotAvailable(f"model folder {name!r} does not exist (a --model is a folder with a "
+                                "transformers checkpoint, a Hugging Face id namespace/name, or the default "
+                                "alias 'default')")

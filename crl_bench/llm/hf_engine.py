@@ -74,13 +74,14 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
         ``(model, tokenizer)``; the tokenizer has a pad token and pads on the left.
 
     Raises:
-        ModelNotAvailable: the default model's package is missing.
+        ModelNotAvailable: the default model's package is missing, a model folder does not exist, or
+            transformers cannot find the model (a hub id not cached on an offline machine).
         ValueError: unknown dtype, the tokenizer has no chat template, or an adapter config names no
             base model.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from crl_bench.llm.default_model import resolve_model
+    from crl_bench.llm.default_model import ModelNotAvailable, resolve_model
 
     from crl_bench.llm.precision import resolve_dtype
 
@@ -88,7 +89,10 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
     dtype = resolve_dtype(dtype, device)
     path = resolve_model(name)
     adapter = Path(path).is_dir() and (Path(path) / "adapter_config.json").is_file()
-    tok = AutoTokenizer.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as e:      # no such hub id, not cached and offline, or a folder without a tokenizer
+        raise ModelNotAvailable(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
     if not tok.chat_template:
         raise ValueError(f"tokenizer of {name!r} has no chat template; crl-bench builds chat prompts")
     if tok.pad_token_id is None:

@@ -358,7 +358,7 @@ def cmd_swe(args: argparse.Namespace) -> int:
         env = trainer.pool.acquire(args.env)
         trainer.pool.release(args.env, env)
         res = run_filter(lambda specs: trainer.runner.collect(specs, trainer.sampling), env, args.env, args.k,
-                         args.low, args.high, out, cfg.model.name, per_call=args.per_call,
+                         args.low, args.high, out, cfg.model.name, per_call=args.per_call, retries=args.retries,
                          progress=not args.quiet)
     except FilterStateError as e:
         raise ConfigError(str(e)) from None
@@ -511,6 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--tasks", help="only these instance ids (a task-list file)")
     fl.add_argument("--max-steps", type=int, help="tool calls per episode")
     fl.add_argument("--per-call", type=int, default=16, help="episodes rolled out at once")
+    fl.add_argument("--retries", type=int, default=3,
+                    help="rounds replaying episodes lost to infrastructure errors (default 3)")
     fl.add_argument("--out", help="result file (default results/swe_filter/<model>-k<k>.json); "
                                   "samples are kept beside it and a rerun resumes")
     fl.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -141,9 +141,68 @@ def test_no_network_non_root_and_limits(make_env, client):
     o, *_ = env.step(call("bash", command=probe))
     assert "REACHED" not in o and o.count("blocked") == 2 and "no-dns" in o
     o, *_ = env.step(call("bash", command="id -u; touch /etc/x 2>&1 | tail -1"))
-    assert "\n1000\n" in o + "\n" and "Permission denied" in o
+    uid = env.sb.agent_uid          # a UID of its own per container (per-user kernel limits per sandbox)
+    assert uid >= 20000 and f"\n{uid}\n" in o + "\n" and "Permission denied" in o
     o, *_ = env.step(call("bash", command="head -c 200000 /dev/zero | tr '\\0' x"))
     assert "characters truncated" in o and len(o) < 9000
+
+
+def _agent_processes(env) -> int:
+    r = env.sb.exec(f"ps -e -o uid= | grep -c '^ *{env.sb.uid}$' || true", user="root")
+    return int(r.output.strip().splitlines()[-1])
+
+
+def test_no_process_outlives_its_command(make_env):
+    """A fork bomb or a nohup busy loop used to survive its command (~950 processes at the pid limit,
+    full CPU quota, every later command "fork failed"); now they are killed after the command, the
+    observation says so, and the next command runs."""
+    env = make_env(cpus=0.5, command_timeout_s=5)
+    env.reset(options={"task": 0})
+    o, *_ = env.step(call("bash", command=":(){ :|:& };:"))
+    assert "left running were killed" in o, o
+    assert _agent_processes(env) == 0
+    o, *_ = env.step(call("bash", command="echo still-works; ls /testbed | head -1"))
+    assert "still-works" in o and "fork" not in o and "left running" not in o
+    o, *_ = env.step(call("bash", command="nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & echo started"))
+    assert "started" in o and "1 process(es) this command left running were killed" in o
+    assert _agent_processes(env) == 0
+
+
+def test_disk_quota_bounds_what_the_agent_writes(make_env):
+    """A 2 GiB dd used to write through to the host's disk: each file is capped at disk_mb, and the
+    writable layer's growth past disk_mb stops the command."""
+    env = make_env(disk_mb=32, command_timeout_s=30)
+    env.reset(options={"task": 0})
+    o, *_ = env.step(call("bash", command="dd if=/dev/zero of=/tmp/big bs=1M count=200 2>/dev/null; "
+                                          "stat -c %s /tmp/big"))
+    assert "File size limit exceeded" in o, o                   # dd was stopped by RLIMIT_FSIZE
+    assert int(o.strip().splitlines()[-1]) == 32 << 20
+    o, *_ = env.step(call("bash", command="for i in 1 2 3 4; do head -c 20M /dev/zero > /tmp/f$i; done; echo wrote"))
+    assert "disk quota" in o, o
+    o, *_ = env.step(call("bash", command="rm -f /tmp/big /tmp/f*; echo cleaned"))
+    assert "cleaned" in o
+
+
+def test_grading_container_has_no_network(make_env, monkeypatch):
+    """The agent's patch runs as root in the grading container: it used to have the network."""
+    from crl_bench.envs.swebench import env as env_mod
+
+    seen = []
+    original = env_mod.SWEBenchEnv._new_sandbox
+
+    def spy(self, inst, network, non_root):
+        sb = original(self, inst, network, non_root)
+        host = sb.client.api.inspect_container(sb.container.id)["HostConfig"]
+        seen.append((non_root, host["NetworkMode"]))
+        return sb
+
+    monkeypatch.setattr(env_mod.SWEBenchEnv, "_new_sandbox", spy)
+    env = make_env()
+    env.reset(options={"task": 0})
+    env.step(FIX)
+    *_, info = env.step(call("submit"))
+    assert info["success"]                              # the offline grading still resolves the fix
+    assert seen == [(True, "none"), (False, "none")]
 
 
 def test_malformed_call_is_an_invalid_action_fed_back(make_env):

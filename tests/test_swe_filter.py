@@ -121,3 +121,37 @@ def test_filter_command_runs_with_the_default_model(instances, tmp_path):
     assert res["samples"] == {INSTANCE_ID: 2} and res["model"] == "smollm2-135m-instruct"
     assert res["pass_rates"] == {INSTANCE_ID: 0.0} and res["kept"] == []
     assert f"kept 0 of 1 instances" in p.stdout
+
+
+def test_infrastructure_failures_are_retried_to_k_samples(tmp_path):
+    """An episode lost to an infrastructure error (seen under load in CI: a pass rate over 1 sample of
+    2) is played again in the same run, so every pass rate is over k samples; retries are bounded."""
+    from types import SimpleNamespace
+
+    from crl_bench.rollout import Trajectory
+
+    env = SimpleNamespace(train_instances=[SimpleNamespace(instance_id=f"i{n}") for n in range(3)])
+    calls = []
+
+    def flaky(fail_first: int):
+        def collect(specs):
+            out = []
+            for spec in specs:
+                calls.append(spec.task)
+                lost = len(calls) <= fail_first
+                out.append(Trajectory(env_id=spec.env_id, task=spec.task, group_id=spec.group_id, subgroup="free",
+                                      success=spec.task == 0,
+                                      steps=1, error="container did not start" if lost else None))
+            return out
+        return collect
+
+    res = run_filter(flaky(4), env, "swebench-verified", k=2, low=0, high=0.8, out=tmp_path / "a.json",
+                     model="m", per_call=4, progress=False)
+    assert res["samples"] == {"i0": 2, "i1": 2, "i2": 2} and res["incomplete"] == []
+    assert res["env_errors"] == 4 and res["retried"] == 4 and len(calls) == 10
+    assert res["pass_rates"] == {"i0": 1.0, "i1": 0.0, "i2": 0.0}
+
+    calls.clear()                                    # an env that never works: bounded, reported
+    res = run_filter(flaky(10 ** 6), env, "swebench-verified", k=2, low=0, high=0.8, out=tmp_path / "b.json",
+                     model="m", per_call=4, progress=False, retries=2)
+    assert len(calls) == 6 * 3 and res["incomplete"] == ["i0", "i1", "i2"] and res["kept"] == []

@@ -59,13 +59,17 @@ class SWEBenchEnv(TextEnv):
         eval_task_list: ids to evaluate on (default: the training list).
         workdir: the working tree in the image (``/testbed`` in swebench images).
         network: give the agent's container network access (default off).
-        memory_mb, cpus, pids: container limits. command_timeout_s: per bash command, seconds.
+        memory_mb, cpus, pids, disk_mb: container limits (disk_mb: how much its files may grow; see
+            :mod:`.sandbox`). command_timeout_s: per bash command, seconds.
         max_output_chars: tool output kept per turn. non_root: run the agent as the ``agent`` user.
         pull: try pulling missing images. recipe_dir: a swebench task repository to build images from.
         check_images: at creation, fail unless at least one instance image can be obtained.
         grade_in: ``"fresh"`` (default, swebench's way: apply the diff in a new container) or ``"same"``
             (run the eval script in the agent's container). grade_network: network for the grading
-            container (default on, as swebench's harness). eval_timeout_s: eval script limit.
+            container (default off: the agent's patch runs there as root, and swebench images carry
+            their environment; the eval script's ``pip install -e .`` then rebuilds from what the
+            image holds or fails fast and the image's editable install is tested). eval_timeout_s:
+            eval script limit.
         grade_empty_patch: run the tests even when the agent changed nothing (default off: reward 0).
         max_issue_chars: the issue text shown is cut to this many characters.
         prefill: text that opens each reply (steers a small model into the tool-call format).
@@ -87,9 +91,10 @@ class SWEBenchEnv(TextEnv):
     def __init__(self, max_steps: int = 50, instances: str | None = None, data_dir: str | None = None,
                  task_list: str | None = None, eval_task_list: str | None = None, workdir: str = "/testbed",
                  network: bool = False, memory_mb: int = 4096, cpus: float = 2.0, pids: int = 1024,
+                 disk_mb: int = 4096,
                  command_timeout_s: float = 120.0, max_output_chars: int = 8000, non_root: bool = True,
                  pull: bool = True, recipe_dir: str | None = None, check_images: bool = True,
-                 grade_in: str = "fresh", grade_network: bool = True, eval_timeout_s: float = 1800.0,
+                 grade_in: str = "fresh", grade_network: bool = False, eval_timeout_s: float = 1800.0,
                  grade_empty_patch: bool = False, max_issue_chars: int = 6000,
                  prefill: str = '<tool_call>{"name": "', min_new_tokens: int = 384,
                  render_mode: str | None = "ansi") -> None:
@@ -111,7 +116,7 @@ class SWEBenchEnv(TextEnv):
         self.splits = {"train": range(len(self.train_instances)),
                        "eval": range(EVAL_OFFSET, EVAL_OFFSET + len(self.eval_instances))}
         self.workdir = workdir
-        self.sandbox_kw = dict(workdir=workdir, memory_mb=memory_mb, cpus=cpus, pids=pids,
+        self.sandbox_kw = dict(workdir=workdir, memory_mb=memory_mb, cpus=cpus, pids=pids, disk_mb=disk_mb,
                                command_timeout_s=command_timeout_s, max_output_chars=max_output_chars)
         self.non_root, self.network = non_root, network
         self.pull, self.recipe_dir = pull, recipe_dir
@@ -235,7 +240,8 @@ class SWEBenchEnv(TextEnv):
                 head = f"bash: the command ran past {self.sb.command_timeout_s:g} s and was killed"
             else:
                 head = f"bash: exit code {r.exit_code}"
-            return False, f"{head}\n{r.output if r.output.strip() else '(no output)'}"
+            notes = "".join(f"\n{n}" for n in r.notes)
+            return False, f"{head}\n{r.output if r.output.strip() else '(no output)'}{notes}"
         args = dict(call.args)
         command, path = args.pop("command"), args.pop("path")
         try:

@@ -7,9 +7,20 @@ Everything goes through the Docker Engine API (the ``docker`` SDK), never the ``
 * resource limits: memory (``memory_mb``, swap included), CPUs (``cpus``), processes (``pids``);
 * ``no-new-privileges`` and an init process (reaps zombies, forwards signals);
 * the agent's commands run as a non-root user (``agent``, created at start and given the working tree)
-  where the image allows it (``useradd`` present), else as root with a warning;
+  where the image allows it (``useradd`` present), else as root with a warning; the user gets a UID of
+  its own per container (derived from the container name), so per-user kernel limits are per sandbox;
 * a per-command timeout: the command runs under coreutils ``timeout`` (its whole process group is
   killed), with a host-side watchdog that kills every process of the agent user if even that hangs;
+* **no process outlives its command**: after each agent command every process of the agent user still
+  running (a ``nohup`` or ``&`` job, a fork bomb) is killed and the observation says how many. Agent
+  commands run with ``ulimit -u pids - 32`` (RLIMIT_NPROC, hard), so a fork bomb cannot take the last
+  process slots: root always has room to clean up;
+* **disk**: overlay2 on ext4 (the usual Docker setup) cannot cap a container's size (``--storage-opt
+  size`` needs xfs with project quotas), so the writable layer is bounded another way: every file an
+  agent command writes is capped at ``disk_mb`` (``ulimit -f``, the write fails with "File size limit
+  exceeded"), and the layer's growth since the start (``SizeRw``) is polled every 2 s while an agent
+  command runs and after it: past ``disk_mb`` the command's processes are killed and the observation
+  says so. A burst between two polls can overshoot by what one process writes in 2 s;
 * output truncated to ``max_output_chars`` (head and tail kept, the middle elided and counted), and
   never more than ``8 * max_output_chars`` bytes held in memory while reading;
 * labels naming the owning process, so :func:`reap_orphans` removes containers whose owner died without
@@ -33,6 +44,7 @@ import tarfile
 import threading
 import time
 import weakref
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +59,27 @@ LABEL = "crl-bench.sandbox"
 LABEL_PID = "crl-bench.owner-pid"
 LABEL_HOST = "crl-bench.owner-host"
 AGENT_USER = "agent"
+AGENT_UID_RANGE = (20000, 60000)      # the agent's UID is drawn from here per container (by name)
+ROOT_PID_RESERVE = 32                 # process slots the agent user cannot take (cleanup runs as root)
+DISK_POLL_S = 2.0                     # seconds between writable-layer size checks during a command
+
+# kill every live (non-zombie) process of one UID, in rounds until none is left (a fork bomb forks
+# between rounds; a killed process can still be listed until it has exited); bash builtins only, so it
+# needs no free process slot per victim; prints how many distinct processes were killed
+_REAP = r"""uid=%d; declare -A seen
+for ((round=0; round<200; round++)); do
+  pids=()
+  for d in /proc/[0-9]*; do
+    state=; while read -r k v _; do
+      case "$k" in State:) state=$v ;; Uid:) [ "$v" = "$uid" ] && [ "$state" != Z ] && pids+=("${d#/proc/}"); break ;; esac
+    done 2>/dev/null < "$d/status"
+  done
+  [ ${#pids[@]} -eq 0 ] && break
+  kill -KILL "${pids[@]}" 2>/dev/null
+  for p in "${pids[@]}"; do seen[$p]=1; done
+done
+echo "${#seen[@]}"
+"""
 
 
 class SandboxError(RuntimeError):
@@ -98,6 +131,10 @@ class ExecResult:
         timed_out: the command was killed at its timeout.
         truncated: characters were elided from the middle of ``output``.
         seconds: wall time.
+        notes: what the sandbox did after or during the command, for the agent to read (processes it
+            left behind that were killed, the disk quota stopping it).
+        leftovers_killed: processes of the agent user still running after the command, killed.
+        disk_exceeded: the writable layer grew past ``disk_mb`` during or by the command.
     """
 
     output: str
@@ -105,6 +142,9 @@ class ExecResult:
     timed_out: bool
     truncated: bool
     seconds: float
+    notes: tuple[str, ...] = ()
+    leftovers_killed: int = 0
+    disk_exceeded: bool = False
 
 
 def truncate_middle(text: str, limit: int) -> tuple[str, bool]:
@@ -174,7 +214,11 @@ class DockerSandbox:
         workdir: the working tree inside the image (``/testbed`` in swebench images).
         client: a ``docker.DockerClient`` (default :func:`docker_client`).
         network: give the container the default bridge network (default: none at all).
-        memory_mb: memory limit in MiB (swap included); cpus: CPU quota in cores; pids: process limit.
+        memory_mb: memory limit in MiB (swap included); cpus: CPU quota in cores; pids: process limit
+            (the agent user may hold ``pids - 32``).
+        disk_mb: how much the container's files may grow (MiB) through agent commands: each file is
+            capped at this size and the writable layer is checked during and after each command
+            (module docstring); 0 turns the check off.
         command_timeout_s: default per-command timeout in seconds.
         max_output_chars: output kept per command (head and tail).
         non_root: run agent commands as the ``agent`` user when the image allows it.
@@ -188,17 +232,18 @@ class DockerSandbox:
     _count_lock = threading.Lock()
 
     def __init__(self, image: str, workdir: str = "/testbed", client=None, network: bool = False,
-                 memory_mb: int = 4096, cpus: float = 2.0, pids: int = 1024,
+                 memory_mb: int = 4096, cpus: float = 2.0, pids: int = 1024, disk_mb: int = 4096,
                  command_timeout_s: float = 120.0, max_output_chars: int = 10_000, non_root: bool = True,
                  name_prefix: str = "crl-swe") -> None:
-        if command_timeout_s <= 0 or max_output_chars < 100 or memory_mb < 64 or cpus <= 0 or pids < 16:
-            raise ValueError("sandbox: need command_timeout_s > 0, max_output_chars >= 100, memory_mb >= 64, "
-                             "cpus > 0, pids >= 16")
+        if (command_timeout_s <= 0 or max_output_chars < 100 or memory_mb < 64 or cpus <= 0
+                or pids < 2 * ROOT_PID_RESERVE or disk_mb < 0):
+            raise ValueError(f"sandbox: need command_timeout_s > 0, max_output_chars >= 100, memory_mb >= 64, "
+                             f"cpus > 0, pids >= {2 * ROOT_PID_RESERVE}, disk_mb >= 0")
         self.image = image
         self.workdir = posixpath.normpath(workdir)
         self.client = client
         self.network = bool(network)
-        self.memory_mb, self.cpus, self.pids = int(memory_mb), float(cpus), int(pids)
+        self.memory_mb, self.cpus, self.pids, self.disk_mb = int(memory_mb), float(cpus), int(pids), int(disk_mb)
         self.command_timeout_s = float(command_timeout_s)
         self.max_output_chars = int(max_output_chars)
         self.want_non_root = bool(non_root)
@@ -209,6 +254,7 @@ class DockerSandbox:
         self.container = None
         self.user = "root"
         self.uid, self.gid = 0, 0
+        self._disk_base: int | None = None     # writable-layer size (bytes) once the sandbox was set up
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> "DockerSandbox":
@@ -227,6 +273,7 @@ class DockerSandbox:
             security_opt=["no-new-privileges"], environment={"PIP_NO_INPUT": "1", "PAGER": "cat"})
         if not self.network:
             kwargs["network_mode"] = "none"
+            kwargs["environment"]["PIP_NO_INDEX"] = "1"      # pip fails at once instead of retrying
         try:
             self.container = self.client.containers.run(self.image, **kwargs)
         except Exception as e:  # noqa: BLE001 - docker.errors.* and requests errors alike
@@ -235,16 +282,29 @@ class DockerSandbox:
         _LIVE.add(self)
         try:
             self._setup_user()
+            if self.disk_mb:
+                self._disk_base = self.disk_usage()
         except Exception:
             self.close()
             raise
         return self
 
+    @property
+    def agent_uid(self) -> int:
+        """The UID the agent user gets in this container (stable per container name)."""
+        lo, hi = AGENT_UID_RANGE
+        return lo + zlib.crc32(self.name.encode()) % (hi - lo)
+
     def _setup_user(self) -> None:
         if not self.want_non_root:
             return
-        script = (f"id -u {AGENT_USER} >/dev/null 2>&1 || useradd -m -s /bin/bash {AGENT_USER} "
-                  f"|| exit 3; chown -R {AGENT_USER}: {shlex.quote(self.workdir)} || exit 4; "
+        uid = self.agent_uid
+        # an image's own agent user is moved to this container's UID (usermod keeps its home's files);
+        # a UID of its own makes RLIMIT_NPROC, which the kernel counts per UID, a per-sandbox limit
+        script = (f"if id -u {AGENT_USER} >/dev/null 2>&1; then usermod -u {uid} {AGENT_USER} 2>/dev/null; "
+                  f"else useradd -m -u {uid} -s /bin/bash {AGENT_USER} 2>/dev/null || "
+                  f"useradd -m -s /bin/bash {AGENT_USER} || exit 3; fi; "
+                  f"chown -R {AGENT_USER}: {shlex.quote(self.workdir)} || exit 4; "
                   f"git config --system --add safe.directory '*' 2>/dev/null; "
                   f"id -u {AGENT_USER}; id -g {AGENT_USER}")
         r = self.exec(script, user="root", timeout_s=600)
@@ -301,6 +361,13 @@ class DockerSandbox:
         timeout = float(timeout_s if timeout_s is not None else self.command_timeout_s)
         user = user or self.user
         api = self.client.api
+        agent = user != "root"
+        if agent:           # hard limits the command cannot raise: process slots, size of any one file
+            # (a hard limit already lower than these stays: the error is then harmless and hidden)
+            limits = f"ulimit -u {self.pids - ROOT_PID_RESERVE} 2>/dev/null"
+            if self.disk_mb:
+                limits += f"; ulimit -f {self.disk_mb * 1024} 2>/dev/null"
+            command = f"{limits}\n{command}"
         argv = ["timeout", "-k", "5", f"{timeout:g}", "bash", "-c", command]
         t0 = time.perf_counter()
         try:
@@ -331,7 +398,16 @@ class DockerSandbox:
 
         th = threading.Thread(target=pump, daemon=True)
         th.start()
-        th.join(timeout + 15)
+        watch_disk = agent and self.disk_mb and self._disk_base is not None
+        disk_exceeded = False
+        deadline = time.monotonic() + timeout + 15
+        while th.is_alive() and time.monotonic() < deadline:
+            th.join(min(DISK_POLL_S, max(0.0, deadline - time.monotonic())) if watch_disk else
+                    max(0.0, deadline - time.monotonic()))
+            if watch_disk and th.is_alive() and self._over_disk_quota():
+                disk_exceeded = True
+                self._kill_user_processes(user, exec_id)
+                th.join(10)
         watchdog = th.is_alive()
         if watchdog:                      # timeout(1) could not end it: kill the user's processes
             self._kill_user_processes(user, exec_id)
@@ -351,13 +427,48 @@ class DockerSandbox:
         timed_out = watchdog or code in (124, 137) and seconds >= timeout - 0.5
         if err and not self.alive:
             raise SandboxError(f"sandbox {self.name}: the container died ({err[0]})")
-        return ExecResult(text, code, bool(timed_out), truncated, seconds)
+        notes: list[str] = []
+        killed = 0
+        if agent:
+            killed = self.kill_leftovers()
+            if killed:
+                notes.append(f"[sandbox: {killed} process(es) this command left running were killed; a command "
+                             "may not leave processes behind (no background jobs, nohup or daemons)]")
+            if watch_disk and not disk_exceeded and self._over_disk_quota():
+                disk_exceeded = True
+        if disk_exceeded:
+            notes.append(f"[sandbox: the container's files grew past the {self.disk_mb} MiB disk quota; the "
+                         "command was stopped. Delete what you wrote to free space]")
+        return ExecResult(text, code, bool(timed_out), truncated, seconds, tuple(notes), killed, disk_exceeded)
+
+    def kill_leftovers(self) -> int:
+        """Kill every process of the agent user (run after each agent command: none may outlive it);
+        returns how many were killed (0 when the sandbox runs commands as root)."""
+        if self.user == "root" or self.container is None:
+            return 0
+        r = self.exec(_REAP % self.uid, user="root", timeout_s=60)
+        last = r.output.strip().splitlines()[-1:] or ["0"]
+        return int(last[0]) if last[0].isdigit() else 0
+
+    def disk_usage(self) -> int:
+        """Bytes in the container's writable layer (Docker's ``SizeRw``). Raises SandboxError."""
+        try:
+            rows = self.client.api.containers(all=True, size=True, filters={"id": self.container.id})
+        except Exception as e:  # noqa: BLE001
+            raise SandboxError(f"sandbox {self.name}: cannot read the container's size: {e}") from e
+        return int(rows[0].get("SizeRw") or 0) if rows else 0
+
+    def _over_disk_quota(self) -> bool:
+        try:
+            return self.disk_usage() - (self._disk_base or 0) > self.disk_mb * (1 << 20)
+        except SandboxError:
+            return False
 
     def _kill_user_processes(self, user: str, exec_id: str) -> None:
         api = self.client.api
         try:
             if user != "root":
-                self.container.exec_run(["pkill", "-KILL", "-u", user], user="root", detach=True)
+                self.container.exec_run(["bash", "-c", _REAP % self.uid], user="root", detach=True)
             else:
                 pid = api.exec_inspect(exec_id).get("Pid")
                 if pid:

@@ -541,18 +541,27 @@ class HFEngine:
             pad_token_id=pad, eos_token_id=eos, **kwargs, **extra)
         seqs = out.sequences[:, width:].tolist()
         temp = params.temperature if params.temperature > 0 else 1.0
-        raw = torch.stack(out.logits, dim=1).float() / temp            # (B, T, V) unprocessed logits
         gen_ids = out.sequences[:, width:]
-        logp = torch.log_softmax(raw, dim=-1)
-        lps = logp.gather(-1, gen_ids.unsqueeze(-1)).squeeze(-1).tolist()
-        # entropy (nats) of the same unconstrained distribution at each generated position, and of the
-        # distribution each token was drawn from (allowed-reply mask, temperature, top-k/top-p applied)
-        ents = (-(logp.exp() * logp).sum(-1)).tolist()
-        del logp
-        scores = torch.stack(out.scores, dim=1).float()
-        slogp = torch.log_softmax(scores, dim=-1)
-        sents = (-(slogp.exp() * slogp).nan_to_num(0.0).sum(-1)).tolist()
-        del scores, slogp
+        # per generated position t: the token's log-prob under the unprocessed logits at temperature,
+        # the entropy (nats) of that unconstrained distribution, and the entropy of the distribution
+        # the token was drawn from (allowed-reply mask, temperature, top-k/top-p applied). One (B, V)
+        # step at a time, each step's logits released once read: the (B, T, V) float32 stacks this
+        # replaced held several GB for a 128-reply batch.
+        logits, scores = list(out.logits), list(out.scores)
+        out.logits = out.scores = None
+        n_steps = len(logits)
+        lp_t = torch.empty(gen_ids.shape[0], n_steps)
+        ent_t = torch.empty_like(lp_t)
+        sent_t = torch.empty_like(lp_t)
+        for t in range(n_steps):
+            logp = torch.log_softmax(logits[t].float() / temp, dim=-1)              # (B, V)
+            logits[t] = None
+            lp_t[:, t] = logp.gather(-1, gen_ids[:, t:t + 1]).squeeze(-1)
+            ent_t[:, t] = -(logp.exp() * logp).sum(-1)
+            slogp = torch.log_softmax(scores[t].float(), dim=-1)
+            scores[t] = None
+            sent_t[:, t] = -(slogp.exp() * slogp).nan_to_num(0.0).sum(-1)
+        lps, ents, sents = lp_t.tolist(), ent_t.tolist(), sent_t.tolist()
 
         results = []
         for i, seq in enumerate(seqs):

@@ -29,6 +29,7 @@ def test_grpo_step_updates_full_model(tokenizer, tiny_model):
     assert m["episodes"] == 16 and m["step"] == 1
     assert 0.0 < m["success_rate"] < 1.0            # mixed outcomes: there is a learning signal
     assert m["groups_with_signal"] >= 1 and m["optimizer_steps"] == 1
+    assert 0 < m["rss_gb"] <= m["peak_rss_gb"] * 1.01          # resident memory after the step's heap trim
     assert not torch.equal(before, tiny_model.lm_head.weight)
     # advantages are centred within each group
     advs = tr.advantages(res.trajectories)

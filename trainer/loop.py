@@ -326,7 +326,18 @@ class Trainer:
         rss = [e.worker_rss_mb for e in self.pool.idle_envs() if hasattr(e, "worker_rss_mb")]
         if rss:                       # envs in worker processes (ALFWorld): peak resident memory
             m.update(env_workers=len(rss), env_worker_rss_mb_max=max(rss))
+        m.update(self._memory())
         return StepResult(m, trajs)
+
+    @staticmethod
+    def _memory() -> dict[str, float]:
+        """Free heap pages handed back (:func:`~crl_bench.llm.memory.trim_heap`), then this process's
+        resident memory now and at its peak so far (GB): ``rss_gb``, ``peak_rss_gb``."""
+        from crl_bench.llm.memory import peak_rss_gb, rss_gb, trim_heap
+
+        trim_heap()
+        now = rss_gb()
+        return {"peak_rss_gb": round(peak_rss_gb(), 3), **({"rss_gb": round(now, 3)} if now is not None else {})}
 
     # ---- evaluation -------------------------------------------------------------------------------
     @property
@@ -405,6 +416,8 @@ class Trainer:
                    temperature=self.cfg.eval.temperature, tasks=tasks,
                    # guided: how many episodes the bank actually had experience for
                    episodes_with_experience=sum(1 for t in trajs if t.experience_ids))
+        from crl_bench.llm.memory import trim_heap
+        trim_heap()
         return out
 
     def evaluate_all(self, episodes: int | str | None = None, progress: Any = None) -> dict[str, Any]:

@@ -116,6 +116,7 @@ def test_experience_smoke_run(tmp_path, method, capsys):
     assert ev["guided"]["tasks"] == ev["free"]["tasks"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["runs"][0]["eval"]["guided"] is not None and summary["method"] == method
+    capsys.readouterr()
     assert main(["bank", "stats", str(run)]) == 0
     stats_before = capsys.readouterr().out
     assert '"count"' in stats_before
@@ -203,7 +204,7 @@ def test_alfworld_smoke_run_and_eval(tmp_path, capsys):
     rc = main(["eval", "--mix", "alfworld", "--split", "eval", "--episodes", "2", "--preset", "smoke",
                "--quiet", "--out", str(tmp_path / "ev.json")])
     assert rc == 0
-    ev = json.loads((tmp_path / "ev.json").read_text())
+    ev = json.loads((tmp_path / "ev.json").read_text())["free"]     # no bank without --run: free only
     assert ev["episodes"] == 2 and ev["split"] == "eval" and ev["tasks"]["alfworld"] == [10000, 10001]
     assert ev["env_errors"] == 0 and ev["steps_mean"] > 0
 
@@ -228,7 +229,7 @@ def test_webshop_smoke_run_and_eval(tmp_path, capsys):
     rc = main(["eval", "--mix", "webshop", "--episodes", "2", "--preset", "smoke", "--quiet",
                "--out", str(tmp_path / "ev.json")])
     assert rc == 0
-    ev = json.loads((tmp_path / "ev.json").read_text())
+    ev = json.loads((tmp_path / "ev.json").read_text())["free"]
     assert ev["episodes"] == 2 and ev["tasks"]["webshop"] == [0, 1] and ev["env_errors"] == 0
 
 

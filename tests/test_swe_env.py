@@ -148,8 +148,15 @@ def test_no_network_non_root_and_limits(make_env, client):
 
 
 def _agent_processes(env) -> int:
-    r = env.sb.exec(f"ps -e -o uid= | grep -c '^ *{env.sb.uid}$' || true", user="root")
-    return int(r.output.strip().splitlines()[-1])
+    """Live (non-zombie) processes of the agent user. A root exec can find the container briefly busy
+    right after a fork bomb was killed (its processes still exiting): asked again, up to 20 s."""
+    for _ in range(20):
+        r = env.sb.exec("ps -e -o uid=,stat=", user="root")
+        rows = [line.split() for line in r.output.splitlines() if len(line.split()) == 2]
+        if r.exit_code == 0 and rows:
+            return sum(1 for uid, stat in rows if uid == str(env.sb.uid) and not stat.startswith("Z"))
+        time.sleep(1)
+    raise AssertionError(f"ps did not run in the container: {r.exit_code} {r.output[-300:]!r}")
 
 
 def test_no_process_outlives_its_command(make_env):

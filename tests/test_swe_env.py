@@ -175,6 +175,28 @@ def test_no_process_outlives_its_command(make_env):
     assert _agent_processes(env) == 0
 
 
+
+def test_root_command_that_outlives_its_timeout_is_killed(client):
+    """A root command that timeout(1) cannot end (here it stops timeout itself) is ended by the
+    host-side watchdog; that used to pass the exec's host PID to ``kill`` inside the container (another
+    PID namespace): the command ran on, or the container itself was ended (exit 137; how a fork bomb
+    test died in a loaded CI run, when the root clean-up after the bomb outlived its timeout). Now
+    every process carrying the command's marker is killed, and nothing else."""
+    with DockerSandbox(TASK_IMAGE, client=client, command_timeout_s=1) as sb:
+        r = sb.exec("echo started; kill -STOP $PPID; sleep 300", user="root", timeout_s=1)
+        assert "started" in r.output and r.timed_out
+        ps = sb.exec("ps -e -o args=", user="root").output.splitlines()
+        assert not [p for p in ps if p.startswith("sleep 300")], ps
+
+
+def test_a_stopped_container_is_explained(client):
+    """When the container stops under a command, the error says how it ended (not only 'conflict')."""
+    from crl_bench.envs.swebench.sandbox import SandboxError
+    with DockerSandbox(TASK_IMAGE, client=client) as sb:
+        sb.container.kill()
+        with pytest.raises(SandboxError, match=r"the container stopped: status exited, exit code 137"):
+            sb.exec("true")
+
 def test_disk_quota_bounds_what_the_agent_writes(make_env):
     """A 2 GiB dd used to write through to the host's disk: each file is capped at disk_mb, and the
     writable layer's growth past disk_mb stops the command."""

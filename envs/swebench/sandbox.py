@@ -10,11 +10,15 @@ Everything goes through the Docker Engine API (the ``docker`` SDK), never the ``
   where the image allows it (``useradd`` present), else as root with a warning; the user gets a UID of
   its own per container (derived from the container name), so per-user kernel limits are per sandbox;
 * a per-command timeout: the command runs under coreutils ``timeout`` (its whole process group is
-  killed), with a host-side watchdog that kills every process of the agent user if even that hangs;
+  killed), with a host-side watchdog for commands that outlive even that (a child that left the
+  process group and holds the output open): it kills every process of the agent user, or for a root
+  command every process carrying that command's marker in its environment;
 * **no process outlives its command**: after each agent command every process of the agent user still
   running (a ``nohup`` or ``&`` job, a fork bomb) is killed and the observation says how many. Agent
   commands run with ``ulimit -u pids - 32`` (RLIMIT_NPROC, hard), so a fork bomb cannot take the last
-  process slots: root always has room to clean up;
+  process slots: the clean-up always has room to start. It runs as the agent user and ends all its
+  processes with one ``kill -KILL -1`` (repeated while any is listed), so its time does not grow with
+  how many there are or how little CPU the quota leaves;
 * **disk**: overlay2 on ext4 (the usual Docker setup) cannot cap a container's size (``--storage-opt
   size`` needs xfs with project quotas), so the writable layer is bounded another way: every file an
   agent command writes is capped at ``disk_mb`` (``ulimit -f``, the write fails with "File size limit
@@ -43,6 +47,7 @@ import socket
 import tarfile
 import threading
 import time
+import uuid
 import weakref
 import zlib
 from collections import deque
@@ -63,22 +68,39 @@ AGENT_UID_RANGE = (20000, 60000)      # the agent's UID is drawn from here per c
 ROOT_PID_RESERVE = 32                 # process slots the agent user cannot take (cleanup runs as root)
 DISK_POLL_S = 2.0                     # seconds between writable-layer size checks during a command
 
-# kill every live (non-zombie) process of one UID, in rounds until none is left (a fork bomb forks
-# between rounds; a killed process can still be listed until it has exited); bash builtins only, so it
-# needs no free process slot per victim; prints how many distinct processes were killed
-_REAP = r"""uid=%d; declare -A seen
-for ((round=0; round<200; round++)); do
+# kill every live (non-zombie) process of the user that runs it, but itself: ``kill -KILL -1`` signals
+# them all in one system call (a process forking at that moment loses its child), repeated while a scan
+# of /proc still finds one (a killed process is listed until it has exited); bash builtins only, so it
+# needs no free process slot per victim. Run as the agent user: as root, ``kill -1`` would end the
+# container's own processes. Prints how many distinct processes it found.
+_REAP = r"""declare -A seen
+for ((round=0; round<50; round++)); do
+  n=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}; [ "$p" = "$$" ] && continue
+    state=; while read -r k v _; do
+      case "$k" in State:) state=$v ;; Uid:) [ "$v" = "$UID" ] && [ "$state" != Z ] && { seen[$p]=1; n=$((n+1)); }; break ;; esac
+    done 2>/dev/null < "$d/status"
+  done
+  [ $n -eq 0 ] && break
+  kill -KILL -1 2>/dev/null
+done
+echo "${#seen[@]}"
+"""
+
+# kill every process whose environment holds EXEC_MARKER=<token> (one command and all it started, even
+# those that left its process group); used when a root command outlives its timeout
+EXEC_MARKER = "CRL_BENCH_EXEC"
+_KILL_MARKED = r"""m=%s
+for ((round=0; round<20; round++)); do
   pids=()
   for d in /proc/[0-9]*; do
-    state=; while read -r k v _; do
-      case "$k" in State:) state=$v ;; Uid:) [ "$v" = "$uid" ] && [ "$state" != Z ] && pids+=("${d#/proc/}"); break ;; esac
-    done 2>/dev/null < "$d/status"
+    p=${d#/proc/}; [ "$p" = "$$" ] && continue
+    while IFS= read -r -d '' kv; do [ "$kv" = "$m" ] && { pids+=("$p"); break; }; done 2>/dev/null < "$d/environ"
   done
   [ ${#pids[@]} -eq 0 ] && break
   kill -KILL "${pids[@]}" 2>/dev/null
-  for p in "${pids[@]}"; do seen[$p]=1; done
 done
-echo "${#seen[@]}"
 """
 
 
@@ -369,13 +391,15 @@ class DockerSandbox:
                 limits += f"; ulimit -f {self.disk_mb * 1024} 2>/dev/null"
             command = f"{limits}\n{command}"
         argv = ["timeout", "-k", "5", f"{timeout:g}", "bash", "-c", command]
+        marker = f"{EXEC_MARKER}={uuid.uuid4().hex}"     # inherited by all the command starts
         t0 = time.perf_counter()
         try:
             exec_id = api.exec_create(self.container.id, argv, user=user, workdir=workdir or self.workdir,
-                                      environment={"HOME": "/root" if user == "root" else f"/home/{user}"})
+                                      environment={"HOME": "/root" if user == "root" else f"/home/{user}",
+                                                   EXEC_MARKER: marker.split("=", 1)[1]})
             stream = api.exec_start(exec_id, stream=True)
         except Exception as e:  # noqa: BLE001
-            raise SandboxError(f"sandbox {self.name}: exec failed: {e}") from e
+            raise self._failure("exec failed", e) from e
         cap = 8 * self.max_output_chars if truncate else 1 << 30
         head, tail, tail_len, dropped = bytearray(), deque(), [0], [0]
         err: list[BaseException] = []
@@ -406,11 +430,11 @@ class DockerSandbox:
                     max(0.0, deadline - time.monotonic()))
             if watch_disk and th.is_alive() and self._over_disk_quota():
                 disk_exceeded = True
-                self._kill_user_processes(user, exec_id)
+                self._kill_command(user, marker)
                 th.join(10)
         watchdog = th.is_alive()
-        if watchdog:                      # timeout(1) could not end it: kill the user's processes
-            self._kill_user_processes(user, exec_id)
+        if watchdog:                      # timeout(1) could not end it: kill what it started
+            self._kill_command(user, marker)
             th.join(10)
         seconds = time.perf_counter() - t0
         try:
@@ -426,7 +450,7 @@ class DockerSandbox:
             truncated = truncated or cut
         timed_out = watchdog or code in (124, 137) and seconds >= timeout - 0.5
         if err and not self.alive:
-            raise SandboxError(f"sandbox {self.name}: the container died ({err[0]})")
+            raise self._failure("the container died", err[0])
         notes: list[str] = []
         killed = 0
         if agent:
@@ -443,11 +467,22 @@ class DockerSandbox:
 
     def kill_leftovers(self) -> int:
         """Kill every process of the agent user (run after each agent command: none may outlive it);
-        returns how many were killed (0 when the sandbox runs commands as root)."""
+        returns how many were killed (0 when the sandbox runs commands as root).
+
+        The killer runs as the agent user itself (``kill -KILL -1``, see ``_REAP``), outside the
+        command's limits, so one system call ends a fork bomb whatever the CPU quota leaves it.
+
+        Raises:
+            SandboxError: the container is not running or the API call failed.
+        """
         if self.user == "root" or self.container is None:
             return 0
-        r = self.exec(_REAP % self.uid, user="root", timeout_s=60)
-        last = r.output.strip().splitlines()[-1:] or ["0"]
+        try:
+            exec_id = self.client.api.exec_create(self.container.id, ["bash", "-c", _REAP], user=self.user)
+            out = self.client.api.exec_start(exec_id)
+        except Exception as e:  # noqa: BLE001
+            raise self._failure("cleaning up after the command failed", e) from e
+        last = out.decode("utf-8", "replace").strip().splitlines()[-1:] or ["0"]
         return int(last[0]) if last[0].isdigit() else 0
 
     def disk_usage(self) -> int:
@@ -464,17 +499,32 @@ class DockerSandbox:
         except SandboxError:
             return False
 
-    def _kill_user_processes(self, user: str, exec_id: str) -> None:
-        api = self.client.api
+    def _kill_command(self, user: str, marker: str) -> None:
+        """Kill a command that outlived its timeout: an agent command with every process of the agent
+        user, a root command with every process that carries its ``marker`` in its environment (the
+        exec's own PID from the API is a host PID, meaningless inside the container)."""
         try:
             if user != "root":
-                self.container.exec_run(["bash", "-c", _REAP % self.uid], user="root", detach=True)
+                self.container.exec_run(["bash", "-c", _REAP], user=self.user, detach=True)
             else:
-                pid = api.exec_inspect(exec_id).get("Pid")
-                if pid:
-                    self.container.exec_run(["kill", "-KILL", f"-{pid}", str(pid)], user="root", detach=True)
+                self.container.exec_run(["bash", "-c", _KILL_MARKED % shlex.quote(marker)], user="root",
+                                        detach=True)
         except Exception:  # noqa: BLE001 - the container may already be gone
             pass
+
+    def _failure(self, what: str, err: BaseException) -> SandboxError:
+        """A :class:`SandboxError` for ``what`` failing with ``err``, saying why when the container has
+        stopped (its exit code, whether the kernel's OOM killer ended it, Docker's error)."""
+        state = ""
+        try:
+            st = self.client.api.inspect_container(self.container.id)["State"]
+            if not st.get("Running"):
+                state = (f"; the container stopped: status {st.get('Status')}, exit code {st.get('ExitCode')}, "
+                         f"OOM-killed {st.get('OOMKilled')}, error {st.get('Error') or 'none'}, "
+                         f"finished at {st.get('FinishedAt')}")
+        except Exception as e:  # noqa: BLE001 - removed, or the daemon went away
+            state = f"; the container cannot be inspected ({e})"
+        return SandboxError(f"sandbox {self.name}: {what}: {err}{state}")
 
     # ---- files -------------------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes, mode: int = 0o644, owner: tuple[int, int] | None = None) -> None:

@@ -1,9 +1,15 @@
-"""`pip install .` and `pip install -e .` both import correctly from outside the repository."""
+"""`pip install .` and `pip install -e .` both import correctly from outside the repository; the
+metadata carries the license (PEP 639) and the build prints no setuptools warnings (it used to warn
+about ``project.license`` as a TOML table and about presets/, mixtures/ and schemas/ being "absent
+from the packages configuration")."""
 
+import importlib.metadata
+import importlib.resources
 import os
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -63,3 +69,33 @@ def test_editable_install(tmp_path):
     _pip(venv, "-e", str(REPO))
     where = _import_from_outside(venv, tmp_path)
     assert where == str(REPO / "envs" / "sokoban.py")
+
+
+def test_installed_metadata_names_the_license_and_its_file():
+    md = importlib.metadata.metadata("crl-bench")
+    assert md["License-Expression"] == "Apache-2.0"
+    assert "LICENSE" in (md.get_all("License-File") or [])
+    assert (REPO / "LICENSE").read_text().lstrip().startswith("Apache License")
+    assert not any(r.split()[0].startswith("rich") for r in importlib.metadata.requires("crl-bench") or [])
+
+
+def test_typed_marker_and_data_files_are_package_resources():
+    pkg = importlib.resources.files("crl_bench")
+    assert pkg.joinpath("py.typed").is_file()
+    assert {"cpu.yaml", "default.yaml", "paper.yaml", "smoke.yaml"} <= {p.name for p in pkg.joinpath("presets").iterdir()}
+    assert pkg.joinpath("mixtures", "6task.yaml").is_file()
+    assert pkg.joinpath("schemas", "summary.schema.json").is_file()
+
+
+def test_wheel_builds_without_setuptools_warnings(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    for bad in ("deprecated", "absent from the `packages` configuration", "BuildBackendWarning"):
+        assert bad not in out, out[-3000:]
+    (wheel,) = tmp_path.glob("crl_bench-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"crl_bench/py.typed", "crl_bench/presets/cpu.yaml", "crl_bench/mixtures/6task.yaml",
+            "crl_bench/schemas/summary.schema.json", "crl_bench/envs/minihack.py"} <= names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)

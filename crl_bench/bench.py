@@ -24,7 +24,6 @@ from crl_bench.llm.base import SamplingParams
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner
 from crl_bench.trainer.policy import TokenSample
 
-
 ARMS = {
     # name: (episodes per collect call, prefix cache)
     "batched": (None, True),
@@ -48,9 +47,8 @@ def bench_rollout(model: str, env_id: str, n_envs: int, max_steps: int, repeats:
         ``tokens_per_s_ratio_vs_naive`` (batched / sequential-nocache).
     """
     from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
-    from crl_bench.trainer.loop import set_threads
-
     from crl_bench.llm.precision import DTYPES, resolve_dtype
+    from crl_bench.trainer.loop import set_threads
 
     set_threads(threads)
     policy, tok = load_model_and_tokenizer(model)
@@ -343,7 +341,8 @@ def main(args: argparse.Namespace) -> int:
             print(format_result(bench_alfworld(workers=args.workers, episodes=args.episodes or 8)))
             ids = [e for e in ids if e != "alfworld"]
         if "webshop" in ids:
-            from crl_bench.bench_webshop import bench_webshop, format_result as format_webshop
+            from crl_bench.bench_webshop import bench_webshop
+            from crl_bench.bench_webshop import format_result as format_webshop
 
             print(format_webshop(bench_webshop(episodes=args.episodes or 200)))
             ids = [e for e in ids if e != "webshop"]

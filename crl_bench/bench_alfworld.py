@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from crl_bench.env_api import make_env
 

@@ -36,7 +36,8 @@ import argparse
 import json
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -75,8 +75,9 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

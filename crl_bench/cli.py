@@ -24,13 +24,14 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from crl_bench.data import ChecksumError, DataMissingError
-from crl_bench.llm.default_model import ModelNotAvailable
-from crl_bench.env_api import EnvUnavailableError
 from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
+from crl_bench.data import ChecksumError, DataMissingError
+from crl_bench.env_api import EnvUnavailableError
+from crl_bench.llm.default_model import ModelNotAvailable
 
 
 def _add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> None:

@@ -30,10 +30,10 @@ import tarfile
 import tempfile
 import urllib.request
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterator
 
 from crl_bench.llm.default_model import cache_dir
 

@@ -26,10 +26,11 @@ import abc
 import importlib.util
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np

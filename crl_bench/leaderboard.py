@@ -33,8 +33,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd

@@ -38,10 +38,10 @@ def register_method(spec: MethodSpec) -> None:
 
 
 def _load_builtin() -> None:
-    import crl_bench.baselines  # noqa: F401  (registers grpo and the static-extractor baseline)
+    import crl_bench.baselines
     if "complementary" not in _METHODS:
         try:
-            import crl_bench.trainer.complementary  # noqa: F401  (registers complementary)
+            import crl_bench.trainer.complementary  # noqa: F401 - imported to register complementary
         except ImportError as e:  # the experience stack's packages are missing
             _unavailable["complementary"] = str(e)
 

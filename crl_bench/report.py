@@ -37,9 +37,10 @@ import os
 import sqlite3
 import time
 import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import yaml
@@ -362,7 +363,6 @@ def _new_figure(nrows: int, ncols: int, w: float = 4.6, h: float = 3.3):
 
 def _save(fig, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-
     from matplotlib.ticker import MaxNLocator
 
     FigureCanvasAgg(fig)

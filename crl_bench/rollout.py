@@ -13,10 +13,10 @@ system prompt (``placement="system"``, released) or in every user message (``"us
 from __future__ import annotations
 
 import dataclasses
-
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from crl_bench.env_api import TextEnv, feedback_of, make_env
 from crl_bench.llm.base import Engine, SamplingParams
@@ -267,7 +267,7 @@ class EnvPool:
             return ready.pop(), True
         return self.acquire(env_id), False
 
-    def prefetch(self, specs: Sequence["EpisodeSpec"]) -> int:
+    def prefetch(self, specs: Sequence[EpisodeSpec]) -> int:
         """Start the resets of ``specs`` whose env sets ``prefetch_resets``; returns how many started.
 
         An env that fails to start its reset is dropped (the later episode resets normally)."""
@@ -420,7 +420,7 @@ class RolloutRunner:
             try:
                 obs[i], _ = envs[i].reset_wait()
                 live.append(i)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
                 self._fail(i, trajs, envs, e)
         if prefetch:
             self.pool.prefetch(prefetch)
@@ -466,12 +466,12 @@ class RolloutRunner:
                 try:
                     envs[i].step_async(reply)
                     sent.append((i, gen, reply))
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
                     self._fail(i, trajs, envs, e)
             for i, gen, reply in sent:
                 try:
                     o, r, term, trunc, info = envs[i].step_wait()
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
                     self._fail(i, trajs, envs, e)
                     continue
                 tr = trajs[i]

@@ -12,13 +12,21 @@ import datetime as dt
 import json
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
 import yaml
 
-from crl_bench.summary import (SCHEMA_VERSION, SummaryError, build_summary, schema_problems, summary_problems,
-                               validate_summary, write_json_atomic)
+from crl_bench.summary import (
+    SCHEMA_VERSION,
+    SummaryError,
+    build_summary,
+    schema_problems,
+    summary_problems,
+    validate_summary,
+    write_json_atomic,
+)
 
 #: Fields of summaries that must be identical for runs to be packed into one submission.
 COMPARABLE_KEYS = ("method", "model", "mix", "eval_protocol")
@@ -201,7 +209,7 @@ def merge_summaries(summaries: Sequence[dict[str, Any]], sources: Sequence[str])
         **{k: first[k] for k in COMPARABLE_KEYS},
         "seeds": [r["seed"] for r in runs], "runs": runs,
         "versions": first["versions"], "data_checksums": checksums,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 
 

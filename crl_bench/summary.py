@@ -29,11 +29,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from datetime import datetime, timezone
-from functools import lru_cache
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import jsonschema
 import yaml
@@ -63,7 +64,7 @@ class SummaryError(ValueError):
 
 
 # ---- schemas -------------------------------------------------------------------------------------
-@lru_cache(maxsize=None)
+@cache
 def _schema_text(name: str) -> str:
     fname = name if name.endswith(".json") else f"{name}.schema.json"
     ref = resources.files("crl_bench").joinpath("schemas", fname)
@@ -397,7 +398,7 @@ def build_summary(run_dir: str | Path) -> dict[str, Any]:
                      "git_commit": versions.get("git_commit"),
                      "packages": {str(k): str(v) for k, v in packages.items()}},
         "data_checksums": data_checksums,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

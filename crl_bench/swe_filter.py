@@ -7,9 +7,9 @@ k) lies in ``(low, high]`` (0 and 0.8), which kept 124 of the 500.
 
 The run is resumable: every finished episode is appended at once to ``<out>.samples.jsonl`` (instance
 id, resolved, steps; episodes that failed for an infrastructure reason are recorded with their error and
-played again, up to ``retries`` rounds in the same run), and a rerun of the same command only plays the samples still missing.  At the end
-``<out>`` holds the per-instance pass rates and the ``kept`` ids; the env's ``task_list`` setting reads
-that file directly.
+played again, up to ``retries`` rounds in the same run), and a rerun of the same command only plays the
+samples still missing.  At the end ``<out>`` holds the per-instance pass rates and the ``kept`` ids;
+the env's ``task_list`` setting reads that file directly.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from crl_bench.rollout import EpisodeSpec, Trajectory
 
@@ -110,7 +111,7 @@ def run_filter(collect: Callable[[list[EpisodeSpec]], list[Trajectory]], env: An
                 chunk = todo[start:start + per_call]
                 specs = [EpisodeSpec(env_id, task, group_id=task) for task, _ in chunk]
                 trajs = collect(specs)
-                for (task, iid), tr in zip(chunk, trajs):
+                for (_task, iid), tr in zip(chunk, trajs):
                     rec = {"instance_id": iid, "resolved": bool(tr.success), "steps": tr.steps}
                     if tr.error:
                         rec["error"] = str(tr.error)[:500]

@@ -23,14 +23,14 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
 
 from crl_bench.config import ConfigError, RunConfig
-
 from crl_bench.data import ChecksumError, DataMissingError
 from crl_bench.env_api import EnvUnavailableError
 

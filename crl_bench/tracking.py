@@ -15,8 +15,9 @@ from __future__ import annotations
 import atexit
 import importlib
 import numbers
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from crl_bench.config import ConfigError, LoggingConfig
 

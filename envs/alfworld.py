@@ -30,13 +30,21 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
-from crl_bench.data import (ALFWORLD_ARCHIVE, ALFWORLD_SPLIT_FILES, AlfWorldTask, DataMissingError,
-                            alfworld_dir, alfworld_games_root, alfworld_tasks,
-                            data_dir as resolve_data_dir)
+from crl_bench.data import (
+    ALFWORLD_ARCHIVE,
+    ALFWORLD_SPLIT_FILES,
+    AlfWorldTask,
+    DataMissingError,
+    alfworld_dir,
+    alfworld_games_root,
+    alfworld_tasks,
+)
+from crl_bench.data import data_dir as resolve_data_dir
 from crl_bench.env_api import TextEnv, data_file_map, require_modules
 
 EVAL_OFFSET = 10_000
@@ -212,7 +220,7 @@ class _Worker:
             self.proc.kill()
         try:
             self.proc.wait(timeout=5)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - best effort on a worker being killed anyway
             pass
         for f in (self.proc.stdin, self.proc.stdout, self.log):
             try:

@@ -71,7 +71,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -80,7 +81,7 @@ from crl_bench.env_api import AnswerParser, TextEnv
 with warnings.catch_warnings():  # minihack imports pkg_resources (deprecated)
     warnings.simplefilter("ignore")
     import gymnasium as gym
-    import minihack  # noqa: F401  (registers the MiniHack-* ids with gymnasium)
+    import minihack  # noqa: F401 - imported to register the MiniHack-* ids with gymnasium)
     from nle import nethack
 
 # ---- actions ------------------------------------------------------------------------------------

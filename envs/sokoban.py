@@ -31,8 +31,9 @@ Grid coordinates are ``(row, col)`` with ``(0, 0)`` the top-left cell; rows grow
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import ClassVar, NamedTuple, Sequence
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 

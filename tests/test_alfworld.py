@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.server
 import json
@@ -190,7 +191,7 @@ def test_missing_data_names_the_download_command(tmp_path, monkeypatch, capsys):
 
 class _Server:
     def __init__(self, root: Path):
-        handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.RequestHandlerClass.log_message = lambda *a, **k: None
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import threading
@@ -11,11 +10,21 @@ import time
 import numpy as np
 import pytest
 
-from crl_bench.experience.bank import (REJECT_ADD_TARGETS, REJECT_BAD_TEXT, REJECT_EMBED_FAILED,
-                                       REJECT_EMPTY_TEXT, REJECT_MERGE_TARGETS, REJECT_TOO_LONG,
-                                       REJECT_UNKNOWN_KIND, REJECT_UNKNOWN_TARGET, REJECT_UPDATE_TARGETS,
-                                       REJECT_WRITE_FAILED, REJECT_WRONG_ENV, REJECTION_REASONS,
-                                       ExperienceBank)
+from crl_bench.experience.bank import (
+    REJECT_ADD_TARGETS,
+    REJECT_BAD_TEXT,
+    REJECT_EMBED_FAILED,
+    REJECT_EMPTY_TEXT,
+    REJECT_MERGE_TARGETS,
+    REJECT_TOO_LONG,
+    REJECT_UNKNOWN_KIND,
+    REJECT_UNKNOWN_TARGET,
+    REJECT_UPDATE_TARGETS,
+    REJECT_WRITE_FAILED,
+    REJECT_WRONG_ENV,
+    REJECTION_REASONS,
+    ExperienceBank,
+)
 from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
 from crl_bench.experience.locks import RWLock
 from crl_bench.experience.retrieval import Retriever
@@ -109,7 +118,7 @@ def test_sentence_embedder_cache_lru_and_threads():
                 t = [rng.choice("abcdefg") * rng.randint(1, 3) for _ in range(3)]
                 v = emb.encode(t)
                 np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-6)
-        except Exception as exc:   # pragma: no cover
+        except Exception as exc:  # noqa: BLE001 - a worker thread hands any failure to the test
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
@@ -578,7 +587,7 @@ def test_concurrent_readers_and_writers(tmp_path, kind):
                     counts["writes"] += 1
                     counts["evicted"] += len(res.evicted)
                 time.sleep(0.001)
-        except Exception as exc:  # pragma: no cover
+        except Exception as exc:  # noqa: BLE001 - a worker thread hands any failure to the test
             errors.append(exc)
 
     def reader(seed):
@@ -602,7 +611,7 @@ def test_concurrent_readers_and_writers(tmp_path, kind):
                         if env is not None:
                             assert all(got[i].env_id == env for i in ids)
                 counts["reads"] += 1
-        except Exception as exc:  # pragma: no cover
+        except Exception as exc:  # noqa: BLE001 - a worker thread hands any failure to the test
             errors.append(exc)
 
     threads = [threading.Thread(target=reader, args=(s,), daemon=True) for s in range(8)]
@@ -623,7 +632,7 @@ def test_concurrent_readers_and_writers(tmp_path, kind):
     # replay the acknowledged writes in order
     live: dict[int, str] = {}
     n_merges = n_evictions = 0
-    for env, ops, res in log:
+    for env, _ops, res in log:
         for op, i in res.applied:
             if op.kind == "ADD":
                 assert i not in live

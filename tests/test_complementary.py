@@ -6,13 +6,13 @@ through a scripted engine where they need bank writes; the real-model path is in
 
 import pytest
 import torch
+from tests_helpers import CoinEnv, coin_config
 
 from crl_bench.env_api import register_env
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.types import Operation
 from crl_bench.llm.base import Generation
 from crl_bench.trainer.loop import Trainer
-from tests_helpers import CoinEnv, coin_config
 
 
 class ScriptedEngine:

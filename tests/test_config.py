@@ -99,6 +99,7 @@ def test_logging_config_validation():
         build_config([{"logging": {"backend": ["jsonl"]}}])
     assert build_config([{"logging": {"backends": ["tensorboard", "tensorboard"]}}]).logging.backends == \
         ["tensorboard"]
-    cfg = build_config([parse_override("logging.backends=[jsonl, wandb]"), parse_override("logging.wandb_mode=disabled")])
+    cfg = build_config([parse_override("logging.backends=[jsonl, wandb]"),
+                        parse_override("logging.wandb_mode=disabled")])
     assert cfg.logging.backends == ["jsonl", "wandb"] and cfg.logging.wandb_mode == "disabled"
     assert build_config([parse_override("logging.backends=tensorboard")]).logging.backends == ["tensorboard"]

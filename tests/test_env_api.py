@@ -5,8 +5,16 @@ import sys
 import gymnasium as gym
 import pytest
 
-from crl_bench.env_api import (EnvUnavailableError, TextEnv, data_file_map, list_envs, make_env, register_env,
-                               register_gymnasium, require_modules)
+from crl_bench.env_api import (
+    EnvUnavailableError,
+    TextEnv,
+    data_file_map,
+    list_envs,
+    make_env,
+    register_env,
+    register_gymnasium,
+    require_modules,
+)
 
 
 class _Half(TextEnv):
@@ -84,7 +92,7 @@ def test_missing_alfworld_engine_fails_at_construction(monkeypatch):
 
 def test_missing_module_of_a_plugin_gets_a_generic_message():
     def needs_missing():
-        import crl_bench_no_such_engine_xyz  # noqa: F401
+        import crl_bench_no_such_engine_xyz  # noqa: F401 - the import itself is the test
 
     register_env("test-plugin-missing", lambda **kw: needs_missing())
     with pytest.raises(EnvUnavailableError, match="'crl_bench_no_such_engine_xyz'") as e:
@@ -98,7 +106,7 @@ def test_missing_module_of_a_plugin_gets_a_generic_message():
 def test_a_wrapped_import_error_names_the_module_and_other_errors_pass_through():
     def wrapped(**kw):
         try:
-            import crl_bench_no_such_index_lib  # noqa: F401
+            import crl_bench_no_such_index_lib  # noqa: F401 - the import itself is the test
         except ImportError as e:
             raise ImportError("the search needs crl_bench_no_such_index_lib") from e
 

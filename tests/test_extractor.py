@@ -6,10 +6,19 @@ import pytest
 
 from crl_bench.experience.types import ExperienceEntry
 from crl_bench.llm.base import SamplingParams
-from crl_bench.trainer.extractor import (DEFAULT_SAMPLING, EpisodeRecord, Extraction, Extractor,
-                                         ExtractorPromptBuilder, binary_reward, compact_trajectory,
-                                         feedback_of, normalise_rewards, relative_reward,
-                                         strip_observation)
+from crl_bench.trainer.extractor import (
+    DEFAULT_SAMPLING,
+    EpisodeRecord,
+    Extraction,
+    Extractor,
+    ExtractorPromptBuilder,
+    binary_reward,
+    compact_trajectory,
+    feedback_of,
+    normalise_rewards,
+    relative_reward,
+    strip_observation,
+)
 
 MAP = "Map (row 0 is the top):\n######\n#P_X_#\n#__O_#\n######\nLegend: # wall, _ floor\nValid actions: up, down"
 
@@ -198,7 +207,7 @@ def test_extract_with_tiny_model(tokenizer, tiny_model):
     recs = [_record(3), _record(20)]
     out = ex.extract(recs, [ENTRIES, []])
     assert len(out) == 2 and all(isinstance(e, Extraction) for e in out)
-    for e, rec in zip(out, recs):
+    for e, _rec in zip(out, recs):
         assert 1 <= len(e.response_ids) <= 12
         assert len(e.logprobs) == len(e.response_ids) and all(lp <= 0.0 for lp in e.logprobs)
         assert len(e.prompt_ids) <= 700 and e.env_id == "sokoban"

@@ -6,8 +6,13 @@ import json
 
 import pytest
 
-from crl_bench.experience.json_ops import (JSON_MERGE_SYSTEM_PROMPT, JSON_SYSTEM_PROMPT, STOP,
-                                           format_numbered, parse_json_operations)
+from crl_bench.experience.json_ops import (
+    JSON_MERGE_SYSTEM_PROMPT,
+    JSON_SYSTEM_PROMPT,
+    STOP,
+    format_numbered,
+    parse_json_operations,
+)
 from crl_bench.experience.operations import ParseResult
 from crl_bench.experience.types import ExperienceEntry, Operation
 

@@ -10,12 +10,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from test_summary import make_run
 
-from crl_bench.leaderboard import (leaderboard_markdown, bootstrap_ci, collect, leaderboard_frame, main_leaderboard, protocol_label,
-                                   write_leaderboard)
+from crl_bench.leaderboard import (
+    bootstrap_ci,
+    collect,
+    leaderboard_frame,
+    leaderboard_markdown,
+    main_leaderboard,
+    protocol_label,
+    write_leaderboard,
+)
 from crl_bench.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
 from crl_bench.summary import SummaryError, build_summary, write_summary
-from test_summary import make_run
 
 ENVS = ("sokoban", "minihack-room")
 

@@ -2,13 +2,12 @@
 
 import json
 
+import peft
 import pytest
 import torch
 
-import peft
-
-from crl_bench.llm import default_model  # noqa: E402
-from crl_bench.llm.hf_engine import adapter_base_model, load_model_and_tokenizer  # noqa: E402
+from crl_bench.llm import default_model
+from crl_bench.llm.hf_engine import adapter_base_model, load_model_and_tokenizer
 
 
 @pytest.fixture()
@@ -87,11 +86,11 @@ def test_other_base_kept_and_empty_base_rejected(tmp_path):
 def test_cli_eval_of_a_lora_run(tmp_path, monkeypatch, base_dir, tokenizer):
     """``crl-bench eval --run RUN`` of a LoRA run: the adapter is merged, no new adapter is added."""
     import yaml
+    from tests_helpers import CoinEnv, coin_config
 
     from crl_bench.cli import main
     from crl_bench.env_api import register_env
     from crl_bench.trainer.loop import Trainer
-    from tests_helpers import CoinEnv, coin_config
 
     register_env("test-coin", CoinEnv)
     cfg = coin_config("grpo", model={"name": str(base_dir), "lora": True, "lora_r": 4})

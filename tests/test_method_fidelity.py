@@ -5,6 +5,7 @@ the multi-turn prompt, flushing before rollouts and the paper preset."""
 import copy
 
 import pytest
+from tests_helpers import CoinEnv, coin_config
 
 from crl_bench.config import build_config, preset_data
 from crl_bench.env_api import register_env
@@ -16,7 +17,6 @@ from crl_bench.trainer.actor_critic import critic_reward, parse_judgement
 from crl_bench.trainer.complementary import RetrievalRecord, use_reward
 from crl_bench.trainer.extractor import Extraction
 from crl_bench.trainer.loop import Trainer
-from tests_helpers import CoinEnv, coin_config
 
 ADD = "<op>ADD</op><title>Call heads</title><content>Heads wins the coin toss.</content>"
 
@@ -174,9 +174,10 @@ def test_actor_critic_gate_decides_what_is_shown(tokenizer, tiny_model, decision
     assert uses or rewards
     if decision == "accept":
         want = sum(expected(t) for t in guided) / len(guided)
-        total = sum(t for t, _ in uses) + sum(u["extractor_reward_mean"] * u["extractor_batch"] * u["extractor_uses_mean"]
-                                              for u in tr.experience.updates)
-        n = sum(k for _, k in uses) + sum(u["extractor_batch"] * u["extractor_uses_mean"] for u in tr.experience.updates)
+        ups = tr.experience.updates
+        total = sum(t for t, _ in uses) + sum(
+            u["extractor_reward_mean"] * u["extractor_batch"] * u["extractor_uses_mean"] for u in ups)
+        n = sum(k for _, k in uses) + sum(u["extractor_batch"] * u["extractor_uses_mean"] for u in ups)
         assert n == len(guided) and total / n == pytest.approx(want)
     else:
         assert all(r == pytest.approx(expected(None)) for r in rewards + waiting)
@@ -236,8 +237,8 @@ def test_json_format_end_to_end(tokenizer, tiny_model):
 # ---- prompts: the released multi-turn layout and system placement ---------------------------------
 
 def test_multiturn_prompt_extends_the_previous_turn(tokenizer, tiny_model):
-    from crl_bench.llm.hf_engine import HFEngine
     from crl_bench.llm.base import SamplingParams
+    from crl_bench.llm.hf_engine import HFEngine
     from crl_bench.rollout import EnvPool, Guidance, RolloutRunner
 
     pb = PromptBuilder(tokenizer, "<answer>", history=2, layout="multiturn", placement="system")

@@ -369,7 +369,7 @@ def test_river_boulder_push(envs):
             me = cells(grid, "@")[0]
             if me == stand:
                 break
-            move = first_move(grid, me, lambda c: c == stand)
+            move = first_move(grid, me, lambda c, goal=stand: c == goal)
             assert move is not None
             obs, _, term, trunc, info = env.step(ans(move))
             assert not (term or trunc)
@@ -404,7 +404,7 @@ def test_goal_offset_line_follows_the_agent():
             assert "direction:" not in plain.reset(options={"task": task})[0]
             r, c, gr, gc = map(int, re.search(r"You are at row (\d+), column (\d+)\. Stairs down at row (\d+), "
                                               r"column (\d+)\.", obs).groups())
-            assert f"direction: " in obs and abs(gr - r) <= 4
+            assert "direction: " in obs and abs(gr - r) <= 4
             for _ in range(4):
                 way = re.search(r"\(direction: (\w+)\)", obs).group(1)
                 obs, reward, terminated, truncated, info = env.step(f"<answer>{way}</answer>")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crl_bench.experience.operations import (ParseResult, format_entries, format_operations,
-                                             parse_operations)
+from crl_bench.experience.operations import ParseResult, format_entries, format_operations, parse_operations
 from crl_bench.experience.types import ExperienceEntry, Operation
 
 OPS = [

@@ -82,7 +82,8 @@ def test_installed_metadata_names_the_license_and_its_file():
 def test_typed_marker_and_data_files_are_package_resources():
     pkg = importlib.resources.files("crl_bench")
     assert pkg.joinpath("py.typed").is_file()
-    assert {"cpu.yaml", "default.yaml", "paper.yaml", "smoke.yaml"} <= {p.name for p in pkg.joinpath("presets").iterdir()}
+    presets = {p.name for p in pkg.joinpath("presets").iterdir()}
+    assert {"cpu.yaml", "default.yaml", "paper.yaml", "smoke.yaml"} <= presets
     assert pkg.joinpath("mixtures", "6task.yaml").is_file()
     assert pkg.joinpath("schemas", "summary.schema.json").is_file()
 

@@ -186,9 +186,10 @@ def test_history_carries_env_feedback(tokenizer, tiny_model):
 def test_waves_bound_live_episodes_and_keep_order(tokenizer, tiny_model):
     """max_concurrent=2 runs 5 specs in 3 waves; results come back in spec order, and no more than 2
     env instances are ever created."""
+    from tests_helpers import CoinEnv
+
     from crl_bench.env_api import register_env
     from crl_bench.llm.base import SamplingParams
-    from tests_helpers import CoinEnv
 
     created = []
 

@@ -10,8 +10,7 @@ import pytest
 
 from crl_bench import env_api
 from crl_bench.envs import sokoban
-from crl_bench.envs.sokoban import (MOVES, SokobanEnv, SokobanState, generate_level, level_identity,
-                                    train_level)
+from crl_bench.envs.sokoban import MOVES, SokobanEnv, SokobanState, generate_level, level_identity, train_level
 
 N_LEVELS = 200
 SOLVE_BOUND = 200_000  # BFS states explored before giving up

@@ -10,8 +10,15 @@ import jsonschema
 import pytest
 import yaml
 
-from crl_bench.summary import (SummaryError, build_summary, load_schema, read_summary, summary_problems,
-                               validate_summary, write_summary)
+from crl_bench.summary import (
+    SummaryError,
+    build_summary,
+    load_schema,
+    read_summary,
+    summary_problems,
+    validate_summary,
+    write_summary,
+)
 
 SHA = "ab" * 32
 

@@ -17,9 +17,15 @@ import pytest
 from crl_bench.cli import main
 from crl_bench.data import DOWNLOADERS, ChecksumError, DataMissingError, load_manifest
 from crl_bench.envs.swebench import instances as inst_mod
-from crl_bench.envs.swebench.instances import (VERIFIED_FILE, SWEInstance, default_instances_path,
-                                               download_swebench, load_instances, load_task_list,
-                                               select_instances)
+from crl_bench.envs.swebench.instances import (
+    VERIFIED_FILE,
+    SWEInstance,
+    default_instances_path,
+    download_swebench,
+    load_instances,
+    load_task_list,
+    select_instances,
+)
 
 KNOWN = "astropy__astropy-12907"
 
@@ -428,6 +434,6 @@ def test_task_list_with_broken_json_names_the_file(tmp_path):
 def test_unreadable_unverified_download_leaves_nothing(tmp_path):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not a parquet file")
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whatever pyarrow raises; the point is what is left on disk
         inst_mod.download_swebench(tmp_path / "data", source=str(bad), progress=False, verify=False)
     assert not any((tmp_path / "data" / "swebench").iterdir())

@@ -21,7 +21,7 @@ from crl_bench.envs.swebench.env import SWEBenchEnv
 from crl_bench.envs.swebench.sandbox import LABEL, DockerSandbox, ImageUnavailableError, docker_client
 
 sys.path.insert(0, str(Path(__file__).parent))
-from swe_synthetic import GOLD, INSTANCE_ID, TASK_IMAGE, build_task  # noqa: E402
+from swe_synthetic import GOLD, INSTANCE_ID, TASK_IMAGE, build_task
 
 pytestmark = pytest.mark.filterwarnings("ignore:swebench-verified. no task_list")
 

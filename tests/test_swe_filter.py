@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from crl_bench.envs.swebench.env import SWEBenchEnv
-from crl_bench.llm.base import Generation
+from crl_bench.llm.base import Generation, SamplingParams
 from crl_bench.rollout import EnvPool, PromptBuilder, RolloutRunner
-from crl_bench.llm.base import SamplingParams
 from crl_bench.swe_filter import FilterStateError, read_samples, run_filter
 
 sys.path.insert(0, str(Path(__file__).parent))
-from swe_synthetic import INSTANCE_ID, build_task  # noqa: E402
+from swe_synthetic import INSTANCE_ID, build_task
 
 pytestmark = pytest.mark.filterwarnings("ignore:swebench-verified. no task_list")
 
@@ -120,7 +118,7 @@ def test_filter_command_runs_with_the_default_model(instances, tmp_path):
     res = json.loads(out.read_text())
     assert res["samples"] == {INSTANCE_ID: 2} and res["model"] == "smollm2-135m-instruct"
     assert res["pass_rates"] == {INSTANCE_ID: 0.0} and res["kept"] == []
-    assert f"kept 0 of 1 instances" in p.stdout
+    assert "kept 0 of 1 instances" in p.stdout
 
 
 def test_infrastructure_failures_are_retried_to_k_samples(tmp_path):

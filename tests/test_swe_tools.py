@@ -7,8 +7,15 @@ import os
 
 import pytest
 
-from crl_bench.envs.swebench.tools import (TOOLS_PROMPT, LocalWorkspace, StrReplaceEditor, ToolCall,
-                                           ToolCallError, ToolError, parse_tool_call)
+from crl_bench.envs.swebench.tools import (
+    TOOLS_PROMPT,
+    LocalWorkspace,
+    StrReplaceEditor,
+    ToolCall,
+    ToolCallError,
+    ToolError,
+    parse_tool_call,
+)
 
 SRC = "def f():\n    return 1\n\n\ndef g():\n    return 1\n"
 
@@ -126,8 +133,8 @@ def test_view_directory_two_levels_no_hidden(ed):
     lines = out.splitlines()[1:]                          # after the header
     assert lines[0] == "/repo/"
     assert "/repo/pkg/a.py" in lines and "/repo/pkg/sub/" in lines and "/repo/README" in lines
-    assert not any(".git" in l or ".hidden" in l for l in lines)
-    assert not any("mod.py" in l or "deep" in l for l in lines)   # third level
+    assert not any(".git" in x or ".hidden" in x for x in lines)
+    assert not any("mod.py" in x or "deep" in x for x in lines)   # third level
     assert "/repo/pkg/sub/mod.py" in ed.run("view", "pkg").splitlines()
 
 
@@ -197,10 +204,10 @@ def test_str_replace_snippet_shows_context_around_edit(ws):
     (ws.root / "long.txt").write_text("".join(f"l{i}\n" for i in range(1, 21)))
     out = StrReplaceEditor(ws, snippet_context=2).run("str_replace", "/repo/long.txt", old_str="l10\n",
                                                       new_str="A\nB\nC\n")
-    assert [l for l in out.splitlines() if "\t" in l] == [
+    assert [x for x in out.splitlines() if "\t" in x] == [
         "     8\tl8", "     9\tl9", "    10\tA", "    11\tB", "    12\tC", "    13\tl11", "    14\tl12"]
     out = StrReplaceEditor(ws, snippet_context=1).run("insert", "long.txt", insert_line=3, new_str="X\nY")
-    assert [l for l in out.splitlines() if "\t" in l] == ["     3\tl3", "     4\tX", "     5\tY",
+    assert [x for x in out.splitlines() if "\t" in x] == ["     3\tl3", "     4\tX", "     5\tY",
                                                           "     6\tl4"]
 
 

@@ -1,8 +1,8 @@
 """Experiment trackers (crl_bench.tracking) fed by RunWriter, and versions.json."""
 
 import json
-from pathlib import Path
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -134,8 +134,9 @@ def test_versions_json_model_folder(tmp_path):
 
 def test_default_model_variant_matches_the_gguf():
     """The recorded variant is what the shipped GGUF holds (read with the gguf library)."""
-    import gguf
     from collections import Counter
+
+    import gguf
 
     from crl_bench.llm.default_model import ModelNotAvailable, gguf_path
 

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from tests_helpers import CoinEnv
 
 from crl_bench.config import build_config, preset_data
 from crl_bench.env_api import register_env
 from crl_bench.trainer.loop import Trainer, summarise
-from tests_helpers import CoinEnv
 
 
 @pytest.fixture(autouse=True)

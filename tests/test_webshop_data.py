@@ -13,8 +13,16 @@ import pytest
 from crl_bench.data import DataMissingError
 from crl_bench.envs.webshop.goals import PRICE_RANGE, Goal, build_goals, draw_price_upper, sample_goal
 from crl_bench.envs.webshop.products import Product, load_catalogue, parse_options, parse_pricing, webshop_dir
-from crl_bench.envs.webshop.reward import (SpacyTagger, TableTagger, TaggerMissingError, fuzzy_match,
-                                          get_option_reward, get_reward, get_type_reward, normalize_color)
+from crl_bench.envs.webshop.reward import (
+    SpacyTagger,
+    TableTagger,
+    TaggerMissingError,
+    fuzzy_match,
+    get_option_reward,
+    get_reward,
+    get_type_reward,
+    normalize_color,
+)
 
 
 @pytest.fixture(scope="module")

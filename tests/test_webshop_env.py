@@ -7,8 +7,7 @@ import shutil
 import pytest
 
 from crl_bench.env_api import make_env
-from crl_bench.envs.webshop.reward import (SpacyTagger, TaggerMissingError, get_reward,
-                                           verify_en_core_web_sm)
+from crl_bench.envs.webshop.reward import SpacyTagger, TaggerMissingError, get_reward, verify_en_core_web_sm
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +66,7 @@ def test_scripted_episode_buys_the_target_for_reward_1(env):
         obs, info = env.reset(options={"task": task})
         assert "[button] Search [button_]" in obs and env.task_prompt() in obs
         _open_target(env)
-        for name, value in goal.goal_options.items():
+        for _name, value in goal.goal_options.items():
             obs, *_ = _say(env, f"click[{value}]")
             assert f"[clicked button] {value} [clicked button_]" in obs
         obs, r, term, trunc, info = _say(env, "click[buy now]")

@@ -10,7 +10,7 @@ released code uses mean-centring without std division, our default.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 
 def grouped_advantages(rewards: Sequence[float], keys: Sequence[Hashable], std_normalize: bool = False,

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import statistics
 from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -46,8 +47,14 @@ from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
 from crl_bench.methods import MethodSpec, register_method
 from crl_bench.rollout import Guidance, Trajectory
 from crl_bench.trainer.actor_critic import ActorCritic, critic_reward
-from crl_bench.trainer.extractor import EpisodeRecord, Extraction, extractor_for, normalise_rewards, \
-    relative_reward, binary_reward
+from crl_bench.trainer.extractor import (
+    EpisodeRecord,
+    Extraction,
+    binary_reward,
+    extractor_for,
+    normalise_rewards,
+    relative_reward,
+)
 from crl_bench.trainer.losses import cispo_loss
 from crl_bench.trainer.policy import PolicyUpdater
 

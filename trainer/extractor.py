@@ -4,9 +4,9 @@ Complementary RL (arXiv 2603.17621, docs/method.md): a second LLM reads a finish
 observations, actions, outcome) together with the bank entries that guided it and answers with
 ADD / UPDATE / MERGE / NONE operations, in the strict one-line format of
 :mod:`crl_bench.experience.operations` (``extractor.format: line``) or the released JSON format of
-:mod:`crl_bench.experience.json_ops` (``json``); :func:`extractor_for` builds either.  Its samples (:class:`Extraction`) are later rewarded by the
-outcome of the episodes the written entries guided and trained with CISPO
-(:func:`crl_bench.trainer.losses.cispo_loss`).
+:mod:`crl_bench.experience.json_ops` (``json``); :func:`extractor_for` builds either.  Its samples
+(:class:`Extraction`) are later rewarded by the outcome of the episodes the written entries guided
+and trained with CISPO (:func:`crl_bench.trainer.losses.cispo_loss`).
 
 * :class:`EpisodeRecord` is the text view of an episode the extractor needs; the integrator fills it
   from the rollout (observation before each action, the action, the env's feedback).
@@ -21,15 +21,14 @@ from __future__ import annotations
 import math
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from crl_bench.env_api import feedback_of  # noqa: F401  (re-exported)
-from crl_bench.experience.operations import (STOP, ParseResult, format_entries, format_operations,
-                                             parse_operations)
+from crl_bench.env_api import feedback_of  # noqa: F401 - re-exported
+from crl_bench.experience.operations import STOP, ParseResult, format_entries, format_operations, parse_operations
 from crl_bench.experience.types import ExperienceEntry, Operation
 from crl_bench.llm.base import Engine, SamplingParams
-
 
 # --------------------------------------------------------------------------------------------------
 # Episode record and compaction
@@ -425,7 +424,7 @@ class Extractor:
 
     def __init__(self, engine: Engine, tokenizer: Any, prompt_builder: ExtractorPromptBuilder,
                  sampling: SamplingParams = DEFAULT_SAMPLING, generation: int = 0,
-                 restrict_ids: bool = True, merge_prompts: "MergePromptBuilder | None" = None,
+                 restrict_ids: bool = True, merge_prompts: MergePromptBuilder | None = None,
                  parse_fn: Callable[[str, list[int]], ParseResult] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -456,7 +455,7 @@ class Extractor:
         prepared = [self.prompts.prepare(r, e) for r, e in zip(records, retrieved)]
         gens = self.engine.generate([p[0] for p in prepared], self.sampling)
         out = []
-        for rec, (ids, shown, _), gen in zip(records, prepared, gens):
+        for rec, (_ids, shown, _), gen in zip(records, prepared, gens):
             text = self.prompts.prefill + gen.text
             shown_ids = [e.id for e in shown]
             # a reply the model ended itself (EOS) ends its last line, which closes an open <content>
@@ -494,7 +493,7 @@ MERGE_SYSTEM_PROMPT = """You keep a small notebook of lessons for an agent that 
 - <op>UPDATE 3</op><title>...</title><content>...</content> rewrites lesson 3 only;
 - <op>NONE</op> when they should stay as they are.
 Use only the lesson numbers shown. Keep titles short and the content to one or two sentences.
-"""
+"""  # noqa: E501 - prompt text: its line breaks are what the model reads
 
 
 class MergePromptBuilder:

@@ -12,9 +12,10 @@ import os
 import random
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,8 +27,8 @@ from crl_bench.llm.precision import DTYPES, resolve_dtype
 from crl_bench.methods import MethodSpec, get_method
 from crl_bench.mixtures import TaskSampler, resolve_mixture
 from crl_bench.results import RunWriter, make_run_id
-from crl_bench.tracking import open_trackers
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
+from crl_bench.tracking import open_trackers
 from crl_bench.trainer.advantages import grouped_advantages
 from crl_bench.trainer.policy import PolicyUpdater, TokenSample, linear_warmup
 

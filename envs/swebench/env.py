@@ -285,7 +285,7 @@ class SWEBenchEnv(TextEnv):
             self._close_sandbox()
             try:
                 judge = self._new_sandbox(inst, self.grade_network, non_root=False)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - any start failure is an ungraded episode, not a crash
                 self.grade_result = GradeResult(error=f"could not start the grading container: {e}")
             else:
                 try:

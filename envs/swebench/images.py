@@ -23,8 +23,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .sandbox import AGENT_USER, ImageUnavailableError, docker_client
 

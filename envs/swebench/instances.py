@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from crl_bench.data import ChecksumError, DataMissingError, data_dir, download_url, load_manifest, sha256_file
 
@@ -59,7 +60,7 @@ class SWEInstance:
     row: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], where: str = "") -> "SWEInstance":
+    def from_row(cls, row: dict[str, Any], where: str = "") -> SWEInstance:
         """Build from one data-set row; ``FAIL_TO_PASS``/``PASS_TO_PASS`` may be JSON strings or lists.
 
         Raises:

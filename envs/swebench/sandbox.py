@@ -79,7 +79,10 @@ for ((round=0; round<50; round++)); do
   for d in /proc/[0-9]*; do
     p=${d#/proc/}; [ "$p" = "$$" ] && continue
     state=; while read -r k v _; do
-      case "$k" in State:) state=$v ;; Uid:) [ "$v" = "$UID" ] && [ "$state" != Z ] && { seen[$p]=1; n=$((n+1)); }; break ;; esac
+      case "$k" in
+        State:) state=$v ;;
+        Uid:) [ "$v" = "$UID" ] && [ "$state" != Z ] && { seen[$p]=1; n=$((n+1)); }; break ;;
+      esac
     done 2>/dev/null < "$d/status"
   done
   [ $n -eq 0 ] && break
@@ -180,7 +183,7 @@ def truncate_middle(text: str, limit: int) -> tuple[str, bool]:
 
 
 # live sandboxes of this process, removed at interpreter exit if still there
-_LIVE: "weakref.WeakSet[DockerSandbox]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
 
 
 @atexit.register
@@ -279,7 +282,7 @@ class DockerSandbox:
         self._disk_base: int | None = None     # writable-layer size (bytes) once the sandbox was set up
 
     # ---- lifecycle ---------------------------------------------------------------------------------
-    def start(self) -> "DockerSandbox":
+    def start(self) -> DockerSandbox:
         """Create and start the container, then set up the agent user. Returns ``self``."""
         if self.container is not None:
             return self
@@ -298,7 +301,7 @@ class DockerSandbox:
             kwargs["environment"]["PIP_NO_INDEX"] = "1"      # pip fails at once instead of retrying
         try:
             self.container = self.client.containers.run(self.image, **kwargs)
-        except Exception as e:  # noqa: BLE001 - docker.errors.* and requests errors alike
+        except Exception as e:
             self.container = None
             raise SandboxError(f"cannot start a container from {self.image}: {e}") from e
         _LIVE.add(self)
@@ -348,7 +351,7 @@ class DockerSandbox:
                 if "No such container" not in str(e):
                     log.warning("sandbox %s: removing the container failed: %s", self.name, e)
 
-    def __enter__(self) -> "DockerSandbox":
+    def __enter__(self) -> DockerSandbox:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -362,7 +365,7 @@ class DockerSandbox:
         try:
             self.container.reload()
             return self.container.status == "running"
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - removed, or the daemon went away: not alive
             return False
 
     # ---- commands ----------------------------------------------------------------------------------
@@ -398,7 +401,7 @@ class DockerSandbox:
                                       environment={"HOME": "/root" if user == "root" else f"/home/{user}",
                                                    EXEC_MARKER: marker.split("=", 1)[1]})
             stream = api.exec_start(exec_id, stream=True)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise self._failure("exec failed", e) from e
         cap = 8 * self.max_output_chars if truncate else 1 << 30
         head, tail, tail_len, dropped = bytearray(), deque(), [0], [0]
@@ -439,7 +442,7 @@ class DockerSandbox:
         seconds = time.perf_counter() - t0
         try:
             code = api.exec_inspect(exec_id).get("ExitCode")
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the exit code is unknown, the output is still the agent's
             code = None
         raw = bytes(head) + (f"\n[... {dropped[0]} bytes not kept ...]\n".encode() if dropped[0] else b"") \
             + b"".join(tail)
@@ -480,7 +483,7 @@ class DockerSandbox:
         try:
             exec_id = self.client.api.exec_create(self.container.id, ["bash", "-c", _REAP], user=self.user)
             out = self.client.api.exec_start(exec_id)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise self._failure("cleaning up after the command failed", e) from e
         last = out.decode("utf-8", "replace").strip().splitlines()[-1:] or ["0"]
         return int(last[0]) if last[0].isdigit() else 0
@@ -489,7 +492,7 @@ class DockerSandbox:
         """Bytes in the container's writable layer (Docker's ``SizeRw``). Raises SandboxError."""
         try:
             rows = self.client.api.containers(all=True, size=True, filters={"id": self.container.id})
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise SandboxError(f"sandbox {self.name}: cannot read the container's size: {e}") from e
         return int(rows[0].get("SizeRw") or 0) if rows else 0
 
@@ -545,14 +548,14 @@ class DockerSandbox:
                 raise SandboxError(f"cannot write {path}")
         except SandboxError:
             raise
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise SandboxError(f"cannot write {path}: {e}") from e
 
     def read_file(self, path: str, limit: int = 64 << 20) -> bytes:
         """Bytes of the regular file ``path``.  Raises SandboxError (missing, not a file, over ``limit``)."""
         try:
             stream, stat = self.client.api.get_archive(self.container.id, path)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise SandboxError(f"cannot read {path}: {e}") from e
         if stat.get("size", 0) > limit:
             raise SandboxError(f"{path} is {stat['size']} bytes, over the {limit}-byte limit")

@@ -36,17 +36,17 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 from crl_bench.data import data_dir as resolve_data_dir
 from crl_bench.env_api import AnswerParser, ParsedAction, TextEnv, data_file_map
 
 from .goals import Goal, build_goals
-from .products import (ATTRIBUTES_FILE, HUMAN_FILE, PRODUCTS_FILE, Catalogue, Product, load_catalogue,
-                       webshop_dir)
+from .products import ATTRIBUTES_FILE, HUMAN_FILE, PRODUCTS_FILE, Catalogue, Product, load_catalogue, webshop_dir
 from .reward import SpacyTagger, TableTagger, TitleTagger, get_reward
 from .search import BM25Search, document_text
 
@@ -344,7 +344,10 @@ class WebShopEnv(TextEnv):
         lines: list[str] = []
         if message:
             lines.append(f"Last: {message}")
-        button = lambda t: f"[button] {t} [button_]"                      # noqa: E731
+
+        def button(t: str) -> str:
+            return f"[button] {t} [button_]"
+
         if s.page == "search":
             lines += ["WebShop", "Instruction: ", instr, button("Search")]
         elif s.page == "done":

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from .goals import Goal
 from .products import Product
@@ -137,7 +138,7 @@ class TableTagger(TitleTagger):
         self.table = table
 
     @classmethod
-    def from_json(cls, path: str | os.PathLike) -> "TableTagger":
+    def from_json(cls, path: str | os.PathLike) -> TableTagger:
         """Load a table saved as a JSON object ``{text: [nouns]}``."""
         with open(path, encoding="utf-8") as f:
             return cls(json.load(f))

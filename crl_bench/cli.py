@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
-from crl_bench.data import ChecksumError, DataMissingError
+from crl_bench.data import ChecksumError, DataMissingError, dataset_names
 from crl_bench.env_api import EnvUnavailableError
 from crl_bench.llm.default_model import ModelNotAvailable
 
@@ -337,7 +337,7 @@ def cmd_swe(args: argparse.Namespace) -> int:
 
         print(f"base image ready: {build_base_image(tag=args.tag, rebuild=args.rebuild)}")
         return 0
-    from crl_bench.swe_filter import FilterStateError, run_filter
+    from crl_bench.envs.swebench.filter import FilterStateError, run_filter
     from crl_bench.trainer.loop import Trainer
 
     if not args.env.startswith("swebench"):
@@ -392,10 +392,10 @@ def cmd_bank(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from crl_bench.data import DOWNLOADERS, data_dir
+    from crl_bench.data import data_dir, downloaders
 
     root = data_dir(args.data_dir)
-    out = DOWNLOADERS[args.dataset](root, source=args.source, verify=not args.no_verify)
+    out = downloaders()[args.dataset](root, source=args.source, verify=not args.no_verify)
     print(f"{args.dataset}: ready in {out} (use it with CRL_BENCH_DATA={root})")
     return 0
 
@@ -493,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="download benchmark data into the data dir ($CRL_BENCH_DATA)")
     ds = d.add_subparsers(dest="data_cmd", required=True)
     dl = ds.add_parser("download", help="fetch a data set from its original public source and verify it")
-    dl.add_argument("dataset", choices=["alfworld", "swebench"])
+    dl.add_argument("dataset", choices=dataset_names())
     dl.add_argument("--data-dir", help="data root (default: $CRL_BENCH_DATA or ~/.cache/crl-bench/data)")
     dl.add_argument("--source", help="a local archive of the data set to use instead of downloading it")
     dl.add_argument("--no-verify", action="store_true",

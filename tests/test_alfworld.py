@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crl_bench import data as data_mod
 from crl_bench.data import ChecksumError, DataMissingError
 from crl_bench.env_api import make_env
-from crl_bench.envs.alfworld import EVAL_OFFSET, AlfWorldEnv, EnvWorkerError, _task_table, check_data
+from crl_bench.envs.alfworld import EVAL_OFFSET, AlfWorldEnv, EnvWorkerError, check_data
+from crl_bench.envs.alfworld import data as data_mod
+from crl_bench.envs.alfworld.env import _task_table
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from crl_bench.envs.swebench.filter import FilterStateError, read_samples, run_filter
 from crl_bench.llm.base import Generation, SamplingParams
 from crl_bench.rollout import EnvPool, PromptBuilder, RolloutRunner
-from crl_bench.swe_filter import FilterStateError, read_samples, run_filter
 
 sys.path.insert(0, str(Path(__file__).parent))
 from swe_synthetic import INSTANCE_ID, build_task

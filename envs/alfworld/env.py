@@ -35,17 +35,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from crl_bench.data import (
+from crl_bench.data import DataMissingError
+from crl_bench.data import data_dir as resolve_data_dir
+from crl_bench.env_api import TextEnv, data_file_map, require_modules
+
+from .data import (
     ALFWORLD_ARCHIVE,
     ALFWORLD_SPLIT_FILES,
     AlfWorldTask,
-    DataMissingError,
     alfworld_dir,
     alfworld_games_root,
     alfworld_tasks,
 )
-from crl_bench.data import data_dir as resolve_data_dir
-from crl_bench.env_api import TextEnv, data_file_map, require_modules
 
 EVAL_OFFSET = 10_000
 
@@ -79,7 +80,7 @@ def _rss_mb() -> float:
 
 
 def _worker_main(memory_mb: int) -> None:
-    """Worker loop (``python -m crl_bench.envs.alfworld --worker``): owns one TextWorld game at a time.
+    """Worker loop (``python -m crl_bench.envs.alfworld.worker --worker``): owns one TextWorld game at a time.
 
     Protocol: one JSON object per line on stdin, ``["reset", gamefile]``, ``["step", command]`` or
     ``["close"]``; one JSON line back on the original stdout, ``["ok", payload]`` or
@@ -158,7 +159,7 @@ class _Worker:
 
         self.log = tempfile.TemporaryFile(mode="w+b")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "crl_bench.envs.alfworld", "--worker", "--memory-mb", str(memory_mb)],
+            [sys.executable, "-m", "crl_bench.envs.alfworld.worker", "--worker", "--memory-mb", str(memory_mb)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, close_fds=True)
         status, payload = self.recv(start_timeout_s)
         if status != "ok":
@@ -347,7 +348,7 @@ class AlfWorldEnv(TextEnv):
         """ALFWorld's task type of ``task``: one of ``pick_and_place_simple``,
         ``look_at_obj_in_light``, ``pick_clean_then_place_in_recep``, ``pick_heat_then_place_in_recep``,
         ``pick_cool_then_place_in_recep``, ``pick_two_obj_and_place`` (the first field of the task's
-        folder name, :attr:`crl_bench.data.AlfWorldTask.task_type`).  Read from the task table of this
+        folder name, :attr:`crl_bench.envs.alfworld.data.AlfWorldTask.task_type`).  Read from the task table of this
         process; the worker is not involved.  Raises ``KeyError`` for an unknown id."""
         if task not in self.tasks:
             raise KeyError(f"alfworld: unknown task id {task}")
@@ -355,7 +356,7 @@ class AlfWorldEnv(TextEnv):
 
     def data_files(self) -> dict[str, Path]:
         """The two split files, plus the game archive ``alfworld/json_2.1.1.tar.xz`` when the games
-        were unpacked from it (:func:`crl_bench.data.alfworld_games_root`); games already unpacked in
+        were unpacked from it (:func:`crl_bench.envs.alfworld.data.alfworld_games_root`); games already unpacked in
         the data dir (thousands of files) are not listed.  See :meth:`TextEnv.data_files`."""
         folder = alfworld_dir(self.data_root)
         paths = [folder / "splits" / name for name in ALFWORLD_SPLIT_FILES.values()]
@@ -458,12 +459,3 @@ def check_data(data_dir_: str | None = None) -> dict[str, Sequence[int]]:
 
 
 __all__ = ["AlfWorldEnv", "EnvWorkerError", "DataMissingError", "EVAL_OFFSET", "check_data"]
-
-
-if __name__ == "__main__":
-    import argparse
-
-    _p = argparse.ArgumentParser(description="ALFWorld worker process (started by AlfWorldEnv)")
-    _p.add_argument("--worker", action="store_true", required=True)
-    _p.add_argument("--memory-mb", type=int, default=1024)
-    _worker_main(_p.parse_args().memory_mb)

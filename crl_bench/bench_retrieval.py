@@ -4,8 +4,8 @@ For each data shape, bank size and index kind (``flat`` / ``ivf`` / ``hnsw``; ``
 default, is one of flat / hnsw by shard size, so it is benchmarked only when asked for and a summary
 line says which one it uses at each size), side by side in one run:
 
-* a bank is filled through the bank's internal bulk path :meth:`ExperienceBank._bulk_add_vectors`
-  (one SQLite transaction, one FAISS add; it skips the embedder, which is not what is measured);
+* a bank is filled through the bank's bulk path :meth:`ExperienceBank.add_vectors` (one SQLite
+  transaction, one FAISS add; it skips the embedder, which is not what is measured);
 * ``recall@1`` / ``recall@k``: each query's top-``k`` ids against exact search (``IndexFlatIP``)
   over ``recall_queries`` queries;
 * (a) one batched ``bank.search_vectors`` call with ``queries`` queries vs ``queries`` calls with
@@ -59,7 +59,7 @@ through the bank): HNSW (efSearch 128) recall@16 0.994, p99 0.68 ms; IVF (nlist 
 0.978, p99 2.2 ms; flat p99 10 ms.
 
 Measured with the defaults (2-core machine shared with other jobs, one search thread, k=16; see
-the bank's module docstring for the search rules): at 100k ``sentence`` entries ivf, hnsw and auto
+:mod:`crl_bench.experience.vector_index` for the search rules): at 100k ``sentence`` entries ivf, hnsw and auto
 (= hnsw there) keep recall@16 >= 0.95 at p99 well under 5 ms; flat is exact but p99 ~10 ms. The
 table of a run is printed; compare rows of the same run only (timings depend on the load).
 
@@ -81,7 +81,8 @@ from typing import Any
 
 import numpy as np
 
-from crl_bench.experience.bank import AUTO_THRESHOLD, INDEX_KINDS, ExperienceBank, _AutoShard, _omp_threads
+from crl_bench.experience.bank import ExperienceBank
+from crl_bench.experience.vector_index import AUTO_THRESHOLD, INDEX_KINDS, AutoShard, omp_threads
 
 DATA_KINDS = ("sentence", "gaussian")
 #: recall@k and p99 the approximate indexes must keep at 100k entries on representative data
@@ -160,7 +161,7 @@ def make_data(data: str, size: int, n_queries: int, dim: int, seed: int = 0,
 
 
 def _inner(shard):
-    return shard.inner if isinstance(shard, _AutoShard) else shard
+    return shard.inner if isinstance(shard, AutoShard) else shard
 
 
 def _raw_index(shard):
@@ -244,7 +245,7 @@ def bench_retrieval(sizes: Sequence[int] = (1000, 10000, 100000), queries: int =
                     path = Path(tmp.name) / f"bank-{dname}-{kind}-{size}.db"
                     bank = ExperienceBank(path, _VectorsOnly(d), index=kind, **(bank_kwargs or {}))
                     t = time.perf_counter()
-                    ids = bank._bulk_add_vectors("bench", vecs)
+                    ids = bank.add_vectors("bench", vecs)
                     build_s = time.perf_counter() - t
                     id_arr = np.asarray(ids, dtype=np.int64)
                     shard = bank._shards["bench"]
@@ -256,7 +257,7 @@ def bench_retrieval(sizes: Sequence[int] = (1000, 10000, 100000), queries: int =
                     params = _inner(shard).search_params(k)
 
                     def raw_search(x, _i=raw, _p=params, _t=bank.search_threads):
-                        with _omp_threads(_t):                # same OpenMP threads as the bank path
+                        with omp_threads(_t):                # same OpenMP threads as the bank path
                             return _i.search(x, k, params=_p) if _p is not None else _i.search(x, k)
 
                     for _ in range(3):                          # warm-up

@@ -29,6 +29,8 @@ from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
 from crl_bench.experience.locks import RWLock
 from crl_bench.experience.retrieval import Retriever
 from crl_bench.experience.types import Operation as Op
+from crl_bench.experience.validation import check_operation
+from crl_bench.experience.vector_index import make_shard, searched_kind
 
 EMB = HashEmbedder(64)
 KINDS = ("flat", "ivf", "hnsw")
@@ -59,7 +61,7 @@ def random_texts(n, seed=0, words=8):
 
 def check_index_consistent(bank):
     """FAISS holds exactly the SQLite ids, once each, with the stored vectors."""
-    ids, vecs = bank._index_snapshot()
+    ids, vecs = bank.index_snapshot()
     ids = ids.tolist()
     assert len(ids) == len(set(ids)), "an id is in the index twice"
     db = bank._db_vectors()
@@ -69,7 +71,7 @@ def check_index_consistent(bank):
 
 
 def full_state(bank):
-    ids, vecs = bank._index_snapshot()
+    ids, vecs = bank.index_snapshot()
     order = np.argsort(ids)
     counters = bank._conn().execute("SELECT name, value FROM counters ORDER BY name").fetchall()
     return ([tuple(vars(e).values()) for e in bank.entries()], ids[order].tolist(), vecs[order].copy(),
@@ -235,6 +237,39 @@ RUNTIME_REASONS = {REJECT_EMBED_FAILED, REJECT_WRITE_FAILED}
 
 def test_every_reason_is_covered():
     assert {r for _, r in REJECT_CASES} | RUNTIME_REASONS == set(REJECTION_REASONS)
+
+
+def test_static_checks_need_no_bank():
+    """check_operation alone gives every reason of REJECT_CASES except those that need the database
+    (a well-formed id that is not in the bank, or is in another env)."""
+    for op, reason in REJECT_CASES:
+        got, _ = check_operation(op, max_text_chars=1000)
+        if got is None:
+            assert reason in (REJECT_UNKNOWN_TARGET, REJECT_WRONG_ENV), op
+        else:
+            assert got == reason, op
+    assert check_operation(Op("MERGE", "t", "c", (3, 2.0, 3)), 1000) == (None, (3, 2))
+    assert check_operation(Op("NONE", targets=("x",)), 1000) == (None, ())
+    assert check_operation(Op("ADD", "t", "c" * 11), 10)[0] == REJECT_TOO_LONG
+
+
+def test_vector_index_factory_and_bulk_path(tmp_path):
+    with pytest.raises(ValueError, match="index must be one of"):
+        make_shard("lsh", 4, {})
+    shard = make_shard("flat", 4, {})
+    shard.add(np.array([7], np.int64), np.eye(4, dtype=np.float32)[:1])
+    _, ids = shard.search(np.eye(4, dtype=np.float32)[:1], 2)
+    assert ids.tolist() == [[7, -1]] and searched_kind(shard) == "flat"
+    bank = make(tmp_path)
+    ids = bank.add_vectors("e", EMB.encode(["one", "two"]), step=3)
+    assert ids == [1, 2] and [(e.title, e.created_step) for e in bank.entries()] == [("bulk 0", 3), ("bulk 1", 3)]
+    assert bank.stats()["applied"]["ADD"] == 2
+    check_index_consistent(bank)
+    bank.close()
+    ro = ExperienceBank(tmp_path / "bank.db", EMB, read_only=True)
+    with pytest.raises(PermissionError):
+        ro.add_vectors("e", EMB.encode(["three"]))
+    ro.close()
 
 
 def test_bad_operations_in_a_reply_apply_the_rest(tmp_path):

@@ -98,7 +98,7 @@ def _bank(folder: Path, kind: str) -> ExperienceBank:
 
 
 def _check_bank(bank: ExperienceBank) -> None:
-    ids, _ = bank._index_snapshot()
+    ids, _ = bank.index_snapshot()
     ids = ids.tolist()
     assert len(ids) == len(set(ids)) == len(bank)            # rows == index size, each id once
     assert set(ids) == set(bank._db_vectors())

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from crl_bench.bench_retrieval import SentenceLike, make_data
-from crl_bench.experience.bank import AUTO_THRESHOLD, ExperienceBank, _AutoShard
+from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder, QueryCache
 from crl_bench.experience.retrieval import Retriever
 from crl_bench.experience.types import Operation as Op
+from crl_bench.experience.vector_index import AUTO_THRESHOLD, AutoShard
 
 
 class _Dim:
@@ -47,14 +48,14 @@ def sentence_20k():
 def test_ivf_tuned_recall_and_old_settings_fail(tmp_path, sentence_20k):
     vecs, q, gt = sentence_20k
     bank = ExperienceBank(tmp_path / "ivf.db", _Dim(384), index="ivf")
-    bank._bulk_add_vectors("e", vecs)
+    bank.add_vectors("e", vecs)
     shard = bank._shards["e"]
     # nlist = min(2048, n // 39) = 512; nprobe = ceil(512 * max(1/8, 10000 / 20000)) = 256
     assert (shard.ivf.nlist, shard.nprobe()) == (512, 256)
     assert _recall(bank, q, gt, 16) >= 0.95
     # the settings before issue 13 (nlist 256, nprobe 16): the same data fails the bar by far
     old = ExperienceBank(tmp_path / "ivf-old.db", _Dim(384), index="ivf", ivf_nlist=256, ivf_nprobe=16)
-    old._bulk_add_vectors("e", vecs)
+    old.add_vectors("e", vecs)
     assert old._shards["e"].nprobe() == 16
     assert _recall(old, q, gt, 16) < 0.8
     bank.close()
@@ -64,7 +65,7 @@ def test_ivf_tuned_recall_and_old_settings_fail(tmp_path, sentence_20k):
 def test_hnsw_tuned_recall_and_old_settings_fail(tmp_path, sentence_20k):
     vecs, q, gt = sentence_20k
     bank = ExperienceBank(tmp_path / "hnsw.db", _Dim(384), index="hnsw")
-    bank._bulk_add_vectors("e", vecs)
+    bank.add_vectors("e", vecs)
     shard = bank._shards["e"]
     assert [shard.ef(k) for k in (1, 16, 32, 64)] == [128, 128, 256, 512]     # max(128, 8k)
     assert _recall(bank, q, gt, 16) >= 0.95
@@ -157,7 +158,7 @@ def test_auto_is_the_default_and_switches_by_size(tmp_path):
     assert [[i for i, _ in r] for r in auto.search(queries, 5, "e")] == \
            [[i for i, _ in r] for r in flat.search(queries, 5, "e")]
     # ids and vectors in the index = the stored ones
-    ids, vecs = auto._index_snapshot()
+    ids, vecs = auto.index_snapshot()
     db = auto._db_vectors()
     assert sorted(ids.tolist()) == sorted(db)
     for i, v in zip(ids.tolist(), vecs):
@@ -169,7 +170,7 @@ def test_auto_is_the_default_and_switches_by_size(tmp_path):
         assert auto.shard_kinds() == {"e": "hnsw" if len(auto) >= 50 else "flat"}
     assert len(auto) == 160 - 37 * 3 and auto.shard_kinds() == {"e": "flat"}
     assert auto._shards["e"].switches == 2
-    ids, _ = auto._index_snapshot()
+    ids, _ = auto.index_snapshot()
     assert sorted(ids.tolist()) == sorted(auto._db_vectors())
     auto.close()
     flat.close()
@@ -184,7 +185,7 @@ def test_auto_reopen_and_per_shard(tmp_path):
     bank.close()
     again = ExperienceBank(tmp_path / "a.db", EMB, auto_threshold=50)
     assert again.shard_kinds() == {"big": "hnsw", "small": "flat"}
-    assert isinstance(again._shards["big"], _AutoShard)
+    assert isinstance(again._shards["big"], AutoShard)
     assert [i for i, _ in again.search(["w1 w2 w3"], 4, "big")[0]] == [i for i, _ in ref[0]]
     again.close()
 
@@ -197,7 +198,7 @@ def test_auto_at_capacity_stays_exact(tmp_path):
     for j, t in enumerate(texts):
         bank.apply([Op("ADD", f"t{j}", t)], env_id="e", step=1, extraction_id="x", generation=0)
         assert bank.shard_kinds() == {"e": "flat"}
-    bank._bulk_add_vectors("e", EMB.encode(["a", "b", "c"]))
+    bank.add_vectors("e", EMB.encode(["a", "b", "c"]))
     assert len(bank) == 40 and bank.shard_kinds() == {"e": "flat"} and bank._shards["e"].switches == 0
     bank.close()
 

@@ -3,7 +3,9 @@
 * :mod:`.types`: entries and operations (ADD / UPDATE / MERGE / NONE).
 * :mod:`.operations`: the strict text format the extractor answers in, and its parser.
 * :mod:`.embedding`: sentence embeddings (offline all-MiniLM-L6-v2 from PyPI by default), cached.
-* :mod:`.bank`: SQLite (WAL) storage + FAISS vector index, validated atomic operations, eviction.
+* :mod:`.validation`: the rejection reasons and the checks of one operation that need no database.
+* :mod:`.vector_index`: the FAISS shards (one per env; auto / flat / ivf / hnsw), OpenMP and BLAS settings.
+* :mod:`.bank`: SQLite (WAL) storage + the vector index, validated atomic operations, eviction, stats.
 * :mod:`.retrieval`: top-k search with the diversity re-rank.
 * :mod:`.manager`: the background experience manager (distillation queue, locks, micro-batched search).
 """

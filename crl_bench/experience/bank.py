@@ -1,5 +1,17 @@
 """The experience bank: SQLite (WAL) storage + FAISS vector index (docs/method.md).
 
+This module holds the storage, the transactions, the checks of operations that need the database,
+eviction and statistics. Two modules beside it hold the rest:
+
+* :mod:`crl_bench.experience.vector_index`: the FAISS shards (index kinds ``auto`` / ``flat`` /
+  ``ivf`` / ``hnsw``, their search rules and tuning measurements, OpenMP and BLAS thread settings);
+* :mod:`crl_bench.experience.validation`: the rejection reasons and the checks of one operation
+  that need no database.
+
+The names other code imported from this module before the split (``REJECT_*``,
+``REJECTION_REASONS``, ``INDEX_KINDS``, ``APPROX_KINDS``, ``AUTO_THRESHOLD``) still are importable
+from it.
+
 Storage
     One SQLite file in WAL mode. Table ``entries`` holds every :class:`ExperienceEntry` field, the
     unix time of the entry's last write (``updated_at``, used by LRU eviction), the text the entry is
@@ -9,91 +21,34 @@ Storage
     step, extraction id, env id, the operation as JSON, reason). Table ``counters`` keeps totals
     (operations applied per kind, evictions). Ids come from ``AUTOINCREMENT`` and are never reused,
     even after deletion or reopening. Opening an existing file restores the bank: entries are read
-    back and the FAISS index is rebuilt from the stored embeddings (no re-embedding).
+    back and the FAISS index is rebuilt from the stored embeddings (no re-embedding). Entries and
+    counters change only inside one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction per operation,
+    bulk insert, eviction or counter update (``ROLLBACK`` on any error; ``ExperienceBank._write``);
+    an operation refused before its transaction is logged in ``rejections`` on its own.
 
 Vector index
-    Inner product over L2-normalised embeddings (= cosine). **One index per env id** ("shard"), so a
-    search filtered by env is exact and costs only that env's entries (no oversample-and-filter that
-    can come back short when one env dominates the bank); ``env_id=None`` searches every shard and
-    merges the per-shard top-k (exact merge). Index kinds:
-
-    * ``auto`` (the default): exact ``flat`` search while a shard holds at most ``auto_threshold``
-      (20,000) vectors; when it grows past that, the shard is rebuilt once as ``auto_index``
-      (``hnsw``), and back as flat if it shrinks below half the threshold. Why 20,000: single-query
-      flat p99 through :meth:`search_vectors` (one thread, 384-dim, 2-core machine under load)
-      measured 0.5 ms at 10k, 0.8 ms at 15k, 1.7 ms at 20k, 1.9 ms at 30k, 3.5 ms at 50k and 8-13 ms at
-      100k: 20k is where exact search leaves the ~1-2 ms budget (HNSW at 20k: p99 0.4 ms, recall@16
-      0.99). HNSW rather than IVF because at 100k it kept equal or better recall at half IVF's p99
-      (table below), needs no retraining as the shard grows, and the switch is one graph build (~4 s
-      at 20k with 2 threads, under the write lock). The switch is decided once a write is complete
-      (after capacity eviction), so the ``paper`` preset's 20,000-entry cap keeps every shard exact.
-    * ``flat``: ``IndexIDMap2(IndexFlatIP)``, ids = entry ids. Exact.
-    * ``ivf``: ``IndexIVFFlat`` (inner product, ids = entry ids, hash-table direct map so single
-      ids can be removed and reconstructed). Until a shard holds ``ivf_min_train`` vectors it is
-      searched exactly with a flat index. It is (re)trained from all its vectors when it first
-      reaches that size and again each time it has doubled (or shrunk below a quarter) since the
-      last training; ``nlist = min(ivf_nlist, n // 39)`` (FAISS wants >= 39 points per centroid;
-      ``ivf_nlist`` 2048). Lists probed per query: ``ivf_nprobe`` if set (> 0), else
-      ``ceil(nlist * max(ivf_nprobe_fraction, ivf_min_scan / n))`` with the current shard size
-      ``n`` (defaults 1/8 and 10,000), i.e. about ``max(n / 8, 10000)`` vectors scanned: recall at
-      a fixed fraction of lists falls as shards get smaller, so small shards scan a larger share
-      (a shard of <= 10,000 is scanned whole; flat is cheaper there). Training the 100k shard
-      takes ~20 s (2048 lists). Not k-dependent (measured k = 16 and 32).
-    * ``hnsw``: ``IndexHNSWFlat`` (inner product, ``hnsw_m`` 32, ``hnsw_ef_construction`` 80).
-      efSearch of a k-NN query = ``max(hnsw_ef_search, hnsw_ef_per_k * k, k)`` (defaults 128 and
-      8: 128 up to k = 16, 256 at k = 32). HNSW cannot remove vectors, so deletions (MERGE
-      targets, evictions, the old vector of an UPDATE) are **tombstones**: the internal label is
-      marked dead and searches pass FAISS an ``IDSelectorBitmap`` of live labels, so dead vectors
-      are never returned and no oversampling guess is needed. The shard is rebuilt from its live
-      vectors when tombstones exceed ``max(hnsw_rebuild_min, hnsw_rebuild_fraction * live)``.
-      Internal labels map to entry ids through an array kept beside the index.
-
-    Tuning (``python -m crl_bench.bench_retrieval``, single-query search through this class, one
-    thread, k = 16 = the retriever's ``k * oversample``). On sentence-embedding-shaped data (the
-    benchmark's ``sentence`` data, calibrated on real all-MiniLM-L6-v2 embeddings, new queries),
-    100k entries, recall@16 / p99:
-
-    ==========================================  ===============  ==============
-    setting                                     recall@16        p99 ms
-    ==========================================  ===============  ==============
-    flat                                        1.000            8-13
-    ivf before (nlist 256, nprobe 16)           0.69             1.1
-    ivf now (nlist 2048, nprobe 256)            0.98             1.4
-    hnsw before (efSearch 64)                   0.96             0.4
-    hnsw now (efSearch 128)                     0.98             0.7
-    ==========================================  ===============  ==============
-
-    On 100k real MiniLM sentence embeddings (held-out sentences as queries) HNSW efSearch 128 gave
-    0.994 (p99 0.7 ms) and IVF 2048/256 0.978 (p99 2.2 ms). On isotropic Gaussian vectors (the
-    worst case: no structure) nothing approximate reaches 0.95 under 5 ms: now ivf 0.45, hnsw 0.41
-    at p99 0.9-1.6 ms (HNSW needs efSearch ~2048, p99 ~10 ms, slower than exact search); those rows
-    are kept in the benchmark as the worst case.
-
-    GPU FAISS is not used (faiss-cpu here); the flat index is the one that would benefit.
-
-    OpenMP: searches run with ``search_threads`` OpenMP threads (default 1), set for the calling
-    thread only (OpenMP's thread count is a per-thread setting) and restored after the call. On the
-    2-core target with a trainer busy beside it, FAISS's default 2 threads made a single-query flat
-    search over 10k vectors ~100x slower (36 ms vs 0.3 ms p50) because its threads wait on a barrier
-    for a descheduled sibling; parallelism across queries comes from the manager's search threads
-    and from batching. ``search_threads=0`` leaves OpenMP as it is (e.g. on a many-core machine).
-
-    BLAS for batched exact search: FAISS computes exact inner products with BLAS only when
-    ``n_queries * dim >= faiss.cvar.distance_compute_blas_threshold`` (128000 by default, i.e.
-    >= 334 queries at dim 384), so a 64-query batch ran the same per-query SIMD scan as 64 single
-    searches (measured 1.1x). The bank lowers that process-wide threshold to
-    ``flat_blas_min_queries * dim`` (default 8 queries; it only ever lowers it): a 64-query batch
-    over 100k vectors then took 72 ms instead of 370 ms with one thread, single queries unchanged.
-    ``flat_blas_min_queries=0`` leaves FAISS's threshold alone.
+    Inner product over L2-normalised embeddings (= cosine). **One index per env id** ("shard", made
+    by :func:`~crl_bench.experience.vector_index.make_shard`), so a search filtered by env is exact
+    and costs only that env's entries (no oversample-and-filter that can come back short when one
+    env dominates the bank); ``env_id=None`` searches every shard and merges the per-shard top-k
+    (exact merge). The default kind ``auto`` searches exactly (flat) up to 20,000 entries per shard
+    and with HNSW above; ``flat``, ``ivf`` and ``hnsw`` force one kind. The rules and measurements
+    are in :mod:`crl_bench.experience.vector_index`. FAISS is updated only after the SQLite commit
+    succeeded; when a FAISS update or an ``auto`` switch fails, the shard is rebuilt from the
+    embeddings stored in SQLite (with a warning). Searches run with ``search_threads`` OpenMP
+    threads in the calling thread (default 1); the bank lowers FAISS's BLAS threshold to
+    ``flat_blas_min_queries * dim`` (default 8 queries).
 
 Operations (:meth:`ExperienceBank.apply`)
-    Each operation is validated, then applied in its own SQLite transaction (``BEGIN IMMEDIATE`` ...
-    ``COMMIT``); the FAISS index is updated only after the commit succeeded. A refused operation is
-    logged in ``rejections`` and returned in ``ApplyResult.rejected``; it never raises and changes
-    nothing else. Reasons: see :data:`REJECTION_REASONS`.
+    Each operation is validated (:func:`~crl_bench.experience.validation.check_operation`, then the
+    targets against the database), then applied in its own SQLite transaction; the FAISS index is
+    updated only after the commit succeeded. A refused operation is logged in ``rejections`` and
+    returned in ``ApplyResult.rejected``; it never raises and changes nothing else. Reasons: see
+    :data:`~crl_bench.experience.validation.REJECTION_REASONS`. :meth:`ExperienceBank.add_vectors`
+    inserts pre-computed vectors without validation (benchmarks, imports).
 
 Thread-safety
-    Writes (``apply``, ``_bulk_add_vectors``) must be serialised by the caller (the experience
+    Writes (``apply``, ``add_vectors``) must be serialised by the caller (the experience
     manager holds an :class:`~crl_bench.experience.locks.RWLock` write lock) and must not overlap
     reads. Reads (``search``, ``search_vectors``, ``get``, ``entries``, ``__len__``, ``stats``)
     may run concurrently from several threads while no write happens: each thread has its own
@@ -106,41 +61,52 @@ Thread-safety
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from crl_bench.experience.types import OP_KINDS, ApplyResult, ExperienceEntry, Operation
+from crl_bench.experience.types import ApplyResult, ExperienceEntry, Operation
+from crl_bench.experience.validation import (
+    REJECT_ADD_TARGETS,
+    REJECT_BAD_TEXT,
+    REJECT_EMBED_FAILED,
+    REJECT_EMPTY_TEXT,
+    REJECT_MERGE_TARGETS,
+    REJECT_TOO_LONG,
+    REJECT_UNKNOWN_KIND,
+    REJECT_UNKNOWN_TARGET,
+    REJECT_UPDATE_TARGETS,
+    REJECT_WRITE_FAILED,
+    REJECT_WRONG_ENV,
+    REJECTION_REASONS,
+    check_operation,
+)
+from crl_bench.experience.vector_index import (
+    APPROX_KINDS,
+    AUTO_THRESHOLD,
+    INDEX_KINDS,
+    AutoShard,
+    Shard,
+    lower_blas_threshold,
+    make_shard,
+    omp_threads,
+    searched_kind,
+)
 
-# ----------------------------------------------------------------------------- rejection reasons
-REJECT_UNKNOWN_KIND = "unknown_kind"            # kind not in ADD / UPDATE / MERGE / NONE
-REJECT_EMPTY_TEXT = "empty_text"                # ADD / UPDATE / MERGE with an empty title or content
-REJECT_TOO_LONG = "too_long"                    # title or content longer than max_text_chars
-REJECT_ADD_TARGETS = "add_with_targets"         # ADD naming target ids
-REJECT_UPDATE_TARGETS = "update_target_count"   # UPDATE without exactly one target
-REJECT_MERGE_TARGETS = "merge_target_count"     # MERGE with fewer than 2 distinct targets
-REJECT_UNKNOWN_TARGET = "unknown_target"        # a target id not in the bank (or not an integer)
-REJECT_WRONG_ENV = "target_other_env"           # a target belongs to another env id
-REJECT_BAD_TEXT = "invalid_text"                # title or content is not encodable text (lone surrogate)
-REJECT_EMBED_FAILED = "embedding_failed"        # the embedder raised on the operation's key text
-REJECT_WRITE_FAILED = "write_failed"            # the database refused the write (rolled back)
-REJECTION_REASONS = (REJECT_UNKNOWN_KIND, REJECT_EMPTY_TEXT, REJECT_TOO_LONG, REJECT_ADD_TARGETS,
-                     REJECT_UPDATE_TARGETS, REJECT_MERGE_TARGETS, REJECT_UNKNOWN_TARGET, REJECT_WRONG_ENV,
-                     REJECT_BAD_TEXT, REJECT_EMBED_FAILED, REJECT_WRITE_FAILED)
+__all__ = [
+    "APPROX_KINDS", "AUTO_THRESHOLD", "BANK_TABLES", "EVICTION_POLICIES", "INDEX_KINDS", "REJECTION_REASONS",
+    "REJECT_ADD_TARGETS", "REJECT_BAD_TEXT", "REJECT_EMBED_FAILED", "REJECT_EMPTY_TEXT", "REJECT_MERGE_TARGETS",
+    "REJECT_TOO_LONG", "REJECT_UNKNOWN_KIND", "REJECT_UNKNOWN_TARGET", "REJECT_UPDATE_TARGETS",
+    "REJECT_WRITE_FAILED", "REJECT_WRONG_ENV", "ExperienceBank", "NotABankError",
+]
+
 BANK_TABLES = ("entries", "rejections", "counters", "meta")    # what makes a SQLite file a bank
-_MAX_ID = 2 ** 63 - 1                           # SQLite INTEGER range; entry ids are positive
-
-INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")
-APPROX_KINDS = ("ivf", "hnsw")
-#: ``index="auto"``: a shard of more than this many entries leaves exact search for ``auto_index``
-AUTO_THRESHOLD = 20000
 EVICTION_POLICIES = ("fifo", "lru")
 
 _ENTRY_COLS = ("id", "env_id", "title", "content", "created_step", "updated_step", "source_extraction",
@@ -201,371 +167,6 @@ def _op_json(op: Operation) -> str:
     except UnicodeEncodeError:
         out = json.dumps(doc, default=str, ensure_ascii=True)
     return out
-
-
-def _valid_text(text: str) -> bool:
-    """Whether ``text`` can be stored and embedded (UTF-8 encodable: no lone surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-# ----------------------------------------------------------------------------- vector shards
-class _VectorStore:
-    """Live (id, vector) rows of one shard, contiguous, O(1) removal by swapping in the last row."""
-
-    def __init__(self, dim: int):
-        self.dim = dim
-        self.ids = np.empty(0, dtype=np.int64)
-        self.vecs = np.empty((0, dim), dtype=np.float32)
-        self.n = 0
-        self.pos: dict[int, int] = {}
-
-    def add(self, ids: np.ndarray, vecs: np.ndarray) -> None:
-        m = len(ids)
-        if self.n + m > len(self.ids):
-            cap = max(16, 2 * len(self.ids), self.n + m)
-            new_ids = np.empty(cap, dtype=np.int64)
-            new_vecs = np.empty((cap, self.dim), dtype=np.float32)
-            new_ids[:self.n] = self.ids[:self.n]
-            new_vecs[:self.n] = self.vecs[:self.n]
-            self.ids, self.vecs = new_ids, new_vecs
-        self.ids[self.n:self.n + m] = ids
-        self.vecs[self.n:self.n + m] = vecs
-        for j, i in enumerate(ids.tolist()):
-            self.pos[i] = self.n + j
-        self.n += m
-
-    def remove(self, ids: Iterable[int]) -> None:
-        for i in ids:
-            p = self.pos.pop(int(i), None)
-            if p is None:
-                continue
-            last = self.n - 1
-            if p != last:
-                moved = int(self.ids[last])
-                self.ids[p] = moved
-                self.vecs[p] = self.vecs[last]
-                self.pos[moved] = p
-            self.n -= 1
-
-    def live(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.ids[:self.n], self.vecs[:self.n]
-
-
-def _flat_idmap(dim: int, ids: np.ndarray | None = None, vecs: np.ndarray | None = None):
-    import faiss
-
-    index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-    if ids is not None and len(ids):
-        index.add_with_ids(np.ascontiguousarray(vecs), np.ascontiguousarray(ids))
-    return index
-
-
-def _flat_snapshot(index) -> tuple[np.ndarray, np.ndarray]:
-    import faiss
-
-    ids = faiss.vector_to_array(index.id_map).astype(np.int64)
-    vecs = index.index.reconstruct_n(0, index.ntotal) if index.ntotal else np.empty((0, index.d), np.float32)
-    return ids, np.asarray(vecs, dtype=np.float32)
-
-
-class _FlatShard:
-    """Exact search: IndexIDMap2(IndexFlatIP)."""
-
-    def __init__(self, dim: int, cfg: dict):
-        self.dim = dim
-        self.index = _flat_idmap(dim)
-
-    def __len__(self) -> int:
-        return int(self.index.ntotal)
-
-    def add(self, ids: np.ndarray, vecs: np.ndarray) -> None:
-        self.index.add_with_ids(vecs, ids)
-
-    def remove(self, ids: Sequence[int]) -> None:
-        if len(ids):
-            self.index.remove_ids(np.asarray(ids, dtype=np.int64))
-
-    def search_params(self, k: int):
-        return None
-
-    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.index.search(q, k)
-
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        return _flat_snapshot(self.index)
-
-
-class _IVFShard:
-    """IndexIVFFlat once the shard holds ``ivf_min_train`` vectors, exact flat search before."""
-
-    def __init__(self, dim: int, cfg: dict):
-        self.dim = dim
-        self.nlist_max = int(cfg["ivf_nlist"])
-        self.nprobe_fixed = int(cfg["ivf_nprobe"])
-        self.nprobe_fraction = float(cfg["ivf_nprobe_fraction"])
-        self.min_scan = int(cfg["ivf_min_scan"])
-        self.min_train = max(2, int(cfg["ivf_min_train"]))
-        self.store = _VectorStore(dim)
-        self.flat = _flat_idmap(dim)
-        self.ivf = None
-        self.trained_n = 0
-        self.trainings = 0
-
-    def __len__(self) -> int:
-        return self.store.n
-
-    def _needs_rebuild(self) -> bool:
-        n = self.store.n
-        if self.ivf is None:
-            return n >= self.min_train
-        return n >= 2 * self.trained_n or n < self.trained_n // 4
-
-    def _rebuild(self) -> None:
-        import faiss
-
-        ids, vecs = self.store.live()
-        n = len(ids)
-        if n < self.min_train:
-            self.ivf, self.trained_n = None, 0
-            self.flat = _flat_idmap(self.dim, ids, vecs)
-            return
-        nlist = max(1, min(self.nlist_max, n // 39))
-        quantizer = faiss.IndexFlatIP(self.dim)
-        ivf = faiss.IndexIVFFlat(quantizer, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        ivf.train(np.ascontiguousarray(vecs))
-        ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
-        ivf.add_with_ids(np.ascontiguousarray(vecs), np.ascontiguousarray(ids))
-        self._quantizer = quantizer          # keep the quantizer alive with the index
-        self.ivf, self.flat, self.trained_n = ivf, None, n
-        self.trainings += 1
-        ivf.nprobe = self.nprobe()                # the default of a plain ivf.search (benchmark's raw path)
-
-    def nprobe(self) -> int:
-        """Lists probed per query (see the module docstring): ``ivf_nprobe`` if > 0, else
-        ``ceil(nlist * max(ivf_nprobe_fraction, ivf_min_scan / n))``, within ``[1, nlist]``."""
-        nlist = int(self.ivf.nlist) if self.ivf is not None else 1
-        if self.nprobe_fixed > 0:
-            return max(1, min(self.nprobe_fixed, nlist))
-        frac = max(self.nprobe_fraction, self.min_scan / max(1, self.store.n))
-        return max(1, min(nlist, math.ceil(frac * nlist - 1e-9)))
-
-    def search_params(self, k: int):
-        """FAISS search parameters of a ``k``-NN query now (``None``: exact flat search)."""
-        if self.ivf is None:
-            return None
-        import faiss
-
-        params = faiss.SearchParametersIVF()
-        params.nprobe = self.nprobe()
-        return params
-
-    def add(self, ids: np.ndarray, vecs: np.ndarray) -> None:
-        self.store.add(ids, vecs)
-        if self._needs_rebuild():
-            self._rebuild()
-        elif self.ivf is not None:
-            self.ivf.add_with_ids(vecs, ids)
-        else:
-            self.flat.add_with_ids(vecs, ids)
-
-    def remove(self, ids: Sequence[int]) -> None:
-        if not len(ids):
-            return
-        self.store.remove(ids)
-        arr = np.asarray(ids, dtype=np.int64)
-        if self.ivf is not None:
-            self.ivf.remove_ids(arr)
-        else:
-            self.flat.remove_ids(arr)
-        if self._needs_rebuild():
-            self._rebuild()
-
-    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.ivf is None:
-            return self.flat.search(q, k)
-        return self.ivf.search(q, k, params=self.search_params(k))
-
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.ivf is None:
-            return _flat_snapshot(self.flat)
-        from faiss.contrib.inspect_tools import get_invlist
-
-        all_ids, all_vecs = [], []
-        for lst in range(self.ivf.nlist):
-            ids, codes = get_invlist(self.ivf.invlists, lst)
-            all_ids.append(ids)
-            all_vecs.append(codes.view(np.float32).reshape(len(ids), self.dim))
-        return np.concatenate(all_ids), np.concatenate(all_vecs)
-
-
-class _HNSWShard:
-    """IndexHNSWFlat with tombstones (HNSW has no removal) and rebuild when they pile up."""
-
-    def __init__(self, dim: int, cfg: dict):
-        self.dim = dim
-        self.m = int(cfg["hnsw_m"])
-        self.ef_construction = int(cfg["hnsw_ef_construction"])
-        self.ef_search = int(cfg["hnsw_ef_search"])
-        self.ef_per_k = int(cfg["hnsw_ef_per_k"])
-        self.rebuild_min = int(cfg["hnsw_rebuild_min"])
-        self.rebuild_fraction = float(cfg["hnsw_rebuild_fraction"])
-        self.store = _VectorStore(dim)
-        self.rebuilds = 0
-        self._reset()
-
-    def _reset(self) -> None:
-        import faiss
-
-        self.index = faiss.IndexHNSWFlat(self.dim, self.m, faiss.METRIC_INNER_PRODUCT)
-        self.index.hnsw.efConstruction = self.ef_construction
-        self.labels = np.empty(0, dtype=np.int64)      # internal label -> entry id
-        self.alive = np.empty(0, dtype=bool)
-        self.label_of: dict[int, int] = {}
-        self.dead = 0
-        self.alive_bits: np.ndarray | None = None        # packed bitmap of live labels, when dead > 0
-
-    def __len__(self) -> int:
-        return self.store.n
-
-    def _append(self, ids: np.ndarray, vecs: np.ndarray) -> None:
-        start = int(self.index.ntotal)
-        self.index.add(np.ascontiguousarray(vecs))
-        self.labels = np.concatenate([self.labels, ids.astype(np.int64)])
-        self.alive = np.concatenate([self.alive, np.ones(len(ids), dtype=bool)])
-        for j, i in enumerate(ids.tolist()):
-            self.label_of[i] = start + j
-
-    def _refresh_bits(self) -> None:
-        self.alive_bits = np.packbits(self.alive, bitorder="little") if self.dead else None
-
-    def add(self, ids: np.ndarray, vecs: np.ndarray) -> None:
-        self.store.add(ids, vecs)
-        self._append(ids, vecs)
-        self._refresh_bits()
-
-    def remove(self, ids: Sequence[int]) -> None:
-        if not len(ids):
-            return
-        self.store.remove(ids)
-        for i in ids:
-            lab = self.label_of.pop(int(i), None)
-            if lab is not None and self.alive[lab]:
-                self.alive[lab] = False
-                self.dead += 1
-        if self.dead > max(self.rebuild_min, self.rebuild_fraction * self.store.n):
-            self.rebuild()
-        else:
-            self._refresh_bits()
-
-    def rebuild(self) -> None:
-        ids, vecs = self.store.live()
-        self._reset()
-        if len(ids):
-            self._append(ids.copy(), vecs)
-        self.rebuilds += 1
-
-    def ef(self, k: int) -> int:
-        """efSearch of a ``k``-NN query: ``max(hnsw_ef_search, hnsw_ef_per_k * k, k)``."""
-        return max(self.ef_search, self.ef_per_k * k, k)
-
-    def search_params(self, k: int):
-        """FAISS search parameters of a ``k``-NN query now (beam width, live-label filter)."""
-        import faiss
-
-        params = faiss.SearchParametersHNSW()
-        params.efSearch = self.ef(k)
-        bits = self.alive_bits
-        if bits is not None:
-            sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
-            params.sel = sel
-            params._keep = (sel, bits)          # the selector points into ``bits``: keep both alive
-        return params
-
-    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        D, L = self.index.search(q, k, params=self.search_params(k))
-        ids = np.where(L >= 0, self.labels[np.maximum(L, 0)] if len(self.labels) else -1, -1)
-        return D, ids
-
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        if not self.index.ntotal:
-            return np.empty(0, np.int64), np.empty((0, self.dim), np.float32)
-        vecs = self.index.reconstruct_n(0, self.index.ntotal)
-        return self.labels[self.alive].copy(), np.asarray(vecs, np.float32)[self.alive]
-
-
-class _AutoShard:
-    """Exact flat search while the shard is small, the approximate index (``auto_index``) once it
-    holds more than ``auto_threshold`` vectors; back to flat when it shrinks below half of that."""
-
-    def __init__(self, dim: int, cfg: dict):
-        self.dim = dim
-        self.cfg = cfg
-        self.threshold = int(cfg["auto_threshold"])
-        self.approx = str(cfg["auto_index"])
-        self.kind = "flat"
-        self.inner = _FlatShard(dim, cfg)
-        self.switches = 0
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def _switch(self, kind: str) -> None:
-        ids, vecs = self.inner.snapshot()
-        new = _SHARDS[kind](self.dim, self.cfg)
-        if len(ids):
-            new.add(np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(vecs, dtype=np.float32))
-        self.inner, self.kind = new, kind
-        self.switches += 1
-
-    def add(self, ids: np.ndarray, vecs: np.ndarray) -> None:
-        self.inner.add(ids, vecs)
-
-    def remove(self, ids: Sequence[int]) -> None:
-        self.inner.remove(ids)
-
-    def settle(self) -> None:
-        """Switch kind if the size asks for it. Called by the bank once a write is complete (after
-        capacity eviction), so a bank held at its cap by eviction never switches on the transient
-        extra entries of a write."""
-        if self.kind == "flat" and len(self.inner) > self.threshold:
-            self._switch(self.approx)
-        elif self.kind != "flat" and len(self.inner) < self.threshold // 2:
-            self._switch("flat")
-
-    def search_params(self, k: int):
-        return self.inner.search_params(k)
-
-    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.inner.search(q, k)
-
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.inner.snapshot()
-
-
-_SHARDS = {"flat": _FlatShard, "ivf": _IVFShard, "hnsw": _HNSWShard, "auto": _AutoShard}
-
-
-@contextmanager
-def _omp_threads(n: int):
-    """Run the block with ``n`` OpenMP threads in the calling thread (0: unchanged), then restore."""
-    if n <= 0:
-        yield
-        return
-    import faiss
-
-    prev = faiss.omp_get_max_threads()
-    if prev == n:
-        yield
-        return
-    faiss.omp_set_num_threads(n)
-    try:
-        yield
-    finally:
-        faiss.omp_set_num_threads(prev)
 
 
 # ----------------------------------------------------------------------------- the bank
@@ -637,12 +238,7 @@ class ExperienceBank:
         self.index_kind = index
         self.max_text_chars = int(max_text_chars)
         self.search_threads = int(search_threads)
-        if flat_blas_min_queries > 0:
-            import faiss
-
-            want = int(flat_blas_min_queries) * self.dim
-            if want < faiss.cvar.distance_compute_blas_threshold:
-                faiss.cvar.distance_compute_blas_threshold = want
+        lower_blas_threshold(flat_blas_min_queries, self.dim)
         self._cfg = {"ivf_nlist": ivf_nlist, "ivf_nprobe": ivf_nprobe, "ivf_min_train": ivf_min_train,
                      "ivf_nprobe_fraction": ivf_nprobe_fraction, "ivf_min_scan": ivf_min_scan,
                      "hnsw_m": hnsw_m, "hnsw_ef_construction": hnsw_ef_construction,
@@ -652,7 +248,7 @@ class ExperienceBank:
         self.read_only = bool(read_only)
         self._local = threading.local()
         self._closed = False
-        self._shards: dict[str, object] = {}
+        self._shards: dict[str, Shard] = {}
         if self.read_only:
             self._open_read_only()
             return
@@ -729,10 +325,25 @@ class ExperienceBank:
             self._local.conn = c
         return c
 
-    def _shard(self, env_id: str, create: bool = True):
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction on this thread's connection: ``BEGIN IMMEDIATE`` (takes SQLite's
+        write lock now, waiting up to the busy timeout), ``COMMIT`` when the block ends (also by
+        ``return``), ``ROLLBACK`` and re-raise when the block or the commit raises. Yields the
+        connection."""
+        c = self._conn()
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            yield c
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def _shard(self, env_id: str, create: bool = True) -> Shard | None:
         shard = self._shards.get(env_id)
         if shard is None and create:
-            shard = _SHARDS[self.index_kind](self.dim, self._cfg)
+            shard = make_shard(self.index_kind, self.dim, self._cfg)
             self._shards[env_id] = shard
         return shard
 
@@ -749,9 +360,10 @@ class ExperienceBank:
         self._settle()
 
     def _settle(self) -> None:
-        """Let ``auto`` shards switch kind now that a write is complete (see :class:`_AutoShard`)."""
+        """Let ``auto`` shards switch kind now that a write is complete (see
+        :meth:`~crl_bench.experience.vector_index.AutoShard.settle`)."""
         for env, shard in list(self._shards.items()):
-            if isinstance(shard, _AutoShard):
+            if isinstance(shard, AutoShard):
                 try:
                     shard.settle()
                 except Exception as exc:  # noqa: BLE001 - any FAISS failure: SQLite holds the truth, rebuild
@@ -762,11 +374,11 @@ class ExperienceBank:
     def _rebuild_shard(self, env_id: str) -> None:
         rows = self._conn().execute("SELECT id, embedding FROM entries WHERE env_id=? ORDER BY id",
                                     (env_id,)).fetchall()
-        shard = _SHARDS[self.index_kind](self.dim, self._cfg)
+        shard = make_shard(self.index_kind, self.dim, self._cfg)
         if rows:
             vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
             shard.add(np.asarray([r[0] for r in rows], dtype=np.int64), np.ascontiguousarray(vecs))
-        if isinstance(shard, _AutoShard):
+        if isinstance(shard, AutoShard):
             shard.settle()
         self._shards[env_id] = shard
 
@@ -795,39 +407,7 @@ class ExperienceBank:
         c.execute("INSERT INTO counters(name, value) VALUES (?, ?) "
                   "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (name, by))
 
-    # ------------------------------------------------------------------ validation
-    def _static_check(self, op: Operation) -> tuple[str | None, tuple[int, ...]]:
-        """Checks that need no database; returns (reason or None, distinct targets)."""
-        kind = getattr(op, "kind", None)
-        if kind not in OP_KINDS:
-            return REJECT_UNKNOWN_KIND, ()
-        if kind == "NONE":
-            return None, ()
-        raw = getattr(op, "targets", ()) or ()
-        try:
-            raw = tuple(raw)
-            if any(isinstance(t, bool) or (isinstance(t, float) and not t.is_integer()) for t in raw):
-                raise ValueError
-            targets = tuple(dict.fromkeys(int(t) for t in raw))
-            if any(not 0 < t <= _MAX_ID for t in targets):
-                raise ValueError         # ids are positive SQLite integers: 99999999999999999999 is no id
-        except (TypeError, ValueError, OverflowError):   # OverflowError: int(float("inf"))
-            return REJECT_UNKNOWN_TARGET, ()
-        if kind == "ADD" and raw:
-            return REJECT_ADD_TARGETS, targets
-        if kind == "UPDATE" and len(tuple(raw)) != 1:
-            return REJECT_UPDATE_TARGETS, targets
-        if kind == "MERGE" and len(targets) < 2:
-            return REJECT_MERGE_TARGETS, targets
-        title, content = str(op.title or "").strip(), str(op.content or "").strip()
-        if not title or not content:
-            return REJECT_EMPTY_TEXT, targets
-        if not (_valid_text(title) and _valid_text(content)):
-            return REJECT_BAD_TEXT, targets
-        if len(title) > self.max_text_chars or len(content) > self.max_text_chars:
-            return REJECT_TOO_LONG, targets
-        return None, targets
-
+    # ------------------------------------------------------------------ validation (database side)
     def _log_rejection(self, c: sqlite3.Connection, op: Operation, reason: str, env_id: str, step: int,
                        extraction_id: str) -> None:
         """Record a refused operation (outside or inside the caller's transaction); a log write the
@@ -861,7 +441,7 @@ class ExperienceBank:
         self._check_writable()
         res = ApplyResult()
         c = self._conn()
-        checks = [self._static_check(op) for op in ops]
+        checks = [check_operation(op, self.max_text_chars) for op in ops]
         to_embed = [i for i, (op, (reason, _)) in enumerate(zip(ops, checks))
                     if reason is None and op.kind != "NONE"]
         vec_of: dict[int, np.ndarray] = {}
@@ -883,7 +463,7 @@ class ExperienceBank:
             if op.kind == "NONE":
                 res.applied.append((op, None))
                 continue
-            outcome = self._apply_one(c, op, targets, vec_of[i], env_id, step, extraction_id, generation, key_of[i])
+            outcome = self._apply_one(op, targets, vec_of[i], env_id, step, extraction_id, generation, key_of[i])
             if isinstance(outcome, str):
                 res.rejected.append((op, outcome))
             else:
@@ -912,76 +492,72 @@ class ExperienceBank:
                     warnings.warn(f"embedding a bank entry failed ({exc!r}); its operation is rejected", stacklevel=2)
             return out
 
-    def _apply_one(self, c: sqlite3.Connection, op: Operation, targets: tuple[int, ...], vec: np.ndarray,
-                   env_id: str, step: int, extraction_id: str, generation: int, key: str) -> int | str:
+    def _apply_one(self, op: Operation, targets: tuple[int, ...], vec: np.ndarray, env_id: str, step: int,
+                   extraction_id: str, generation: int, key: str) -> int | str:
         """One operation in one transaction; returns the resulting id or a rejection reason."""
         title, content = str(op.title).strip(), str(op.content).strip()
         now = time.time()
         blob = np.ascontiguousarray(vec, dtype=np.float32).tobytes()
-        c.execute("BEGIN IMMEDIATE")
+        began = False
         try:
-            rows = {}
-            if targets:
-                marks = ",".join("?" * len(targets))
-                for r in c.execute("SELECT id, env_id, times_retrieved, times_success, times_failure, "
-                                   f"last_retrieved FROM entries WHERE id IN ({marks})", targets):
-                    rows[r[0]] = r
-                reason = None
-                if any(t not in rows for t in targets):
-                    reason = REJECT_UNKNOWN_TARGET
-                elif any(rows[t][1] != env_id for t in targets):
-                    reason = REJECT_WRONG_ENV
-                if reason is not None:
-                    self._log_rejection(c, op, reason, env_id, step, extraction_id)
-                    c.execute("COMMIT")
-                    return reason
-            if op.kind == "ADD":
-                cur = c.execute(
-                    "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
-                    "generation, updated_at, embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (env_id, title, content, int(step), int(step), str(extraction_id), int(generation), now, blob,
-                     key))
-                new_id, removed = int(cur.lastrowid), []
-            elif op.kind == "UPDATE":
-                (tid,) = targets
-                c.execute("UPDATE entries SET title=?, content=?, updated_step=?, source_extraction=?, "
-                          "generation=?, updated_at=?, embedding=?, key_text=? WHERE id=?",
-                          (title, content, int(step), str(extraction_id), int(generation), now, blob, key, tid))
-                new_id, removed = tid, [tid]
-            else:  # MERGE
-                got = [rows[t] for t in targets]
-                marks = ",".join("?" * len(targets))
-                c.execute(f"DELETE FROM entries WHERE id IN ({marks})", targets)
-                cur = c.execute(
-                    "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
-                    "generation, times_retrieved, times_success, times_failure, last_retrieved, updated_at, "
-                    "embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (env_id, title, content, int(step), int(step), str(extraction_id), int(generation),
-                     sum(r[2] for r in got), sum(r[3] for r in got), sum(r[4] for r in got),
-                     max(r[5] for r in got), now, blob, key))
-                new_id, removed = int(cur.lastrowid), list(targets)
-            self._bump(c, f"applied_{op.kind}")
-            c.execute("COMMIT")
+            with self._write() as c:
+                began = True
+                rows = {}
+                if targets:
+                    marks = ",".join("?" * len(targets))
+                    for r in c.execute("SELECT id, env_id, times_retrieved, times_success, times_failure, "
+                                       f"last_retrieved FROM entries WHERE id IN ({marks})", targets):
+                        rows[r[0]] = r
+                    reason = None
+                    if any(t not in rows for t in targets):
+                        reason = REJECT_UNKNOWN_TARGET
+                    elif any(rows[t][1] != env_id for t in targets):
+                        reason = REJECT_WRONG_ENV
+                    if reason is not None:
+                        self._log_rejection(c, op, reason, env_id, step, extraction_id)
+                        return reason                  # commits the rejection log entry
+                if op.kind == "ADD":
+                    cur = c.execute(
+                        "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
+                        "generation, updated_at, embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (env_id, title, content, int(step), int(step), str(extraction_id), int(generation), now,
+                         blob, key))
+                    new_id, removed = int(cur.lastrowid), []
+                elif op.kind == "UPDATE":
+                    (tid,) = targets
+                    c.execute("UPDATE entries SET title=?, content=?, updated_step=?, source_extraction=?, "
+                              "generation=?, updated_at=?, embedding=?, key_text=? WHERE id=?",
+                              (title, content, int(step), str(extraction_id), int(generation), now, blob, key, tid))
+                    new_id, removed = tid, [tid]
+                else:  # MERGE
+                    got = [rows[t] for t in targets]
+                    marks = ",".join("?" * len(targets))
+                    c.execute(f"DELETE FROM entries WHERE id IN ({marks})", targets)
+                    cur = c.execute(
+                        "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
+                        "generation, times_retrieved, times_success, times_failure, last_retrieved, updated_at, "
+                        "embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (env_id, title, content, int(step), int(step), str(extraction_id), int(generation),
+                         sum(r[2] for r in got), sum(r[3] for r in got), sum(r[4] for r in got),
+                         max(r[5] for r in got), now, blob, key))
+                    new_id, removed = int(cur.lastrowid), list(targets)
+                self._bump(c, f"applied_{op.kind}")
         except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
-            c.execute("ROLLBACK")      # nothing of this operation stays; earlier ones are committed
+            if not began:      # BEGIN itself failed (e.g. busy past the timeout): not this operation's fault
+                raise
+            # rolled back by _write: nothing of this operation stays; earlier ones are committed
             warnings.warn(f"bank write refused ({exc!r}); operation rejected as {REJECT_WRITE_FAILED}", stacklevel=2)
-            self._log_rejection(c, op, REJECT_WRITE_FAILED, env_id, step, extraction_id)
+            self._log_rejection(self._conn(), op, REJECT_WRITE_FAILED, env_id, step, extraction_id)
             return REJECT_WRITE_FAILED
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
         self._faiss_update(env_id, removed, [new_id], vec[None, :])
         return new_id
 
     def _enforce_capacity(self) -> list[int]:
         if self.capacity <= 0:
             return []
-        c = self._conn()
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write() as c:
             excess = c.execute("SELECT COUNT(*) FROM entries").fetchone()[0] - self.capacity
             if excess <= 0:
-                c.execute("COMMIT")
                 return []
             # fifo: by last write (an UPDATE re-queues the entry, as the released code's delete + re-add)
             order = "updated_at, id" if self.eviction == "fifo" else "MAX(last_retrieved, updated_at), id"
@@ -991,10 +567,6 @@ class ExperienceBank:
                 chunk = ids[s:s + _SQL_CHUNK]
                 c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(chunk))})", chunk)
             self._bump(c, "evicted", len(ids))
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
         per_env: dict[str, list[int]] = {}
         for i, env in victims:
             per_env.setdefault(env, []).append(i)
@@ -1002,20 +574,43 @@ class ExperienceBank:
             self._faiss_update(env, ids_env, [], None)
         return ids
 
-    def _bulk_add_vectors(self, env_id: str, vectors: np.ndarray, *, step: int = 0,
-                          titles: Sequence[str] | None = None) -> list[int]:
-        """Internal (benchmarks, imports): insert pre-computed unit vectors as entries, skipping the
-        embedder and per-operation validation; one transaction, one FAISS add. Titles default to
-        ``"bulk <n>"``; content is ``"bulk vector"``. Returns the new ids. Caller serialises writes."""
+    def add_vectors(self, env_id: str, vectors: np.ndarray, *, step: int = 0,
+                    titles: Sequence[str] | None = None) -> list[int]:
+        """Insert pre-computed vectors as new entries of ``env_id`` (benchmarks, imports).
+
+        Skips the embedder and the validation of :meth:`apply`: one SQLite transaction for all rows,
+        one FAISS add, then the capacity cap and the ``auto`` switch as after :meth:`apply`. Each
+        entry gets ``created_step = updated_step = step``, title ``titles[j]`` (default
+        ``"bulk <j>"``), content ``"bulk vector"``, empty key text; counted as applied ADDs in
+        :meth:`stats`. The caller serialises writes (see the module docstring).
+
+        Args:
+            env_id: env id of the new entries (their shard).
+            vectors: float32 ``(n, dim)`` (or anything that reshapes to it, e.g. ``(dim,)`` for one
+                row) with unit-norm, finite rows: stored and indexed as given (not normalised or
+                checked).
+            step: actor training step recorded as the entries' created / updated step.
+            titles: ``n`` titles, or ``None`` for ``"bulk 0"``, ``"bulk 1"``, ...
+
+        Returns:
+            The new entry ids, in row order (``[]`` for ``n = 0``). Some of them may already be
+            evicted again when ``n`` exceeds the free capacity.
+
+        Raises:
+            PermissionError: the bank was opened ``read_only``.
+            ValueError: ``vectors`` does not reshape to ``(n, dim)``.
+            IndexError: fewer than ``n`` titles.
+            RuntimeError: the ids SQLite assigned are not the ``n`` new ones (rolled back).
+            sqlite3.Error: the database refused the insert (rolled back).
+        """
+        self._check_writable()
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         n = len(vectors)
         if n == 0:
             return []
         titles = list(titles) if titles is not None else [f"bulk {j}" for j in range(n)]
         now = time.time()
-        c = self._conn()
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write() as c:
             before = c.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name='entries'").fetchone()[0]
             c.executemany(
                 "INSERT INTO entries(env_id, title, content, created_step, updated_step, updated_at, embedding) "
@@ -1025,10 +620,6 @@ class ExperienceBank:
             if len(ids) != n:
                 raise RuntimeError("bulk insert id mismatch")
             self._bump(c, "applied_ADD", n)
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
         self._faiss_update(env_id, [], ids, vectors)
         self._enforce_capacity()
         self._settle()
@@ -1042,16 +633,10 @@ class ExperienceBank:
         self._check_writable()
         if not len(ids):
             return
-        c = self._conn()
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write() as c:
             c.executemany("UPDATE entries SET times_retrieved = times_retrieved + 1, "
                           "last_retrieved = MAX(last_retrieved, ?) WHERE id = ?",
                           [(float(when), int(i)) for i in ids])
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
 
     def record_outcome(self, ids: Sequence[int], success: bool) -> None:
         """Count the outcome of an episode guided by ``ids``. Unknown ids are ignored. Raises
@@ -1060,14 +645,8 @@ class ExperienceBank:
         if not len(ids):
             return
         col = "times_success" if success else "times_failure"
-        c = self._conn()
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write() as c:
             c.executemany(f"UPDATE entries SET {col} = {col} + 1 WHERE id = ?", [(int(i),) for i in ids])
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
 
     # ------------------------------------------------------------------ reads
     def get(self, ids: Sequence[int]) -> list[ExperienceEntry]:
@@ -1181,7 +760,7 @@ class ExperienceBank:
             shards = [s for s in list(self._shards.values()) if len(s)]
         if not shards:
             return [[] for _ in range(nq)]
-        with _omp_threads(self.search_threads):
+        with omp_threads(self.search_threads):
             found = [s.search(q, k) for s in shards]
         if len(found) == 1:
             dist, ids = found[0]
@@ -1200,18 +779,14 @@ class ExperienceBank:
     def shard_kinds(self) -> dict[str, str]:
         """``{env id: the index its shard searches with now}``: ``flat`` / ``ivf`` / ``hnsw`` (an
         ``ivf`` shard below ``ivf_min_train`` is reported as ``flat``: it is searched exactly)."""
-        out = {}
-        for env, shard in sorted(self._shards.items()):
-            inner = shard.inner if isinstance(shard, _AutoShard) else shard
-            if isinstance(inner, _IVFShard):
-                out[env] = "ivf" if inner.ivf is not None else "flat"
-            else:
-                out[env] = "hnsw" if isinstance(inner, _HNSWShard) else "flat"
-        return out
+        return {env: searched_kind(shard) for env, shard in sorted(self._shards.items())}
 
-    # ------------------------------------------------------------------ inspection (tests)
-    def _index_snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, vectors) as held by the FAISS structures themselves (duplicates kept)."""
+    # ------------------------------------------------------------------ inspection
+    def index_snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, vectors)`` as held by the FAISS structures themselves, over all shards: ids int64
+        ``(n,)``, vectors float32 ``(n, dim)`` read back from the indexes (not from SQLite), in no
+        particular order; an id held twice appears twice, tombstoned HNSW vectors do not appear. For
+        checking that the index matches the stored entries; reads every shard's vectors (O(n))."""
         parts = [s.snapshot() for s in self._shards.values()]
         if not parts:
             return np.empty(0, np.int64), np.empty((0, self.dim), np.float32)

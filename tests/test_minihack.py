@@ -414,3 +414,57 @@ def test_goal_offset_line_follows_the_agent():
     finally:
         env.close()
         plain.close()
+
+
+# ---- package structure: prompts and renderer -----------------------------------------------------
+
+def test_system_prompts_share_the_intro():
+    from crl_bench.envs.minihack.actions import action_names
+    from crl_bench.envs.minihack.prompts import intro
+
+    for cls in [MiniHackTextEnv, *ENV_CLASSES]:
+        assert cls.system_prompt.startswith(intro(cls.scene_text) + " " + cls.rules_text)
+        assert cls.system_prompt == cls.build_system_prompt(cls.default_variant, action_names(cls.nle_actions))
+    assert MiniHackMazeEnv.scene_text != MiniHackRoomEnv.scene_text
+    env = MiniHackRoomEnv(variant="MiniHack-Room-Ultimate-5x5-v0")
+    try:  # an instance's prompt adds its variant's notes
+        assert env.system_prompt != MiniHackRoomEnv.system_prompt and "monster" in env.system_prompt
+    finally:
+        env.close()
+
+
+def test_renderer_legend_with_many_glyphs():
+    """Hundreds of distinct glyphs in one view (more than 1-byte ids or the 127 one-byte search keys
+    cover): the legend still names each glyph from its first drawn cell in row-major order (the
+    second one when the first is the agent's '@'), glyphs in increasing order."""
+    import numpy as np
+    from nle import nethack
+
+    from crl_bench.envs.minihack import render
+
+    rng = np.random.default_rng(0)
+    h, w = (int(n) for n in nethack.DUNGEON_SHAPE)
+    renderer = render.MapRenderer("full")
+    words = [b"a thing", b"the key named K", b"floor of a room", b"wall", b"", b"an elf called x", b"a newt"]
+    for n_glyphs in (5, 200, 400):  # one episode: the ids given grow past 127 and 254
+        # monster and object glyphs (below the map symbols: none is redrawn, e.g. as an open door)
+        glyphs = rng.choice(rng.choice(nethack.GLYPH_CMAP_OFF, size=n_glyphs, replace=False), size=(h, w))
+        chars = rng.choice(np.frombuffer(b" .#-|+<>`}^(%?@abcdefgXYZ", np.uint8), size=(h, w))
+        chars[0, 0] = chars[-1, -1] = ord("#")  # the bounding box is the whole screen
+        x, y = 40, 10
+        chars[y, x] = ord("@")
+        descr = np.zeros((h, w, 80), np.uint8)
+        for (r, c), g in np.ndenumerate(glyphs):
+            word = words[g % len(words)] + (b" %d" % (g % 5) if g % len(words) == 0 else b"")
+            descr[r, c, :len(word)] = np.frombuffer(word, np.uint8)
+        obs = {"chars": chars, "glyphs": glyphs.astype(np.int16), "screen_descriptions": descr,
+               "blstats": np.array([x, y] + [0] * 25)}
+        assert renderer.capture(obs)
+        meanings: dict[str, str] = {}
+        for g in sorted(set(glyphs.ravel().tolist())):
+            cells = [rc for rc in zip(*np.nonzero((glyphs == g) & (chars != 32))) if rc != (y, x)]
+            if cells:
+                r, c = cells[0]
+                render._add_meaning(meanings, chr(chars[r, c]), g, {}, obs, r, c)
+        meanings["@"] = "you" + (f" or {meanings['@']}" if "@" in meanings else "")
+        assert renderer.frame.splitlines()[-2] == "Legend: " + render._legend(meanings)

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from crl_bench.experience.types import ExperienceEntry
-from crl_bench.llm.base import SamplingParams
-from crl_bench.trainer.extractor import (
+from crl_bench.env_api import feedback_of
+from crl_bench.experience.extractor import (
     DEFAULT_SAMPLING,
     EpisodeRecord,
     Extraction,
     Extractor,
     ExtractorPromptBuilder,
-    binary_reward,
     compact_trajectory,
-    feedback_of,
+    strip_observation,
+)
+from crl_bench.experience.types import ExperienceEntry
+from crl_bench.llm.base import SamplingParams
+from crl_bench.trainer.extractor_training import (
+    binary_reward,
+    extraction_sample,
     normalise_rewards,
     relative_reward,
-    strip_observation,
 )
 
 MAP = "Map (row 0 is the top):\n######\n#P_X_#\n#__O_#\n######\nLegend: # wall, _ floor\nValid actions: up, down"
@@ -80,7 +83,7 @@ def test_tiny_budget_and_empty_episode(tokenizer):
 
 
 def test_summary_counts_actions():
-    import crl_bench.trainer.extractor as x
+    import crl_bench.experience.extractor as x
 
     line = x._summary([("o", "up", "hit"), ("o", "up", "hit"), ("o", "left", "")], 2, 4)
     assert line.startswith("... steps 2-4 omitted (3 steps). Actions: up x2, left x1.")
@@ -192,7 +195,7 @@ def test_extract_parses_with_prefill_and_shown_ids(tokenizer):
     assert out[2].parse.ops == [] and out[2].parse.errors
     assert all(e.generation == 5 and e.group_id == 3 and e.source_episode == ("ep", 7) for e in out)
     assert len({e.id for e in out}) == 3 and all(e.reward is None for e in out)
-    sample = out[0].token_sample(0.5)
+    sample = extraction_sample(out[0], 0.5)
     assert sample.response_ids == out[0].response_ids and sample.old_logprobs == out[0].logprobs
     assert sample.advantage == 0.5 and sample.prompt_ids == out[0].prompt_ids
 

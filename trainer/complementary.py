@@ -37,6 +37,7 @@ from crl_bench.config import RunConfig
 from crl_bench.env_api import feedback_of
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import SentenceEmbedder
+from crl_bench.experience.extractor import EpisodeRecord, Extraction, extractor_for
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.manager import DistillRequest, ExperienceManager, MergeRequest
 from crl_bench.experience.retrieval import Retriever
@@ -47,11 +48,9 @@ from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
 from crl_bench.methods import MethodSpec, register_method
 from crl_bench.rollout import Guidance, Trajectory
 from crl_bench.trainer.actor_critic import ActorCritic, critic_reward
-from crl_bench.trainer.extractor import (
-    EpisodeRecord,
-    Extraction,
+from crl_bench.trainer.extractor_training import (
     binary_reward,
-    extractor_for,
+    extraction_sample,
     normalise_rewards,
     relative_reward,
 )
@@ -294,23 +293,54 @@ class ExperienceTrack:
 
     # ---- after a step's rollout -----------------------------------------------------------------
     def after_rollout(self, trajs: Sequence[Trajectory], step: int, warmup: bool = False) -> dict[str, Any]:
-        """Credit the extractions whose entries guided this step, queue distillation (and a merge
-        pass); returns the step's experience metrics.  ``warmup``: a warm-up step (nothing was
-        retrieved, nothing is credited). Raises ``RuntimeError`` on a read-only (evaluation) track."""
-        if self.read_only:
-            raise RuntimeError("this experience track evaluates a finished run's bank read-only; it cannot train")
+        """Everything the track does with a finished rollout, in this order: :meth:`credit` (the
+        extractions whose entries guided this step), :meth:`queue_distillation` (this step's episodes,
+        and a merge pass every ``experience.merge_every`` steps) and :meth:`episode_metrics`, which it
+        returns.  ``warmup``: a warm-up step (nothing was retrieved, nothing is credited).
+
+        Raises ``RuntimeError`` on a read-only (evaluation) track."""
+        self._check_trainable()
+        credited = self.credit(trajs, warmup)
+        queued = self.queue_distillation(trajs, step)
+        return self.episode_metrics(trajs, credited, queued, warmup)
+
+    def credit(self, trajs: Sequence[Trajectory], warmup: bool = False) -> int:
+        """Reward extractions by the outcomes of the episodes they guided (step 3 of the module doc).
+
+        In order: take in the extractions the manager finished since the last step (those that wrote
+        an entry can be credited from now on; with ``extractor.invalid_reward`` one of which the bank
+        applied no operation is queued for the next update with that reward); unless ``warmup``, add each
+        guided episode's use reward (:func:`use_reward`) to the extractions recorded at its retrieval
+        and count its outcome on the entries it was shown; then forget extractions none of whose
+        entries is still in the bank.  Returns the number of (episode, extraction) credits given.
+        Raises ``RuntimeError`` on a read-only track."""
+        self._check_trainable()
         self._collect_extractions()
-        by_group: dict[int, list[Trajectory]] = defaultdict(list)
-        for t in trajs:
-            by_group[t.group_id].append(t)
-        credited = self._credit(by_group) if not warmup else 0
+        credited = self._credit(_by_group(trajs)) if not warmup else 0
         self._prune_pending()
-        reqs = self._distill_requests(by_group, step)
+        return credited
+
+    def queue_distillation(self, trajs: Sequence[Trajectory], step: int) -> int:
+        """Queue this step's finished episodes for the extractor (step 2 of the module doc) and,
+        every ``experience.merge_every`` steps, a merge pass; returns at once (the background manager
+        distils).  Which episodes go is set by ``experience.distill`` and ``distill_per_group``.
+        Returns the number of episodes queued (merge requests not counted).  Raises ``RuntimeError``
+        on a read-only track."""
+        self._check_trainable()
+        reqs: list[DistillRequest | MergeRequest] = list(self._distill_requests(_by_group(trajs), step))
         n_distill = len(reqs)
         if self.cfg.experience.merge_every and step % self.cfg.experience.merge_every == 0:
             reqs += self._merge_requests(step)
         if reqs:
             self.manager.submit(reqs)
+        return n_distill
+
+    def episode_metrics(self, trajs: Sequence[Trajectory], credited: int, distill_queued: int,
+                        warmup: bool = False) -> dict[str, Any]:
+        """The step's experience metrics: success rate and mean reward of the guided and free
+        subgroups, guided episodes that were shown experience, ``credited`` (from :meth:`credit`),
+        ``distill_queued`` (from :meth:`queue_distillation`), ``warmup`` and, with the actor-critic
+        gate, how often it accepted / refined / rejected the experience or answered invalidly."""
         guided = [t for t in trajs if t.subgroup == "guided"]
         free = [t for t in trajs if t.subgroup == "free"]
         judged = [t.retrieval.judgement for t in guided if isinstance(t.retrieval, RetrievalRecord)
@@ -320,18 +350,22 @@ class ExperienceTrack:
             "reward_mean/guided": _mean([t.reward for t in guided]),
             "reward_mean/free": _mean([t.reward for t in free]),
             "guided_with_experience": sum(1 for t in guided if t.experience_ids),
-            "extractions_credited": credited, "distill_queued": n_distill, "warmup": warmup,
+            "extractions_credited": credited, "distill_queued": distill_queued, "warmup": warmup,
         }
         for d in ("accept", "refine", "reject", "invalid"):
             if judged:
                 out[f"critic_{d}"] = judged.count(d)
         return out
 
+    def _check_trainable(self) -> None:
+        if self.read_only:
+            raise RuntimeError("this experience track evaluates a finished run's bank read-only; it cannot train")
+
     def _credit(self, by_group: dict[int, list[Trajectory]]) -> int:
         """Add each guided episode's use reward to the extractions recorded at its retrieval."""
         kind = self.cfg.extractor.reward
         credited = 0
-        outcomes: list[tuple[list[int], bool]] = []
+        episode_outcomes: list[tuple[list[int], bool]] = []     # (entry ids shown, success) per episode
         for members in by_group.values():
             free_scores = [t.reward for t in members if t.subgroup == "free"]
             for t in members:
@@ -339,7 +373,7 @@ class ExperienceTrack:
                 if t.subgroup != "guided" or not isinstance(rec, RetrievalRecord) or not rec.entries:
                     continue
                 if rec.shown:                       # outcome counters: only experience the actor saw
-                    outcomes.append(([e.id for e in rec.entries], t.success))
+                    episode_outcomes.append(([e.id for e in rec.entries], t.success))
                 r = use_reward(t, free_scores, kind)
                 for eid in dict.fromkeys(e.source_extraction for e in rec.entries if e.source_extraction):
                     extraction = self.pending.get(eid)
@@ -351,11 +385,12 @@ class ExperienceTrack:
                     credit.uses += 1
                     credited += 1
         with self.manager.lock.write():
-            for ids, success in outcomes:
+            for ids, success in episode_outcomes:
                 self.bank.record_outcome(ids, success)
         return credited
 
     def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[DistillRequest]:
+        """One request per chosen episode with at least one turn, shown the entries it retrieved."""
         ex = self.cfg.experience
         reqs = []
         for members in by_group.values():
@@ -394,14 +429,15 @@ class ExperienceTrack:
         return out
 
     def _collect_extractions(self) -> None:
+        """Take in the manager's finished extractions: one that wrote an entry can be credited from now
+        on; one with no applied operation (nothing parsed, or all rejected) gets
+        ``extractor.invalid_reward`` when that is set and the extractor trains."""
         invalid_reward = self.cfg.extractor.invalid_reward
-        for extraction in self.manager.pop_extractions():
-            applied = extraction.applied
-            wrote = applied is not None and any(op.kind != "NONE" for op, _ in applied.applied)
-            said_none = applied is not None and any(op.kind == "NONE" for op, _ in applied.applied)
-            if wrote:
+        for outcome in self.manager.pop_outcomes():
+            extraction = outcome.extraction
+            if outcome.wrote:
                 self.pending[extraction.id] = extraction
-            elif not said_none and invalid_reward is not None and extraction.response_ids \
+            elif not outcome.said_none and invalid_reward is not None and extraction.response_ids \
                     and self.updater is not None:
                 self._buffer(_Credit(extraction, float(invalid_reward), 1))   # format signal (off by default)
 
@@ -441,7 +477,7 @@ class ExperienceTrack:
         for c, a in zip(batch, advs):
             c.extraction.reward = c.reward
             if c.extraction.response_ids:
-                samples.append(c.extraction.token_sample(a))
+                samples.append(extraction_sample(c.extraction, a))
         with self.manager.extractor_lock:
             stats = self.updater.update(samples)
             self.generation += 1
@@ -469,6 +505,14 @@ class ExperienceTrack:
     def close(self, drain_timeout: float = 0.0) -> None:
         self.manager.close(drain_timeout=drain_timeout)
         self.bank.close()
+
+
+def _by_group(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:
+    """``trajs`` by GRPO group, groups and episodes in rollout order."""
+    by_group: dict[int, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_group[t.group_id].append(t)
+    return by_group
 
 
 def _mean(xs: Sequence[float]) -> float:

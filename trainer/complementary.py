@@ -170,7 +170,7 @@ class ExperienceTrack:
 
         self.cfg = cfg
         self.method = method
-        ex, xc = cfg.experience, cfg.extractor
+        exp_cfg, xc = cfg.experience, cfg.extractor
         self.read_only = read_only_bank is not None
         if self.read_only:
             self.bank_path = Path(read_only_bank)
@@ -179,20 +179,23 @@ class ExperienceTrack:
                 self._tmp = tempfile.TemporaryDirectory(prefix="crl-bank-")
                 run_dir = self._tmp.name
             self.bank_path = Path(run_dir) / "experience.sqlite"
-        self.embedder = embedder or SentenceEmbedder(ex.embedder)
-        self.bank = ExperienceBank(self.bank_path, self.embedder, capacity=ex.capacity, eviction=ex.eviction,
-                                   index=ex.index, max_text_chars=ex.max_text_chars, read_only=self.read_only)
-        self.retriever = Retriever(self.bank, k=ex.k, oversample=ex.oversample, freq_penalty=ex.freq_penalty,
-                                   recency_window_s=ex.recency_window_s, top1_demote_p=ex.top1_demote_p,
-                                   seed=cfg.train.seed, query_cache=ex.query_cache)
+        self.embedder = embedder or SentenceEmbedder(exp_cfg.embedder)
+        self.bank = ExperienceBank(self.bank_path, self.embedder, capacity=exp_cfg.capacity,
+                                   eviction=exp_cfg.eviction, index=exp_cfg.index,
+                                   max_text_chars=exp_cfg.max_text_chars, read_only=self.read_only)
+        self.retriever = Retriever(self.bank, k=exp_cfg.k, oversample=exp_cfg.oversample,
+                                   freq_penalty=exp_cfg.freq_penalty, recency_window_s=exp_cfg.recency_window_s,
+                                   top1_demote_p=exp_cfg.top1_demote_p, seed=cfg.train.seed,
+                                   query_cache=exp_cfg.query_cache)
         self.compute_dtype = DTYPES[resolve_dtype(cfg.model.dtype, next(actor_model.parameters()).device)]
         # extractions that wrote entries (id -> Extraction), kept while an entry they wrote is in the bank
-        # or an episode may still credit them (pruned after each step's credit)
-        self.pending: OrderedDict[str, Extraction] = OrderedDict()
+        # or an episode may still credit them (pruned after each step's credit; metric
+        # extractions_waiting_reward)
+        self.waiting_reward: OrderedDict[str, Extraction] = OrderedDict()
         # extractions credited by guided episodes, waiting for an update (at most batch_size, oldest first)
         self.buffer: OrderedDict[str, _Credit] = OrderedDict()
         self.dropped = 0
-        self.generation = 0
+        self.extractor_version = 0          # extractor updates so far, stamped on new extractions
         self.updates: list[dict[str, Any]] = []
         self.model = self.engine = self.extractor = None
         self.tokenizer = tokenizer
@@ -209,10 +212,10 @@ class ExperienceTrack:
                                    cache_mb=cfg.generation.cache_mb, gate=gate, background=gate is not None)
             self.extractor = extractor_for(xc, self.engine, self.tokenizer)
         self.manager = ExperienceManager(self.bank, self.retriever, self.extractor,
-                                         search_workers=ex.search_workers, query_batch=ex.query_batch,
-                                         query_timeout_ms=ex.query_timeout_ms)
+                                         search_workers=exp_cfg.search_workers, query_batch=exp_cfg.query_batch,
+                                         query_timeout_ms=exp_cfg.query_timeout_ms)
         self.critic: ActorCritic | None = None
-        if ex.actor_critic:
+        if exp_cfg.actor_critic:
             if actor_engine is None:
                 raise ValueError("experience.actor_critic needs the actor's engine")
             self.critic = ActorCritic(actor_engine, tokenizer, actor_sampling or SamplingParams(),
@@ -317,7 +320,7 @@ class ExperienceTrack:
         self._check_trainable()
         self._collect_extractions()
         credited = self._credit(_by_group(trajs)) if not warmup else 0
-        self._prune_pending()
+        self._prune_waiting_reward()
         return credited
 
     def queue_distillation(self, trajs: Sequence[Trajectory], step: int) -> int:
@@ -376,10 +379,10 @@ class ExperienceTrack:
                     episode_outcomes.append(([e.id for e in rec.entries], t.success))
                 r = use_reward(t, free_scores, kind)
                 for eid in dict.fromkeys(e.source_extraction for e in rec.entries if e.source_extraction):
-                    extraction = self.pending.get(eid)
+                    extraction = self.waiting_reward.get(eid)
                     if extraction is None:          # written before this run, or long forgotten
                         continue
-                    self.pending.move_to_end(eid)
+                    self.waiting_reward.move_to_end(eid)
                     credit = self.buffer.get(eid) or self._buffer(_Credit(extraction))
                     credit.total += r
                     credit.uses += 1
@@ -391,38 +394,38 @@ class ExperienceTrack:
 
     def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[DistillRequest]:
         """One request per chosen episode with at least one turn, shown the entries it retrieved."""
-        ex = self.cfg.experience
+        exp_cfg = self.cfg.experience
         reqs = []
         for members in by_group.values():
-            chosen = [t for t in members if ex.distill == "all" or t.subgroup == "guided"]
-            if ex.distill_per_group > 0:
-                chosen = chosen[:ex.distill_per_group]
+            chosen = [t for t in members if exp_cfg.distill == "all" or t.subgroup == "guided"]
+            if exp_cfg.distill_per_group > 0:
+                chosen = chosen[:exp_cfg.distill_per_group]
             for t in chosen:
                 if not t.turns:
                     continue
                 shown = t.retrieval.entries if isinstance(t.retrieval, RetrievalRecord) else []
-                key = t.query if ex.key == "query" else ""
+                key = t.query if exp_cfg.key == "query" else ""
                 reqs.append(DistillRequest(episode_record(t), list(shown), t.env_id, step, key))
         return reqs
 
     def _merge_requests(self, step: int) -> list[MergeRequest]:
         """Groups of entries whose index vectors are similar (cosine >= ``merge_threshold``), at most
         ``merge_max`` each."""
-        ex = self.cfg.experience
+        exp_cfg = self.cfg.experience
         out = []
         with self.manager.lock.read():
             for env_id in sorted({e.env_id for e in self.bank.entries()}):
                 entries = self.bank.entries(env_id)
                 vecs = self.bank.vectors([e.id for e in entries])
-                hits_all = self.bank.search_vectors(vecs, ex.merge_max, env_id) if len(entries) else []
+                hits_all = self.bank.search_vectors(vecs, exp_cfg.merge_max, env_id) if len(entries) else []
                 seen: set[int] = set()
                 for e, hits in zip(entries, hits_all):
                     if e.id in seen:
                         continue
-                    ids = [i for i, s in hits if s >= ex.merge_threshold and i not in seen]
+                    ids = [i for i, s in hits if s >= exp_cfg.merge_threshold and i not in seen]
                     if e.id not in ids:
                         ids = [e.id] + ids
-                    ids = ids[:ex.merge_max]
+                    ids = ids[:exp_cfg.merge_max]
                     if len(ids) >= 2:
                         seen.update(ids)
                         out.append(MergeRequest(self.bank.get(ids), env_id, step))
@@ -436,7 +439,7 @@ class ExperienceTrack:
         for outcome in self.manager.pop_outcomes():
             extraction = outcome.extraction
             if outcome.wrote:
-                self.pending[extraction.id] = extraction
+                self.waiting_reward[extraction.id] = extraction
             elif not outcome.said_none and invalid_reward is not None and extraction.response_ids \
                     and self.updater is not None:
                 self._buffer(_Credit(extraction, float(invalid_reward), 1))   # format signal (off by default)
@@ -450,14 +453,14 @@ class ExperienceTrack:
             self.dropped += 1
         return credit
 
-    def _prune_pending(self) -> None:
+    def _prune_waiting_reward(self) -> None:
         """Forget extractions none of whose entries is in the bank any more (rewritten, merged away or
         evicted): no later retrieval can credit them.  Called after the step's credit, so an episode
         that retrieved an entry before it was rewritten still credits its writer."""
         with self.manager.lock.read():
             live = self.bank.source_extractions()
-        for eid in [eid for eid in self.pending if eid not in live]:
-            del self.pending[eid]
+        for eid in [eid for eid in self.waiting_reward if eid not in live]:
+            del self.waiting_reward[eid]
 
     # ---- extractor update -----------------------------------------------------------------------
     def maybe_update_extractor(self) -> dict[str, Any] | None:
@@ -480,10 +483,10 @@ class ExperienceTrack:
                 samples.append(extraction_sample(c.extraction, a))
         with self.manager.extractor_lock:
             stats = self.updater.update(samples)
-            self.generation += 1
-            self.extractor.generation = self.generation
+            self.extractor_version += 1
+            self.extractor.extractor_version = self.extractor_version
             self.engine.sync_weights(self.model)
-        out = {"extractor_update": len(self.updates) + 1, "extractor_generation": self.generation,
+        out = {"extractor_update": len(self.updates) + 1, "extractor_version": self.extractor_version,
                "extractor_reward_mean": _mean(raw), "extractor_batch": len(batch),
                "extractor_uses_mean": _mean([c.uses for c in batch]),
                **{f"extractor_{k}": v for k, v in stats.items()}}
@@ -496,8 +499,8 @@ class ExperienceTrack:
         return {"bank_size": s["bank_size"], "extractions_parsed": s["extractions_parsed"],
                 "extractions_failed": s["extractions_failed"], "ops_applied": s["ops_applied"],
                 "ops_rejected": s["ops_rejected"], "op_kinds": s["op_kinds"], "merges": s["merges"],
-                "distill_pending": self.manager.pending(), "extractor_errors": s["extractor_errors"],
-                "extractions_waiting_reward": len(self.pending), "extractor_buffer": len(self.buffer),
+                "distill_backlog": self.manager.backlog(), "extractor_errors": s["extractor_errors"],
+                "extractions_waiting_reward": len(self.waiting_reward), "extractor_buffer": len(self.buffer),
                 "extractor_buffer_dropped": self.dropped,
                 "retrieval_queries": s["queries"], "retrieval_batches": s["query_batches"],
                 "retrieval_query_cache_hit_rate": self.retriever.cache_info()["hit_rate"]}

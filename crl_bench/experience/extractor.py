@@ -379,7 +379,7 @@ class Extraction:
         logprobs: behaviour log-prob of each response token (same length as ``response_ids``).
         text: the reply as parsed: ``prefill + generated text``.
         parse: the parsed operations and errors.
-        generation: extractor version that sampled it.
+        extractor_version: extractor version (number of extractor updates) that sampled it.
         group_id: GRPO group of the source episode.
         source_episode: the record's ``source`` key.
         reward: set once known (``None`` before).
@@ -397,7 +397,7 @@ class Extraction:
     logprobs: list[float]
     text: str
     parse: ParseResult
-    generation: int = 0
+    extractor_version: int = 0
     group_id: int = 0
     source_episode: Any = None
     reward: float | None = None
@@ -414,7 +414,7 @@ class Extractor:
         prompt_builder: :class:`ExtractorPromptBuilder`.
         sampling: sampling settings; stop at ``"</ops>"``, and also at ``"\n"`` for one operation per
             reply (:data:`DEFAULT_SAMPLING`; :data:`MULTI_OP_SAMPLING` allows several).
-        generation: extractor version stamped on the extractions (bump after each update).
+        extractor_version: extractor version stamped on the extractions (bump after each update).
         restrict_ids: UPDATE / MERGE may only name the entries shown in the prompt.
         merge_prompts: prompt builder of the merge pass (default: :class:`MergePromptBuilder` with the
             same prefill as ``prompt_builder``).
@@ -423,14 +423,14 @@ class Extractor:
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, prompt_builder: ExtractorPromptBuilder,
-                 sampling: SamplingParams = DEFAULT_SAMPLING, generation: int = 0,
+                 sampling: SamplingParams = DEFAULT_SAMPLING, extractor_version: int = 0,
                  restrict_ids: bool = True, merge_prompts: MergePromptBuilder | None = None,
                  parse_fn: Callable[[str, list[int]], ParseResult] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.prompts = prompt_builder
         self.sampling = sampling
-        self.generation = generation
+        self.extractor_version = extractor_version
         self.restrict_ids = restrict_ids
         self.merge_prompts = merge_prompts or MergePromptBuilder(tokenizer, prompt_builder.prefill)
         self.parse_fn = parse_fn
@@ -453,16 +453,16 @@ class Extractor:
         if not records:
             return []
         prepared = [self.prompts.prepare(r, e) for r, e in zip(records, retrieved)]
-        gens = self.engine.generate([p[0] for p in prepared], self.sampling)
+        replies = self.engine.generate([p[0] for p in prepared], self.sampling)
         out = []
-        for rec, (_ids, shown, _), gen in zip(records, prepared, gens):
-            text = self.prompts.prefill + gen.text
+        for rec, (_ids, shown, _), reply in zip(records, prepared, replies):
+            text = self.prompts.prefill + reply.text
             shown_ids = [e.id for e in shown]
             # a reply the model ended itself (EOS) ends its last line, which closes an open <content>
-            parse = self._parse(text + ("\n" if gen.finish_reason == "eos" else ""), shown_ids)
-            out.append(Extraction(uuid.uuid4().hex, rec.env_id, list(gen.prompt_ids), list(gen.response_ids),
-                                  list(gen.logprobs), text, parse, self.generation, rec.group_id, rec.source,
-                                  None, shown_ids, gen.finish_reason))
+            parse = self._parse(text + ("\n" if reply.finish_reason == "eos" else ""), shown_ids)
+            out.append(Extraction(uuid.uuid4().hex, rec.env_id, list(reply.prompt_ids), list(reply.response_ids),
+                                  list(reply.logprobs), text, parse, self.extractor_version, rec.group_id,
+                                  rec.source, None, shown_ids, reply.finish_reason))
         return out
 
 
@@ -475,16 +475,16 @@ class Extractor:
         if not groups:
             return []
         prompts = [self.merge_prompts.build(g) for g in groups]
-        gens = self.engine.generate(prompts, self.sampling)
+        replies = self.engine.generate(prompts, self.sampling)
         out = []
-        for group, gen in zip(groups, gens):
-            text = self.merge_prompts.prefill + gen.text
+        for group, reply in zip(groups, replies):
+            text = self.merge_prompts.prefill + reply.text
             shown_ids = [e.id for e in group]
             parse = self._parse(text, shown_ids)
             env_id = group[0].env_id if group else ""
-            out.append(Extraction(uuid.uuid4().hex, env_id, list(gen.prompt_ids), list(gen.response_ids),
-                                  list(gen.logprobs), text, parse, self.generation, 0, "merge", None,
-                                  shown_ids, gen.finish_reason))
+            out.append(Extraction(uuid.uuid4().hex, env_id, list(reply.prompt_ids), list(reply.response_ids),
+                                  list(reply.logprobs), text, parse, self.extractor_version, 0, "merge", None,
+                                  shown_ids, reply.finish_reason))
         return out
 
 

@@ -224,8 +224,8 @@ class ExperienceManager:
         for r in requests:
             self._distill.put(r)
 
-    def pending(self) -> int:
-        """Requests queued or being processed."""
+    def backlog(self) -> int:
+        """Distillation and merge requests queued or being processed (not yet applied to the bank)."""
         return self._distill.unfinished_tasks
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -280,19 +280,20 @@ class ExperienceManager:
         done: list[tuple[DistillRequest | MergeRequest, Extraction]] = []
         with self.extractor_lock:
             if episodes:
-                exs = self.extractor.extract([r.record for r in episodes], [r.retrieved for r in episodes])
-                done += list(zip(episodes, exs))
+                extractions = self.extractor.extract([r.record for r in episodes],
+                                                     [r.retrieved for r in episodes])
+                done += list(zip(episodes, extractions))
             if merges:
-                exs = self.extractor.extract_merges([r.entries for r in merges])
-                done += list(zip(merges, exs))
-        for req, ex in done:
-            ops = list(ex.parse.ops)
+                extractions = self.extractor.extract_merges([r.entries for r in merges])
+                done += list(zip(merges, extractions))
+        for req, extraction in done:
+            ops = list(extraction.parse.ops)
             result = None
             if ops:
                 key = req.key_text if isinstance(req, DistillRequest) else ""
                 with self.lock.write():
-                    result = self.bank.apply(ops, env_id=req.env_id, step=req.step, extraction_id=ex.id,
-                                             generation=ex.generation, key_text=key)
+                    result = self.bank.apply(ops, env_id=req.env_id, step=req.step, extraction_id=extraction.id,
+                                             extractor_version=extraction.extractor_version, key_text=key)
             with self._mu:
                 st = self._stats
                 if isinstance(req, MergeRequest):
@@ -308,7 +309,7 @@ class ExperienceManager:
                     st.ops_rejected += len(result.rejected)
                     for op, _ in result.applied:
                         st.op_kinds[op.kind] = st.op_kinds.get(op.kind, 0) + 1
-                self._finished.append(ExtractionOutcome(ex, result))
+                self._finished.append(ExtractionOutcome(extraction, result))
         with self._mu:
             self._stats.distill_s += time.perf_counter() - t0
 

@@ -135,7 +135,7 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             arms["complementary+distill"] += time.perf_counter() - t0
             gate_wait["actor_waited_s"] += comp.gate.foreground_wait_s - w0
             gate_wait["distill_waited_s"] += comp.gate.background_wait_s - b0
-            backlog = track.manager.pending()
+            backlog = track.manager.backlog()
             track.manager.drain()
         stats = track.manager.stats()
     finally:

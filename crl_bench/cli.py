@@ -384,7 +384,7 @@ def cmd_bank(args: argparse.Namespace) -> int:
         for e in entries[:args.limit]:
             print(f"#{e.id} [{e.env_id}] {e.title}\n    {e.content}\n    retrieved {e.times_retrieved}, "
                   f"guided {e.times_success} successes / {e.times_failure} failures; created step "
-                  f"{e.created_step}, updated step {e.updated_step}, extractor generation {e.generation}")
+                  f"{e.created_step}, updated step {e.updated_step}, extractor version {e.extractor_version}")
         print(f"{len(entries)} entries" + (f" (showing {args.limit})" if len(entries) > args.limit else ""))
         return 0
     finally:

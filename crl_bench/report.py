@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from crl_bench.results import iter_jsonl
+from crl_bench.results import iter_metrics
 
 PLOT_FILES = {
     "success": "success_per_env.png",
@@ -173,7 +173,7 @@ def _normalise_eval(ev: Any, where: str) -> dict[str, Any]:
 def _read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
     train: dict[int, dict] = {}
     evals: dict[int, dict] = {}
-    for n, row in iter_jsonl(path):
+    for n, row in iter_metrics(path):             # keys renamed since the run was written: current names
         where = f"{path}:{n}"
         step = row.get("step")
         if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):

@@ -6,7 +6,8 @@ Layout of a run folder::
     versions.json    Python, platform, every installed package's version, git commit of the checkout (if
                      any), the model (name, source, variant)
     seeds.json       every seed the run used
-    metrics.jsonl    one JSON object per training step
+    metrics.jsonl    one JSON object per training step (keys renamed since a run was written are read
+                     under their current names: :data:`RENAMED_METRIC_KEYS`, :func:`iter_metrics`)
     episodes.jsonl   one JSON object per training episode: step, env, task, group, subgroup, outcome,
                      the action sequence, the mean token entropy, the ids of the experience entries
                      that guided it and, with ``logging.transcripts``, the full transcript
@@ -241,7 +242,45 @@ def iter_jsonl(path: str | Path) -> Any:
         yield n, row
 
 
+RENAMED_METRIC_KEYS: dict[str, str] = {
+    "distill_pending": "distill_backlog",
+    "extractor_generation": "extractor_version",
+}
+"""Old ``metrics.jsonl`` key -> its current name.  Renamed so that each name has one meaning (issue 17,
+item 7): ``distill_pending`` (distillation requests queued or in process, beside the track's
+extractions waiting for reward) is ``distill_backlog``; ``extractor_generation`` (the extractor's
+update count, not an LLM generation) is ``extractor_version``.  Run folders written before keep their
+files (e.g. ``results/sweeps/cpu``); every reader of metrics rows goes through :func:`iter_metrics` or
+:func:`read_metrics`, which rename at read time."""
+
+
+def current_metric_keys(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (one ``metrics.jsonl`` object) with each key of :data:`RENAMED_METRIC_KEYS` under its
+    current name, in its place; other keys unchanged.  When a row holds both names, the current one
+    wins.  Returns a new dict (``row`` itself unchanged)."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        new = RENAMED_METRIC_KEYS.get(key)
+        if new is None:
+            out[key] = value
+        elif new not in row:
+            out[new] = value
+    return out
+
+
+def iter_metrics(path: str | Path) -> Any:
+    """``(line number, row)`` for each row of a ``metrics.jsonl`` file, keys under their current names
+    (:func:`current_metric_keys`).
+
+    Raises:
+        ValueError: ``"<path>:<line>: ..."`` for a line that is not JSON or not a JSON object.
+    """
+    for n, row in iter_jsonl(path):
+        yield n, current_metric_keys(row)
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Rows of ``metrics.jsonl`` of a run folder."""
+    """Rows of ``metrics.jsonl`` of a run folder, keys under their current names
+    (:func:`current_metric_keys`)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [current_metric_keys(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]

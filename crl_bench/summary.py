@@ -39,7 +39,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from crl_bench.results import iter_jsonl
+from crl_bench.results import iter_metrics
 
 SCHEMA_VERSION = 1
 #: Keys of one evaluation mode that a summary keeps (``tasks`` and ``wall_s`` are dropped).
@@ -213,7 +213,7 @@ def _train_totals(run_dir: Path, config: dict) -> dict[str, Any]:
     steps: set[int] = set()
     episodes, wall = 0, 0.0
     try:
-        rows = list(iter_jsonl(path))
+        rows = list(iter_metrics(path))
     except ValueError as e:
         raise SummaryError(str(e)) from None
     for n, row in rows:

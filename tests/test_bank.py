@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import sqlite3
 import threading
 import time
 
@@ -41,8 +42,8 @@ def make(tmp_path, name="bank.db", **kw) -> ExperienceBank:
     return ExperienceBank(tmp_path / name, EMB, **kw)
 
 
-def apply(bank, ops, env="e", step=1, ext="x1", gen=0):
-    return bank.apply(list(ops), env_id=env, step=step, extraction_id=ext, generation=gen)
+def apply(bank, ops, env="e", step=1, ext="x1", version=0):
+    return bank.apply(list(ops), env_id=env, step=step, extraction_id=ext, extractor_version=version)
 
 
 def add(bank, title, content, env="e", step=1) -> int:
@@ -152,11 +153,11 @@ def test_add_update_merge_none(tmp_path, kind):
     res = apply(bank, [Op("ADD", "go north", "walk north to find the stairs"),
                        Op("ADD", "open door", "apply the key to a locked door"),
                        Op("NONE"),
-                       Op("ADD", "push boulder", "push the boulder into the river")], step=3, ext="ex-a", gen=2)
+                       Op("ADD", "push boulder", "push the boulder into the river")], step=3, ext="ex-a", version=2)
     assert [i for _, i in res.applied] == [1, 2, None, 3] and not res.rejected and not res.evicted
     e1 = bank.get([1])[0]
     assert (e1.env_id, e1.title, e1.content, e1.created_step, e1.updated_step, e1.source_extraction,
-            e1.generation) == ("e", "go north", "walk north to find the stairs", 3, 3, "ex-a", 2)
+            e1.extractor_version) == ("e", "go north", "walk north to find the stairs", 3, 3, "ex-a", 2)
     before = full_state(bank)
     assert apply(bank, [Op("NONE")]).applied == [(Op("NONE"), None)]
     assert full_state(bank)[0] == before[0]
@@ -165,11 +166,12 @@ def test_add_update_merge_none(tmp_path, kind):
     bank.record_outcome([1], True)
     bank.record_outcome([2], False)
     bank.record_retrieval([2], when=50.0)
-    # UPDATE: text, embedding, step, extraction, generation change; counters stay
-    res = apply(bank, [Op("UPDATE", "stairs", "the stairs are often to the east", (1,))], step=7, ext="ex-b", gen=3)
+    # UPDATE: text, embedding, step, extraction, extractor version change; counters stay
+    res = apply(bank, [Op("UPDATE", "stairs", "the stairs are often to the east", (1,))], step=7, ext="ex-b",
+                version=3)
     assert res.applied[0][1] == 1
     u = bank.get([1])[0]
-    assert (u.title, u.content, u.created_step, u.updated_step, u.source_extraction, u.generation) == \
+    assert (u.title, u.content, u.created_step, u.updated_step, u.source_extraction, u.extractor_version) == \
         ("stairs", "the stairs are often to the east", 3, 7, "ex-b", 3)
     assert (u.times_retrieved, u.times_success, u.times_failure, u.last_retrieved) == (2, 1, 0, 100.0)
     top = bank.search(["stairs: the stairs are often to the east"], 1, "e")[0][0]
@@ -178,16 +180,32 @@ def test_add_update_merge_none(tmp_path, kind):
 
     # MERGE: targets removed, one new entry with summed counters
     res = apply(bank, [Op("MERGE", "doors and stairs", "find the key, then the stairs", (1, 2, 1))],
-                step=9, ext="ex-c", gen=4)
+                step=9, ext="ex-c", version=4)
     (op, new_id), = res.applied
     assert new_id == 4 and bank.get([1, 2]) == []
     m = bank.get([4])[0]
     assert (m.times_retrieved, m.times_success, m.times_failure, m.last_retrieved) == (3, 1, 1, 100.0)
-    assert (m.created_step, m.updated_step, m.source_extraction, m.generation) == (9, 9, "ex-c", 4)
+    assert (m.created_step, m.updated_step, m.source_extraction, m.extractor_version) == (9, 9, "ex-c", 4)
     assert [e.id for e in bank.entries()] == [3, 4] and len(bank) == 2
     hits = bank.search(["go north: walk north to find the stairs"], 10, "e")[0]
     assert {i for i, _ in hits} <= {3, 4}
     check_index_consistent(bank)
+    bank.close()
+
+
+def test_extractor_version_lives_in_the_generation_column(tmp_path):
+    """The file format did not change with the attribute's name: column ``generation`` holds
+    ``ExperienceEntry.extractor_version``, both ways (a bank written before the rename reads the same)."""
+    bank = make(tmp_path)
+    apply(bank, [Op("ADD", "go north", "walk north")], ext="ex-a", version=7)
+    path = bank.path
+    bank.close()
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT generation FROM entries WHERE id = 1").fetchone() == (7,)
+        c.execute("UPDATE entries SET generation = 11 WHERE id = 1")
+    c.close()
+    bank = make(tmp_path)
+    assert bank.get([1])[0].extractor_version == 11
     bank.close()
 
 
@@ -617,7 +635,7 @@ def test_concurrent_readers_and_writers(tmp_path, kind):
                         else:
                             ops.append(Op("UPDATE", "bad", text, (10 ** 9,)))
                     res = bank.apply(ops, env_id=env, step=counts["writes"], extraction_id=f"w{seed}",
-                                     generation=0)
+                                     extractor_version=0)
                     log.append((env, ops, res))
                     counts["writes"] += 1
                     counts["evicted"] += len(res.evicted)

@@ -60,11 +60,11 @@ def test_bank_show_and_stats(tmp_path, capsys):
 
     bank = ExperienceBank(tmp_path / "experience.sqlite", SentenceEmbedder())
     res = bank.apply([Operation("ADD", "Go around walls", "If a move bumps a wall, try the other axis.")],
-                     env_id="sokoban", step=1, extraction_id="x1", generation=0)
+                     env_id="sokoban", step=1, extraction_id="x1", extractor_version=0)
     eid = res.applied[0][1]
     bank.record_retrieval([eid], 1.0)
     bank.record_outcome([eid], True)
-    bank.apply([Operation("UPDATE", "", "", (eid,))], env_id="sokoban", step=1, extraction_id="x2", generation=0)
+    bank.apply([Operation("UPDATE", "", "", (eid,))], env_id="sokoban", step=1, extraction_id="x2", extractor_version=0)
     bank.close()
     assert main(["bank", "show", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -92,7 +92,7 @@ def test_bank_inspection_never_writes(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     bank = ExperienceBank(run / "experience.sqlite", HashEmbedder(384))
-    bank.apply([Operation("ADD", "t", "c")], env_id="e", step=1, extraction_id="x", generation=0)
+    bank.apply([Operation("ADD", "t", "c")], env_id="e", step=1, extraction_id="x", extractor_version=0)
     bank.close()
     before, files = (run / "experience.sqlite").read_bytes(), _bank_files(run)
     assert main(["bank", "stats", str(run)]) == 0 and main(["bank", "show", str(run)]) == 0
@@ -132,7 +132,7 @@ def test_bank_without_its_wal_is_explained(tmp_path, capsys):
     live = tmp_path / "live"
     live.mkdir()
     bank = ExperienceBank(live / "experience.sqlite", HashEmbedder(384))    # stays open: a "crashed" run
-    bank.apply([Operation("ADD", "lesson", "body")], env_id="e", step=1, extraction_id="x", generation=0)
+    bank.apply([Operation("ADD", "lesson", "body")], env_id="e", step=1, extraction_id="x", extractor_version=0)
     with_wal, alone = tmp_path / "with_wal", tmp_path / "alone"
     with_wal.mkdir()
     alone.mkdir()

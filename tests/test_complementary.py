@@ -52,8 +52,8 @@ def _trainer(method, tokenizer, tiny_model, scripted=None, **extra):
     tr = Trainer(_cfg(method, **extra), model=tiny_model, tokenizer=tokenizer, embedder=HashEmbedder(64),
                  extractor_model=copy.deepcopy(tiny_model))
     if scripted:
-        ex = tr.experience.extractor
-        ex.engine = ScriptedEngine(tr.experience.engine, scripted, ex.prompts.prefill)
+        extractor = tr.experience.extractor
+        extractor.engine = ScriptedEngine(tr.experience.engine, scripted, extractor.prompts.prefill)
     return tr
 
 
@@ -137,9 +137,9 @@ def test_credit_is_recorded_at_retrieval_time(tokenizer, tiny_model):
         assert len(used) >= 3
         with track.manager.lock.write():
             r1 = bank.apply([Operation("UPDATE", "Rewritten", "Something else.", (used[0],))], env_id="test-coin",
-                            step=9, extraction_id="rewriter", generation=0)
+                            step=9, extraction_id="rewriter", extractor_version=0)
             r2 = bank.apply([Operation("MERGE", "Merged", "Merged text.", tuple(used[1:]))], env_id="test-coin",
-                            step=9, extraction_id="merger", generation=0)
+                            step=9, extraction_id="merger", extractor_version=0)
         assert not r1.rejected and not r2.rejected and r2.applied      # both really happened
         return trajs
 
@@ -171,9 +171,9 @@ def test_extractor_updates_when_buffer_full_and_static_never(tokenizer, tiny_mod
     updates = [r for r in rows if "extractor_update" in r]
     assert updates, rows
     u = updates[0]
-    for key in ("extractor_loss", "extractor_reward_mean", "extractor_generation", "extractor_batch"):
+    for key in ("extractor_loss", "extractor_reward_mean", "extractor_version", "extractor_batch"):
         assert key in u
-    assert comp.experience.generation == len(comp.experience.updates) >= 1
+    assert comp.experience.extractor_version == len(comp.experience.updates) >= 1
     if any(r["extractor_optimizer_steps"] for r in updates):
         assert not torch.equal(before, comp.experience.model.lm_head.weight)
     comp.close()
@@ -194,7 +194,7 @@ def test_merge_pass_consolidates_similar_entries(tokenizer, tiny_model):
     bank = tr.experience.bank
     for _ in range(2):
         bank.apply([Operation("ADD", "Call heads", "Heads wins the coin toss.")], env_id="test-coin", step=0,
-                   extraction_id="seed", generation=0)
+                   extraction_id="seed", extractor_version=0)
     ids = [e.id for e in bank.entries("test-coin")]
     tr.experience.extractor.engine.text = merge.format(a=ids[0], b=ids[1])
     reqs = tr.experience._merge_requests(step=1)

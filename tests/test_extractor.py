@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from crl_bench.experience.types import ExperienceEntry
-from crl_bench.llm.base import SamplingParams
-from crl_bench.trainer.extractor import (
+from crl_bench.env_api import feedback_of
+from crl_bench.experience.extractor import (
     DEFAULT_SAMPLING,
     EpisodeRecord,
     Extraction,
     Extractor,
     ExtractorPromptBuilder,
-    binary_reward,
     compact_trajectory,
-    feedback_of,
+    strip_observation,
+)
+from crl_bench.experience.types import ExperienceEntry
+from crl_bench.llm.base import SamplingParams
+from crl_bench.trainer.extractor_training import (
+    binary_reward,
+    extraction_sample,
     normalise_rewards,
     relative_reward,
-    strip_observation,
 )
 
 MAP = "Map (row 0 is the top):\n######\n#P_X_#\n#__O_#\n######\nLegend: # wall, _ floor\nValid actions: up, down"
@@ -80,7 +83,7 @@ def test_tiny_budget_and_empty_episode(tokenizer):
 
 
 def test_summary_counts_actions():
-    import crl_bench.trainer.extractor as x
+    import crl_bench.experience.extractor as x
 
     line = x._summary([("o", "up", "hit"), ("o", "up", "hit"), ("o", "left", "")], 2, 4)
     assert line.startswith("... steps 2-4 omitted (3 steps). Actions: up x2, left x1.")
@@ -166,8 +169,8 @@ class _FakeEngine:
 def test_eos_ends_the_line_but_the_token_cap_does_not(tokenizer):
     reply = "ADD</op><title>Plan</title><content>Plan pushes."
     eng = _FakeEngine(tokenizer, [(reply, "eos"), (reply, "length"), ("ADD</op><title>P</title><content>Q\n", "stop")])
-    ex = Extractor(eng, tokenizer, ExtractorPromptBuilder(tokenizer, max_prompt_tokens=800))
-    out = ex.extract([_record(3)] * 3, [[]] * 3)
+    extractor = Extractor(eng, tokenizer, ExtractorPromptBuilder(tokenizer, max_prompt_tokens=800))
+    out = extractor.extract([_record(3)] * 3, [[]] * 3)
     assert out[0].parse.ok and out[0].parse.ops[0].content == "Plan pushes."
     assert not out[1].parse.valid and out[1].finish_reason == "length"
     assert out[2].parse.ok
@@ -180,9 +183,9 @@ def test_extract_parses_with_prefill_and_shown_ids(tokenizer):
                "<op>UPDATE 99</op><title>x</title><content>y</content>\n</ops>",
                "banana split </ops>"]
     eng = _FakeEngine(tokenizer, replies)
-    ex = Extractor(eng, tokenizer, ExtractorPromptBuilder(tokenizer, max_prompt_tokens=1024), DEFAULT_SAMPLING,
-                   generation=5)
-    out = ex.extract([_record(4), _record(6), _record(2)], [[], ENTRIES, ENTRIES[:1]])
+    extractor = Extractor(eng, tokenizer, ExtractorPromptBuilder(tokenizer, max_prompt_tokens=1024),
+                          DEFAULT_SAMPLING, extractor_version=5)
+    out = extractor.extract([_record(4), _record(6), _record(2)], [[], ENTRIES, ENTRIES[:1]])
     assert eng.calls == 1 and len(out) == 3
     assert out[0].parse.ok and out[0].parse.ops[0].kind == "ADD"
     assert out[0].text.startswith("<ops>\n<op>ADD</op>")
@@ -190,9 +193,9 @@ def test_extract_parses_with_prefill_and_shown_ids(tokenizer):
     assert any("unknown entry id" in e for e in out[1].parse.errors)     # 99 was not shown
     assert out[1].shown_ids == [12, 40]
     assert out[2].parse.ops == [] and out[2].parse.errors
-    assert all(e.generation == 5 and e.group_id == 3 and e.source_episode == ("ep", 7) for e in out)
+    assert all(e.extractor_version == 5 and e.group_id == 3 and e.source_episode == ("ep", 7) for e in out)
     assert len({e.id for e in out}) == 3 and all(e.reward is None for e in out)
-    sample = out[0].token_sample(0.5)
+    sample = extraction_sample(out[0], 0.5)
     assert sample.response_ids == out[0].response_ids and sample.old_logprobs == out[0].logprobs
     assert sample.advantage == 0.5 and sample.prompt_ids == out[0].prompt_ids
 
@@ -203,9 +206,9 @@ def test_extract_with_tiny_model(tokenizer, tiny_model):
     eng = HFEngine(tiny_model, tokenizer, batch_size=4)
     b = ExtractorPromptBuilder(tokenizer, max_prompt_tokens=700)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12, stop=("</ops>",))
-    ex = Extractor(eng, tokenizer, b, sampling)
+    extractor = Extractor(eng, tokenizer, b, sampling)
     recs = [_record(3), _record(20)]
-    out = ex.extract(recs, [ENTRIES, []])
+    out = extractor.extract(recs, [ENTRIES, []])
     assert len(out) == 2 and all(isinstance(e, Extraction) for e in out)
     for e, _rec in zip(out, recs):
         assert 1 <= len(e.response_ids) <= 12
@@ -213,6 +216,6 @@ def test_extract_with_tiny_model(tokenizer, tiny_model):
         assert len(e.prompt_ids) <= 700 and e.env_id == "sokoban"
         assert e.text.startswith("<ops>\n<op>")
         assert e.parse.errors and not e.parse.ok     # random weights: garbage, reported, no crash
-    assert ex.extract([], []) == []
+    assert extractor.extract([], []) == []
     with pytest.raises(ValueError):
-        ex.extract(recs, [[]])
+        extractor.extract(recs, [[]])

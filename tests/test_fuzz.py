@@ -119,7 +119,7 @@ def test_bank_apply_never_raises_and_stays_consistent(kind):
             try:
                 for step, ops in enumerate(replies):
                     env = "a" if step % 2 else "b"
-                    res = bank.apply(ops, env_id=env, step=step, extraction_id=f"x{step}", generation=0)
+                    res = bank.apply(ops, env_id=env, step=step, extraction_id=f"x{step}", extractor_version=0)
                     assert len(res.applied) + len(res.rejected) == len(ops)
                     assert all(reason in REJECTION_REASONS for _, reason in res.rejected)
                     _check_bank(bank)
@@ -138,10 +138,10 @@ def test_parsed_replies_apply_cleanly(kind):
             bank = _bank(Path(d), kind)
             try:
                 bank.apply([Operation("ADD", f"seed {i}", f"lesson {i}") for i in range(3)], env_id="e", step=0,
-                           extraction_id="seed", generation=0)
+                           extraction_id="seed", extractor_version=0)
                 for step, text in enumerate(replies, 1):
                     for res in (parse_operations("<ops>\n<op>" + text), parse_json_operations(text, [1, 2, 3])):
-                        bank.apply(res.ops, env_id="e", step=step, extraction_id=f"x{step}", generation=0)
+                        bank.apply(res.ops, env_id="e", step=step, extraction_id=f"x{step}", extractor_version=0)
                         _check_bank(bank)
             finally:
                 bank.close()

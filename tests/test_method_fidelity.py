@@ -10,12 +10,12 @@ from tests_helpers import CoinEnv, coin_config
 from crl_bench.config import build_config, preset_data
 from crl_bench.env_api import register_env
 from crl_bench.experience.embedding import HashEmbedder
+from crl_bench.experience.extractor import Extraction
 from crl_bench.experience.types import ExperienceEntry
 from crl_bench.llm.base import Generation
 from crl_bench.rollout import EpisodeSpec, PromptBuilder, Trajectory
 from crl_bench.trainer.actor_critic import critic_reward, parse_judgement
 from crl_bench.trainer.complementary import RetrievalRecord, use_reward
-from crl_bench.trainer.extractor import Extraction
 from crl_bench.trainer.loop import Trainer
 
 ADD = "<op>ADD</op><title>Call heads</title><content>Heads wins the coin toss.</content>"
@@ -52,9 +52,9 @@ def _cfg(method="complementary", **extra):
 def _trainer(tokenizer, model, method="complementary", extractor_text=ADD, **extra):
     tr = Trainer(_cfg(method, **extra), model=model, tokenizer=tokenizer, embedder=HashEmbedder(64),
                  extractor_model=copy.deepcopy(model))
-    ex = tr.experience.extractor
-    ex.engine = Scripted(tokenizer, ("<ops>\n" + extractor_text + "\n</ops>") if "<op>" in extractor_text
-                         else extractor_text, ex.prompts.prefill)
+    extractor = tr.experience.extractor
+    extractor.engine = Scripted(tokenizer, ("<ops>\n" + extractor_text + "\n</ops>") if "<op>" in extractor_text
+                                else extractor_text, extractor.prompts.prefill)
     return tr
 
 
@@ -75,7 +75,7 @@ def test_extractor_reward_is_the_mean_over_uses_of_one_call(tokenizer, tiny_mode
     tr = _trainer(tokenizer, tiny_model, extractor={"batch_size": 2})
     track = tr.experience
     for eid in ("A", "B"):
-        track.pending[eid] = _extraction(eid)
+        track.waiting_reward[eid] = _extraction(eid)
     ea, eb = ExperienceEntry(1, "test-coin", "a", "x", source_extraction="A"), \
         ExperienceEntry(2, "test-coin", "b", "y", source_extraction="B")
     free = Trajectory("test-coin", 1, 0, "free", reward=0.0)
@@ -83,7 +83,7 @@ def test_extractor_reward_is_the_mean_over_uses_of_one_call(tokenizer, tiny_mode
     trajs = [free, _guided(True, 1.0, [ea]), _guided(False, 0.0, [ea]), _guided(True, 1.0, [ea, eb]),
              _guided(False, 0.0, [eb])]
     track.after_rollout(trajs, step=5)
-    assert not track.pending                  # A and B wrote no entry that is in the bank: forgotten now
+    assert not track.waiting_reward                  # A and B wrote no entry that is in the bank: forgotten now
     assert track.buffer["A"].uses == 3 and track.buffer["A"].reward == pytest.approx(1 / 3)
     assert track.buffer["B"].uses == 2 and track.buffer["B"].reward == pytest.approx(0.0)
     # the update takes one sample per call
@@ -110,7 +110,7 @@ def test_static_buffer_is_bounded(tokenizer, tiny_model):
     entries = [ExperienceEntry(n + 1, "test-coin", "t", "c", source_extraction=f"x{n}") for n in range(20)]
     for _ in range(3):
         for e in entries:       # (these entries are not in the bank, so each step forgets their writers)
-            track.pending[e.source_extraction] = _extraction(e.source_extraction)
+            track.waiting_reward[e.source_extraction] = _extraction(e.source_extraction)
         track.after_rollout([_guided(True, 1.0, [e]) for e in entries], step=9)
         assert len(track.buffer) <= 3
     assert track.maybe_update_extractor() is None                  # frozen
@@ -289,12 +289,12 @@ class GatedScripted(Scripted):
 @pytest.mark.parametrize("flush", [True, False])
 def test_flush_before_rollout_makes_step_two_see_step_one(tokenizer, tiny_model, flush):
     tr = _trainer(tokenizer, tiny_model, experience={"wait_distill": False, "flush_before_rollout": flush})
-    ex = tr.experience.extractor
-    ex.engine = GatedScripted(tokenizer, "<ops>\n" + ADD + "\n</ops>", ex.prompts.prefill)
+    extractor = tr.experience.extractor
+    extractor.engine = GatedScripted(tokenizer, "<ops>\n" + ADD + "\n</ops>", extractor.prompts.prefill)
     tr.train_step()
-    assert tr.experience.manager.pending() > 0           # step 1's distillation is still waiting
+    assert tr.experience.manager.backlog() > 0           # step 1's distillation is still waiting
     res = tr.train_step()                                # with flush: waits (up to 5 s) for it
-    ex.engine.gate.set()
+    extractor.engine.gate.set()
     guided = [t for t in res.trajectories if t.subgroup == "guided"]
     if flush:
         assert all(t.experience_ids for t in guided) and res.metrics["time_flush_s"] > 0

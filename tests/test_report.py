@@ -17,7 +17,9 @@ from crl_bench import report as rep
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.types import Operation as Op
+from crl_bench.results import RENAMED_METRIC_KEYS, current_metric_keys, read_metrics
 
+REPO = Path(__file__).resolve().parents[1]
 ENVS = ("sokoban", "webshop")
 STEPS = 6
 EVIL_TITLE = "<script>x</script>"
@@ -73,7 +75,8 @@ def write_run(root: Path, method: str, seed: int, mix: str = ",".join(ENVS), ste
             ids = []
             for title, content in ((EVIL_TITLE, "a & b <b>bold</b>"), (f"push boxes s{seed}", "never corner a box"),
                                    ("search first", "use the search box before clicking")):
-                res = b.apply([Op("ADD", title, content)], env_id=envs[0], step=1, extraction_id="x1", generation=0)
+                res = b.apply([Op("ADD", title, content)], env_id=envs[0], step=1, extraction_id="x1",
+                              extractor_version=0)
                 assert not res.rejected, res.rejected
                 ids.append(res.applied[0][1])
             b.record_retrieval([ids[1], ids[1], ids[1], ids[0]], when=1.0)
@@ -159,6 +162,27 @@ def test_single_env_run_uses_overall_success_and_old_eval_format(tmp_path):
     assert series == {row["step"]: row["success_rate"] for row in r.train}
     assert r.final_eval["free"]["success_rate"] == 0.4 and r.final_eval["guided"] is None
     assert rep._eval_success(r.final_eval["free"], r, "sokoban") == 0.4
+
+
+def test_metrics_keys_renamed_since_a_run_are_read_under_their_current_names(tmp_path):
+    """Runs written before issue 17's renames (``results/sweeps/cpu`` among them) log ``distill_pending``
+    and ``extractor_generation``; every reader sees ``distill_backlog`` and ``extractor_version``."""
+    d = write_run(tmp_path, "complementary", 0)
+    lines = (d / "metrics.jsonl").read_text().splitlines()
+    old = json.loads(lines[1]) | {"distill_pending": 3, "extractor_generation": 2}
+    lines[1] = json.dumps(old)
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    r = rep.load_run(d)
+    row = r.train[1]
+    assert row["distill_backlog"] == 3 and row["extractor_version"] == 2
+    assert "distill_pending" not in row and "extractor_generation" not in row
+    assert list(row) == [RENAMED_METRIC_KEYS.get(k, k) for k in old]                  # same places
+    assert read_metrics(d)[1] == row
+    assert current_metric_keys({"distill_pending": 1, "distill_backlog": 5}) == {"distill_backlog": 5}
+    committed = REPO / "results" / "sweeps" / "cpu" / "runs" / "static-s0"
+    if committed.is_dir():
+        train = rep.load_run(committed).train
+        assert train and all("distill_backlog" in t and "distill_pending" not in t for t in train)
 
 
 @pytest.mark.parametrize("content, match", [

@@ -136,7 +136,7 @@ def _texts(n, seed=0):
 def _fill(bank, texts, env="e"):
     for s in range(0, len(texts), 25):
         res = bank.apply([Op("ADD", f"t{j}", t) for j, t in enumerate(texts[s:s + 25], s)], env_id=env, step=1,
-                         extraction_id="x", generation=0)
+                         extraction_id="x", extractor_version=0)
         assert not res.rejected
 
 
@@ -166,7 +166,7 @@ def test_auto_is_the_default_and_switches_by_size(tmp_path):
     # shrinking below half the threshold goes back to exact search (each MERGE: 4 entries -> 1)
     for j in range(1, 149, 4):
         auto.apply([Op("MERGE", f"m{j}", f"merged {j}", (j, j + 1, j + 2, j + 3))], env_id="e", step=2,
-                   extraction_id="m", generation=0)
+                   extraction_id="m", extractor_version=0)
         assert auto.shard_kinds() == {"e": "hnsw" if len(auto) >= 50 else "flat"}
     assert len(auto) == 160 - 37 * 3 and auto.shard_kinds() == {"e": "flat"}
     assert auto._shards["e"].switches == 2
@@ -196,7 +196,7 @@ def test_auto_at_capacity_stays_exact(tmp_path):
     bank = ExperienceBank(tmp_path / "cap.db", EMB, auto_threshold=40, capacity=40)
     texts = _texts(60, seed=6)
     for j, t in enumerate(texts):
-        bank.apply([Op("ADD", f"t{j}", t)], env_id="e", step=1, extraction_id="x", generation=0)
+        bank.apply([Op("ADD", f"t{j}", t)], env_id="e", step=1, extraction_id="x", extractor_version=0)
         assert bank.shard_kinds() == {"e": "flat"}
     bank.add_vectors("e", EMB.encode(["a", "b", "c"]))
     assert len(bank) == 40 and bank.shard_kinds() == {"e": "flat"} and bank._shards["e"].switches == 0
@@ -310,8 +310,8 @@ def test_retriever_uses_the_query_cache(tmp_path):
 def test_experience_config_defaults_and_validation():
     from crl_bench.config import ConfigError, ExperienceConfig, build_config, preset_data
 
-    ex = ExperienceConfig()
-    assert (ex.index, ex.query_cache) == ("auto", 4096)
+    exp_cfg = ExperienceConfig()
+    assert (exp_cfg.index, exp_cfg.query_cache) == ("auto", 4096)
     for index in ("auto", "flat", "ivf", "hnsw"):
         build_config([preset_data("default"), {"experience": {"index": index}}])
     with pytest.raises(ConfigError):

@@ -109,7 +109,7 @@ def critic_reward(decision: str, score: float) -> float:
     """The extractor's reward for one use of its knowledge under the gate (released mapping):
     reject -1, refine 0.5, accept ``score + 1``; ``invalid`` (or no gate) gives the plain ``score``.
 
-    The caller then maps a reward of exactly 0 to -1 (:func:`crl_bench.trainer.extractor.binary_reward`),
+    The caller then maps a reward of exactly 0 to -1 (:func:`crl_bench.trainer.extractor_training.binary_reward`),
     as the released pipeline does after this step.
     """
     if decision == "reject":

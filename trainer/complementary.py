@@ -37,6 +37,7 @@ from crl_bench.config import RunConfig
 from crl_bench.env_api import feedback_of
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import SentenceEmbedder
+from crl_bench.experience.extractor import EpisodeRecord, Extraction, extractor_for
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.manager import DistillRequest, ExperienceManager, MergeRequest
 from crl_bench.experience.retrieval import Retriever
@@ -47,11 +48,9 @@ from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
 from crl_bench.methods import MethodSpec, register_method
 from crl_bench.rollout import Guidance, Trajectory
 from crl_bench.trainer.actor_critic import ActorCritic, critic_reward
-from crl_bench.trainer.extractor import (
-    EpisodeRecord,
-    Extraction,
+from crl_bench.trainer.extractor_training import (
     binary_reward,
-    extractor_for,
+    extraction_sample,
     normalise_rewards,
     relative_reward,
 )
@@ -171,7 +170,7 @@ class ExperienceTrack:
 
         self.cfg = cfg
         self.method = method
-        ex, xc = cfg.experience, cfg.extractor
+        exp_cfg, xc = cfg.experience, cfg.extractor
         self.read_only = read_only_bank is not None
         if self.read_only:
             self.bank_path = Path(read_only_bank)
@@ -180,20 +179,23 @@ class ExperienceTrack:
                 self._tmp = tempfile.TemporaryDirectory(prefix="crl-bank-")
                 run_dir = self._tmp.name
             self.bank_path = Path(run_dir) / "experience.sqlite"
-        self.embedder = embedder or SentenceEmbedder(ex.embedder)
-        self.bank = ExperienceBank(self.bank_path, self.embedder, capacity=ex.capacity, eviction=ex.eviction,
-                                   index=ex.index, max_text_chars=ex.max_text_chars, read_only=self.read_only)
-        self.retriever = Retriever(self.bank, k=ex.k, oversample=ex.oversample, freq_penalty=ex.freq_penalty,
-                                   recency_window_s=ex.recency_window_s, top1_demote_p=ex.top1_demote_p,
-                                   seed=cfg.train.seed, query_cache=ex.query_cache)
+        self.embedder = embedder or SentenceEmbedder(exp_cfg.embedder)
+        self.bank = ExperienceBank(self.bank_path, self.embedder, capacity=exp_cfg.capacity,
+                                   eviction=exp_cfg.eviction, index=exp_cfg.index,
+                                   max_text_chars=exp_cfg.max_text_chars, read_only=self.read_only)
+        self.retriever = Retriever(self.bank, k=exp_cfg.k, oversample=exp_cfg.oversample,
+                                   freq_penalty=exp_cfg.freq_penalty, recency_window_s=exp_cfg.recency_window_s,
+                                   top1_demote_p=exp_cfg.top1_demote_p, seed=cfg.train.seed,
+                                   query_cache=exp_cfg.query_cache)
         self.compute_dtype = DTYPES[resolve_dtype(cfg.model.dtype, next(actor_model.parameters()).device)]
         # extractions that wrote entries (id -> Extraction), kept while an entry they wrote is in the bank
-        # or an episode may still credit them (pruned after each step's credit)
-        self.pending: OrderedDict[str, Extraction] = OrderedDict()
+        # or an episode may still credit them (pruned after each step's credit; metric
+        # extractions_waiting_reward)
+        self.waiting_reward: OrderedDict[str, Extraction] = OrderedDict()
         # extractions credited by guided episodes, waiting for an update (at most batch_size, oldest first)
         self.buffer: OrderedDict[str, _Credit] = OrderedDict()
         self.dropped = 0
-        self.generation = 0
+        self.extractor_version = 0          # extractor updates so far, stamped on new extractions
         self.updates: list[dict[str, Any]] = []
         self.model = self.engine = self.extractor = None
         self.tokenizer = tokenizer
@@ -210,10 +212,10 @@ class ExperienceTrack:
                                    cache_mb=cfg.generation.cache_mb, gate=gate, background=gate is not None)
             self.extractor = extractor_for(xc, self.engine, self.tokenizer)
         self.manager = ExperienceManager(self.bank, self.retriever, self.extractor,
-                                         search_workers=ex.search_workers, query_batch=ex.query_batch,
-                                         query_timeout_ms=ex.query_timeout_ms)
+                                         search_workers=exp_cfg.search_workers, query_batch=exp_cfg.query_batch,
+                                         query_timeout_ms=exp_cfg.query_timeout_ms)
         self.critic: ActorCritic | None = None
-        if ex.actor_critic:
+        if exp_cfg.actor_critic:
             if actor_engine is None:
                 raise ValueError("experience.actor_critic needs the actor's engine")
             self.critic = ActorCritic(actor_engine, tokenizer, actor_sampling or SamplingParams(),
@@ -294,23 +296,54 @@ class ExperienceTrack:
 
     # ---- after a step's rollout -----------------------------------------------------------------
     def after_rollout(self, trajs: Sequence[Trajectory], step: int, warmup: bool = False) -> dict[str, Any]:
-        """Credit the extractions whose entries guided this step, queue distillation (and a merge
-        pass); returns the step's experience metrics.  ``warmup``: a warm-up step (nothing was
-        retrieved, nothing is credited). Raises ``RuntimeError`` on a read-only (evaluation) track."""
-        if self.read_only:
-            raise RuntimeError("this experience track evaluates a finished run's bank read-only; it cannot train")
+        """Everything the track does with a finished rollout, in this order: :meth:`credit` (the
+        extractions whose entries guided this step), :meth:`queue_distillation` (this step's episodes,
+        and a merge pass every ``experience.merge_every`` steps) and :meth:`episode_metrics`, which it
+        returns.  ``warmup``: a warm-up step (nothing was retrieved, nothing is credited).
+
+        Raises ``RuntimeError`` on a read-only (evaluation) track."""
+        self._check_trainable()
+        credited = self.credit(trajs, warmup)
+        queued = self.queue_distillation(trajs, step)
+        return self.episode_metrics(trajs, credited, queued, warmup)
+
+    def credit(self, trajs: Sequence[Trajectory], warmup: bool = False) -> int:
+        """Reward extractions by the outcomes of the episodes they guided (step 3 of the module doc).
+
+        In order: take in the extractions the manager finished since the last step (those that wrote
+        an entry can be credited from now on; with ``extractor.invalid_reward`` one of which the bank
+        applied no operation is queued for the next update with that reward); unless ``warmup``, add each
+        guided episode's use reward (:func:`use_reward`) to the extractions recorded at its retrieval
+        and count its outcome on the entries it was shown; then forget extractions none of whose
+        entries is still in the bank.  Returns the number of (episode, extraction) credits given.
+        Raises ``RuntimeError`` on a read-only track."""
+        self._check_trainable()
         self._collect_extractions()
-        by_group: dict[int, list[Trajectory]] = defaultdict(list)
-        for t in trajs:
-            by_group[t.group_id].append(t)
-        credited = self._credit(by_group) if not warmup else 0
-        self._prune_pending()
-        reqs = self._distill_requests(by_group, step)
+        credited = self._credit(_by_group(trajs)) if not warmup else 0
+        self._prune_waiting_reward()
+        return credited
+
+    def queue_distillation(self, trajs: Sequence[Trajectory], step: int) -> int:
+        """Queue this step's finished episodes for the extractor (step 2 of the module doc) and,
+        every ``experience.merge_every`` steps, a merge pass; returns at once (the background manager
+        distils).  Which episodes go is set by ``experience.distill`` and ``distill_per_group``.
+        Returns the number of episodes queued (merge requests not counted).  Raises ``RuntimeError``
+        on a read-only track."""
+        self._check_trainable()
+        reqs: list[DistillRequest | MergeRequest] = list(self._distill_requests(_by_group(trajs), step))
         n_distill = len(reqs)
         if self.cfg.experience.merge_every and step % self.cfg.experience.merge_every == 0:
             reqs += self._merge_requests(step)
         if reqs:
             self.manager.submit(reqs)
+        return n_distill
+
+    def episode_metrics(self, trajs: Sequence[Trajectory], credited: int, distill_queued: int,
+                        warmup: bool = False) -> dict[str, Any]:
+        """The step's experience metrics: success rate and mean reward of the guided and free
+        subgroups, guided episodes that were shown experience, ``credited`` (from :meth:`credit`),
+        ``distill_queued`` (from :meth:`queue_distillation`), ``warmup`` and, with the actor-critic
+        gate, how often it accepted / refined / rejected the experience or answered invalidly."""
         guided = [t for t in trajs if t.subgroup == "guided"]
         free = [t for t in trajs if t.subgroup == "free"]
         judged = [t.retrieval.judgement for t in guided if isinstance(t.retrieval, RetrievalRecord)
@@ -320,18 +353,22 @@ class ExperienceTrack:
             "reward_mean/guided": _mean([t.reward for t in guided]),
             "reward_mean/free": _mean([t.reward for t in free]),
             "guided_with_experience": sum(1 for t in guided if t.experience_ids),
-            "extractions_credited": credited, "distill_queued": n_distill, "warmup": warmup,
+            "extractions_credited": credited, "distill_queued": distill_queued, "warmup": warmup,
         }
         for d in ("accept", "refine", "reject", "invalid"):
             if judged:
                 out[f"critic_{d}"] = judged.count(d)
         return out
 
+    def _check_trainable(self) -> None:
+        if self.read_only:
+            raise RuntimeError("this experience track evaluates a finished run's bank read-only; it cannot train")
+
     def _credit(self, by_group: dict[int, list[Trajectory]]) -> int:
         """Add each guided episode's use reward to the extractions recorded at its retrieval."""
         kind = self.cfg.extractor.reward
         credited = 0
-        outcomes: list[tuple[list[int], bool]] = []
+        episode_outcomes: list[tuple[list[int], bool]] = []     # (entry ids shown, success) per episode
         for members in by_group.values():
             free_scores = [t.reward for t in members if t.subgroup == "free"]
             for t in members:
@@ -339,69 +376,71 @@ class ExperienceTrack:
                 if t.subgroup != "guided" or not isinstance(rec, RetrievalRecord) or not rec.entries:
                     continue
                 if rec.shown:                       # outcome counters: only experience the actor saw
-                    outcomes.append(([e.id for e in rec.entries], t.success))
+                    episode_outcomes.append(([e.id for e in rec.entries], t.success))
                 r = use_reward(t, free_scores, kind)
                 for eid in dict.fromkeys(e.source_extraction for e in rec.entries if e.source_extraction):
-                    extraction = self.pending.get(eid)
+                    extraction = self.waiting_reward.get(eid)
                     if extraction is None:          # written before this run, or long forgotten
                         continue
-                    self.pending.move_to_end(eid)
+                    self.waiting_reward.move_to_end(eid)
                     credit = self.buffer.get(eid) or self._buffer(_Credit(extraction))
                     credit.total += r
                     credit.uses += 1
                     credited += 1
         with self.manager.lock.write():
-            for ids, success in outcomes:
+            for ids, success in episode_outcomes:
                 self.bank.record_outcome(ids, success)
         return credited
 
     def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[DistillRequest]:
-        ex = self.cfg.experience
+        """One request per chosen episode with at least one turn, shown the entries it retrieved."""
+        exp_cfg = self.cfg.experience
         reqs = []
         for members in by_group.values():
-            chosen = [t for t in members if ex.distill == "all" or t.subgroup == "guided"]
-            if ex.distill_per_group > 0:
-                chosen = chosen[:ex.distill_per_group]
+            chosen = [t for t in members if exp_cfg.distill == "all" or t.subgroup == "guided"]
+            if exp_cfg.distill_per_group > 0:
+                chosen = chosen[:exp_cfg.distill_per_group]
             for t in chosen:
                 if not t.turns:
                     continue
                 shown = t.retrieval.entries if isinstance(t.retrieval, RetrievalRecord) else []
-                key = t.query if ex.key == "query" else ""
+                key = t.query if exp_cfg.key == "query" else ""
                 reqs.append(DistillRequest(episode_record(t), list(shown), t.env_id, step, key))
         return reqs
 
     def _merge_requests(self, step: int) -> list[MergeRequest]:
         """Groups of entries whose index vectors are similar (cosine >= ``merge_threshold``), at most
         ``merge_max`` each."""
-        ex = self.cfg.experience
+        exp_cfg = self.cfg.experience
         out = []
         with self.manager.lock.read():
             for env_id in sorted({e.env_id for e in self.bank.entries()}):
                 entries = self.bank.entries(env_id)
                 vecs = self.bank.vectors([e.id for e in entries])
-                hits_all = self.bank.search_vectors(vecs, ex.merge_max, env_id) if len(entries) else []
+                hits_all = self.bank.search_vectors(vecs, exp_cfg.merge_max, env_id) if len(entries) else []
                 seen: set[int] = set()
                 for e, hits in zip(entries, hits_all):
                     if e.id in seen:
                         continue
-                    ids = [i for i, s in hits if s >= ex.merge_threshold and i not in seen]
+                    ids = [i for i, s in hits if s >= exp_cfg.merge_threshold and i not in seen]
                     if e.id not in ids:
                         ids = [e.id] + ids
-                    ids = ids[:ex.merge_max]
+                    ids = ids[:exp_cfg.merge_max]
                     if len(ids) >= 2:
                         seen.update(ids)
                         out.append(MergeRequest(self.bank.get(ids), env_id, step))
         return out
 
     def _collect_extractions(self) -> None:
+        """Take in the manager's finished extractions: one that wrote an entry can be credited from now
+        on; one with no applied operation (nothing parsed, or all rejected) gets
+        ``extractor.invalid_reward`` when that is set and the extractor trains."""
         invalid_reward = self.cfg.extractor.invalid_reward
-        for extraction in self.manager.pop_extractions():
-            applied = extraction.applied
-            wrote = applied is not None and any(op.kind != "NONE" for op, _ in applied.applied)
-            said_none = applied is not None and any(op.kind == "NONE" for op, _ in applied.applied)
-            if wrote:
-                self.pending[extraction.id] = extraction
-            elif not said_none and invalid_reward is not None and extraction.response_ids \
+        for outcome in self.manager.pop_outcomes():
+            extraction = outcome.extraction
+            if outcome.wrote:
+                self.waiting_reward[extraction.id] = extraction
+            elif not outcome.said_none and invalid_reward is not None and extraction.response_ids \
                     and self.updater is not None:
                 self._buffer(_Credit(extraction, float(invalid_reward), 1))   # format signal (off by default)
 
@@ -414,14 +453,14 @@ class ExperienceTrack:
             self.dropped += 1
         return credit
 
-    def _prune_pending(self) -> None:
+    def _prune_waiting_reward(self) -> None:
         """Forget extractions none of whose entries is in the bank any more (rewritten, merged away or
         evicted): no later retrieval can credit them.  Called after the step's credit, so an episode
         that retrieved an entry before it was rewritten still credits its writer."""
         with self.manager.lock.read():
             live = self.bank.source_extractions()
-        for eid in [eid for eid in self.pending if eid not in live]:
-            del self.pending[eid]
+        for eid in [eid for eid in self.waiting_reward if eid not in live]:
+            del self.waiting_reward[eid]
 
     # ---- extractor update -----------------------------------------------------------------------
     def maybe_update_extractor(self) -> dict[str, Any] | None:
@@ -441,13 +480,13 @@ class ExperienceTrack:
         for c, a in zip(batch, advs):
             c.extraction.reward = c.reward
             if c.extraction.response_ids:
-                samples.append(c.extraction.token_sample(a))
+                samples.append(extraction_sample(c.extraction, a))
         with self.manager.extractor_lock:
             stats = self.updater.update(samples)
-            self.generation += 1
-            self.extractor.generation = self.generation
+            self.extractor_version += 1
+            self.extractor.extractor_version = self.extractor_version
             self.engine.sync_weights(self.model)
-        out = {"extractor_update": len(self.updates) + 1, "extractor_generation": self.generation,
+        out = {"extractor_update": len(self.updates) + 1, "extractor_version": self.extractor_version,
                "extractor_reward_mean": _mean(raw), "extractor_batch": len(batch),
                "extractor_uses_mean": _mean([c.uses for c in batch]),
                **{f"extractor_{k}": v for k, v in stats.items()}}
@@ -460,8 +499,8 @@ class ExperienceTrack:
         return {"bank_size": s["bank_size"], "extractions_parsed": s["extractions_parsed"],
                 "extractions_failed": s["extractions_failed"], "ops_applied": s["ops_applied"],
                 "ops_rejected": s["ops_rejected"], "op_kinds": s["op_kinds"], "merges": s["merges"],
-                "distill_pending": self.manager.pending(), "extractor_errors": s["extractor_errors"],
-                "extractions_waiting_reward": len(self.pending), "extractor_buffer": len(self.buffer),
+                "distill_backlog": self.manager.backlog(), "extractor_errors": s["extractor_errors"],
+                "extractions_waiting_reward": len(self.waiting_reward), "extractor_buffer": len(self.buffer),
                 "extractor_buffer_dropped": self.dropped,
                 "retrieval_queries": s["queries"], "retrieval_batches": s["query_batches"],
                 "retrieval_query_cache_hit_rate": self.retriever.cache_info()["hit_rate"]}
@@ -469,6 +508,14 @@ class ExperienceTrack:
     def close(self, drain_timeout: float = 0.0) -> None:
         self.manager.close(drain_timeout=drain_timeout)
         self.bank.close()
+
+
+def _by_group(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:
+    """``trajs`` by GRPO group, groups and episodes in rollout order."""
+    by_group: dict[int, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_group[t.group_id].append(t)
+    return by_group
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -7,5 +7,9 @@
 * :mod:`.vector_index`: the FAISS shards (one per env; auto / flat / ivf / hnsw), OpenMP and BLAS settings.
 * :mod:`.bank`: SQLite (WAL) storage + the vector index, validated atomic operations, eviction, stats.
 * :mod:`.retrieval`: top-k search with the diversity re-rank.
+* :mod:`.extractor`: the extractor's inference side (episode record, prompts, sampling an extraction).
 * :mod:`.manager`: the background experience manager (distillation queue, locks, micro-batched search).
+
+Nothing here knows the trainer: the extractor's training (reward, advantages, CISPO) is in
+:mod:`crl_bench.trainer`.
 """

@@ -13,9 +13,12 @@ The names other code imported from this module before the split (``REJECT_*``,
 from it.
 
 Storage
-    One SQLite file in WAL mode. Table ``entries`` holds every :class:`ExperienceEntry` field, the
-    unix time of the entry's last write (``updated_at``, used by LRU eviction), the text the entry is
-    keyed by (``key_text``) and that text's embedding as float32 bytes.  The key is ``entry.text()``
+    One SQLite file in WAL mode. Table ``entries`` holds every :class:`ExperienceEntry` field (column
+    ``generation`` holds ``ExperienceEntry.extractor_version``: the column keeps its first name, so
+    banks written before the attribute was renamed open unchanged; the bank maps one to the other
+    where it reads and writes entries), the unix time of the entry's last write (``updated_at``, used
+    by LRU eviction), the text the entry is keyed by (``key_text``) and that text's embedding as
+    float32 bytes.  The key is ``entry.text()``
     unless the writer gives another (the released keying: the retrieval query of the episode the entry
     was distilled from; see :meth:`ExperienceBank.apply`). Table ``rejections`` logs every refused operation (time,
     step, extraction id, env id, the operation as JSON, reason). Table ``counters`` keeps totals
@@ -398,7 +401,7 @@ class ExperienceBank:
     @staticmethod
     def _row_entry(r) -> ExperienceEntry:
         return ExperienceEntry(id=r[0], env_id=r[1], title=r[2], content=r[3], created_step=r[4],
-                               updated_step=r[5], source_extraction=r[6], generation=r[7],
+                               updated_step=r[5], source_extraction=r[6], extractor_version=r[7],
                                times_retrieved=r[8], times_success=r[9], times_failure=r[10],
                                last_retrieved=r[11])
 
@@ -421,15 +424,18 @@ class ExperienceBank:
 
     # ------------------------------------------------------------------ writes
     def apply(self, ops: list[Operation], *, env_id: str, step: int, extraction_id: str,
-              generation: int, key_text: str | None = None) -> ApplyResult:
+              extractor_version: int, key_text: str | None = None) -> ApplyResult:
         """Validate and apply ``ops`` in order (one transaction each), then enforce the capacity cap.
 
         ``key_text``: what ADD and UPDATE entries are indexed by (embedded once for the whole call),
         e.g. the retrieval query of the episode they were distilled from; ``None`` or empty: each
         entry's own ``"title: content"``. MERGE entries are always keyed by their own text.
 
+        ``extractor_version``: the extractor's update count, stamped on the entries written (stored in
+        column ``generation``).
+
         ADD inserts a new entry of ``env_id``. UPDATE rewrites title, content, key, embedding,
-        ``updated_step``, ``source_extraction`` and ``generation`` of its one target and keeps its
+        ``updated_step``, ``source_extraction`` and ``extractor_version`` of its one target and keeps its
         counters and ``created_step``. MERGE deletes its targets and inserts one new entry (new id)
         whose ``times_retrieved`` / ``times_success`` / ``times_failure`` are the targets' sums and
         whose ``last_retrieved`` is their maximum. NONE changes nothing (reported as applied with
@@ -463,7 +469,8 @@ class ExperienceBank:
             if op.kind == "NONE":
                 res.applied.append((op, None))
                 continue
-            outcome = self._apply_one(op, targets, vec_of[i], env_id, step, extraction_id, generation, key_of[i])
+            outcome = self._apply_one(op, targets, vec_of[i], env_id, step, extraction_id, extractor_version,
+                                      key_of[i])
             if isinstance(outcome, str):
                 res.rejected.append((op, outcome))
             else:
@@ -493,7 +500,7 @@ class ExperienceBank:
             return out
 
     def _apply_one(self, op: Operation, targets: tuple[int, ...], vec: np.ndarray, env_id: str, step: int,
-                   extraction_id: str, generation: int, key: str) -> int | str:
+                   extraction_id: str, extractor_version: int, key: str) -> int | str:
         """One operation in one transaction; returns the resulting id or a rejection reason."""
         title, content = str(op.title).strip(), str(op.content).strip()
         now = time.time()
@@ -520,14 +527,15 @@ class ExperienceBank:
                     cur = c.execute(
                         "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
                         "generation, updated_at, embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (env_id, title, content, int(step), int(step), str(extraction_id), int(generation), now,
+                        (env_id, title, content, int(step), int(step), str(extraction_id), int(extractor_version), now,
                          blob, key))
                     new_id, removed = int(cur.lastrowid), []
                 elif op.kind == "UPDATE":
                     (tid,) = targets
                     c.execute("UPDATE entries SET title=?, content=?, updated_step=?, source_extraction=?, "
                               "generation=?, updated_at=?, embedding=?, key_text=? WHERE id=?",
-                              (title, content, int(step), str(extraction_id), int(generation), now, blob, key, tid))
+                              (title, content, int(step), str(extraction_id), int(extractor_version), now, blob,
+                               key, tid))
                     new_id, removed = tid, [tid]
                 else:  # MERGE
                     got = [rows[t] for t in targets]
@@ -537,7 +545,7 @@ class ExperienceBank:
                         "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
                         "generation, times_retrieved, times_success, times_failure, last_retrieved, updated_at, "
                         "embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (env_id, title, content, int(step), int(step), str(extraction_id), int(generation),
+                        (env_id, title, content, int(step), int(step), str(extraction_id), int(extractor_version),
                          sum(r[2] for r in got), sum(r[3] for r in got), sum(r[4] for r in got),
                          max(r[5] for r in got), now, blob, key))
                     new_id, removed = int(cur.lastrowid), list(targets)

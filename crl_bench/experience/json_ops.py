@@ -89,7 +89,7 @@ the whole map first and plan a path around the walls."}}}}, {{"function_name": "
 "parameters": {{"target_ids": [2], "title": "Count the steps", "content": "Prefer the shortest \
 route; every extra move costs time."}}}}]</answer>"""
 """System prompt of the json format; a ``str.format`` template with ``{max_ops}`` (as
-:class:`~crl_bench.trainer.extractor.ExtractorPromptBuilder` uses it; literal braces are doubled)."""
+:class:`~crl_bench.experience.extractor.ExtractorPromptBuilder` uses it; literal braces are doubled)."""
 
 JSON_MERGE_SYSTEM_PROMPT = """\
 You look after a small set of general lessons for an agent that acts in a text environment. The \
@@ -106,7 +106,7 @@ Example:
 <answer>[{"function_name": "update", "parameters": {"target_ids": [1, 2], "title": "Avoid walls", \
 "content": "Check the map before each move; walking into a wall wastes a turn."}}]</answer>"""
 """System prompt of the json format's merge pass; used as is (no format fields, not a format
-template, as :class:`~crl_bench.trainer.extractor.MergePromptBuilder` uses it)."""
+template, as :class:`~crl_bench.experience.extractor.MergePromptBuilder` uses it)."""
 
 _THINK = re.compile(r"^\s*<\s*think\s*>.*?<\s*/\s*think\s*>", re.IGNORECASE | re.DOTALL)
 _THINK_OPEN = re.compile(r"^\s*<\s*think\s*>", re.IGNORECASE)

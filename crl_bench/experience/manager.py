@@ -10,6 +10,8 @@ Two services run beside the actor's rollout:
   worker thread takes up to ``distill_batch`` requests at a time, asks the extractor for operations in
   one batched generate call, and applies them to the bank under the *write* lock.  Merge requests
   (consolidating similar entries) go through the same worker.  The actor's rollout never waits on it.
+  Each processed extraction is reported as an :class:`ExtractionOutcome` (the extraction and what the
+  bank made of its operations), collected with :meth:`ExperienceManager.pop_outcomes`.
 
 The extractor's weights are shared with the trainer: :attr:`extractor_lock` is held while the worker
 generates and must be held by whoever updates the extractor.
@@ -24,8 +26,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_bench.experience.bank import ExperienceBank
+from crl_bench.experience.extractor import EpisodeRecord, Extraction, Extractor
 from crl_bench.experience.locks import RWLock
-from crl_bench.experience.types import ExperienceEntry
+from crl_bench.experience.retrieval import Retriever
+from crl_bench.experience.types import ApplyResult, ExperienceEntry
 
 
 @dataclass
@@ -33,7 +38,7 @@ class DistillRequest:
     """One finished episode for the extractor.
 
     Attributes:
-        record: the episode as text (:class:`crl_bench.trainer.extractor.EpisodeRecord`).
+        record: the episode as text.
         retrieved: the entries that guided the episode (shown to the extractor; empty if free).
         env_id: environment of the episode (entries are written for it).
         step: actor step the episode belongs to.
@@ -41,7 +46,7 @@ class DistillRequest:
             the released keying passes the episode's retrieval query.
     """
 
-    record: Any
+    record: EpisodeRecord
     retrieved: list[ExperienceEntry]
     env_id: str
     step: int
@@ -55,6 +60,30 @@ class MergeRequest:
     entries: list[ExperienceEntry]
     env_id: str
     step: int
+
+
+@dataclass
+class ExtractionOutcome:
+    """What the manager reports for one processed extraction (:meth:`ExperienceManager.pop_outcomes`).
+
+    Attributes:
+        extraction: the extractor's sample (of a :class:`DistillRequest` or a :class:`MergeRequest`).
+        applied: the bank's :class:`~crl_bench.experience.types.ApplyResult` for its parsed operations
+            (applied and rejected ones), or ``None`` when nothing parsed (nothing was sent to the bank).
+    """
+
+    extraction: Extraction
+    applied: ApplyResult | None = None
+
+    @property
+    def wrote(self) -> bool:
+        """Whether the bank applied an ADD, UPDATE or MERGE of this extraction (it wrote an entry)."""
+        return self.applied is not None and any(op.kind != "NONE" for op, _ in self.applied.applied)
+
+    @property
+    def said_none(self) -> bool:
+        """Whether the bank applied a NONE of this extraction (a valid "change nothing" answer)."""
+        return self.applied is not None and any(op.kind == "NONE" for op, _ in self.applied.applied)
 
 
 @dataclass
@@ -91,16 +120,18 @@ class ExperienceManager:
 
     Args:
         bank: the experience bank.
-        retriever: a :class:`crl_bench.experience.retrieval.Retriever` over ``bank``.
-        extractor: a :class:`crl_bench.trainer.extractor.Extractor`, or ``None`` (retrieval only).
+        retriever: a retriever over ``bank``.
+        extractor: the extractor that samples operations for the queued episodes and merge groups,
+            or ``None`` (retrieval only: :meth:`submit` raises).
         search_workers: parallel search threads.
         query_batch: most queries per search batch.
         query_timeout_ms: longest wait for a batch to fill after its first query.
         distill_batch: most episodes per extractor call.
     """
 
-    def __init__(self, bank: Any, retriever: Any, extractor: Any = None, *, search_workers: int = 2,
-                 query_batch: int = 32, query_timeout_ms: float = 5.0, distill_batch: int = 8) -> None:
+    def __init__(self, bank: ExperienceBank, retriever: Retriever, extractor: Extractor | None = None, *,
+                 search_workers: int = 2, query_batch: int = 32, query_timeout_ms: float = 5.0,
+                 distill_batch: int = 8) -> None:
         self.bank = bank
         self.retriever = retriever
         self.extractor = extractor
@@ -111,7 +142,7 @@ class ExperienceManager:
         self.distill_batch = distill_batch
         self._stats = ManagerStats()
         self._mu = threading.Lock()
-        self._finished: list[Any] = []
+        self._finished: list[ExtractionOutcome] = []
         self._queries: queue.Queue[_Query | None] = queue.Queue()
         self._distill: queue.Queue[DistillRequest | MergeRequest | None] = queue.Queue()
         self._pool = ThreadPoolExecutor(max_workers=search_workers, thread_name_prefix="crl-search")
@@ -193,8 +224,8 @@ class ExperienceManager:
         for r in requests:
             self._distill.put(r)
 
-    def pending(self) -> int:
-        """Requests queued or being processed."""
+    def backlog(self) -> int:
+        """Distillation and merge requests queued or being processed (not yet applied to the bank)."""
         return self._distill.unfinished_tasks
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -208,8 +239,9 @@ class ExperienceManager:
             time.sleep(0.01)
         return True
 
-    def pop_extractions(self) -> list[Any]:
-        """Extractions finished since the last call (oldest first)."""
+    def pop_outcomes(self) -> list[ExtractionOutcome]:
+        """The extractions processed since the last call with what the bank made of each (oldest
+        first); the manager forgets them."""
         with self._mu:
             out, self._finished = self._finished, []
         return out
@@ -245,22 +277,23 @@ class ExperienceManager:
         t0 = time.perf_counter()
         episodes = [r for r in batch if isinstance(r, DistillRequest)]
         merges = [r for r in batch if isinstance(r, MergeRequest)]
-        done: list[tuple[Any, Any]] = []
+        done: list[tuple[DistillRequest | MergeRequest, Extraction]] = []
         with self.extractor_lock:
             if episodes:
-                exs = self.extractor.extract([r.record for r in episodes], [r.retrieved for r in episodes])
-                done += list(zip(episodes, exs))
+                extractions = self.extractor.extract([r.record for r in episodes],
+                                                     [r.retrieved for r in episodes])
+                done += list(zip(episodes, extractions))
             if merges:
-                exs = self.extractor.extract_merges([r.entries for r in merges])
-                done += list(zip(merges, exs))
-        for req, ex in done:
-            ops = list(ex.parse.ops)
+                extractions = self.extractor.extract_merges([r.entries for r in merges])
+                done += list(zip(merges, extractions))
+        for req, extraction in done:
+            ops = list(extraction.parse.ops)
             result = None
             if ops:
                 key = req.key_text if isinstance(req, DistillRequest) else ""
                 with self.lock.write():
-                    result = self.bank.apply(ops, env_id=req.env_id, step=req.step, extraction_id=ex.id,
-                                             generation=ex.generation, key_text=key)
+                    result = self.bank.apply(ops, env_id=req.env_id, step=req.step, extraction_id=extraction.id,
+                                             extractor_version=extraction.extractor_version, key_text=key)
             with self._mu:
                 st = self._stats
                 if isinstance(req, MergeRequest):
@@ -276,8 +309,7 @@ class ExperienceManager:
                     st.ops_rejected += len(result.rejected)
                     for op, _ in result.applied:
                         st.op_kinds[op.kind] = st.op_kinds.get(op.kind, 0) + 1
-                ex.applied = result
-                self._finished.append(ex)
+                self._finished.append(ExtractionOutcome(extraction, result))
         with self._mu:
             self._stats.distill_s += time.perf_counter() - t0
 

@@ -30,7 +30,7 @@ Rules:
 * ADD / UPDATE / MERGE need a non-empty ``<title>...</title>`` and ``<content>...</content>`` (in
   that order or the other).  ``</content>`` may be left out when the content is the last thing on its
   line: a line break or ``</ops>`` closes it (so a reply stopped at the end of a line is complete;
-  :class:`~crl_bench.trainer.extractor.Extractor` also treats a reply the model ended with EOS as
+  :class:`~crl_bench.experience.extractor.Extractor` also treats a reply the model ended with EOS as
   ending its line).  A content that is neither closed nor followed by a line break (a reply cut by
   the token cap) is incomplete.
   Internal whitespace of title and content is collapsed to single spaces; they may not contain the

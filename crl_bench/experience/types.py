@@ -36,7 +36,8 @@ class ExperienceEntry:
         title, content: the lesson.
         created_step, updated_step: actor training steps at creation / last change.
         source_extraction: id of the extraction that last wrote it (for extractor rewards).
-        generation: extractor version (number of extractor updates) that last wrote it.
+        extractor_version: extractor version (number of extractor updates) that last wrote it
+            (stored in the bank's column ``generation``).
         times_retrieved: how often it was given to the actor.
         times_success, times_failure: outcomes of the episodes it guided.
         last_retrieved: unix time (s) of the last retrieval, 0 if never.
@@ -49,7 +50,7 @@ class ExperienceEntry:
     created_step: int = 0
     updated_step: int = 0
     source_extraction: str = ""
-    generation: int = 0
+    extractor_version: int = 0
     times_retrieved: int = 0
     times_success: int = 0
     times_failure: int = 0

@@ -1,34 +1,40 @@
-"""The experience extractor: episode record -> prompt -> operations on the bank, and its rewards.
+"""The experience extractor's inference side: episode record -> prompt -> a sampled reply -> operations.
 
 Complementary RL (arXiv 2603.17621, docs/method.md): a second LLM reads a finished episode (task,
 observations, actions, outcome) together with the bank entries that guided it and answers with
 ADD / UPDATE / MERGE / NONE operations, in the strict one-line format of
 :mod:`crl_bench.experience.operations` (``extractor.format: line``) or the released JSON format of
-:mod:`crl_bench.experience.json_ops` (``json``); :func:`extractor_for` builds either.  Its samples
-(:class:`Extraction`) are later rewarded by the outcome of the episodes the written entries guided
-and trained with CISPO (:func:`crl_bench.trainer.losses.cispo_loss`).
+:mod:`crl_bench.experience.json_ops` (``json``); :func:`extractor_for` builds either.  The background
+manager (:mod:`crl_bench.experience.manager`) applies the operations of its samples
+(:class:`Extraction`) to the bank.
 
 * :class:`EpisodeRecord` is the text view of an episode the extractor needs; the integrator fills it
   from the rollout (observation before each action, the action, the env's feedback).
 * :func:`compact_trajectory` renders a record within a token budget.
 * :class:`ExtractorPromptBuilder` builds the chat prompt; :class:`Extractor` samples one reply per
-  record in a single batched ``engine.generate`` call.
-* :func:`binary_reward`, :func:`relative_reward`, :func:`normalise_rewards`: the extractor's reward.
+  record in a single batched ``engine.generate`` call; :class:`MergePromptBuilder` and
+  :meth:`Extractor.extract_merges` do the same for the merge pass.
+
+The extractor's training belongs to the trainer (nothing here imports it): its reward and advantages
+are in :mod:`crl_bench.trainer.extractor_training`, its CISPO loss is
+:func:`crl_bench.trainer.losses.cispo_loss`, and :mod:`crl_bench.trainer.complementary` credits an
+extraction with the outcomes of the episodes its entries guided.
 """
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from crl_bench.env_api import feedback_of  # noqa: F401 - re-exported
 from crl_bench.experience.operations import STOP, ParseResult, format_entries, format_operations, parse_operations
 from crl_bench.experience.types import ExperienceEntry, Operation
 from crl_bench.llm.base import Engine, SamplingParams
+
+if TYPE_CHECKING:
+    from crl_bench.config import ExtractorConfig
 
 # --------------------------------------------------------------------------------------------------
 # Episode record and compaction
@@ -373,14 +379,15 @@ class Extraction:
         logprobs: behaviour log-prob of each response token (same length as ``response_ids``).
         text: the reply as parsed: ``prefill + generated text``.
         parse: the parsed operations and errors.
-        generation: extractor version that sampled it.
+        extractor_version: extractor version (number of extractor updates) that sampled it.
         group_id: GRPO group of the source episode.
         source_episode: the record's ``source`` key.
         reward: set once known (``None`` before).
         shown_ids: ids of the entries the extractor was shown (UPDATE / MERGE may only name these).
         finish_reason: the engine's finish reason (``stop`` / ``eos`` / ``length``).
-        applied: the bank's :class:`~crl_bench.experience.types.ApplyResult` once the experience
-            manager applied the operations (``None`` before, or when nothing parsed).
+
+    What the bank made of the operations is not stored here: the experience manager reports it
+    beside the extraction (:class:`crl_bench.experience.manager.ExtractionOutcome`).
     """
 
     id: str
@@ -390,19 +397,12 @@ class Extraction:
     logprobs: list[float]
     text: str
     parse: ParseResult
-    generation: int = 0
+    extractor_version: int = 0
     group_id: int = 0
     source_episode: Any = None
     reward: float | None = None
     shown_ids: list[int] = field(default_factory=list)
     finish_reason: str = ""
-    applied: Any = None
-
-    def token_sample(self, advantage: float):
-        """This extraction as a :class:`crl_bench.trainer.policy.TokenSample` for the CISPO update."""
-        from crl_bench.trainer.policy import TokenSample
-
-        return TokenSample(list(self.prompt_ids), list(self.response_ids), list(self.logprobs), float(advantage))
 
 
 class Extractor:
@@ -414,7 +414,7 @@ class Extractor:
         prompt_builder: :class:`ExtractorPromptBuilder`.
         sampling: sampling settings; stop at ``"</ops>"``, and also at ``"\n"`` for one operation per
             reply (:data:`DEFAULT_SAMPLING`; :data:`MULTI_OP_SAMPLING` allows several).
-        generation: extractor version stamped on the extractions (bump after each update).
+        extractor_version: extractor version stamped on the extractions (bump after each update).
         restrict_ids: UPDATE / MERGE may only name the entries shown in the prompt.
         merge_prompts: prompt builder of the merge pass (default: :class:`MergePromptBuilder` with the
             same prefill as ``prompt_builder``).
@@ -423,14 +423,14 @@ class Extractor:
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, prompt_builder: ExtractorPromptBuilder,
-                 sampling: SamplingParams = DEFAULT_SAMPLING, generation: int = 0,
+                 sampling: SamplingParams = DEFAULT_SAMPLING, extractor_version: int = 0,
                  restrict_ids: bool = True, merge_prompts: MergePromptBuilder | None = None,
                  parse_fn: Callable[[str, list[int]], ParseResult] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.prompts = prompt_builder
         self.sampling = sampling
-        self.generation = generation
+        self.extractor_version = extractor_version
         self.restrict_ids = restrict_ids
         self.merge_prompts = merge_prompts or MergePromptBuilder(tokenizer, prompt_builder.prefill)
         self.parse_fn = parse_fn
@@ -453,16 +453,16 @@ class Extractor:
         if not records:
             return []
         prepared = [self.prompts.prepare(r, e) for r, e in zip(records, retrieved)]
-        gens = self.engine.generate([p[0] for p in prepared], self.sampling)
+        replies = self.engine.generate([p[0] for p in prepared], self.sampling)
         out = []
-        for rec, (_ids, shown, _), gen in zip(records, prepared, gens):
-            text = self.prompts.prefill + gen.text
+        for rec, (_ids, shown, _), reply in zip(records, prepared, replies):
+            text = self.prompts.prefill + reply.text
             shown_ids = [e.id for e in shown]
             # a reply the model ended itself (EOS) ends its last line, which closes an open <content>
-            parse = self._parse(text + ("\n" if gen.finish_reason == "eos" else ""), shown_ids)
-            out.append(Extraction(uuid.uuid4().hex, rec.env_id, list(gen.prompt_ids), list(gen.response_ids),
-                                  list(gen.logprobs), text, parse, self.generation, rec.group_id, rec.source,
-                                  None, shown_ids, gen.finish_reason))
+            parse = self._parse(text + ("\n" if reply.finish_reason == "eos" else ""), shown_ids)
+            out.append(Extraction(uuid.uuid4().hex, rec.env_id, list(reply.prompt_ids), list(reply.response_ids),
+                                  list(reply.logprobs), text, parse, self.extractor_version, rec.group_id,
+                                  rec.source, None, shown_ids, reply.finish_reason))
         return out
 
 
@@ -475,16 +475,16 @@ class Extractor:
         if not groups:
             return []
         prompts = [self.merge_prompts.build(g) for g in groups]
-        gens = self.engine.generate(prompts, self.sampling)
+        replies = self.engine.generate(prompts, self.sampling)
         out = []
-        for group, gen in zip(groups, gens):
-            text = self.merge_prompts.prefill + gen.text
+        for group, reply in zip(groups, replies):
+            text = self.merge_prompts.prefill + reply.text
             shown_ids = [e.id for e in group]
             parse = self._parse(text, shown_ids)
             env_id = group[0].env_id if group else ""
-            out.append(Extraction(uuid.uuid4().hex, env_id, list(gen.prompt_ids), list(gen.response_ids),
-                                  list(gen.logprobs), text, parse, self.generation, 0, "merge", None,
-                                  shown_ids, gen.finish_reason))
+            out.append(Extraction(uuid.uuid4().hex, env_id, list(reply.prompt_ids), list(reply.response_ids),
+                                  list(reply.logprobs), text, parse, self.extractor_version, 0, "merge", None,
+                                  shown_ids, reply.finish_reason))
         return out
 
 
@@ -524,54 +524,9 @@ class MergePromptBuilder:
 
 
 # --------------------------------------------------------------------------------------------------
-# Rewards
+# From the run configuration
 
-def relative_reward(guided_score: float, free_scores: Sequence[float], tol: float = 1e-9) -> float:
-    """+1 / 0 / -1 when the guided episode's score is above / equal to (within ``tol``) / below the
-    mean score of the experience-free subgroup (``extractor.reward: relative``).  The released code
-    has this function but never calls it; its live reward is :func:`binary_reward`.
-
-    Raises ``ValueError`` when ``free_scores`` is empty (no baseline).
-    """
-    if not free_scores:
-        raise ValueError("relative_reward needs at least one experience-free score")
-    base = sum(float(s) for s in free_scores) / len(free_scores)
-    diff = float(guided_score) - base
-    if abs(diff) <= tol:
-        return 0.0
-    return 1.0 if diff > 0 else -1.0
-
-
-def binary_reward(score: float) -> float:
-    """The extractor's reward for one use of its experience (``extractor.reward: binary``): the guided
-    episode's score, with a score of exactly 0 counted as -1.
-
-    For the 0/1 outcome rewards of most envs this is the paper's binary reward (+1 success, -1
-    failure); envs with partial scores (WebShop) keep the score.  Source: the released pipeline's
-    ``_collect_triggered_interactions_to_buffer`` (``multi_agentic_pipeline.py``), docs/method.md.
-    """
-    score = float(score)
-    return -1.0 if score == 0.0 else score
-
-
-def normalise_rewards(rewards: Sequence[float], std: bool = False, eps: float = 1e-6) -> list[float]:
-    """Advantages over one extractor batch: ``r - mean(r)``, divided by ``std(r) + eps`` if ``std``.
-
-    REINFORCE-style batch baseline as released (mean-centred; the std division is optional).  The
-    population standard deviation is used; an empty input gives an empty list.
-    """
-    if not rewards:
-        return []
-    vals = [float(r) for r in rewards]
-    mean = sum(vals) / len(vals)
-    centred = [v - mean for v in vals]
-    if not std:
-        return centred
-    sd = math.sqrt(sum(c * c for c in centred) / len(centred))
-    return [c / (sd + eps) for c in centred]
-
-
-def extractor_for(xc: Any, engine: Engine, tokenizer: Any) -> Extractor:
+def extractor_for(xc: ExtractorConfig, engine: Engine, tokenizer: Any) -> Extractor:
     """The :class:`Extractor` an :class:`~crl_bench.config.ExtractorConfig` describes: its answer format
     (``line`` / ``json``), prompt budget, operation cap and sampling, over ``engine`` and the
     extractor's own ``tokenizer``.

@@ -1,0 +1,82 @@
+"""The background experience manager's report: every processed extraction comes back, in order, with
+what the bank made of its operations (the experience track credits and buffers from this report)."""
+
+from __future__ import annotations
+
+import uuid
+
+from crl_bench.experience.bank import ExperienceBank
+from crl_bench.experience.embedding import HashEmbedder
+from crl_bench.experience.extractor import EpisodeRecord, Extraction
+from crl_bench.experience.manager import DistillRequest, ExperienceManager, ExtractionOutcome, MergeRequest
+from crl_bench.experience.operations import parse_operations
+from crl_bench.experience.retrieval import Retriever
+
+ADD = "<ops>\n<op>ADD</op><title>Heads</title><content>Call heads.</content>\n</ops>"
+NONE = "<ops>\n<op>NONE</op>\n</ops>"
+GARBAGE = "banana split"
+UNKNOWN = "<ops>\n<op>UPDATE 99</op><title>x</title><content>y</content>\n</ops>"   # parses; the bank refuses it
+MERGE = "<ops>\n<op>MERGE {a} {b}</op><title>Heads</title><content>Heads wins.</content>\n</ops>"
+
+
+class CannedExtractor:
+    """Stands in for :class:`~crl_bench.experience.extractor.Extractor`: the next canned reply for each
+    request, parsed in the line format without restricting ids (so the bank gets to refuse some)."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = list(replies)
+
+    def _sample(self, env_id: str, shown_ids: list[int]) -> Extraction:
+        text = self.replies.pop(0)
+        return Extraction(uuid.uuid4().hex, env_id, [1, 2], [3], [-1.0], text, parse_operations(text),
+                          shown_ids=shown_ids)
+
+    def extract(self, records, retrieved):
+        return [self._sample(r.env_id, [e.id for e in shown]) for r, shown in zip(records, retrieved)]
+
+    def extract_merges(self, groups):
+        return [self._sample(g[0].env_id, [e.id for e in g]) for g in groups]
+
+
+def _run(bank: ExperienceBank, replies: list[str], requests) -> list[ExtractionOutcome]:
+    manager = ExperienceManager(bank, Retriever(bank), CannedExtractor(replies))
+    try:
+        manager.submit(requests)
+        assert manager.drain(timeout=60)
+        outcomes = manager.pop_outcomes()
+        assert manager.pop_outcomes() == []                   # reported once
+    finally:
+        manager.close()
+    return outcomes
+
+
+def test_outcomes_report_what_the_bank_applied(tmp_path):
+    bank = ExperienceBank(tmp_path / "bank.sqlite", HashEmbedder(32))
+    replies = [ADD, NONE, GARBAGE, UNKNOWN]
+    requests = [DistillRequest(EpisodeRecord("e", f"task {i}"), [], "e", step=1) for i in range(len(replies))]
+    outcomes = _run(bank, replies, requests)
+    assert all(isinstance(o, ExtractionOutcome) for o in outcomes)
+    assert [o.extraction.text for o in outcomes] == replies                          # request order
+    added, none, garbage, unknown = outcomes
+    assert [op.kind for op, _ in added.applied.applied] == ["ADD"] and added.wrote and not added.said_none
+    (entry,) = bank.entries()
+    assert entry.source_extraction == added.extraction.id
+    assert [op.kind for op, _ in none.applied.applied] == ["NONE"] and none.said_none and not none.wrote
+    assert garbage.applied is None and not garbage.wrote and not garbage.said_none   # nothing reached the bank
+    assert unknown.applied is not None and len(unknown.applied.rejected) == 1 and not unknown.applied.applied
+    assert not unknown.wrote and not unknown.said_none
+    bank.close()
+
+
+def test_merge_outcome_reports_the_new_entry(tmp_path):
+    bank = ExperienceBank(tmp_path / "bank.sqlite", HashEmbedder(32))
+    first = _run(bank, [ADD, ADD.replace("Call heads.", "Say heads.")],
+                 [DistillRequest(EpisodeRecord("e", f"task {i}"), [], "e", step=1) for i in range(2)])
+    assert all(o.wrote for o in first)
+    a, b = (e.id for e in bank.entries())
+    (merged,) = _run(bank, [MERGE.format(a=a, b=b)], [MergeRequest(bank.get([a, b]), "e", step=2)])
+    ((op, new_id),) = merged.applied.applied
+    assert op.kind == "MERGE" and op.targets == (a, b) and merged.wrote
+    assert [e.id for e in bank.entries()] == [new_id] and new_id not in (a, b)
+    assert bank.entries()[0].source_extraction == merged.extraction.id
+    bank.close()

@@ -1,14 +1,9 @@
 """Plain GRPO baseline: no experience bank, no extractor, the whole group is experience-free.
 
 The paper's plain-GRPO baseline (docs/method.md); GRPO as in DeepSeekMath (Shao et al. 2024, section 4.1).
+Declared with the other methods in :mod:`crl_bench.methods`.
 """
 
-from crl_bench.methods import MethodSpec, register_method
+from crl_bench.methods import GRPO
 
-GRPO = MethodSpec(
-    name="grpo",
-    description="GRPO on outcome rewards; groups of G rollouts per task, no experience",
-    uses_experience=False,
-    trains_extractor=False,
-)
-register_method(GRPO)
+__all__ = ["GRPO"]

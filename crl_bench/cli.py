@@ -59,7 +59,7 @@ def _episodes(text: str) -> int | str:
 
 
 def resolve_config(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> RunConfig:
-    """Layer preset < --config < method overrides < flags < --set into a validated RunConfig."""
+    """Layer preset < --config < method < flags < --set into a validated RunConfig."""
     from crl_bench.methods import get_method
 
     layers: list[dict[str, Any]] = [preset_data(args.preset)]
@@ -71,7 +71,7 @@ def resolve_config(args: argparse.Namespace, extra: dict[str, Any] | None = None
             spec = get_method(method)
         except KeyError as e:
             raise ConfigError(str(e.args[0])) from None
-        layers.append({"method": method, **spec.overrides})
+        layers.append({"method": spec.name})
     flags: dict[str, Any] = {}
     if args.mix:
         flags.setdefault("rollout", {})["mix"] = args.mix

@@ -1,7 +1,7 @@
 """Run configuration: typed dataclasses loaded from YAML presets, files and ``key=value`` overrides.
 
 Precedence (later wins): dataclass defaults < preset (``crl_bench/presets/<name>.yaml``) < ``--config FILE``
-< method settings (``baselines``) < command-line flags and ``--set section.key=value`` overrides.
+< ``--method`` (:mod:`crl_bench.methods`) < command-line flags and ``--set section.key=value`` overrides.
 Every unknown or ill-typed key raises :class:`ConfigError` naming the full dotted key, so a typo never
 silently falls back to a default.
 """

@@ -1,12 +1,21 @@
-"""Training methods as configurations of the one training loop.
+"""Training methods as configurations of the one training loop, all declared here.
 
-A method says which parts of the loop are active; it never brings a loop of its own (the baselines
-package only declares specs).  ``crl-bench run --method NAME`` looks the name up here.
+A method says which parts of the loop are active; it never brings a loop of its own.  The three
+methods of the paper (arXiv 2603.17621, docs/method.md) are:
+
+* ``grpo``: plain GRPO, no experience (the paper's outcome-only baseline; GRPO as in DeepSeekMath,
+  Shao et al. 2024, section 4.1);
+* ``static``: the full pipeline with the extractor frozen (the paper's static-extractor baseline): the
+  bank is still written by the untrained extractor and still guides the actor;
+* ``complementary``: actor and extractor co-evolve (GRPO on the actor, CISPO on the extractor).
+
+``crl-bench run --method NAME`` looks the name up here; :func:`register_method` adds a method from
+outside the package (a plugin), which must also be a configuration of the same loop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -18,44 +27,48 @@ class MethodSpec:
         description: one line for ``crl-bench run --help`` and the leaderboard.
         uses_experience: retrieve from an experience bank and split groups into guided/free subgroups.
         trains_extractor: update the experience extractor (CISPO).
-        overrides: config mapping applied on top of the preset/config file (same keys as YAML).
     """
 
     name: str
     description: str
     uses_experience: bool = False
     trains_extractor: bool = False
-    overrides: dict = field(default_factory=dict)
 
 
-_METHODS: dict[str, MethodSpec] = {}
-_unavailable: dict[str, str] = {}
+GRPO = MethodSpec(
+    name="grpo",
+    description="GRPO on outcome rewards; groups of G rollouts per task, no experience",
+)
+STATIC = MethodSpec(
+    name="static",
+    description="GRPO actor guided by an experience bank written by a frozen extractor",
+    uses_experience=True,
+)
+COMPLEMENTARY = MethodSpec(
+    name="complementary",
+    description="Complementary RL: GRPO actor + CISPO-trained experience extractor co-evolving",
+    uses_experience=True,
+    trains_extractor=True,
+)
+
+_METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY)}
 
 
 def register_method(spec: MethodSpec) -> None:
-    """Make ``spec`` available to ``--method``."""
+    """Make ``spec`` available to ``--method``.  Raises ``ValueError`` if the name is taken by a
+    different spec."""
+    if spec.name in _METHODS and _METHODS[spec.name] != spec:
+        raise ValueError(f"method {spec.name!r} is already declared as {_METHODS[spec.name]}")
     _METHODS[spec.name] = spec
-
-
-def _load_builtin() -> None:
-    import crl_bench.baselines
-    if "complementary" not in _METHODS:
-        try:
-            import crl_bench.trainer.complementary  # noqa: F401 - imported to register complementary
-        except ImportError as e:  # the experience stack's packages are missing
-            _unavailable["complementary"] = str(e)
 
 
 def get_method(name: str) -> MethodSpec:
     """The spec of ``name``. Raises ``KeyError`` naming the known methods."""
-    _load_builtin()
-    if name not in _METHODS and name in _unavailable:
-        raise KeyError(f"method {name!r} cannot be loaded here: {_unavailable[name]}")
     if name not in _METHODS:
         raise KeyError(f"unknown method {name!r}; known: {', '.join(sorted(_METHODS))}")
     return _METHODS[name]
 
 
 def list_methods() -> list[str]:
-    _load_builtin()
+    """Names of every declared method, sorted."""
     return sorted(_METHODS)

@@ -16,10 +16,10 @@ from crl_bench.experience.extractor import (
 )
 from crl_bench.experience.types import ExperienceEntry
 from crl_bench.llm.base import SamplingParams
+from crl_bench.trainer.advantages import grouped_advantages
 from crl_bench.trainer.extractor_training import (
     binary_reward,
     extraction_sample,
-    normalise_rewards,
     relative_reward,
 )
 
@@ -137,13 +137,15 @@ def test_relative_and_binary_rewards():
     assert binary_reward(0.4) == 0.4 and binary_reward(-1.0) == -1.0
 
 
-def test_normalise_rewards():
-    assert normalise_rewards([]) == []
-    assert normalise_rewards([1.0, 0.0, -1.0, 0.0]) == [1.0, 0.0, -1.0, 0.0]
-    assert normalise_rewards([1.0, 1.0, 0.0, 0.0]) == [0.5, 0.5, -0.5, -0.5]
-    z = normalise_rewards([1.0, 1.0, 0.0, 0.0], std=True)
-    assert z == pytest.approx([1.0, 1.0, -1.0, -1.0], abs=1e-5)
-    assert normalise_rewards([2.0, 2.0], std=True) == [0.0, 0.0]
+def test_extractor_batch_advantages_are_one_group():
+    """The extractor's advantages: rewards against the batch mean (one group for the whole batch)."""
+    def batch(rewards, std=False):
+        return grouped_advantages(rewards, [0] * len(rewards), std_normalize=std)
+    assert batch([]) == []
+    assert batch([1.0, 0.0, -1.0, 0.0]) == [1.0, 0.0, -1.0, 0.0]
+    assert batch([1.0, 1.0, 0.0, 0.0]) == [0.5, 0.5, -0.5, -0.5]
+    assert batch([1.0, 1.0, 0.0, 0.0], std=True) == pytest.approx([1.0, 1.0, -1.0, -1.0], abs=1e-5)
+    assert batch([2.0, 2.0], std=True) == [0.0, 0.0]
 
 
 class _FakeEngine:

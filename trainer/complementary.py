@@ -45,26 +45,17 @@ from crl_bench.experience.types import ExperienceEntry
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
 from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
-from crl_bench.methods import MethodSpec, register_method
+from crl_bench.methods import MethodSpec
 from crl_bench.rollout import Guidance, Trajectory
 from crl_bench.trainer.actor_critic import ActorCritic, critic_reward
+from crl_bench.trainer.advantages import grouped_advantages
 from crl_bench.trainer.extractor_training import (
     binary_reward,
     extraction_sample,
-    normalise_rewards,
     relative_reward,
 )
 from crl_bench.trainer.losses import cispo_loss
 from crl_bench.trainer.policy import PolicyUpdater
-
-COMPLEMENTARY = MethodSpec(
-    name="complementary",
-    description="Complementary RL: GRPO actor + CISPO-trained experience extractor co-evolving",
-    uses_experience=True,
-    trains_extractor=True,
-)
-register_method(COMPLEMENTARY)
-
 
 KNOWLEDGE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it applies to this task; "
                     "do not follow it blindly.")
@@ -475,7 +466,8 @@ class ExperienceTrack:
             return None
         batch = [self.buffer.popitem(last=False)[1] for _ in range(xc.batch_size)]
         raw = [c.reward for c in batch]
-        advs = normalise_rewards(raw, std=xc.reward_std_normalize)
+        # REINFORCE-style batch baseline as released: the whole batch is one group
+        advs = grouped_advantages(raw, [0] * len(raw), std_normalize=xc.reward_std_normalize)
         samples = []
         for c, a in zip(batch, advs):
             c.extraction.reward = c.reward

@@ -4,17 +4,16 @@ Complementary RL (arXiv 2603.17621, docs/method.md) trains the extractor with CI
 (:func:`crl_bench.trainer.losses.cispo_loss`) on its own samples (:class:`Extraction`, sampled by
 :class:`crl_bench.experience.extractor.Extractor`): each extraction call is rewarded by the outcome of
 the guided episodes that used the entries it wrote (credited in :mod:`crl_bench.trainer.complementary`),
-and its advantage is that reward against the batch mean.
+and its advantage is that reward against the batch mean
+(:func:`crl_bench.trainer.advantages.grouped_advantages` with one key for the whole batch).
 
 * :func:`binary_reward` (the released live reward) and :func:`relative_reward` (an option): the reward
   one use gives.
-* :func:`normalise_rewards`: advantages over one extractor batch.
 * :func:`extraction_sample`: an extraction as a :class:`~crl_bench.trainer.policy.TokenSample`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from crl_bench.experience.extractor import Extraction
@@ -47,23 +46,6 @@ def binary_reward(score: float) -> float:
     """
     score = float(score)
     return -1.0 if score == 0.0 else score
-
-
-def normalise_rewards(rewards: Sequence[float], std: bool = False, eps: float = 1e-6) -> list[float]:
-    """Advantages over one extractor batch: ``r - mean(r)``, divided by ``std(r) + eps`` if ``std``.
-
-    REINFORCE-style batch baseline as released (mean-centred; the std division is optional).  The
-    population standard deviation is used; an empty input gives an empty list.
-    """
-    if not rewards:
-        return []
-    vals = [float(r) for r in rewards]
-    mean = sum(vals) / len(vals)
-    centred = [v - mean for v in vals]
-    if not std:
-        return centred
-    sd = math.sqrt(sum(c * c for c in centred) / len(centred))
-    return [c / (sd + eps) for c in centred]
 
 
 def extraction_sample(extraction: Extraction, advantage: float) -> TokenSample:

@@ -30,7 +30,7 @@ from crl_bench.results import RunWriter, make_run_id
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
 from crl_bench.tracking import open_trackers
 from crl_bench.trainer.advantages import grouped_advantages
-from crl_bench.trainer.policy import PolicyUpdater, TokenSample, linear_warmup
+from crl_bench.trainer.policy import PolicyUpdater, episode_samples, linear_warmup
 
 
 def seed_everything(seed: int) -> None:
@@ -285,9 +285,7 @@ class Trainer:
         cache = {k: v - cache0.get(k, 0) for k, v in getattr(self.engine, "counters", {}).items()}
         t_roll = time.perf_counter() - t0 - t_flush
         advs = self.advantages(trajs)
-        # one sequence per episode: seq-mean-token-mean weighs each episode's turns as one sequence
-        samples = [TokenSample(turn.prompt_ids, turn.response_ids, turn.logprobs, adv, sequence=k)
-                   for k, (tr, adv) in enumerate(zip(trajs, advs)) for turn in tr.turns if turn.response_ids]
+        samples = episode_samples(trajs, advs)
         t1 = time.perf_counter()
         if warmup:
             upd = {"loss": 0.0, "optimizer_steps": 0.0}          # warm-up: the actor is not trained

@@ -20,12 +20,15 @@ import math
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from crl_bench.llm.precision import autocast
 from crl_bench.trainer.losses import ppo_clip_loss, token_logprobs
+
+if TYPE_CHECKING:
+    from crl_bench.rollout import Trajectory
 
 
 @dataclass
@@ -46,6 +49,23 @@ class TokenSample:
     old_logprobs: list[float]
     advantage: float
     sequence: Hashable | None = None
+
+
+def episode_samples(trajectories: Sequence[Trajectory], advantages: Sequence[float]) -> list[TokenSample]:
+    """The actor's training sequences of a batch of episodes: one :class:`TokenSample` per turn that
+    generated tokens, carrying its episode's advantage, with ``sequence`` = the episode's index so that
+    ``seq-mean-token-mean`` weighs each episode's turns as one sequence.
+
+    Args:
+        trajectories: N episodes. advantages: N advantages, one per episode.
+
+    Raises:
+        ValueError: the two lengths differ.
+    """
+    if len(trajectories) != len(advantages):
+        raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
+    return [TokenSample(turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv), sequence=k)
+            for k, (tr, adv) in enumerate(zip(trajectories, advantages)) for turn in tr.turns if turn.response_ids]
 
 
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean")

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from crl_bench import bench
 from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
 from crl_bench.data import ChecksumError, DataMissingError, dataset_names
 from crl_bench.env_api import EnvUnavailableError
@@ -282,8 +283,6 @@ def play(env_id: str, task: int, max_steps: int, stdin: Any = None, stdout: Any 
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from crl_bench import bench
-
     return bench.main(args)
 
 
@@ -470,24 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--max-steps", type=int, default=50)
     v.set_defaults(func=cmd_envs)
 
-    b = sub.add_parser("bench", help="benchmarks: env (wrapper vs raw), rollout (batched vs sequential), "
-                                     "retrieval (batched vs single search, latency), overhead "
-                                     "(complementary vs grpo rollout time), step (training steps before "
-                                     "vs after the bf16 / prefix-cache work)")
-    b.add_argument("name", choices=["env", "rollout", "retrieval", "overhead", "step"])
-    b.add_argument("--env", action="append", help="env id(s) (default: all / minihack-room)")
-    b.add_argument("--steps", type=int, default=2000, help="env bench: steps per env")
-    b.add_argument("--envs", type=int, default=8, help="rollout bench: episodes in the batch")
-    b.add_argument("--max-steps", type=int, default=4, help="rollout bench: actions per episode")
-    b.add_argument("--model", default="smollm2-135m-instruct")
-    b.add_argument("--mix", default=None, help="step bench: env id or mixture (default: --env or minihack-room)")
-    b.add_argument("--preset", default="smoke", help="step bench: preset (smoke, default, paper)")
-    b.add_argument("--train-steps", type=int, default=2, help="step bench: training steps per arm")
-    b.add_argument("--no-update-probe", action="store_true",
-                   help="step bench: skip the same-batch update comparison (costly on big presets)")
-    b.add_argument("--workers", type=int, default=2, help="alfworld env bench: N worker processes (vs 1)")
-    b.add_argument("--episodes", type=int, default=None,
-                   help="env bench: alfworld episodes per arm (8), webshop scripted episodes (200)")
+    b = bench.add_parser(sub)            # one subcommand per benchmark, each with its own options
     b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("data", help="download benchmark data into the data dir ($CRL_BENCH_DATA)")
@@ -543,11 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if getattr(args, "func", None) is cmd_bench and args.name == "retrieval":
-        args.extra = unknown        # the retrieval bench has its own options (bench retrieval --help)
-    elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except (ConfigError, KeyError, FileExistsError, DataMissingError, ChecksumError, EnvUnavailableError,

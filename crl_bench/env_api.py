@@ -290,26 +290,6 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         """Currently legal canonical action names, or ``None`` for an open action set."""
         return None
 
-    # ---- raw simulator access (benchmarks: wrapper overhead vs. the bare game) ---------------------
-    def raw_reset(self, task: int) -> None:
-        """Start task ``task`` in the underlying simulator only: no observation text, no ``info``.
-
-        Used by :mod:`crl_bench.bench_envs` to time the game without this wrapper. The default calls
-        :meth:`_reset_task`; envs wrapping an external simulator override it to reset that simulator
-        directly. The protocol state (step counters, last observation) is not touched, so call
-        :meth:`reset` before using :meth:`step` again.
-        """
-        self._reset_task(task)
-
-    def raw_step(self, action: str) -> bool:
-        """Apply the legal canonical ``action`` in the underlying simulator only; return ``done``.
-
-        No reply parsing, no text rendering, no step limit. The default calls :meth:`_apply` and
-        returns its ``terminated``; envs wrapping an external simulator override it to step that
-        simulator directly.
-        """
-        return bool(self._apply(action)[1])
-
     def task_prompt(self) -> str:
         """One line stating the goal of the current task (used for retrieval and in prompts)."""
         return ""

@@ -266,12 +266,28 @@ def test_a_tampered_game_is_rejected(tmp_path):
 
 
 def test_bench_alfworld_smoke():
-    from crl_bench.bench_alfworld import bench_alfworld, format_result
+    from crl_bench.bench.alfworld import bench_alfworld, format_result
 
     r = bench_alfworld(workers=2, episodes=2, resets=1)
     assert r["successes"] == {"1": 2, "2": 2}
     assert r["reset_ms"]["p50"] > 0 and r["step_ms"]["p50"] > 0 and r["worker_rss_mb"] > 0
     assert r["episodes_per_min"]["2"] > 0 and "episodes/min" in format_result(r)
+
+
+def test_raw_simulator_replays_a_walkthrough(env):
+    """The env bench's raw path (crl_bench/bench/raw.py) drives the worker directly: a walkthrough wins
+    on its last command, as through the text protocol."""
+    from crl_bench.bench.raw import AlfWorldSimulator, raw_simulator
+
+    sim = raw_simulator(env)
+    assert type(sim) is AlfWorldSimulator
+    task = EVAL_OFFSET + 1
+    plan = env.walkthrough(task)
+    sim.reset(task)
+    assert [sim.step(a) for a in plan] == [False] * (len(plan) - 1) + [True]
+    env.reset(options={"task": task})                   # the text protocol works again after a reset
+    _, _, term, _, info = env.step(f"<answer>{plan[0]}</answer>")
+    assert not term and info["steps"] == 1
 
 
 def test_worker_memory_is_its_own_not_the_parents():

@@ -723,7 +723,7 @@ def test_concurrent_readers_and_writers(tmp_path, kind):
 
 
 def test_bench_retrieval_smoke(tmp_path):
-    from crl_bench.bench_retrieval import bench_retrieval, format_table
+    from crl_bench.bench.retrieval import bench_retrieval, format_table
 
     rows = bench_retrieval(sizes=(300,), queries=8, k=5, dim=32, repeats=1, latency_samples=16,
                            recall_queries=32, workdir=str(tmp_path), bank_kwargs={"ivf_min_train": 100},

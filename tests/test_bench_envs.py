@@ -1,6 +1,7 @@
-"""Quick check of the env benchmark (crl_bench/bench_envs.py): it runs, both paths take the same steps.
+"""Quick check of the env benchmark (crl_bench/bench/env.py) and its raw simulator adapters
+(crl_bench/bench/raw.py): it runs, both paths take the same steps.
 
-No timing ratio is asserted (machine-dependent); see ``python -m crl_bench.bench_envs`` for numbers.
+No timing ratio is asserted (machine-dependent); see ``crl-bench bench env`` for numbers.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import math
 
 import pytest
 
-from crl_bench.bench_envs import bench_env, format_table
+from crl_bench.bench.env import bench_env, format_table
+from crl_bench.bench.raw import raw_simulator
 from crl_bench.env_api import make_env
 
 ENVS = ["sokoban", "minihack-room"]
@@ -50,31 +52,36 @@ def test_format_table(rows):
 
 @pytest.mark.parametrize("env_id", ENVS)
 def test_raw_path_follows_the_text_env(env_id):
-    """raw_reset/raw_step play the same game as reset/step: same episode ends for the same actions."""
-    text, raw = make_env(env_id), make_env(env_id)
+    """The raw simulator plays the same game as reset/step: same episode ends for the same actions."""
+    text, env = make_env(env_id), make_env(env_id)
     try:
+        raw = raw_simulator(env)
         actions = text.admissible_actions()
         for task in (0, 1, 2):
             text.reset(options={"task": task})
-            raw.raw_reset(task)
+            raw.reset(task)
             for k in range(40):
                 a = actions[(7 * k + task) % len(actions)]
                 _, _, terminated, truncated, _ = text.step(f"<answer>{a}</answer>")
-                assert raw.raw_step(a) is terminated
+                assert raw.step(a) is terminated
                 if terminated or truncated:
                     break
     finally:
         text.close()
-        raw.close()
+        env.close()
 
 
 def test_raw_step_reports_the_game_end():
     """minihack-room's fixed room: four steps southeast from the top-left corner reach the stairs."""
     env = make_env("minihack-room")
     try:
+        raw = raw_simulator(env)
         for task in (0, 5):
-            env.raw_reset(task)
-            assert [env.raw_step("southeast") for _ in range(4)] == [False, False, False, True]
+            raw.reset(task)
+            assert [raw.step("southeast") for _ in range(4)] == [False, False, False, True]
+        env.close()
+        with pytest.raises(RuntimeError, match="after close"):
+            raw.reset(0)
     finally:
         env.close()
 
@@ -90,7 +97,7 @@ def test_bad_arguments():
 def _unavailable(monkeypatch, env_id, message="no Docker daemon (test)"):
     """make_env (as the env bench calls it) raises EnvUnavailableError for ``env_id``, as SWE-bench
     does without a Docker daemon or its container images."""
-    import crl_bench.bench_envs as be
+    import crl_bench.bench.env as be
     from crl_bench.env_api import EnvUnavailableError
 
     real = be.make_env
@@ -116,7 +123,7 @@ def test_unavailable_env_is_skipped_with_its_reason(monkeypatch):
 
 
 def test_open_action_set_is_skipped(monkeypatch):
-    from crl_bench.bench_envs import OpenActionSetError
+    from crl_bench.bench.env import OpenActionSetError
     from crl_bench.envs.sokoban import SokobanEnv
 
     monkeypatch.setattr(SokobanEnv, "admissible_actions", lambda self: None)
@@ -132,18 +139,80 @@ def test_open_action_set_is_skipped(monkeypatch):
 def test_cli_bench_env_without_env_skips_and_lists(monkeypatch, capsys):
     """``crl-bench bench env`` (no --env) benchmarks what can run and lists the rest with the reason;
     before, the first unavailable env (SWE-bench without its images) stopped the whole command."""
-    import argparse
-
     import crl_bench.env_api as env_api
-    from crl_bench import bench
+    from crl_bench.cli import main
 
     monkeypatch.setattr(env_api, "list_envs", lambda: ["sokoban", "swebench-verified", "webshop"])
     _unavailable(monkeypatch, "swebench-verified", "swebench-verified: none of the 500 instance images is "
                                                    "present locally (test)")
-    args = argparse.Namespace(name="env", env=None, steps=50, workers=2, episodes=None)
-    assert bench.main(args) == 0
+    assert main(["bench", "env", "--steps", "50"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[2].startswith("sokoban")
     assert ("skipped swebench-verified (cannot run here): EnvUnavailableError: swebench-verified: none of "
             "the 500 instance images is present locally (test)") in out
     assert "webshop" not in out.split("(not included by default")[0]
+
+
+# ------------------------------------------------------------------------------ raw simulator registry
+def test_raw_simulator_adapters_by_env_class():
+    """Sokoban runs its own game logic; every MiniHack task class steps the NLE env it wraps."""
+    from crl_bench.bench.raw import GameLogicSimulator, NLESimulator, RawSimulator
+    from crl_bench.env_api import TextEnv
+
+    for env_id, kind in (("sokoban", GameLogicSimulator), ("minihack-room", NLESimulator),
+                         ("minihack-maze", NLESimulator)):
+        env = make_env(env_id)
+        try:
+            sim = raw_simulator(env)
+            assert type(sim) is kind and isinstance(sim, RawSimulator), (env_id, sim)
+        finally:
+            env.close()
+    # the raw stepping lives in the bench, not in the env protocol
+    assert not hasattr(TextEnv, "raw_reset") and not hasattr(TextEnv, "raw_step")
+    with pytest.raises(TypeError, match="no raw simulator"):
+        raw_simulator(object())
+
+
+def test_registry_names_the_env_classes():
+    """The registry names the env classes without importing them; the names must be those classes'."""
+    from crl_bench.bench import raw
+    from crl_bench.envs.alfworld.env import AlfWorldEnv
+
+    assert raw._REGISTRY[raw._class_key(AlfWorldEnv)] is raw.AlfWorldSimulator
+    from crl_bench.envs.minihack.env import MiniHackTextEnv
+
+    assert raw._REGISTRY[raw._class_key(MiniHackTextEnv)] is raw.NLESimulator
+
+
+def test_registered_adapter_wins_for_subclasses(monkeypatch):
+    from crl_bench.bench import raw
+    from crl_bench.envs.sokoban import SokobanEnv
+
+    class Counting(raw.GameLogicSimulator):
+        pass
+
+    class MySokoban(SokobanEnv):
+        pass
+
+    monkeypatch.setattr(raw, "_REGISTRY", dict(raw._REGISTRY))
+    raw.register_raw_simulator(SokobanEnv, Counting)
+    assert type(raw_simulator(MySokoban())) is Counting
+    assert type(raw_simulator(SokobanEnv())) is Counting
+    rows = bench_env(["sokoban"], steps=50)
+    assert rows[0]["raw_steps"] == rows[0]["text_steps"] == 50
+
+
+def test_cli_bench_env_json(capsys):
+    """``--json`` (formerly of ``python -m crl_bench.bench_envs``) prints the rows after the table."""
+    import json
+
+    from crl_bench.cli import main
+
+    assert main(["bench", "env", "--env", "sokoban", "--steps", "30", "--chunk", "10", "--warmup", "5",
+                 "--seed", "3", "--json"]) == 0
+    out = capsys.readouterr().out
+    table, rows = out.split("\n[", 1)
+    rows = json.loads("[" + rows)
+    assert table.splitlines()[2].startswith("sokoban")
+    assert [r["env"] for r in rows] == ["sokoban"] and rows[0]["raw_steps"] == 30
+    assert "not included by default" not in out      # ids were named

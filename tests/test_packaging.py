@@ -100,5 +100,6 @@ def test_wheel_builds_without_setuptools_warnings(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"crl_bench/py.typed", "crl_bench/presets/cpu.yaml", "crl_bench/mixtures/6task.yaml",
             "crl_bench/schemas/summary.schema.json", "crl_bench/envs/minihack/__init__.py",
-            "crl_bench/envs/minihack/render.py"} <= names
+            "crl_bench/envs/minihack/render.py", "crl_bench/bench/__init__.py", "crl_bench/bench/raw.py",
+            "crl_bench/bench/env.py"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from crl_bench.bench_retrieval import SentenceLike, make_data
+from crl_bench.bench.retrieval import SentenceLike, make_data
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder, QueryCache
 from crl_bench.experience.retrieval import Retriever

@@ -175,7 +175,7 @@ def test_the_reward_model_is_verified_and_never_silently_replaced(tmp_path):
 
 
 def test_bench_webshop_smoke():
-    from crl_bench.bench_webshop import bench_webshop, format_result
+    from crl_bench.bench.webshop import bench_webshop, format_result
 
     r = bench_webshop(episodes=5)
     assert r["steps"] >= 5 * 5 and r["steps_per_s"] > 0 and r["search_ms"] > 0

@@ -39,7 +39,7 @@ Index kinds
       from its live vectors when tombstones exceed ``max(hnsw_rebuild_min, hnsw_rebuild_fraction *
       live)``. Internal labels map to entry ids through an array kept beside the index.
 
-    Tuning (``python -m crl_bench.bench_retrieval``, single-query search through the bank, one
+    Tuning (``crl-bench bench retrieval``, single-query search through the bank, one
     thread, k = 16 = the retriever's ``k * oversample``). On sentence-embedding-shaped data (the
     benchmark's ``sentence`` data, calibrated on real all-MiniLM-L6-v2 embeddings, new queries),
     100k entries, recall@16 / p99:

@@ -419,15 +419,6 @@ class AlfWorldEnv(TextEnv):
         info["worker_restarts"] = self.restarts
         return info
 
-    # ---- raw simulator access (bench) ----------------------------------------------------------------
-    def raw_reset(self, task: int) -> None:
-        self._submit_reset(task)
-        self._reset_task(task)
-
-    def raw_step(self, action: str) -> bool:
-        self._submit_apply(action)
-        return bool(self._apply(action)[1])
-
     def walkthrough(self, task: int) -> list[str]:
         """The game's stored solving command list (``walkthrough`` of its ``game.tw-pddl``)."""
         import json

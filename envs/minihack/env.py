@@ -219,20 +219,6 @@ class MiniHackTextEnv(TextEnv):
         lines.append(self._valid_line)
         return "\n".join(lines)
 
-    # ---- raw simulator access (see TextEnv.raw_reset / raw_step) ------------------------------------
-    def raw_reset(self, task: int) -> None:
-        """Reset the wrapped NLE env to task ``task`` (same seeding as :meth:`reset`), nothing else."""
-        if self._closed:
-            raise RuntimeError(f"{self.env_id}: reset() after close()")
-        core, disp = task_seeds(task)
-        self._nle.seed(core, disp, False)
-        self._env.reset()
-
-    def raw_step(self, action: str) -> bool:
-        """Step the wrapped NLE env with the index of ``action``; no rendering. Returns done."""
-        _obs, _r, term, trunc, _info = self._env.step(self._action_index[action])
-        return bool(term or trunc)
-
     def _info(self, invalid: bool, action: str | None = None) -> dict[str, Any]:
         info = super()._info(invalid, action)
         info["end_status"] = self._end_status

@@ -11,6 +11,7 @@ keeps them between steps).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Sequence
@@ -131,3 +132,9 @@ def format_result(r: dict[str, Any]) -> str:
         f"successes      1 worker {r['successes']['1']}/{r['episodes']}   {n} workers "
         f"{r['successes'][n]}/{r['episodes']}",
     ])
+
+
+def report(args: argparse.Namespace) -> str:
+    """This bench as ``crl-bench bench env --env alfworld`` runs it, with the parsed ``--workers`` (N) and
+    ``--episodes`` (per arm, default 8); returns :func:`format_result`'s lines."""
+    return format_result(bench_alfworld(workers=args.workers, episodes=args.episodes or 8))

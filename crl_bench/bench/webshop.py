@@ -9,6 +9,7 @@ computes the reward (spaCy tags of the two titles, cached after the first time),
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Any
@@ -75,3 +76,9 @@ def format_result(r: dict[str, Any]) -> str:
         f"search step {r['search_ms']:8.2f} ms   click step {r['click_us']:8.1f} us   "
         f"buy step (reward) {r['buy_ms']:8.2f} ms",
     ])
+
+
+def report(args: argparse.Namespace) -> str:
+    """This bench as ``crl-bench bench env --env webshop`` runs it, with the parsed ``--episodes`` (scripted
+    episodes, default 200); returns :func:`format_result`'s lines."""
+    return format_result(bench_webshop(episodes=args.episodes or 200))

@@ -1,11 +1,12 @@
-"""Benchmark of the text wrappers: step time of each env against its bare simulator.
+"""``crl-bench bench env``: step time of each text env against its bare simulator.
 
 For every env id two instances are made and driven side by side through the *same* seeded sequence
 of random legal actions and the same sequence of task ids:
 
-* **raw**: the simulator alone, through :meth:`TextEnv.raw_reset` / :meth:`TextEnv.raw_step` (for
-  MiniHack the wrapped NLE gymnasium env stepped with the action index; for Sokoban, which has no
-  external simulator, the game logic ``_reset_task`` / ``_apply``), no reply parsing, no text;
+* **raw**: the simulator alone, through the env's :class:`~crl_bench.bench.raw.RawSimulator` adapter
+  (:mod:`crl_bench.bench.raw`: for MiniHack the wrapped NLE gymnasium env stepped with the action index;
+  for Sokoban, which has no external simulator, the game logic ``_reset_task`` / ``_apply``), no reply
+  parsing, no text;
 * **text**: the full protocol, ``env.step("<answer>ACTION</answer>")`` and ``env.reset(options=...)``.
 
 Both paths start a new episode on the same condition (the game ended, or ``max_steps`` actions were
@@ -24,10 +25,17 @@ container images; :class:`~crl_bench.data.DataMissingError`) and an env with an 
 (no random legal actions to draw, e.g. SWE-bench's tool calls). They are listed after the table with
 the reason; the others are measured. An env named explicitly still raises.
 
+Envs with a bench of their own (:data:`OWN_BENCHES`: ALFWorld's worker processes, WebShop's scripted
+episodes) run that bench instead, and only when named with ``--env``.
+
 Usage::
 
-    python -m crl_bench.bench_envs --steps 5000              # every registered env
-    python -m crl_bench.bench_envs --envs sokoban minihack-room --steps 2000 --json
+    crl-bench bench env --steps 5000                    # every registered env but alfworld, webshop
+    crl-bench bench env --env sokoban --env minihack-room --steps 2000 --json
+    crl-bench bench env --env alfworld --workers 4      # ALFWorld's own bench
+
+(``python -m crl_bench.bench env ...`` is the same; it replaces ``python -m crl_bench.bench_envs``,
+whose ``--envs A B`` is now ``--env A --env B``.)
 """
 
 from __future__ import annotations
@@ -36,15 +44,27 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from crl_bench.bench import alfworld, webshop
+from crl_bench.bench.raw import RawSimulator, raw_simulator
 from crl_bench.data import DataMissingError
 from crl_bench.env_api import EnvUnavailableError, TextEnv, list_envs, make_env
 
-__all__ = ["OpenActionSetError", "bench_env", "format_skipped", "format_table", "main"]
+__all__ = ["HELP", "OWN_BENCHES", "OpenActionSetError", "add_parser", "bench_env", "format_skipped",
+           "format_table", "run"]
+
+HELP = "wrapper vs raw"
+
+#: envs with a bench of their own (worker processes, scripted episodes), run only when named: env id ->
+#: function of the parsed ``bench env`` options that runs it and returns its printed lines
+OWN_BENCHES: dict[str, Callable[[argparse.Namespace], str]] = {
+    "alfworld": alfworld.report,
+    "webshop": webshop.report,
+}
 
 
 class OpenActionSetError(ValueError):
@@ -58,14 +78,17 @@ UNAVAILABLE = (EnvUnavailableError, DataMissingError, OpenActionSetError)
 
 
 class _Path:
-    """One side of the comparison: an env, the shared action sequence, timers and counters."""
+    """One side of the comparison: an env (driven through ``sim``, its raw simulator, when given), the
+    shared action sequence, timers and counters."""
 
-    def __init__(self, env: TextEnv, raw: bool, actions: Sequence[str], tasks: Sequence[int]) -> None:
+    def __init__(self, env: TextEnv, sim: RawSimulator | None, actions: Sequence[str],
+                 tasks: Sequence[int]) -> None:
         self.env = env
-        self.raw = raw
+        self.sim = sim
+        self.raw = sim is not None
         self.max_steps = env.max_steps
         self.tasks = tasks
-        if raw:
+        if self.raw:
             self.inputs: list[str] = list(actions)
         else:
             self.inputs = [f"<answer>{a}</answer>" for a in actions]
@@ -83,8 +106,8 @@ class _Path:
     def _reset(self) -> None:
         task = self.tasks[self.episode % len(self.tasks)]
         self.episode += 1
-        if self.raw:
-            self.env.raw_reset(task)
+        if self.sim is not None:
+            self.sim.reset(task)
         else:
             self.env.reset(options={"task": task})
 
@@ -96,7 +119,7 @@ class _Path:
         step_time = reset_time = 0.0
         resets = ends = 0
         if self.raw:
-            step = self.env.raw_step
+            step = self.sim.step
             t0 = perf()
             for _ in range(n):
                 if need_reset:
@@ -164,8 +187,8 @@ def _bench_one(env_id: str, steps: int, seed: int, chunk: int, warmup: int,
                                      f"(admissible_actions() returned {legal!r})")
         legal = list(legal)
         actions = [legal[int(i)] for i in rng.integers(len(legal), size=warmup + steps)]
-        raw = _Path(raw_env, True, actions, tasks)
-        text = _Path(text_env, False, actions, tasks)
+        raw = _Path(raw_env, raw_simulator(raw_env), actions, tasks)
+        text = _Path(text_env, None, actions, tasks)
         if warmup:
             raw.run(warmup)
             text.run(warmup)
@@ -288,26 +311,49 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m crl_bench.bench_envs",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--envs", nargs="*", default=None, help="env ids (default: all registered)")
-    p.add_argument("--steps", type=int, default=5000, help="timed steps per path and env")
-    p.add_argument("--seed", type=int, default=0)
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``env`` (this benchmark and its options) to the ``bench`` subcommands; returns its parser."""
+    p = subparsers.add_parser("env", help=HELP, description="Step time of each text env against its bare "
+                              "simulator; ALFWorld and WebShop: their own benches (when named).")
+    p.add_argument("--env", action="append",
+                   help=f"env id, repeatable (default: every registered env but {', '.join(OWN_BENCHES)})")
+    p.add_argument("--steps", type=int, default=2000, help="timed steps per path and env")
+    p.add_argument("--workers", type=int, default=2, help="alfworld bench: N worker processes (vs 1)")
+    p.add_argument("--episodes", type=int, default=None,
+                   help="alfworld episodes per arm (8), webshop scripted episodes (200)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the random legal actions and the task ids")
     p.add_argument("--chunk", type=int, default=100, help="steps per alternating timing chunk")
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--json", action="store_true", help="print the rows as JSON after the table")
-    args = p.parse_args(argv)
-    skipped: list[tuple[str, str]] | None = None if args.envs else []
-    rows = bench_env(args.envs or None, args.steps, args.seed, chunk=args.chunk, warmup=args.warmup,
-                     skipped=skipped)
-    print(format_table(rows))
+    p.add_argument("--warmup", type=int, default=50, help="untimed steps per path first")
+    p.add_argument("--json", action="store_true", help="print the text-vs-raw rows as JSON at the end")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``crl-bench bench env`` with the options of :func:`add_parser`: the own benches of the named
+    :data:`OWN_BENCHES` envs, then the text-vs-raw table of the others (every registered env but the
+    :data:`OWN_BENCHES` when no ``--env`` is given, skipping those that cannot run here). Returns 0.
+
+    Raises:
+        the errors of :func:`bench_env` (an env named with ``--env`` that cannot run here, an unknown id).
+    """
+    from crl_bench import env_api
+
+    ids = args.env or [e for e in env_api.list_envs() if e not in OWN_BENCHES]
+    for env_id, own_bench in OWN_BENCHES.items():
+        if env_id in ids:
+            print(own_bench(args))
+            ids = [e for e in ids if e != env_id]
+    # every env (no --env): one that cannot run here (no Docker daemon or SWE-bench images, a
+    # missing extra or data set, an open action set) is skipped and listed with the reason
+    skipped: list[tuple[str, str]] | None = None if args.env else []
+    rows: list[dict[str, Any]] = []
+    if ids:
+        rows = bench_env(ids, args.steps, args.seed, chunk=args.chunk, warmup=args.warmup, skipped=skipped)
+        print(format_table(rows))
     if skipped:
         print(format_skipped(skipped))
+    if not args.env:
+        print(f"(not included by default: {', '.join(OWN_BENCHES)}; use --env ID)")
     if args.json:
         print(json.dumps(rows, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

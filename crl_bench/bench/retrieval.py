@@ -63,8 +63,9 @@ Measured with the defaults (2-core machine shared with other jobs, one search th
 (= hnsw there) keep recall@16 >= 0.95 at p99 well under 5 ms; flat is exact but p99 ~10 ms. The
 table of a run is printed; compare rows of the same run only (timings depend on the load).
 
-Run: ``python -m crl_bench.bench_retrieval [--sizes 1000 10000 100000] [--index flat ivf hnsw auto]
-[--data sentence gaussian] [--vectors FILE.npy] [--k 16]`` (also ``crl-bench bench retrieval``). The
+Run: ``crl-bench bench retrieval [--sizes 1000 10000 100000] [--index flat ivf hnsw auto]
+[--data sentence gaussian] [--vectors FILE.npy] [--k 16]`` (or ``python -m crl_bench.bench retrieval ...``,
+which replaces ``python -m crl_bench.bench_retrieval``). The
 default run (2 data shapes x 3 sizes x 3 indexes) takes ~3-4 minutes on the 2-core machine, most of
 it building the 100k HNSW graphs (30 s sentence, 60 s gaussian) and training the 100k IVF (20 s);
 ``--data sentence`` halves it.
@@ -81,8 +82,9 @@ from typing import Any
 
 import numpy as np
 
-from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.vector_index import AUTO_THRESHOLD, INDEX_KINDS, AutoShard, omp_threads
+
+HELP = "batched vs single search, latency"
 
 DATA_KINDS = ("sentence", "gaussian")
 #: recall@k and p99 the approximate indexes must keep at 100k entries on representative data
@@ -221,6 +223,8 @@ def bench_retrieval(sizes: Sequence[int] = (1000, 10000, 100000), queries: int =
     """
     import faiss
 
+    from crl_bench.experience.bank import ExperienceBank
+
     kinds = [index] if isinstance(index, str) else list(index)
     for kind in kinds:
         if kind not in INDEX_KINDS:
@@ -328,8 +332,9 @@ def target_summary(rows: list[dict[str, Any]], auto_threshold: int = AUTO_THRESH
     return "\n".join(out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="crl-bench bench retrieval", description=__doc__.split("\n")[0])
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``retrieval`` (this benchmark and its options) to the ``bench`` subcommands; returns its parser."""
+    p = subparsers.add_parser("retrieval", help=HELP, description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--index", nargs="+", default=["flat", "ivf", "hnsw"], choices=list(INDEX_KINDS),
                    help="auto (the bank's default) is flat or hnsw by size: the summary line says which")
@@ -345,7 +350,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--search-threads", type=int, default=1,
                    help="OpenMP threads per search (the bank's search_threads; 0 = FAISS default)")
-    a = p.parse_args(argv)
+    return p
+
+
+def run(a: argparse.Namespace) -> int:
+    """Run ``crl-bench bench retrieval`` with the options of :func:`add_parser`: prints the table of
+    :func:`bench_retrieval` and the :func:`target_summary`; returns 0.
+
+    Raises:
+        ValueError: an unknown index kind or data shape, or ``--vectors`` with too few rows.
+        OSError: ``--vectors`` cannot be read.
+    """
     vectors = np.load(a.vectors) if a.vectors else None
     rows = bench_retrieval(a.sizes, a.queries, a.k, a.dim, a.index, data=a.data, vectors=vectors,
                            recall_queries=a.recall_queries, repeats=a.repeats, latency_samples=a.latency_samples,
@@ -355,7 +370,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if summary:
         print(summary)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

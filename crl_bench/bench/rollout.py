@@ -1,0 +1,103 @@
+"""``crl-bench bench rollout``: generated tokens/s of one batched rollout over N envs against the same N
+episodes rolled out one env at a time (with and without the prefix cache), same model, tasks, seeds and
+sampling."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from crl_bench.bench.options import add_model_and_env, first_env
+
+__all__ = ["ARMS", "HELP", "add_parser", "bench_rollout", "run"]
+
+HELP = "batched vs sequential"
+
+ARMS = {
+    # name: (episodes per collect call, prefix cache)
+    "batched": (None, True),
+    "sequential": (1, True),
+    "sequential-nocache": (1, False),
+}
+
+
+def bench_rollout(model: str, env_id: str, n_envs: int, max_steps: int, repeats: int = 1,
+                  threads: int = 0, dtype: str = "auto") -> dict[str, Any]:
+    """Batched rollout (one generate per turn across ``n_envs`` live episodes) vs one env at a time.
+
+    Three arms roll out the same ``n_envs`` train tasks with the same sampling seed: ``batched`` and
+    ``sequential`` use the engine as the trainer does (prefix cache on); ``sequential-nocache`` is the
+    naive loop (one env at a time, no prefix cache).  Arms alternate order over ``repeats``.
+    ``dtype`` is the compute dtype (``model.dtype``; ``auto`` by default).
+
+    Returns:
+        dict with per-arm tokens, generate/wall seconds and tokens/s, and the ratios
+        ``tokens_per_s_ratio`` (batched / sequential, same engine settings) and
+        ``tokens_per_s_ratio_vs_naive`` (batched / sequential-nocache).
+    """
+    import torch
+
+    from crl_bench.llm.base import SamplingParams
+    from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
+    from crl_bench.llm.precision import DTYPES, resolve_dtype
+    from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner
+    from crl_bench.trainer.loop import set_threads
+
+    set_threads(threads)
+    policy, tok = load_model_and_tokenizer(model)
+    dtype = DTYPES[resolve_dtype(dtype)]
+    pool = EnvPool(max_steps=max_steps)
+    specs = [EpisodeSpec(env_id, task) for task in range(n_envs)]
+    runners = {name: RolloutRunner(HFEngine(policy, tok, batch_size=max(n_envs, 1), prefix_cache=cache,
+                                            compute_dtype=dtype),
+                                   PromptBuilder(tok), pool, SamplingParams(temperature=1.0, max_new_tokens=16))
+               for name, (_, cache) in ARMS.items()}
+    for runner in runners.values():          # warm-up: one-off costs hit no arm
+        runner.collect(specs[:1])
+    arms = {name: {"tokens": 0, "generate_s": 0.0, "wall_s": 0.0} for name in ARMS}
+    names = list(ARMS)
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            torch.manual_seed(1234 + r)
+            per_call = ARMS[name][0] or len(specs)
+            for start in range(0, len(specs), per_call):
+                runners[name].collect(specs[start:start + per_call])
+                st = runners[name].last_stats
+                arms[name]["tokens"] += st.generated_tokens
+                arms[name]["generate_s"] += st.generate_s
+                arms[name]["wall_s"] += st.wall_s
+    pool.close()
+    out: dict[str, Any] = {"env": env_id, "envs": n_envs, "max_steps": max_steps, "repeats": repeats,
+                           "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", "")}
+    for name, a in arms.items():
+        out[name] = {**a, "tokens_per_s": a["tokens"] / a["generate_s"] if a["generate_s"] else 0.0}
+    out["tokens_per_s_ratio"] = out["batched"]["tokens_per_s"] / max(out["sequential"]["tokens_per_s"], 1e-9)
+    out["tokens_per_s_ratio_vs_naive"] = (out["batched"]["tokens_per_s"]
+                                          / max(out["sequential-nocache"]["tokens_per_s"], 1e-9))
+    return out
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``rollout`` (this benchmark and its options) to the ``bench`` subcommands; returns its parser."""
+    p = subparsers.add_parser("rollout", help=HELP, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    add_model_and_env(p, "env id (default minihack-room)")
+    p.add_argument("--envs", type=int, default=8, help="episodes in the batch")
+    p.add_argument("--max-steps", type=int, default=4, help="actions per episode")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``crl-bench bench rollout`` with the options of :func:`add_parser` and print its table;
+    returns 0."""
+    env_id = first_env(args)
+    res = bench_rollout(args.model, env_id, args.envs, args.max_steps)
+    print(f"rollout bench: {env_id}, {res['envs']} episodes x up to {res['max_steps']} actions, "
+          f"{res['threads']} torch threads, compute dtype {res['dtype']}")
+    print(f"{'arm':20s} {'tokens':>8s} {'generate s':>11s} {'wall s':>8s} {'tok/s':>8s}")
+    for name in ARMS:
+        a = res[name]
+        print(f"{name:20s} {a['tokens']:8d} {a['generate_s']:11.2f} {a['wall_s']:8.2f} {a['tokens_per_s']:8.2f}")
+    print(f"tokens/s ratio, batched / one env at a time (same engine): {res['tokens_per_s_ratio']:.2f}x")
+    print(f"tokens/s ratio, batched / naive one env at a time (no prefix cache): "
+          f"{res['tokens_per_s_ratio_vs_naive']:.2f}x")
+    return 0

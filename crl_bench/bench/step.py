@@ -1,0 +1,198 @@
+"""``crl-bench bench step``: whole training steps (rollout + update) of a preset and mix, ``before``
+(float32 compute, only the batch-wide prompt head cached: this project's engine before issue 13) against
+``after`` (the defaults: ``model.dtype: auto``, per-group heads, per-episode reuse for multi-turn
+prompts), interleaved step by step; and the share of pure-torch prefill/decode throughput the rollout
+reaches."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TYPE_CHECKING, Any
+
+from crl_bench.bench.options import add_model_and_env, first_env
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["HELP", "STEP_ARMS", "add_parser", "bench_step", "format_step", "pure_throughput", "run"]
+
+HELP = "training steps before vs after the bf16 / prefix-cache work"
+
+
+def pure_throughput(model: Any, dtype: torch.dtype, batch: int = 8, prompt: int = 512, context: int = 300,
+                    decode_steps: int = 32) -> dict[str, float]:
+    """Tokens/s of the bare model (no engine, no sampling): prefill of ``batch x prompt`` random
+    tokens, and greedy-free decode (one token per row per forward, key/value cache on) after a
+    ``context``-token prompt.  ``model`` is used as is (its weights' dtype), under autocast to
+    ``dtype`` when that differs.  The upper bound the rollout's generate time is compared with."""
+    import torch
+    from transformers import DynamicCache
+
+    from crl_bench.llm.precision import autocast
+
+    model.eval()
+    dev = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad(), autocast(dev, dtype):
+        ids = torch.randint(100, vocab, (batch, prompt), generator=gen).to(dev)
+        model(input_ids=ids[:, :16], logits_to_keep=1)                  # warm-up
+        t0 = time.perf_counter()
+        model(input_ids=ids, logits_to_keep=1)
+        prefill = batch * prompt / (time.perf_counter() - t0)
+        cache = DynamicCache()
+        out = model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        t0 = time.perf_counter()
+        for _ in range(decode_steps):
+            out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        decode = batch * decode_steps / (time.perf_counter() - t0)
+    return {"prefill_tok_s": prefill, "decode_tok_s": decode, "batch": batch, "prompt": prompt,
+            "context": context}
+
+
+STEP_ARMS = {
+    # name: (config overrides, engine attributes)
+    "before": ({"model": {"dtype": "float32"}}, {"group_heads": False, "keep_sequences": False}),
+    "after": ({}, {}),
+}
+
+
+def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, seed: int = 0,
+               overrides: dict | None = None, update_probe: bool = True) -> dict[str, Any]:
+    """Training steps of ``preset`` on ``mix``, arms :data:`STEP_ARMS`, interleaved (before, after,
+    after, before, ...) so that machine load hits both alike.
+
+    Each arm is its own :class:`~crl_bench.trainer.loop.Trainer` (same seed, same starting weights,
+    method ``grpo``) running ``steps`` real steps; its rollouts follow its own sampled actions, so
+    rates (tokens/s) are compared, and step times as means.  With the ``after`` arm's generator the
+    pure-torch throughput (:func:`pure_throughput`) is measured in the same run, and the rollout's
+    share of it is ``(prefill tokens / pure prefill rate + generated tokens / pure decode rate) /
+    generate seconds``.  ``update_probe=False`` skips the same-batch update comparison (it costs
+    about as much as the steps themselves on big presets).
+
+    Returns:
+        dict with per-arm sums (steps, generated tokens, prompt and prefill tokens, rollout /
+        generate / update / step seconds), rates, ratios ``after / before`` and the pure throughput.
+    """
+    import torch
+
+    from crl_bench.config import build_config, preset_data
+    from crl_bench.trainer.loop import Trainer, set_threads
+    from crl_bench.trainer.policy import episode_samples
+
+    set_threads(threads)
+    base = {"rollout": {"mix": mix}, "train": {"seed": seed, "steps": steps + 1},
+            "model": {"threads": threads, "name": model}, "eval": {"episodes": 0}, "method": "grpo"}
+    trainers, sums = {}, {}
+    for name, (cfg_over, engine_attrs) in STEP_ARMS.items():
+        tr = Trainer(build_config([preset_data(preset), overrides or {}, base, cfg_over]))
+        for k, v in engine_attrs.items():
+            setattr(tr.engine, k, v)
+        trainers[name] = tr
+        sums[name] = {"steps": 0, "generated_tokens": 0, "prompt_tokens": 0, "prefill_tokens": 0,
+                      "time_rollout_s": 0.0, "time_generate_s": 0.0, "time_update_s": 0.0,
+                      "time_step_s": 0.0, "optimizer_steps": 0.0}
+    names = list(STEP_ARMS)
+    last = None
+    try:
+        for r in range(steps):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                torch.manual_seed(seed + r)
+                res = trainers[name].train_step()
+                for k in sums[name]:
+                    sums[name][k] += res.metrics.get(k, 0) if k != "steps" else 1
+                if name == "after":
+                    last = res.trajectories
+        # one update of each arm on the same batch (the last rollout of "after", advantages +-1 by
+        # episode), so update times compare even when the steps above had no learning signal
+        samples = episode_samples(last or [], [1.0 if k % 2 else -1.0 for k in range(len(last or []))]) \
+            if update_probe else []
+        for name in names:
+            t0 = time.perf_counter()
+            upd = trainers[name].updater.update(samples) if samples else {}
+            sums[name]["update_probe_s"] = time.perf_counter() - t0
+            sums[name]["update_probe_tokens"] = int(upd.get("trained_tokens", 0))
+            for k in ("behaviour_logprob_abs_diff", "behaviour_ratio_std", "behaviour_ratio_min",
+                      "behaviour_ratio_max"):
+                if k in upd:
+                    sums[name][k] = upd[k]
+        pure = pure_throughput(trainers["after"].engine.generator, trainers["after"].compute_dtype)
+        dtypes = {n: str(t.compute_dtype).replace("torch.", "") for n, t in trainers.items()}
+    finally:
+        for tr in trainers.values():
+            tr.close()
+    out: dict[str, Any] = {"mix": mix, "preset": preset, "steps": steps, "threads": torch.get_num_threads(),
+                           "dtype": dtypes, "pure": pure}
+    for name, a in sums.items():
+        n = max(a["steps"], 1)
+        out[name] = {**a, "tokens_per_s": a["generated_tokens"] / a["time_generate_s"] if a["time_generate_s"] else 0.0,
+                     "step_s_mean": a["time_step_s"] / n, "rollout_s_mean": a["time_rollout_s"] / n,
+                     "update_s_mean": a["time_update_s"] / n,
+                     "update_s_per_1k_tokens": 1000 * a["time_update_s"] / max(a["generated_tokens"], 1)}
+        ideal = a["prefill_tokens"] / pure["prefill_tok_s"] + a["generated_tokens"] / pure["decode_tok_s"]
+        out[name]["share_of_pure"] = ideal / a["time_generate_s"] if a["time_generate_s"] else 0.0
+    b, f = out["before"], out["after"]
+    out["ratios"] = {
+        "tokens_per_s": f["tokens_per_s"] / max(b["tokens_per_s"], 1e-9),
+        "step_s": b["step_s_mean"] / max(f["step_s_mean"], 1e-9),
+        "rollout_s": b["rollout_s_mean"] / max(f["rollout_s_mean"], 1e-9),
+    }
+    if update_probe:
+        out["ratios"]["update_same_batch"] = b["update_probe_s"] / max(f["update_probe_s"], 1e-9)
+    return out
+
+
+def format_step(res: dict[str, Any]) -> str:
+    """The ``bench step`` table."""
+    lines = [f"step bench: {res['mix']} / preset {res['preset']}, {res['steps']} steps per arm, "
+             f"{res['threads']} torch threads; compute dtype before={res['dtype']['before']} "
+             f"after={res['dtype']['after']}",
+             f"{'arm':8s} {'gen tok':>8s} {'prefill':>8s} {'prompt':>8s} {'tok/s':>7s} {'step s':>8s} "
+             f"{'rollout s':>9s} {'update s':>9s} {'upd s/1k tok':>12s} {'of pure':>8s}"]
+    for name in STEP_ARMS:
+        a = res[name]
+        lines.append(f"{name:8s} {a['generated_tokens']:8d} {a['prefill_tokens']:8d} {a['prompt_tokens']:8d} "
+                     f"{a['tokens_per_s']:7.1f} {a['step_s_mean']:8.1f} {a['rollout_s_mean']:9.1f} "
+                     f"{a['update_s_mean']:9.1f} {a['update_s_per_1k_tokens']:12.2f} {a['share_of_pure']:8.1%}")
+    p = res["pure"]
+    r = res["ratios"]
+    lines.append(f"pure torch ({res['dtype']['after']}): prefill {p['prefill_tok_s']:.0f} tok/s "
+                 f"(batch {p['batch']} x {p['prompt']}), decode {p['decode_tok_s']:.0f} tok/s "
+                 f"(batch {p['batch']}, {p['context']}-token context)")
+    lines.append(f"after / before: rollout tok/s {r['tokens_per_s']:.2f}x, step time {r['step_s']:.2f}x faster, "
+                 f"rollout time {r['rollout_s']:.2f}x faster")
+    if "update_same_batch" in r:
+        lines.append(f"one update on the same batch ({res['before']['update_probe_tokens']} trained tokens, "
+                     f"recomputed old log-probs): before {res['before']['update_probe_s']:.1f} s, after "
+                     f"{res['after']['update_probe_s']:.1f} s: {r['update_same_batch']:.2f}x faster")
+    for name in STEP_ARMS:
+        a = res[name]
+        if "behaviour_logprob_abs_diff" in a:
+            lines.append(f"{name}: sampler vs trainer log-probs: mean |diff| {a['behaviour_logprob_abs_diff']:.4f}, "
+                         f"ratio std {a['behaviour_ratio_std']:.4f}, min {a['behaviour_ratio_min']:.3f}, "
+                         f"max {a['behaviour_ratio_max']:.3f}")
+    return "\n".join(lines)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``step`` (this benchmark and its options) to the ``bench`` subcommands; returns its parser."""
+    p = subparsers.add_parser("step", help=HELP, description="Whole training steps of a preset and mix, "
+                              "before (float32, batch-wide prompt head only) vs after (the defaults).")
+    add_model_and_env(p, "env id (default minihack-room), the mix when --mix is not given")
+    p.add_argument("--mix", default=None, help="env id or mixture (default: --env or minihack-room)")
+    p.add_argument("--preset", default="smoke", help="preset (smoke, default, paper)")
+    p.add_argument("--train-steps", type=int, default=2, help="training steps per arm")
+    p.add_argument("--no-update-probe", action="store_true",
+                   help="skip the same-batch update comparison (costly on big presets)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``crl-bench bench step`` with the options of :func:`add_parser` and print :func:`format_step`'s
+    table; returns 0."""
+    print(format_step(bench_step(args.model, args.mix or first_env(args), args.preset, args.train_steps,
+                                 update_probe=not args.no_update_probe)))
+    return 0

@@ -1,0 +1,125 @@
+"""``crl-bench bench NAME``: the benchmark registry (crl_bench/bench/) builds the subcommands, each with
+its own options and the defaults the single ``bench`` parser had; no benchmark runs here (the figures
+are faked), only what each subcommand passes on and prints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from crl_bench import bench
+from crl_bench.cli import build_parser, main
+
+
+def test_registry_lists_every_benchmark_with_its_entry_points():
+    assert list(bench.BENCHMARKS) == ["env", "rollout", "retrieval", "overhead", "step"]
+    for name in bench.BENCHMARKS:
+        mod = bench.benchmark(name)
+        assert callable(mod.add_parser) and callable(mod.run) and mod.HELP, name
+        assert mod.__doc__ and mod.add_parser.__doc__ and mod.run.__doc__, name
+    with pytest.raises(KeyError, match="unknown benchmark 'nope'"):
+        bench.benchmark("nope")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["env"], {"env": None, "steps": 2000, "workers": 2, "episodes": None, "seed": 0, "chunk": 100,
+               "warmup": 50, "json": False}),
+    (["env", "--env", "alfworld", "--env", "sokoban", "--workers", "3", "--episodes", "4", "--steps", "9"],
+     {"env": ["alfworld", "sokoban"], "workers": 3, "episodes": 4, "steps": 9}),
+    (["rollout"], {"env": None, "envs": 8, "max_steps": 4, "model": "smollm2-135m-instruct"}),
+    (["rollout", "--env", "sokoban", "--envs", "2", "--max-steps", "1", "--model", "m"],
+     {"env": ["sokoban"], "envs": 2, "max_steps": 1, "model": "m"}),
+    (["overhead"], {"env": None, "envs": 8, "max_steps": 4, "model": "smollm2-135m-instruct"}),
+    (["step"], {"env": None, "mix": None, "preset": "smoke", "train_steps": 2, "no_update_probe": False,
+                "model": "smollm2-135m-instruct"}),
+    (["step", "--mix", "3task", "--preset", "cpu", "--train-steps", "5", "--no-update-probe"],
+     {"mix": "3task", "preset": "cpu", "train_steps": 5, "no_update_probe": True}),
+    (["retrieval"], {"sizes": [1000, 10000, 100000], "index": ["flat", "ivf", "hnsw"],
+                     "data": ["sentence", "gaussian"], "vectors": None, "queries": 64, "recall_queries": 256,
+                     "k": 16, "dim": 384, "repeats": 5, "latency_samples": 512, "seed": 0, "search_threads": 1}),
+    (["retrieval", "--sizes", "300", "--index", "flat", "auto", "--k", "5", "--search-threads", "2"],
+     {"sizes": [300], "index": ["flat", "auto"], "k": 5, "search_threads": 2}),
+])
+def test_each_subcommand_parses_its_options(argv, expected):
+    args = build_parser().parse_args(["bench", *argv])
+    assert args.name == argv[0]
+    assert {k: getattr(args, k) for k in expected} == expected
+
+
+def test_an_option_of_another_benchmark_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "retrieval", "--no-such-option"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
+def test_rollout_overhead_step_pass_their_options_and_print(monkeypatch, capsys):
+    from crl_bench.bench import overhead, rollout, step
+
+    seen = {}
+    arm = {"tokens": 12, "generate_s": 1.5, "wall_s": 2.0, "tokens_per_s": 8.0}
+    monkeypatch.setattr(rollout, "bench_rollout", lambda *a: seen.setdefault("rollout", a) and {
+        "envs": 3, "max_steps": 2, "threads": 2, "dtype": "float32", "tokens_per_s_ratio": 1.5,
+        "tokens_per_s_ratio_vs_naive": 2.5, **{n: arm for n in rollout.ARMS}})
+    assert main(["bench", "rollout", "--env", "sokoban", "--envs", "3", "--max-steps", "2"]) == 0
+    assert seen["rollout"] == ("smollm2-135m-instruct", "sokoban", 3, 2)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "rollout bench: sokoban, 3 episodes x up to 2 actions, 2 torch threads, compute dtype float32"
+    assert out[-2:] == ["tokens/s ratio, batched / one env at a time (same engine): 1.50x",
+                        "tokens/s ratio, batched / naive one env at a time (no prefix cache): 2.50x"]
+
+    monkeypatch.setattr(overhead, "bench_overhead", lambda *a, **k: seen.setdefault("overhead", (a, k)) and {
+        "episodes_per_round": 4, "rounds": 2, "max_steps": 3, "bank_size": 7,
+        "wall_s": {"grpo": 1.0, "complementary": 1.2, "complementary+distill": 1.5}, "ratio": 1.2,
+        "ratio_with_distill": 1.5, "gate": {"actor_waited_s": 0.1, "distill_waited_s": 0.2},
+        "distill_backlog_after_last_round": 0})
+    assert main(["bench", "overhead", "--envs", "5", "--max-steps", "3"]) == 0
+    assert seen["overhead"] == (("smollm2-135m-instruct", "minihack-room"),
+                                {"groups": 2, "group_size": 2, "max_steps": 3})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "overhead bench: minihack-room, 4 episodes x up to 3 actions, 2 rounds, bank of 7 entries"
+    assert out[4] == "ratio complementary / grpo: 1.200 (retrieval + guided prompts)"
+
+    monkeypatch.setattr(step, "bench_step", lambda *a, **k: seen.setdefault("step", (a, k)) and {})
+    monkeypatch.setattr(step, "format_step", lambda res: "step table")
+    assert main(["bench", "step", "--env", "sokoban", "--train-steps", "3", "--no-update-probe"]) == 0
+    assert seen["step"] == (("smollm2-135m-instruct", "sokoban", "smoke", 3), {"update_probe": False})
+    assert capsys.readouterr().out == "step table\n"
+
+
+def test_env_bench_runs_the_own_benches_of_named_envs(monkeypatch, capsys):
+    from crl_bench.bench import alfworld, env, webshop
+
+    seen = []
+    monkeypatch.setattr(alfworld, "bench_alfworld", lambda **k: seen.append(("alfworld", k)) or "A")
+    monkeypatch.setattr(alfworld, "format_result", lambda r: "alfworld lines")
+    monkeypatch.setattr(webshop, "bench_webshop", lambda **k: seen.append(("webshop", k)) or "W")
+    monkeypatch.setattr(webshop, "format_result", lambda r: "webshop lines")
+    monkeypatch.setattr(env, "bench_env", lambda *a, **k: seen.append(("env", a)) or [])
+    # alfworld's bench first, then webshop's, then the others' table, whatever the order named
+    assert main(["bench", "env", "--env", "webshop", "--env", "alfworld", "--workers", "3"]) == 0
+    assert seen == [("alfworld", {"workers": 3, "episodes": 8}), ("webshop", {"episodes": 200})]
+    assert capsys.readouterr().out == "alfworld lines\nwebshop lines\n"
+    seen.clear()
+    assert main(["bench", "env", "--env", "webshop", "--env", "sokoban", "--episodes", "5"]) == 0
+    assert seen == [("webshop", {"episodes": 5}), ("env", (["sokoban"], 2000, 0))]
+
+
+def test_python_m_crl_bench_bench_is_the_cli():
+    r = subprocess.run([sys.executable, "-m", "crl_bench.bench", "retrieval", "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "usage: crl-bench bench retrieval" in r.stdout and "--search-threads" in r.stdout
+
+
+def test_building_the_parser_imports_no_benchmark_engine():
+    """The parser is built on every ``crl-bench`` call: the benchmark modules import torch, FAISS, the
+    trainer and the envs only when a benchmark runs."""
+    code = ("import sys; from crl_bench.cli import build_parser; build_parser(); "
+            "heavy = [m for m in ('torch', 'faiss', 'transformers', 'crl_bench.trainer.loop', "
+            "'crl_bench.experience.bank', 'crl_bench.envs.minihack') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -224,6 +224,29 @@ def feedback_of(obs: str) -> str:
     return ""
 
 
+DEFAULT_REPLY_INSTRUCTION = "Reply with your next action as <answer>ACTION</answer>."
+
+
+@dataclass(frozen=True)
+class ReplyFormat:
+    """How the actor replies in one env; the rollout reads it every turn (:mod:`crl_bench.rollout`).
+
+    Attributes:
+        instruction: the last line of every user prompt: how to reply.
+        prefill: text opening the actor's turn (``None``: the run's ``generation.prefill``).
+        min_new_tokens: reply tokens this env needs at least; a turn with such an env raises the run's
+            ``max_new_tokens`` to it.
+        stop: extra stop strings of this env's replies (added to the run's ``generation`` stop strings).
+
+    The default is the ``<answer>ACTION</answer>`` format of every env but SWE-bench's tool calls.
+    """
+
+    instruction: str = DEFAULT_REPLY_INSTRUCTION
+    prefill: str | None = None
+    min_new_tokens: int = 0
+    stop: tuple[str, ...] = ()
+
+
 class TextEnv(gym.Env, metaclass=abc.ABCMeta):
     """Base class of the text-symbolic environments.
 
@@ -248,14 +271,8 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
     action_aliases: ClassVar[dict[str, str]] = {}
     #: resets are slow enough (seconds) that the trainer should start them ahead of time
     prefetch_resets: ClassVar[bool] = False
-    #: the last line of every user prompt: how to reply
-    reply_instruction: ClassVar[str] = "Reply with your next action as <answer>ACTION</answer>."
-    #: text opening the actor's turn for this env (``None``: the run's ``generation.prefill``)
-    reply_prefill: ClassVar[str | None] = None
-    #: reply tokens this env needs at least; a turn with such an env raises ``max_new_tokens`` to it
-    min_new_tokens: ClassVar[int] = 0
-    #: extra stop strings of this env's replies (added to the run's ``generation`` stop strings)
-    reply_stop: ClassVar[tuple[str, ...]] = ()
+    #: how the actor replies in this env (instruction, prefill, token budget, stop strings)
+    reply_format: ClassVar[ReplyFormat] = ReplyFormat()
 
     def __init__(self, max_steps: int = 30, render_mode: str | None = "ansi") -> None:
         super().__init__()
@@ -473,7 +490,19 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         adm = self.admissible_actions()
         if adm is not None:
             info["admissible_actions"] = list(adm)
+        extra = self.extra_info()
+        clash = set(extra) & set(info)
+        if clash:
+            raise KeyError(f"{type(self).__name__}.extra_info() may not override the common info keys {sorted(clash)}")
+        info.update(extra)
         return info
+
+    def extra_info(self) -> dict[str, Any]:
+        """Env-specific keys added to the ``info`` dict of every ``reset`` and ``step`` (hook; default
+        none), after the common keys (``task``, ``success``, ``invalid_action``, ``invalid_actions``,
+        ``steps``, ``action`` and, for closed action sets, ``admissible_actions``), which it may not
+        replace (``KeyError``). Values should be JSON-serialisable: the rollout keeps them in trajectories."""
+        return {}
 
 
 # ---- registry ------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from crl_bench.env_api import TextEnv, feedback_of, make_env
+from crl_bench.env_api import DEFAULT_REPLY_INSTRUCTION, TextEnv, feedback_of, make_env
 from crl_bench.llm.base import Engine, SamplingParams
 
 
@@ -179,7 +179,7 @@ class PromptBuilder:
         return system
 
     def user_text(self, task_line: str, history: Sequence[tuple[str, str]], obs: str,
-                  guidance: str = "", reply: str = "Reply with your next action as <answer>ACTION</answer>.") -> str:
+                  guidance: str = "", reply: str = DEFAULT_REPLY_INSTRUCTION) -> str:
         """The user message of a ``window`` turn (and of a ``multiturn`` episode's first turn, with no
         history); guidance appears here only with ``placement="user"``."""
         parts = []
@@ -444,13 +444,13 @@ class RolloutRunner:
             budget, stops = sampling.max_new_tokens, list(sampling.stop)
             for i in live:
                 env = envs[i]
-                prefills[i] = self.prompts.prefill if env.reply_prefill is None else env.reply_prefill
+                fmt = env.reply_format
+                prefills[i] = self.prompts.prefill if fmt.prefill is None else fmt.prefill
                 prompt_ids.append(self.prompts.turn(chats[i], env.system_prompt, trajs[i].task_line, history[i],
-                                                    obs[i], trajs[i].guidance, env.reply_instruction,
-                                                    prefills[i]))
+                                                    obs[i], trajs[i].guidance, fmt.instruction, prefills[i]))
                 allowed.append(self._allowed(env))
-                budget = max(budget, env.min_new_tokens)
-                stops += [x for x in env.reply_stop if x not in stops]
+                budget = max(budget, fmt.min_new_tokens)
+                stops += [x for x in fmt.stop if x not in stops]
             turn_sampling = sampling if (budget, tuple(stops)) == (sampling.max_new_tokens, tuple(sampling.stop)) \
                 else dataclasses.replace(sampling, max_new_tokens=budget, stop=tuple(stops))
             t0 = time.perf_counter()

@@ -159,3 +159,59 @@ def test_swebench_data_files_name_the_instance_file_and_task_list(tmp_path, monk
     assert set(files) == {"swebench/SWE-bench_Verified.parquet", task_list.absolute().as_posix()}
     assert all(p.is_file() for p in files.values())
     assert set(swe_env.SWEBenchEnv(check_images=False).data_files()) == {"swebench/SWE-bench_Verified.parquet"}
+
+
+class _Tagged(TextEnv):
+    """An env with one extra info key (and optionally one that clashes with a common key)."""
+
+    env_id = "test-tagged"
+    splits = {"train": range(0, 5), "eval": range(5, 7)}
+    clash = False
+
+    def _reset_task(self, task):
+        self.turns = 0
+
+    def _apply(self, action):
+        self.turns += 1
+        return 0.0, False, False, ""
+
+    def _observe(self, message=""):
+        return "room"
+
+    def admissible_actions(self):
+        return ["wait"]
+
+    def extra_info(self):
+        return {"turns": self.turns, **({"steps": -1} if self.clash else {})}
+
+
+def test_extra_info_hook_adds_keys_after_the_common_ones_and_may_not_replace_them():
+    env = _Tagged(max_steps=3)
+    _, info = env.reset(options={"task": 0})
+    assert list(info)[-1] == "turns" and info["turns"] == 0
+    _, _, _, _, info = env.step("<answer>wait</answer>")
+    assert info["turns"] == 1 and info["steps"] == 1 and info["admissible_actions"] == ["wait"]
+    env.clash = True
+    with pytest.raises(KeyError, match="steps"):
+        env.step("<answer>wait</answer>")
+
+
+def test_reply_format_default_and_the_swe_env_constructor_settings():
+    from crl_bench.env_api import DEFAULT_REPLY_INSTRUCTION, ReplyFormat
+
+    assert TextEnv.reply_format == ReplyFormat(DEFAULT_REPLY_INSTRUCTION, None, 0, ())
+    from crl_bench.envs.swebench.env import SWEBenchEnv
+
+    fmt = SWEBenchEnv.reply_format
+    assert fmt.stop == ("</tool_call>",) and fmt.min_new_tokens == 384 and "<tool_call>" in fmt.instruction
+
+
+def test_the_three_methods_are_declared_in_one_place_and_names_are_not_reused():
+    from crl_bench.methods import COMPLEMENTARY, MethodSpec, get_method, list_methods, register_method
+
+    assert list_methods() == ["complementary", "grpo", "static"]
+    assert get_method("complementary") is COMPLEMENTARY and COMPLEMENTARY.trains_extractor
+    with pytest.raises(ValueError, match="already declared"):
+        register_method(MethodSpec("grpo", "a different grpo", uses_experience=True))
+    with pytest.raises(KeyError, match="known: complementary, grpo, static"):
+        get_method("nope")

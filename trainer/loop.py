@@ -79,13 +79,19 @@ def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
     replies = [sum(turn.sampling_entropy) for t in trajs for turn in t.turns if turn.sampling_entropy]
     if replies:
         out["reply_entropy"] = float(np.mean(replies))
-    by_env: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        by_env[t.env_id].append(t)
+    by_env = episodes_by_env(trajs)
     if len(by_env) > 1:
         for env_id, ts in sorted(by_env.items()):
             out[f"success_rate/{env_id}"] = float(np.mean([t.success for t in ts]))
     return out
+
+
+def episodes_by_env(trajs: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
+    """The episodes of each env id, in the order given (envs in order of first appearance)."""
+    by_env: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_env[t.env_id].append(t)
+    return dict(by_env)
 
 
 @dataclass
@@ -396,8 +402,9 @@ class Trainer:
                                     guide=self.experience.guide_readonly if guided else None)
         out = summarise(trajs)
         per_env = {}
+        by_env = episodes_by_env(trajs)
         for env_id in self.mixture.envs:
-            ts = [t for t in trajs if t.env_id == env_id]
+            ts = by_env.get(env_id)
             if not ts:
                 continue
             env_summary = summarise(ts)

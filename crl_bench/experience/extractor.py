@@ -359,13 +359,6 @@ DEFAULT_SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=96,
 """Extractor defaults for small models: temperature 1, one operation per reply (generation stops at
 the end of the first operation's line, which also closes its content), at most 96 new tokens."""
 
-MULTI_OP_SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=256, stop=(STOP,))
-"""Several operations per reply (up to the builder's ``max_ops``), for models that keep the format."""
-
-ADD_PREFILL = "<ops>\n<op>ADD</op><title>"
-"""Prefill that fixes the kind to ADD (the model writes title and content only): the most reliable
-setting for a 135M model, at the price of the model never choosing UPDATE / MERGE / NONE."""
-
 
 @dataclass
 class Extraction:
@@ -413,7 +406,8 @@ class Extractor:
         tokenizer: its tokenizer.
         prompt_builder: :class:`ExtractorPromptBuilder`.
         sampling: sampling settings; stop at ``"</ops>"``, and also at ``"\n"`` for one operation per
-            reply (:data:`DEFAULT_SAMPLING`; :data:`MULTI_OP_SAMPLING` allows several).
+            reply (:data:`DEFAULT_SAMPLING`; without the ``"\n"`` stop a reply may hold up to the builder's
+            ``max_ops``).
         extractor_version: extractor version stamped on the extractions (bump after each update).
         restrict_ids: UPDATE / MERGE may only name the entries shown in the prompt.
         merge_prompts: prompt builder of the merge pass (default: :class:`MergePromptBuilder` with the

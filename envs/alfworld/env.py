@@ -413,11 +413,9 @@ class AlfWorldEnv(TextEnv):
     def truncation_reward(self) -> float:
         return self.failure_reward
 
-    def _info(self, invalid: bool, action: str | None = None) -> dict[str, Any]:
-        info = super()._info(invalid, action)
-        info["worker_rss_mb"] = round(self._rss_mb, 1)
-        info["worker_restarts"] = self.restarts
-        return info
+    def extra_info(self) -> dict[str, Any]:
+        """``worker_rss_mb`` (the worker process's peak resident memory) and ``worker_restarts``."""
+        return {"worker_rss_mb": round(self._rss_mb, 1), "worker_restarts": self.restarts}
 
     def walkthrough(self, task: int) -> list[str]:
         """The game's stored solving command list (``walkthrough`` of its ``game.tw-pddl``)."""

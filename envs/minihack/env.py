@@ -219,11 +219,9 @@ class MiniHackTextEnv(TextEnv):
         lines.append(self._valid_line)
         return "\n".join(lines)
 
-    def _info(self, invalid: bool, action: str | None = None) -> dict[str, Any]:
-        info = super()._info(invalid, action)
-        info["end_status"] = self._end_status
-        info["agent_xy"] = self._renderer.agent_xy
-        return info
+    def extra_info(self) -> dict[str, Any]:
+        """``end_status`` (NLE's end of episode status) and ``agent_xy`` (the agent's map position)."""
+        return {"end_status": self._end_status, "agent_xy": self._renderer.agent_xy}
 
     # ---- per-env hooks --------------------------------------------------------------------------
     def _capture(self, obs: dict[str, np.ndarray]) -> bool:

@@ -20,6 +20,7 @@ over that list; eval ids are ``EVAL_OFFSET + i`` over ``eval_task_list`` (defaul
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import warnings
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from crl_bench.data import data_dir as resolve_data_dir
-from crl_bench.env_api import ParsedAction, TextEnv, data_file_map
+from crl_bench.env_api import ParsedAction, ReplyFormat, TextEnv, data_file_map
 
 from .grading import GradeResult, grade
 from .images import ensure_image, local_images
@@ -83,10 +84,10 @@ class SWEBenchEnv(TextEnv):
 
     env_id: ClassVar[str] = "swebench-verified"
     prefetch_resets: ClassVar[bool] = True
-    reply_instruction: ClassVar[str] = ("Reply with at most a few sentences of reasoning and then exactly one "
-                                        "<tool_call>{...}</tool_call>.")
-    reply_stop: ClassVar[tuple[str, ...]] = ("</tool_call>",)
-    min_new_tokens: ClassVar[int] = 384
+    reply_format: ClassVar[ReplyFormat] = ReplyFormat(
+        instruction=("Reply with at most a few sentences of reasoning and then exactly one "
+                     "<tool_call>{...}</tool_call>."),
+        prefill='<tool_call>{"name": "', min_new_tokens=384, stop=("</tool_call>",))
 
     def __init__(self, max_steps: int = 50, instances: str | None = None, data_dir: str | None = None,
                  task_list: str | None = None, eval_task_list: str | None = None, workdir: str = "/testbed",
@@ -123,8 +124,9 @@ class SWEBenchEnv(TextEnv):
         self.grade_in, self.grade_network = grade_in, grade_network
         self.eval_timeout_s, self.grade_empty_patch = float(eval_timeout_s), bool(grade_empty_patch)
         self.max_issue_chars = int(max_issue_chars)
-        self.reply_prefill = prefill                      # instance attribute: the rollout reads it
-        self.min_new_tokens = int(min_new_tokens)
+        # the constructor's prefill and budget: an instance attribute, which the rollout reads
+        self.reply_format = dataclasses.replace(type(self).reply_format, prefill=prefill,
+                                                min_new_tokens=int(min_new_tokens))
         self.system_prompt = SYSTEM_PROMPT.format(workdir=workdir, tools=TOOLS_PROMPT.replace("/repo", workdir))
         self.client = docker_client()
         if check_images:
@@ -317,8 +319,10 @@ class SWEBenchEnv(TextEnv):
         first, _, rest = message.partition("\n")
         return f"Last: {first}" + (f"\n{rest}" if rest else "")
 
-    def _info(self, invalid: bool, action: str | None = None) -> dict[str, Any]:
-        info = super()._info(invalid, action)
+    def extra_info(self) -> dict[str, Any]:
+        """``instance_id``; once graded, ``grade`` (resolved, patch applied, timed out, error, seconds,
+        per-test status) and ``patch`` (the agent's diff)."""
+        info: dict[str, Any] = {}
         if self.instance is not None:
             info["instance_id"] = self.instance.instance_id
         g = self.grade_result

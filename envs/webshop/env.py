@@ -384,9 +384,9 @@ class WebShopEnv(TextEnv):
                     lines += [f" {b} " for b in p.bullet_points]
         return "\n".join(lines)
 
-    def _info(self, invalid: bool, action: str | None = None) -> dict[str, Any]:
-        info = super()._info(invalid, action)
-        info["page"] = self.s.page
+    def extra_info(self) -> dict[str, Any]:
+        """``page`` (the page shown) and, after a purchase, ``reward_info`` (the reward's terms)."""
+        info: dict[str, Any] = {"page": self.s.page}
         if self.s.page == "done":
             info["reward_info"] = self.s.reward_info
         return info

@@ -391,10 +391,10 @@ def cmd_bank(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from crl_bench.data import data_dir, downloaders
+    from crl_bench.data import data_dir, downloader
 
     root = data_dir(args.data_dir)
-    out = downloaders()[args.dataset](root, source=args.source, verify=not args.no_verify)
+    out = downloader(args.dataset)(root, source=args.source, verify=not args.no_verify)
     print(f"{args.dataset}: ready in {out} (use it with CRL_BENCH_DATA={root})")
     return 0
 

@@ -11,7 +11,7 @@ Each env keeps its own data code beside it (``crl_bench.envs.alfworld.data``,
 ``crl_bench.envs.swebench.instances``, ``crl_bench.envs.webshop.products``) and declares its downloader
 as an entry point of the group ``crl_bench.datasets`` (``name = "module:function"``, called as
 ``function(dest_root, source=None, verify=True) -> Path``), which ``crl-bench data download NAME``
-finds through :func:`downloaders`; this module keeps the generic helpers: the data dir, checksums,
+finds through :func:`downloader`; this module keeps the generic helpers: the data dir, checksums,
 manifests, a file lock and a verified download.
 """
 
@@ -118,19 +118,19 @@ def dataset_names() -> list[str]:
     return sorted({ep.name for ep in importlib.metadata.entry_points(group=DATASETS_GROUP)})
 
 
-def downloaders() -> dict[str, Callable[..., Path]]:
-    """The data sets ``crl-bench data download`` knows: name -> downloader, from the entry points of
-    the group :data:`DATASETS_GROUP` (an env package declares its own; loading one imports only its
-    module).  A downloader is called as ``fn(dest_root, source=None, verify=True)`` and returns the
-    folder it filled.
+def downloader(name: str) -> Callable[..., Path]:
+    """The downloader of the data set ``name``, from the entry points of the group
+    :data:`DATASETS_GROUP` (an env package declares its own; only that one module is imported).  It is
+    called as ``fn(dest_root, source=None, verify=True)`` and returns the folder it filled.
 
     Raises:
-        ImportError: a declared downloader's module cannot be imported (the message names it).
+        KeyError: no data set of that name (the message lists the known ones).
+        ImportError: its module cannot be imported (the message names it).
     """
-    out: dict[str, Callable[..., Path]] = {}
-    for ep in sorted(importlib.metadata.entry_points(group=DATASETS_GROUP), key=lambda e: e.name):
-        try:
-            out[ep.name] = ep.load()
-        except ImportError as e:
-            raise ImportError(f"data set {ep.name!r}: cannot import its downloader {ep.value!r}: {e}") from e
-    return out
+    eps = [ep for ep in importlib.metadata.entry_points(group=DATASETS_GROUP) if ep.name == name]
+    if not eps:
+        raise KeyError(f"unknown data set {name!r}; known: {', '.join(dataset_names())}")
+    try:
+        return eps[0].load()
+    except ImportError as e:
+        raise ImportError(f"data set {name!r}: cannot import its downloader {eps[0].value!r}: {e}") from e

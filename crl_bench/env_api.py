@@ -491,10 +491,12 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         if adm is not None:
             info["admissible_actions"] = list(adm)
         extra = self.extra_info()
-        clash = set(extra) & set(info)
-        if clash:
-            raise KeyError(f"{type(self).__name__}.extra_info() may not override the common info keys {sorted(clash)}")
-        info.update(extra)
+        if extra:                      # every step: dict key views, no sets built for envs without extras
+            clash = extra.keys() & info.keys()
+            if clash:
+                raise KeyError(f"{type(self).__name__}.extra_info() may not override the common info keys "
+                               f"{sorted(clash)}")
+            info.update(extra)
         return info
 
     def extra_info(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from crl_bench.cli import main
-from crl_bench.data import ChecksumError, DataMissingError, dataset_names, downloaders, load_manifest
+from crl_bench.data import ChecksumError, DataMissingError, dataset_names, downloader, load_manifest
 from crl_bench.envs.swebench import instances as inst_mod
 from crl_bench.envs.swebench.instances import (
     VERIFIED_FILE,
@@ -397,7 +397,7 @@ def test_a_corrupt_existing_file_is_replaced(real_path, tmp_path, serve):
 # ---- the CLI ---------------------------------------------------------------------------------------
 
 def test_cli_data_download_swebench(real_path, tmp_path, capsys):
-    assert "swebench" in dataset_names() and downloaders()["swebench"] is inst_mod.download_swebench
+    assert "swebench" in dataset_names() and downloader("swebench") is inst_mod.download_swebench
     data = tmp_path / "data"
     rc = main(["data", "download", "swebench", "--data-dir", str(data), "--source", str(real_path)])
     out = capsys.readouterr().out

@@ -73,7 +73,13 @@ class GenerationConfig:
             ``rollout.prompt: multiturn`` each episode's previous prompt and reply are reused, so a
             turn's prefill covers only its new tokens.  Outputs are unchanged.
         cache_mb: memory bound of those cached prefixes (MiB).
-            engine; outputs are unchanged, prompt processing is cut roughly in half on CPU).
+        vllm_gpu_memory_utilization: with ``engine: vllm``, the fraction in (0, 1] of the GPU's
+            memory vLLM may take for its weights, activations and KV cache (``gpu_memory_utilization``
+            of ``vllm.LLM``); the trainer's weights, optimiser state and activations need the rest, and
+            vLLM refuses to start when less than this fraction is free once the trainer's model is on
+            the GPU.
+        vllm_seed: with ``engine: vllm``, vLLM's sampling seed; ``null`` (the default) uses
+            ``train.seed``.
     """
 
     engine: str = "transformers"
@@ -86,6 +92,8 @@ class GenerationConfig:
     batch_size: int = 32
     prefix_cache: bool = True
     cache_mb: int = 1024
+    vllm_gpu_memory_utilization: float = 0.5
+    vllm_seed: int | None = None
 
 
 @dataclass
@@ -521,6 +529,7 @@ def validate(cfg: RunConfig) -> None:
         ("generation.engine", cfg.generation.engine in ("transformers", "vllm")),
         ("model.dtype", cfg.model.dtype in ("auto", "float32", "bfloat16", "float16")),
         ("generation.cache_mb", cfg.generation.cache_mb >= 0),
+        ("generation.vllm_gpu_memory_utilization", 0 < cfg.generation.vllm_gpu_memory_utilization <= 1),
         ("rollout.max_steps", cfg.rollout.max_steps >= 0),
         ("rollout.history", cfg.rollout.history >= 0),
         ("eval.episodes", cfg.eval.episodes == "all" if isinstance(cfg.eval.episodes, str)
@@ -553,7 +562,13 @@ def validate(cfg: RunConfig) -> None:
     _validate_logging(cfg.logging)
     if cfg.generation.engine == "vllm" and not cfg.train.recompute_old_logprobs:
         raise ConfigError("train.recompute_old_logprobs must be true with generation.engine=vllm: the sampler is "
-                          "not the trainer, so its log-probs are not the trainer's old log-probs")
+                          "not the trainer, so its log-probs are not the trainer's old log-probs (vLLM's are "
+                          "taken before temperature, from its own copy of the weights, and for constrained "
+                          "replies after the allowed-reply mask)")
+    if cfg.generation.engine == "vllm" and cfg.model.lora:
+        raise ConfigError("model.lora=true is not supported with generation.engine=vllm (the adapters would "
+                          "have to be merged before every weight sync); use full fine-tuning or "
+                          "generation.engine=transformers")
     for key, ok in checks:
         if not ok:
             section, _, name = key.partition(".")

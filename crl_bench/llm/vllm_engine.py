@@ -1,23 +1,85 @@
 """vLLM generation engine (optional extra ``[vllm]``; GPU machines).
 
 Same interface as :class:`crl_bench.llm.hf_engine.HFEngine`: prompts are token ids, replies come back
-with token ids and the log-prob of each sampled token.  Closed-set constrained decoding uses vLLM's
-structured outputs (``choice``).  After every actor update the trainer calls :meth:`sync_weights`,
-which loads the trainer's current weights into the vLLM workers (``collective_rpc`` +
-``model.load_weights``, the mechanism vLLM documents for RLHF weight updates).
+with token ids and one log-prob per generated token.  Closed-set constrained decoding uses vLLM's
+structured outputs (``choice``).  LoRA training with this engine is not supported (the adapters would
+have to be merged before every sync): use full fine-tuning or the transformers engine.
 
-vLLM's sampled-token log-probs are those of the raw model output (``logprobs_mode="raw_logprobs"``):
-for ``temperature == 1`` (the default for rollouts) they equal the trainer's log-probs.  LoRA training
-with this engine is not supported (the adapters would have to be merged before every sync): use full
-fine-tuning or the transformers engine.
+Weight updates
+--------------
+After every actor update the trainer calls :meth:`VLLMEngine.sync_weights`.  vLLM's V1 engine runs
+its scheduler and workers in a separate process by default (``SyncMPClient``), and what
+``LLM.collective_rpc`` sends there is encoded by ``MsgpackEncoder`` (vllm/v1/serial_utils.py): a
+Python function is refused unless ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (pickle), and a tensor is
+encoded as ``(dtype, shape, buffer index)``, which the engine process decodes *untyped*
+(``generic_decoder = MsgpackDecoder()`` in vllm/v1/engine/core.py), so it arrives as a raw list rather
+than a tensor.  The path used here works with every client and executor:
+
+* a worker extension, :class:`WeightSyncExtension`, named by its qualified name
+  (``worker_extension_cls``); vLLM adds it to the bases of its worker class
+  (``WorkerWrapperBase.init_worker`` in vllm/v1/worker/worker_base.py), after asserting that none of
+  its attributes clashes with the worker's, which is why every attribute here starts with ``crl_``;
+* ``collective_rpc`` is called with the method's *name* (a ``str``), which each worker resolves on
+  itself (``run_method`` in vllm/v1/serial_utils.py);
+* the weights go in chunks of at most ``sync_chunk_mb`` MiB (one tensor larger than that goes alone).
+  A chunk is msgpack-native data (a dict of str, int, lists and ``bytes``: :func:`pack_weights`) so it
+  decodes unchanged in the engine process; the worker rebuilds CPU tensors from it
+  (:func:`unpack_weights`) and calls ``model_runner.model.load_weights`` (the call vLLM's RLHF example
+  worker extension makes, examples/offline_inference/rlhf_utils.py), which copies them into its
+  (possibly sharded) parameters.
+* The engine is built in-process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, unless that
+  variable is already set): the client is then ``InprocClient`` and the executor ``UniProcExecutor``,
+  whose ``collective_rpc`` calls the worker method directly (vllm/v1/engine/core_client.py,
+  vllm/v1/executor/uniproc_executor.py); nothing is serialised, so the chunk carries the trainer's
+  tensors cast to the engine's dtype on their own device (``format: tensors``) and no copy through
+  host memory is made.  Any other client or executor gets the ``bytes`` chunks.  This is the
+  colocated layout TRL uses (vLLM in the trainer's process, ``load_weights`` on the model runner),
+  without its ``external_launcher`` backend, which needs torchrun's ``RANK``/``MASTER_ADDR``
+  variables.  vLLM's newer native weight-transfer API (NCCL / CUDA IPC engines) would avoid the host
+  copy out of process too, but its interface changed across releases.
+
+Log-probs
+---------
+The engine is built with ``logprobs_mode="raw_logprobs"``: the log-softmax of the logits the sampler
+receives, before temperature, top-k and top-p (vllm/v1/sample/sampler.py).  vLLM applies the
+structured-output bitmask to the logits *before* the sampler (``apply_grammar_bitmask`` in the GPU
+model runner), so for a constrained reply these are log-probs renormalised over the allowed tokens,
+not the unconstrained behaviour log-probs :class:`crl_bench.llm.base.Generation` documents; at a
+temperature other than 1 they are not the sampling distribution's either.  Each reply says which it
+has in ``Generation.extra["logprobs_kind"]`` (``"raw"`` or ``"masked"``), and the trainer recomputes
+the old log-probs with its own weights (``train.recompute_old_logprobs`` must be true with this
+engine: :func:`crl_bench.config.validate`), so these values only feed the sampler-vs-trainer drift
+statistics.  No entropies are reported.
+
+Version floor: ``logprobs_mode`` (vLLM PR #21398, July 2025) with its final processed-mode semantics
+(PR #22387, August 2025), both in 0.10.2 (the floor TRL set for them, TRL PR #4163), so
+``vllm>=0.10.2`` (pyproject.toml); ``worker_extension_cls`` and ``collective_rpc`` by method name are
+older.  ``StructuredOutputsParams`` replaced ``GuidedDecodingParams`` (PR #22772; the old name was
+removed in 0.12), and both are handled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from crl_bench.llm.base import Generation, SamplingParams
+
+#: qualified name vLLM resolves in each worker process (``worker_extension_cls``)
+WORKER_EXTENSION = "crl_bench.llm.vllm_engine.WeightSyncExtension"
+#: the worker method ``collective_rpc`` calls, by name
+SYNC_METHOD = "crl_load_weights"
+#: default size bound of one weight chunk (MiB)
+DEFAULT_SYNC_CHUNK_MB = 256
+#: the largest ``bytes`` object msgpack can carry (bin 32); a tensor larger than this cannot be sent
+#: through the out-of-process path
+MSGPACK_MAX_BIN = 2**32 - 1
+#: vLLM executors whose ``collective_rpc`` calls the worker in the caller's process without
+#: serialising the arguments (vllm/v1/executor/uniproc_executor.py)
+_IN_PROCESS_EXECUTORS = frozenset({"UniProcExecutor", "ExecutorWithExternalLauncher"})
 
 
 def vllm_available() -> bool:
@@ -29,92 +91,387 @@ def vllm_available() -> bool:
     return True
 
 
-def _load_weights(worker: Any, weights: list[tuple[str, Any]]) -> bool:
-    """Runs inside each vLLM worker: load HF-named tensors into its model."""
-    worker.model_runner.model.load_weights(weights=weights)
-    return True
+# ---- constrained replies --------------------------------------------------------------------------
+def constrained_budget(choices: Sequence[str], max_new_tokens: int) -> int:
+    """Token budget (``max_tokens``) that lets every reply in ``choices`` complete, plus one for EOS.
+
+    vLLM's choice grammar (xgrammar or guidance) works on the bytes a token spells, so it accepts
+    *any* tokenisation of an allowed reply, not only the canonical one the tokenizer would produce
+    (which is all :class:`crl_bench.llm.hf_engine.HFEngine`'s token trie allows): the model may spell
+    ``"north</answer>"`` letter by letter, or byte by byte with a byte-level BPE vocabulary.  Every
+    token the grammar accepts inside a reply spells at least one byte (assumed of the backends: tokens
+    that decode to nothing are treated as special tokens, allowed only as the final EOS), so a reply of
+    ``b`` UTF-8 bytes takes at most ``b`` tokens, and ``b + 1`` always fits it and its EOS.  The larger
+    cap costs nothing: the grammar ends the reply when it is complete.
+
+    Args:
+        choices: the allowed replies of one prompt (text).
+        max_new_tokens: the caller's cap; the budget is never below it.
+
+    Returns:
+        ``max(max_new_tokens, max(len(c.encode("utf-8")) + 1 for c in choices))`` (tokens).
+    """
+    return max([int(max_new_tokens)] + [len(c.encode("utf-8")) + 1 for c in choices])
+
+
+def sampling_kwargs(params: SamplingParams, choice: Sequence[str] | None) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` for one prompt, without the choice constraint.
+
+    One log-prob per generated token is requested (``logprobs=0``: the sampled token's only); the stop
+    string is kept in the reply; ``top_k == 0`` becomes vLLM's ``-1`` (no limit); a constrained prompt
+    gets :func:`constrained_budget` tokens.
+    """
+    budget = params.max_new_tokens if choice is None else constrained_budget(choice, params.max_new_tokens)
+    return dict(temperature=max(params.temperature, 0.0), top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else -1, max_tokens=budget,
+                stop=list(params.stop), include_stop_str_in_output=True, logprobs=0)
+
+
+# ---- weight transfer ------------------------------------------------------------------------------
+def weight_chunks(state: Mapping[str, Any], itemsize: int, max_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    """Split ``state`` (name -> tensor, in order) into consecutive chunks of bounded size.
+
+    Args:
+        state: e.g. ``model.state_dict()``.
+        itemsize: bytes per element of a floating-point tensor once sent (the engine's dtype); other
+            tensors (integer or bool buffers) are sent as they are.
+        max_bytes: bound of one chunk's ``sum(numel * itemsize)``; a tensor larger than it forms a
+            chunk of its own.
+
+    Yields:
+        non-empty lists of ``(name, tensor)``, covering ``state`` once, in order.
+
+    Raises:
+        ValueError: ``max_bytes`` or ``itemsize`` is not positive.
+    """
+    if max_bytes <= 0 or itemsize <= 0:
+        raise ValueError(f"max_bytes and itemsize must be positive, got {max_bytes} and {itemsize}")
+    chunk: list[tuple[str, Any]] = []
+    size = 0
+    for name, tensor in state.items():
+        n = tensor.numel() * (itemsize if tensor.is_floating_point() else tensor.element_size())
+        if chunk and size + n > max_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, tensor))
+        size += n
+    if chunk:
+        yield chunk
+
+
+def _cast(tensor: Any, dtype: Any) -> Any:
+    """``tensor`` detached, in ``dtype`` if it is floating point (integer and bool buffers unchanged)."""
+    t = tensor.detach()
+    return t.to(dtype) if t.is_floating_point() else t
+
+
+def pack_weights(weights: Sequence[tuple[str, Any]], dtype: Any) -> dict[str, Any]:
+    """A weight chunk as msgpack-native data (``format: bytes``), for any vLLM client or executor.
+
+    Each floating-point tensor is cast to ``dtype`` on its own device (other tensors keep theirs),
+    copied to host memory and sent as its raw bytes (native byte order, C order) with its dtype name
+    and shape.
+
+    Args:
+        weights: ``(name, tensor)`` pairs, HF parameter names (as in ``model.state_dict()``).
+        dtype: ``torch.dtype`` the engine's model holds.
+
+    Returns:
+        ``{"format": "bytes", "tensors": [[name, dtype_name, shape, data], ...]}`` with ``name`` and
+        ``dtype_name`` (the sent dtype, e.g. ``"bfloat16"``) strings, ``shape`` a list of ints and
+        ``data`` ``bytes`` of length ``prod(shape) * itemsize`` of the sent dtype.
+
+    Raises:
+        ValueError: a tensor is larger than msgpack's 4 GiB ``bin`` limit (:data:`MSGPACK_MAX_BIN`).
+    """
+    import torch
+
+    entries = []
+    with torch.no_grad():
+        for name, tensor in weights:
+            t = _cast(tensor, dtype).cpu().contiguous()
+            if t.numel() * t.element_size() > MSGPACK_MAX_BIN:
+                raise ValueError(f"weight {name!r} has {t.numel() * t.element_size()} bytes, over msgpack's "
+                                 f"{MSGPACK_MAX_BIN}-byte limit; run vLLM in-process (the default)")
+            data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            entries.append([str(name), str(t.dtype).removeprefix("torch."), list(t.shape), data])
+    return {"format": "bytes", "tensors": entries}
+
+
+def unpack_weights(chunk: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The ``(name, tensor)`` pairs of a chunk made by :func:`pack_weights` or the in-process path.
+
+    ``format: bytes`` entries become new (writable) CPU tensors of the sent dtype and shape;
+    ``format: tensors`` carries ``(name, tensor)`` pairs already (in-process only).
+
+    Raises:
+        ValueError: unknown format, unknown dtype name, or data whose length does not match
+            ``prod(shape) * itemsize``.
+    """
+    import torch
+
+    fmt = chunk.get("format")
+    if fmt == "tensors":
+        return [(str(name), tensor) for name, tensor in chunk["weights"]]
+    if fmt != "bytes":
+        raise ValueError(f"unknown weight chunk format {fmt!r} (expected 'bytes' or 'tensors')")
+    out = []
+    for name, dtype_name, shape, data in chunk["tensors"]:
+        dtype = getattr(torch, str(dtype_name), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"weight {name!r}: unknown dtype {dtype_name!r}")
+        shape = [int(s) for s in shape]
+        expected = math.prod(shape) * dtype.itemsize
+        if len(data) != expected:
+            raise ValueError(f"weight {name!r}: {len(data)} bytes for shape {shape} of {dtype_name} "
+                             f"(expected {expected})")
+        flat = torch.frombuffer(bytearray(data), dtype=dtype) if expected else torch.empty(0, dtype=dtype)
+        out.append((str(name), flat.reshape(shape)))
+    return out
+
+
+class WeightSyncExtension:
+    """Worker extension vLLM mixes into its worker class (``worker_extension_cls``).
+
+    Passed to vLLM as :data:`WORKER_EXTENSION`; vLLM imports it in every worker process and adds it to
+    the worker's bases, so ``self`` is a vLLM worker (``self.model_runner.model`` is its model).
+    Every attribute starts with ``crl_``: vLLM refuses an extension whose attributes clash with the
+    worker's (vllm/v1/worker/worker_base.py).
+    """
+
+    def crl_load_weights(self, chunk: Mapping[str, Any]) -> int:
+        """Load one weight chunk into this worker's model; returns the number of tensors loaded.
+
+        ``chunk`` is what :func:`pack_weights` returns (or the in-process ``format: tensors`` form);
+        the tensors go through ``model.load_weights`` (HF names; vLLM stacks and shards them).
+
+        Raises:
+            ValueError: a malformed chunk (:func:`unpack_weights`).
+        """
+        import torch
+
+        weights = unpack_weights(chunk)
+        self.model_runner.model.load_weights(weights=weights)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()     # the copies are done before the chunk's source tensors are freed
+        return len(weights)
+
+
+def _class_names(obj: Any) -> set[str]:
+    return {c.__name__ for c in type(obj).__mro__}
+
+
+def runs_in_process(llm: Any) -> bool:
+    """Whether ``llm.collective_rpc`` calls the worker in this process without serialising arguments.
+
+    True when the engine client is vLLM's ``InprocClient`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and
+    its executor a ``UniProcExecutor`` (or the external-launcher subclass); anything else, including
+    an object whose attributes are not found, is treated as out of process (the safe answer: the
+    ``bytes`` chunks work everywhere).
+    """
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if "InprocClient" not in _class_names(client):
+        return False
+    executor = getattr(getattr(client, "engine_core", None), "model_executor", None)
+    return bool(_class_names(executor) & _IN_PROCESS_EXECUTORS)
+
+
+@contextmanager
+def _env_default(name: str, value: str | None) -> Iterator[None]:
+    """Set environment variable ``name`` to ``value`` inside the block unless it is already set."""
+    if value is None or name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+def _build_llm(model_path: str, dtype: str, gpu_memory_utilization: float, seed: int, in_process: bool) -> Any:
+    """Construct the ``vllm.LLM`` (separate so the tests can replace it)."""
+    from vllm import LLM
+
+    with _env_default("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_process else None):
+        return LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                   enable_prefix_caching=True, logprobs_mode="raw_logprobs",
+                   worker_extension_cls=WORKER_EXTENSION)
 
 
 class VLLMEngine:
-    """Generation through a ``vllm.LLM`` instance.
+    """Generation through a ``vllm.LLM`` instance (see the module docstring for weights and log-probs).
 
     Args:
-        model_path: folder or hub name vLLM loads (the same weights as the trainer's initial model).
+        model_path: folder or hub name vLLM loads (the trainer's initial model; :meth:`from_model`
+            then syncs the trainer's actual weights).
         tokenizer: the trainer's tokenizer (prompts are already token ids).
-        dtype: ``float32`` | ``bfloat16`` | ``float16``.
-        gpu_memory_utilization: fraction of GPU memory vLLM may take (the trainer needs the rest).
+        dtype: the engine's weights: ``float32`` | ``bfloat16`` | ``float16``.
+        gpu_memory_utilization: fraction in (0, 1] of the GPU's memory vLLM may take for weights,
+            activations and KV cache (the trainer needs the rest).
         seed: vLLM's sampling seed.
+        in_process: run vLLM's engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the
+            variable is set), so weight syncs pass tensors without serialisation.
+        sync_chunk_mb: size bound of one weight chunk (MiB).
+        llm: an already constructed ``vllm.LLM`` (or a stand-in with ``generate``, ``collective_rpc``
+            and ``reset_prefix_cache``); when given, ``model_path``, ``gpu_memory_utilization``,
+            ``seed`` and ``in_process`` are not used, and vLLM need not be installed.
 
     Raises:
-        ImportError: vLLM is not installed (install the ``[vllm]`` extra).
+        ImportError: vLLM is not installed (install the ``[vllm]`` extra) and ``llm`` is not given.
+        ValueError: an unknown dtype, ``gpu_memory_utilization`` outside (0, 1], ``sync_chunk_mb < 1``.
     """
 
     def __init__(self, model_path: str, tokenizer: Any, dtype: str = "bfloat16",
-                 gpu_memory_utilization: float = 0.5, seed: int = 0) -> None:
-        if not vllm_available():
-            raise ImportError("generation.engine=vllm needs vLLM: pip install 'crl-bench[vllm]' on a GPU machine")
-        from vllm import LLM
-
+                 gpu_memory_utilization: float = 0.5, seed: int = 0, in_process: bool = True,
+                 sync_chunk_mb: int = DEFAULT_SYNC_CHUNK_MB, llm: Any = None) -> None:
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        if sync_chunk_mb < 1:
+            raise ValueError(f"sync_chunk_mb must be at least 1, got {sync_chunk_mb!r}")
+        if llm is None:
+            if not vllm_available():
+                raise ImportError("generation.engine=vllm needs vLLM: pip install 'crl-bench[vllm]' on a GPU machine")
+            llm = _build_llm(model_path, dtype, gpu_memory_utilization, seed, in_process)
         self.tokenizer = tokenizer
-        self.llm = LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                       enable_prefix_caching=True, seed=seed, logprobs_mode="raw_logprobs")
+        self.dtype = dtype
+        self.sync_chunk_bytes = int(sync_chunk_mb) * 2**20
+        self.llm = llm
+        self.in_process = runs_in_process(llm)
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, model_cfg: Any) -> VLLMEngine:
-        """Build the engine for the trainer's model (``model_cfg`` is a :class:`ModelConfig`)."""
-        from crl_bench.llm.default_model import resolve_model
+    def from_model(cls, model: Any, tokenizer: Any, model_cfg: Any, gen_cfg: Any = None, seed: int = 0,
+                   **kwargs: Any) -> VLLMEngine:
+        """Build the engine for the trainer's model and load the trainer's current weights into it.
 
+        Args:
+            model: the trainer's model (HF ``PreTrainedModel``).
+            tokenizer: its tokenizer.
+            model_cfg: :class:`crl_bench.config.ModelConfig` (``name``, ``dtype``, ``lora``).
+            gen_cfg: :class:`crl_bench.config.GenerationConfig`; its ``vllm_gpu_memory_utilization``
+                and ``vllm_seed`` are used (defaults 0.5 and ``seed`` without it).
+            seed: the run's seed (``train.seed``), vLLM's seed unless ``gen_cfg.vllm_seed`` is set.
+            **kwargs: further :class:`VLLMEngine` arguments (``in_process``, ``sync_chunk_mb``, ``llm``).
+
+        The engine loads ``model_cfg.name`` (the base model of an adapter folder), then
+        :meth:`sync_weights` copies the trainer's weights in, so generation samples from exactly the
+        trainer's weights from the first step (a merged adapter, a checkpoint) and a broken weight
+        path fails at start-up rather than after the first update.
+
+        Raises:
+            ValueError: ``model_cfg.lora`` is true, or an invalid setting (see :class:`VLLMEngine`).
+            ImportError: vLLM is not installed.
+            ModelNotAvailable: ``model_cfg.name`` cannot be resolved
+                (:func:`crl_bench.llm.default_model.resolve_model`).
+        """
         if getattr(model_cfg, "lora", False):
             raise ValueError("generation.engine=vllm does not support model.lora=true; "
                              "use full fine-tuning or generation.engine=transformers")
+        from pathlib import Path
+
+        from crl_bench.llm.default_model import resolve_model
         from crl_bench.llm.precision import resolve_dtype
 
-        return cls(resolve_model(model_cfg.name), tokenizer, dtype=resolve_dtype(model_cfg.dtype, "cuda"))
+        path = resolve_model(model_cfg.name)
+        if Path(path).is_dir() and (Path(path) / "adapter_config.json").is_file():
+            from crl_bench.llm.hf_engine import adapter_base_model
+
+            path = adapter_base_model(path)     # vLLM loads the base; the sync brings the merged weights
+        util = getattr(gen_cfg, "vllm_gpu_memory_utilization", None)
+        vseed = getattr(gen_cfg, "vllm_seed", None)
+        engine = cls(path, tokenizer, dtype=resolve_dtype(model_cfg.dtype, "cuda"),
+                     gpu_memory_utilization=0.5 if util is None else util,
+                     seed=seed if vseed is None else vseed, **kwargs)
+        engine.sync_weights(model)
+        return engine
 
     def sync_weights(self, model: Any) -> None:
-        """Copy the trainer's current weights into vLLM (HF parameter names)."""
-        weights = [(k, v.detach()) for k, v in model.state_dict().items()]
-        self.llm.collective_rpc(_load_weights, args=(weights,))
-        self.llm.reset_prefix_cache()
+        """Copy ``model``'s current weights into every vLLM worker and drop vLLM's prefix cache.
 
-    def _params(self, params: SamplingParams, choice: Sequence[str] | None):
+        ``model.state_dict()`` (HF names) goes out in chunks of at most ``sync_chunk_mb`` MiB through
+        ``collective_rpc(SYNC_METHOD, args=(chunk,))``: the trainer's tensors cast to the engine's
+        dtype when vLLM runs in this process, :func:`pack_weights` data otherwise.
+
+        Raises:
+            RuntimeError: a worker reports a different number of loaded tensors than sent.
+            ValueError: a tensor over msgpack's size limit on the out-of-process path.
+        """
+        import torch
+
+        from crl_bench.llm.precision import DTYPES
+
+        dtype = DTYPES[self.dtype]
+        with torch.no_grad():
+            for chunk in weight_chunks(model.state_dict(), dtype.itemsize, self.sync_chunk_bytes):
+                if self.in_process:
+                    payload = {"format": "tensors", "weights": [(n, _cast(t, dtype)) for n, t in chunk]}
+                else:
+                    payload = pack_weights(chunk, dtype)
+                loaded = self.llm.collective_rpc(SYNC_METHOD, args=(payload,))
+                if any(n != len(chunk) for n in loaded):
+                    raise RuntimeError(f"vLLM workers loaded {loaded} tensors of a chunk of {len(chunk)} "
+                                       f"(first: {chunk[0][0]!r})")
+                del payload
+        self.llm.reset_prefix_cache()       # cached KV blocks belong to the old weights
+
+    def _params(self, params: SamplingParams, choice: Sequence[str] | None) -> Any:
         from vllm import SamplingParams as VSP
 
-        budget = params.max_new_tokens
-        if choice is not None:      # a constrained reply always fits (as in HFEngine)
-            budget = max([budget] + [len(self.tokenizer.encode(c, add_special_tokens=False)) + 1
-                                     for c in choice])
-        kwargs: dict[str, Any] = dict(
-            temperature=max(params.temperature, 0.0), top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else -1, max_tokens=budget,
-            stop=list(params.stop), include_stop_str_in_output=True, logprobs=0)
+        kwargs = sampling_kwargs(params, choice)
         if choice is not None:
             try:
                 from vllm.sampling_params import StructuredOutputsParams
                 kwargs["structured_outputs"] = StructuredOutputsParams(choice=list(choice))
-            except ImportError:  # vLLM < 0.11 names it guided decoding
+            except ImportError:  # vLLM before the structured-outputs rename (PR #22772)
                 from vllm.sampling_params import GuidedDecodingParams
                 kwargs["guided_decoding"] = GuidedDecodingParams(choice=list(choice))
         return VSP(**kwargs)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  allowed: Sequence[Sequence[str] | None] | None = None) -> list[Generation]:
-        """Generate one reply per prompt (see :class:`crl_bench.llm.base.Engine`)."""
+        """Generate one reply per prompt (see :class:`crl_bench.llm.base.Engine`).
+
+        ``Generation.logprobs`` holds vLLM's raw log-prob of each sampled token and
+        ``extra["logprobs_kind"]`` says what they are: ``"raw"`` (free reply: the model's distribution
+        at temperature 1) or ``"masked"`` (constrained reply: renormalised over the allowed tokens);
+        the trainer recomputes them either way.  A prompt whose allowed list is empty gets an empty
+        reply (finish reason ``"eos"``) without a call to vLLM.
+
+        Raises:
+            ValueError: ``allowed`` does not have one entry per prompt.
+        """
+        if allowed is not None and len(allowed) != len(prompts):
+            raise ValueError(f"allowed has {len(allowed)} entries for {len(prompts)} prompts")
         allowed = list(allowed) if allowed is not None else [None] * len(prompts)
-        reqs = [{"prompt_token_ids": list(p)} for p in prompts]
-        sps = [self._params(params, a) for a in allowed]
-        outs = self.llm.generate(reqs, sampling_params=sps, use_tqdm=False)
-        results = []
-        for p, out in zip(prompts, outs):
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            lps = [float(next(iter(d.values())).logprob) if d else 0.0 for d in (c.logprobs or [])]
-            if len(lps) != len(ids):  # one entry per generated token is expected
-                lps = (lps + [0.0] * len(ids))[:len(ids)]
-            for step, d in enumerate(c.logprobs or []):
-                if d and ids[step] in d:
-                    lps[step] = float(d[ids[step]].logprob)
-            reason = "stop" if c.finish_reason == "stop" and c.stop_reason is not None else \
-                ("eos" if c.finish_reason == "stop" else "length")
-            results.append(Generation(list(p), ids, lps, c.text, reason))
-        return results
+        results: list[Generation | None] = [None] * len(prompts)
+        todo = []
+        for i, (p, a) in enumerate(zip(prompts, allowed)):
+            if a is not None and len(a) == 0:
+                results[i] = Generation(list(p), [], [], "", "eos", {"logprobs_kind": "masked"})
+            else:
+                todo.append(i)
+        if todo:
+            reqs = [{"prompt_token_ids": list(prompts[i])} for i in todo]
+            sps = [self._params(params, allowed[i]) for i in todo]
+            outs = self.llm.generate(reqs, sampling_params=sps, use_tqdm=False)
+            for i, out in zip(todo, outs):
+                results[i] = _to_generation(list(prompts[i]), out.outputs[0], constrained=allowed[i] is not None)
+        return results  # type: ignore[return-value]
+
+
+def _to_generation(prompt_ids: list[int], c: Any, constrained: bool) -> Generation:
+    """A :class:`Generation` from one vLLM ``CompletionOutput`` ``c``."""
+    ids = [int(t) for t in c.token_ids]
+    steps = list(c.logprobs or [])
+    lps = []
+    for k, tok in enumerate(ids):
+        d = steps[k] if k < len(steps) else None
+        entry = d.get(tok) if d else None
+        lps.append(float(entry.logprob) if entry is not None else 0.0)
+    if c.finish_reason == "stop":
+        reason = "stop" if c.stop_reason is not None else "eos"
+    else:
+        reason = "length"
+    return Generation(prompt_ids, ids, lps, c.text, reason, {"logprobs_kind": "masked" if constrained else "raw"})

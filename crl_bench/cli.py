@@ -91,8 +91,26 @@ def resolve_config(args: argparse.Namespace, extra: dict[str, Any] | None = None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from crl_bench.trainer.loop import run_training
+    from crl_bench.trainer.loop import resume_training, run_training
 
+    if args.resume:
+        given = [flag for flag, value in (("--mix", args.mix), ("--config", args.config), ("--model", args.model),
+                                          ("--extractor-model", args.extractor_model), ("--seed", args.seed),
+                                          ("--set", args.set), ("--steps", args.steps),
+                                          ("--output-dir", args.output_dir), ("--run-id", args.run_id),
+                                          ("--method", args.method), ("--preset", args.preset)) if value]
+        if given:
+            raise ConfigError(f"--resume continues the run with its own config.yaml; drop {', '.join(given)}")
+        from crl_bench.trainer.checkpoint import CheckpointError
+
+        try:
+            path = resume_training(args.resume, quiet=args.quiet)
+        except CheckpointError as e:
+            raise ConfigError(f"--resume {args.resume!r}: {e}") from None
+        print(f"run folder: {path}")
+        return 0
+    args.method = args.method or "grpo"
+    args.preset = args.preset or "default"
     extra: dict[str, Any] = {}
     if args.steps is not None:
         extra["train.steps"] = args.steps
@@ -413,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="train (and finally evaluate) one method on one mix")
     _add_config_args(r)
+    r.set_defaults(method=None, preset=None)        # defaults applied in cmd_run, so --resume can refuse them
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped or killed run from its newest "
+                                                        "checkpoint (its own config.yaml; no other flags)")
     r.add_argument("--steps", type=int, help="training steps")
     r.add_argument("--output-dir", help="runs folder (default results/runs)")
     r.add_argument("--run-id", help="run folder name (default: time-method-mix-seed)")

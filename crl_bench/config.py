@@ -149,7 +149,12 @@ class TrainConfig:
             (trainer/policy.py ``shared_prefix_logprobs``; same gradient; off with gradient
             checkpointing or a KL term).
         seed: seeds Python, NumPy, torch and the task sampler.
-        save_checkpoint: write the final weights into the run folder.
+        save_checkpoint: write the final weights into the run folder (``checkpoint/``; with a trained
+            extractor also ``checkpoint/extractor/``).
+        checkpoint_every: write a resumable checkpoint (``checkpoints/step-<N>/``: weights, optimisers,
+            generators, sampler, buffers, bank copy; trainer/checkpoint.py) every N steps, after the
+            last step and after the step-0 eval; 0 = never (``--resume`` then starts the run over).
+        keep_checkpoints: how many of the newest resumable checkpoints to keep (>= 1).
     """
 
     steps: int = 100
@@ -170,6 +175,8 @@ class TrainConfig:
     share_prefix: bool = True
     seed: int = 0
     save_checkpoint: bool = True
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
 
 
 @dataclass
@@ -522,6 +529,8 @@ def validate(cfg: RunConfig) -> None:
         ("train.micro_batch_size", cfg.train.micro_batch_size >= 1),
         ("train.ppo_epochs", cfg.train.ppo_epochs >= 1),
         ("train.mini_batches", cfg.train.mini_batches >= 1),
+        ("train.checkpoint_every", cfg.train.checkpoint_every >= 0),
+        ("train.keep_checkpoints", cfg.train.keep_checkpoints >= 1),
         ("generation.max_new_tokens", cfg.generation.max_new_tokens >= 1),
         ("generation.temperature", cfg.generation.temperature >= 0),
         ("generation.top_p", 0 < cfg.generation.top_p <= 1),

@@ -12,7 +12,10 @@ Layout of a run folder::
                      the action sequence, the mean token entropy, the ids of the experience entries
                      that guided it and, with ``logging.transcripts``, the full transcript
     eval.json        final evaluation (success rate, mean steps, per env)
-    checkpoint/      final weights (save_pretrained) and tokenizer
+    checkpoint/      final weights (save_pretrained) and tokenizer; ``extractor/`` inside it holds the
+                     trained extractor of a complementary run
+    checkpoints/     resumable checkpoints ``step-<N>/`` (trainer/checkpoint.py; ``crl-bench run --resume``)
+    experience.sqlite  the experience bank (methods with one)
 """
 
 from __future__ import annotations
@@ -136,6 +139,35 @@ class RunWriter:
         self.dir.mkdir(parents=True, exist_ok=False)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.trackers: Any = None
+
+    @classmethod
+    def reopen(cls, run_dir: str | Path) -> RunWriter:
+        """A writer that appends to the existing run folder ``run_dir`` (``crl-bench run --resume``).
+
+        Raises:
+            FileNotFoundError: ``run_dir`` is not a folder.
+        """
+        run_dir = Path(run_dir)
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"no run folder {run_dir}")
+        self = cls.__new__(cls)
+        self.dir = run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.trackers = None
+        return self
+
+    def record_resume(self, from_step: int) -> None:
+        """Append ``{time, from_step, git_commit}`` to the ``resumed`` list of versions.json (the
+        code that continued a run may differ from the code that started it)."""
+        path = self.dir / "versions.json"
+        try:
+            info = json.loads(path.read_text()) if path.is_file() else {}
+        except ValueError:
+            info = {}
+        info.setdefault("resumed", []).append({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                               "from_step": int(from_step), "git_commit": _git_commit(),
+                                               "git_dirty": _git_dirty()})
+        self.write_json("versions.json", info)
 
     def attach_trackers(self, trackers: Any) -> None:
         """Forward every later :meth:`log_metrics` row to ``trackers`` (a

@@ -10,10 +10,13 @@ Layout of a sweep folder (``results/sweeps/<name>/`` by default)::
 Each cell runs as its own ``crl-bench run`` process (:func:`run_in_subprocess`).
 
 A cell is finished when its run folder holds ``summary.json`` (written last by ``run_training``).
-Rerunning the same command skips finished cells and restarts unfinished ones from scratch (a run
-killed mid-way leaves a folder without ``summary.json``; it is removed first), so a sweep resumes
-after a kill. Methods and seeds may be extended on a rerun; the rest of the grid (mix, preset,
-config, model, steps, overrides) must match ``sweep.yaml`` or the sweep refuses to mix them.
+Rerunning the same command skips finished cells and continues unfinished ones: a run killed mid-way
+leaves a folder without ``summary.json``; when it holds a complete resumable checkpoint
+(``train.checkpoint_every``, trainer/checkpoint.py) the cell goes on from there with
+``crl-bench run --resume``, otherwise the folder is removed and the cell starts from scratch. So a
+sweep resumes after a kill, losing at most the steps since each cell's last checkpoint. Methods and
+seeds may be extended on a rerun; the rest of the grid (mix, preset, config, model, steps, overrides)
+must match ``sweep.yaml`` or the sweep refuses to mix them.
 """
 
 from __future__ import annotations
@@ -132,8 +135,9 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
         name: sweep folder name (default :meth:`SweepSpec.default_name`).
         quiet: hide each run's per-step lines.
         print_fn: where progress lines go.
-        train: ``(cfg, quiet=...) -> run folder``; default :func:`run_in_subprocess` (each run its own
-            ``crl-bench run`` process); tests pass a stand-in.
+        train: ``(cfg, quiet=..., resume=...) -> run folder``; default :func:`run_in_subprocess` (each
+            run its own ``crl-bench run`` process; ``resume``: continue the cell's folder from its
+            newest checkpoint); tests pass a stand-in.
 
     Returns:
         ``(sweep folder, failures)`` with one ``(method, seed, error)`` per cell that raised; a
@@ -159,15 +163,24 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
         if is_finished(run_dir):
             print_fn(f"{head}: finished earlier, skipped ({run_dir})")
             continue
-        if run_dir.exists():
-            print_fn(f"{head}: unfinished folder from an interrupted sweep, restarting it")
-            shutil.rmtree(run_dir)
         cfg = configs[(method, seed)]
         cfg.output_dir, cfg.run_id = str(runs), cell_id(method, seed)
-        print_fn(f"{head}: running ({cfg.train.steps} steps) ...")
+        resume = False
+        if run_dir.exists():
+            from crl_bench.trainer.checkpoint import latest_checkpoint
+
+            ckpt = latest_checkpoint(run_dir) if (run_dir / "config.yaml").is_file() else None
+            if ckpt is not None:
+                print_fn(f"{head}: unfinished folder from an interrupted sweep, resuming it from {ckpt.name}")
+                resume = True
+            else:
+                print_fn(f"{head}: unfinished folder from an interrupted sweep without a checkpoint, restarting it")
+                shutil.rmtree(run_dir)
+        if not resume:
+            print_fn(f"{head}: running ({cfg.train.steps} steps) ...")
         t0 = time.perf_counter()
         try:
-            out = train(cfg, quiet=quiet)
+            out = train(cfg, quiet=quiet, resume=resume)
         except (KeyboardInterrupt, SystemExit, *SETUP_ERRORS):
             raise                   # a missing engine or data set would fail every cell the same way
         except Exception as e:  # noqa: BLE001 - one failed cell must not lose the others
@@ -182,13 +195,15 @@ class RunFailed(RuntimeError):
     """A sweep cell's ``crl-bench run`` process exited non-zero (the message ends with its log's tail)."""
 
 
-def run_in_subprocess(cfg: RunConfig, quiet: bool = True) -> str:
+def run_in_subprocess(cfg: RunConfig, quiet: bool = True, resume: bool = False) -> str:
     """Run one cell as its own ``crl-bench run`` process and return its run folder.
 
     The resolved configuration is written to ``<sweep>/configs/<run-id>.yaml`` and run with
     ``--config`` (a full config overrides every preset key), so a crash, a kill or a leak of one run
-    cannot take the sweep down and every run starts from a fresh interpreter. With ``quiet`` the
-    run's output goes to ``<sweep>/logs/<run-id>.log``; otherwise it streams to the console.
+    cannot take the sweep down and every run starts from a fresh interpreter. With ``resume`` the
+    process is ``crl-bench run --resume <run folder>`` instead (the folder's own config.yaml). With
+    ``quiet`` the run's output goes to ``<sweep>/logs/<run-id>.log`` (appended to when resuming);
+    otherwise it streams to the console.
 
     Raises:
         ConfigError: the run exited 2 (bad setting, missing engine or data: every cell would fail).
@@ -202,12 +217,16 @@ def run_in_subprocess(cfg: RunConfig, quiet: bool = True) -> str:
     cfg_file = sweep / "configs" / f"{cfg.run_id}.yaml"
     cfg_file.parent.mkdir(parents=True, exist_ok=True)
     cfg_file.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    cmd = [sys.executable, "-m", "crl_bench.cli", "run", "--config", str(cfg_file), "--method", cfg.method,
-           "--output-dir", str(runs), "--run-id", cfg.run_id] + (["--quiet"] if quiet else [])
+    if resume:
+        cmd = [sys.executable, "-m", "crl_bench.cli", "run", "--resume", str(runs / cfg.run_id)]
+    else:
+        cmd = [sys.executable, "-m", "crl_bench.cli", "run", "--config", str(cfg_file), "--method", cfg.method,
+               "--output-dir", str(runs), "--run-id", cfg.run_id]
+    cmd += ["--quiet"] if quiet else []
     if quiet:
         log = sweep / "logs" / f"{cfg.run_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as f:
+        with log.open("a" if resume else "w") as f:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
         tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-5:])
     else:

@@ -19,17 +19,27 @@ def _resolve(method: str, seed: int):
 class FakeTrain:
     """Stands in for run_training: writes a run folder like the real one; can die at a chosen call."""
 
-    def __init__(self, die_at: int | None = None) -> None:
+    def __init__(self, die_at: int | None = None, checkpoint: bool = False) -> None:
         self.calls: list[tuple[str, int]] = []
+        self.resumed: list[tuple[str, int]] = []
         self.die_at = die_at
+        self.checkpoint = checkpoint
 
-    def __call__(self, cfg, quiet: bool = True) -> str:
-        self.calls.append((cfg.method, cfg.train.seed))
+    def __call__(self, cfg, quiet: bool = True, resume: bool = False) -> str:
         run = Path(cfg.output_dir) / cfg.run_id
-        run.mkdir(parents=True)
-        (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
-        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "success_rate": 0.5}) + "\n")
+        if resume:
+            self.resumed.append((cfg.method, cfg.train.seed))
+            assert (run / "metrics.jsonl").is_file()        # the folder was kept
+        else:
+            self.calls.append((cfg.method, cfg.train.seed))
+            run.mkdir(parents=True)
+            (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+            (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "success_rate": 0.5}) + "\n")
         if self.die_at is not None and len(self.calls) == self.die_at:
+            if self.checkpoint:               # a complete resumable checkpoint of step 1
+                ckpt = run / "checkpoints" / "step-000001"
+                ckpt.mkdir(parents=True)
+                (ckpt / "meta.json").write_text(json.dumps({"step": 1, "format": 1}))
             raise KeyboardInterrupt          # killed mid-run: the folder stays, without summary.json
         (run / "eval.json").write_text(json.dumps({"free": {"success_rate": 0.25}}))
         (run / "summary.json").write_text("{}")
@@ -72,10 +82,33 @@ def test_sweep_resumes_after_a_kill_and_skips_finished_runs(tmp_path):
     assert third.calls == []
 
 
+def test_sweep_resumes_a_killed_cell_from_its_checkpoint(tmp_path):
+    """A killed cell with a complete checkpoint goes on with --resume (its folder kept); one whose
+    checkpoint is torn (no meta.json) starts over."""
+    spec = SweepSpec(methods=["grpo"], seeds=[0, 1], mix="sokoban", preset="smoke")
+    first = FakeTrain(die_at=2, checkpoint=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path, _resolve, print_fn=lambda s: None, train=first)
+    second = FakeTrain()
+    lines: list[str] = []
+    run_sweep(spec, tmp_path, _resolve, print_fn=lines.append, train=second)
+    assert second.resumed == [("grpo", 1)] and second.calls == []
+    assert any("resuming it from step-000001" in line for line in lines)
+
+    spec2 = SweepSpec(methods=["grpo"], seeds=[0], mix="sokoban", preset="smoke")
+    torn = FakeTrain(die_at=1, checkpoint=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec2, tmp_path, _resolve, name="torn", print_fn=lambda s: None, train=torn)
+    (tmp_path / "torn" / "runs" / "grpo-s0" / "checkpoints" / "step-000001" / "meta.json").unlink()
+    again = FakeTrain()
+    run_sweep(spec2, tmp_path, _resolve, name="torn", print_fn=lambda s: None, train=again)
+    assert again.calls == [("grpo", 0)] and again.resumed == []
+
+
 def test_sweep_failed_cell_does_not_stop_the_others(tmp_path):
     spec = SweepSpec(methods=["grpo"], seeds=[0, 1], mix="sokoban")
 
-    def train(cfg, quiet=True):
+    def train(cfg, quiet=True, resume=False):
         if cfg.train.seed == 0:
             raise RuntimeError("boom")
         return FakeTrain()(cfg)
@@ -122,7 +155,7 @@ def test_sweep_stops_at_a_missing_engine(tmp_path):
 
     calls = []
 
-    def train(cfg, quiet=True):
+    def train(cfg, quiet=True, resume=False):
         calls.append(cfg.method)
         raise EnvUnavailableError("env 'webshop' needs the [webshop] extra")
 

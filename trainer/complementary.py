@@ -497,6 +497,63 @@ class ExperienceTrack:
                 "retrieval_queries": s["queries"], "retrieval_batches": s["query_batches"],
                 "retrieval_query_cache_hit_rate": self.retriever.cache_info()["hit_rate"]}
 
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The track's state at a step boundary, for a checkpoint (trainer/checkpoint.py): the
+        extractions waiting for reward (they wrote entries still in the bank) and those credited and
+        waiting for the next CISPO update, in order, the dropped-buffer count, the extractor version
+        and update log, the CISPO optimiser and its shuffling generator, the retriever's generators
+        and the manager's counters and uncollected outcomes.  The extractor's weights and the bank
+        file are saved beside it by the caller (:meth:`save_bank`, the extractor model).
+
+        Drains the manager first, so no distillation is half done.  Raises ``RuntimeError`` on a
+        read-only track.
+        """
+        self._check_trainable()
+        self.flush()
+        return {
+            "waiting_reward": list(self.waiting_reward.items()),
+            "buffer": [(k, c.extraction, c.total, c.uses) for k, c in self.buffer.items()],
+            "dropped": self.dropped, "extractor_version": self.extractor_version, "updates": list(self.updates),
+            "optimizer": self.updater.optimizer.state_dict() if self.updater is not None else None,
+            "updater_rng": self.updater.rng.getstate() if self.updater is not None else None,
+            "retriever": self.retriever.state_dict(),
+            "manager": self.manager.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (on a track built for the same run, its bank opened from the
+        checkpoint's copy and its extractor weights already loaded).
+
+        Raises:
+            ValueError: the checkpoint has CISPO optimiser state and this track trains no extractor,
+                or the other way round (another method's checkpoint).
+        """
+        self._check_trainable()
+        if (state["optimizer"] is None) != (self.updater is None):
+            raise ValueError("checkpoint and run disagree on whether the extractor trains (another method's run?)")
+        self.waiting_reward = OrderedDict(state["waiting_reward"])
+        self.buffer = OrderedDict((k, _Credit(x, total, uses)) for k, x, total, uses in state["buffer"])
+        self.dropped = int(state["dropped"])
+        self.extractor_version = int(state["extractor_version"])
+        self.updates = list(state["updates"])
+        if self.extractor is not None:
+            self.extractor.extractor_version = self.extractor_version
+        if self.updater is not None:
+            self.updater.optimizer.load_state_dict(state["optimizer"])
+            self.updater.rng.setstate(state["updater_rng"])
+        self.retriever.load_state_dict(state["retriever"])
+        self.manager.load_state_dict(state["manager"])
+        if self.engine is not None:
+            self.engine.sync_weights(self.model)        # the low-precision copy follows the loaded weights
+
+    def save_bank(self, dest: str | Path) -> None:
+        """Copy the bank's SQLite file to ``dest`` (:meth:`ExperienceBank.backup`) with the manager
+        drained and its write lock held."""
+        self.flush()
+        with self.manager.lock.write():
+            self.bank.backup(dest)
+
     def close(self, drain_timeout: float = 0.0) -> None:
         self.manager.close(drain_timeout=drain_timeout)
         self.bank.close()

@@ -226,7 +226,8 @@ class Trainer:
         g = self.cfg.generation
         if g.engine == "vllm":
             from crl_bench.llm.vllm_engine import VLLMEngine
-            return VLLMEngine.from_model(self.model, self.tokenizer, self.cfg.model)
+            return VLLMEngine.from_model(self.model, self.tokenizer, self.cfg.model, gen_cfg=g,
+                                         seed=self.cfg.train.seed)
         from crl_bench.llm.hf_engine import HFEngine
         return HFEngine(self.model, self.tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
                         compute_dtype=self.compute_dtype, keep_sequences=self.cfg.rollout.prompt == "multiturn",
@@ -442,9 +443,56 @@ class Trainer:
         return modes * sum(len(v) for v in self.eval_task_ids(episodes).values())
 
     def save_checkpoint(self, path: str) -> None:
-        """``save_pretrained`` of the actor (adapters only with LoRA) and its tokenizer."""
+        """The final weights: ``save_pretrained`` of the actor (adapters only with LoRA) and its
+        tokenizer into ``path``, and for a method that trains its extractor, the extractor's into
+        ``path/extractor`` (loadable with ``--extractor-model``)."""
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+        track = self.experience
+        if track is not None and track.updater is not None:
+            track.flush()
+            with track.manager.extractor_lock:
+                track.model.save_pretrained(str(Path(path) / "extractor"))
+            track.tokenizer.save_pretrained(str(Path(path) / "extractor"))
+
+    # ---- resumable state (trainer/checkpoint.py) --------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything of the actor's side a resume needs besides its weights: the step counter, AdamW
+        and lr-scheduler state, the update's shuffling generator, the task sampler's generator, the
+        next step's episodes if already drawn (``rollout.prefetch``) and the global generators."""
+        from crl_bench.trainer.checkpoint import rng_states
+
+        sched = self.updater.scheduler
+        return {"step": self.step, "optimizer": self.optimizer.state_dict(),
+                "scheduler": sched.state_dict() if sched is not None else None,
+                "updater_rng": self.updater.rng.getstate(), "sampler_rng": self.sampler.rng.bit_generator.state,
+                "next_specs": self._next_specs, "rng": rng_states()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a trainer built for the same run (weights loaded first);
+        the engine then samples from the loaded weights."""
+        from crl_bench.trainer.checkpoint import CheckpointError, set_rng_states
+
+        sched = self.updater.scheduler
+        if (state["scheduler"] is None) != (sched is None):
+            raise CheckpointError("checkpoint and run disagree on train.lr_warmup_steps")
+        self.step = int(state["step"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if sched is not None:
+            sched.load_state_dict(state["scheduler"])
+        self.updater.rng.setstate(state["updater_rng"])
+        self.sampler.rng.bit_generator.state = state["sampler_rng"]
+        self._next_specs = state["next_specs"]
+        self.engine.sync_weights(self.model)
+        set_rng_states(state["rng"])
+
+    def clear_prefix_stores(self) -> None:
+        """Drop the cached prompt prefixes of the actor's and the extractor's engines (a checkpoint
+        does, so a resumed run and the uninterrupted one continue from the same engine state)."""
+        for engine in (self.engine, getattr(self.experience, "engine", None)):
+            store = getattr(engine, "store", None)
+            if store is not None:
+                store.clear()
 
     def close(self) -> None:
         if self.experience is not None:
@@ -545,13 +593,21 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
     return str(writer.dir)
 
 
-def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, quiet: bool) -> None:
-    """The body of :func:`run_training`: the steps, periodic evals, final eval and checkpoint."""
+def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, quiet: bool,
+                        initial: dict[str, Any] | None = None) -> None:
+    """The body of :func:`run_training` and :func:`resume_training`: the step-0 eval, the steps from
+    ``trainer.step`` on with periodic evals and resumable checkpoints, the final eval and checkpoint.
+    ``initial``: the step-0 eval of a resumed run (read back from metrics.jsonl)."""
     from tqdm import tqdm
 
+    from crl_bench.trainer.checkpoint import save_checkpoint
+
+    def checkpoint() -> None:
+        if cfg.train.checkpoint_every:
+            save_checkpoint(trainer, writer.dir, keep=cfg.train.keep_checkpoints)
+
     per_step = cfg.train.groups_per_step * cfg.train.group_size
-    initial = None
-    if cfg.eval.at_start and trainer.step == 0:
+    if cfg.eval.at_start and trainer.step == 0 and initial is None:
         # the untrained actor on the same tasks and protocol as the final eval (the step-0 point of
         # the eval curve); a method with a bank has nothing in it yet, so this is experience-free
         with tqdm(total=sum(map(len, trainer.eval_task_ids().values())), desc="eval (step 0)",
@@ -561,7 +617,8 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
         if not quiet:
             print(f"eval at step 0 ({cfg.eval.split}, free): success {initial['success_rate']:.3f}  "
                   f"over {initial['episodes']} episodes", flush=True)
-    for _ in range(cfg.train.steps):
+        checkpoint()                    # a kill during step 1 does not cost the step-0 eval again
+    while trainer.step < cfg.train.steps:
         with tqdm(total=per_step, desc=f"step {trainer.step + 1}/{cfg.train.steps} rollout",
                   unit="ep", disable=quiet, leave=False) as bar:
             res = trainer.train_step(progress=bar.update)
@@ -572,6 +629,9 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
         if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
             ev = trainer.evaluate()
             writer.log_metrics({"step": trainer.step, "eval": ev})
+        if cfg.train.checkpoint_every and (trainer.step % cfg.train.checkpoint_every == 0
+                                           or trainer.step == cfg.train.steps):
+            checkpoint()
     with tqdm(total=trainer.eval_episode_count(), desc="eval", unit="ep", disable=quiet, leave=False) as bar:
         ev = trainer.evaluate_all(progress=bar.update)
     if initial is not None:
@@ -586,6 +646,78 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
                       f"invalid {e['invalid_action_rate']:.3f}  over {e['episodes']} episodes", flush=True)
     if cfg.train.save_checkpoint:
         trainer.save_checkpoint(str(writer.dir / "checkpoint"))
+
+
+def initial_eval(run_dir: str | Path) -> dict[str, Any] | None:
+    """The step-0 eval row's ``free`` block of a run folder's metrics.jsonl, or ``None``."""
+    from crl_bench.results import iter_metrics
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    for _, row in iter_metrics(path):
+        if row.get("step") == 0 and isinstance(row.get("eval"), dict) and "free" in row["eval"]:
+            return row["eval"]["free"]
+    return None
+
+
+def resume_training(run_dir: str | Path, quiet: bool = False) -> str:
+    """``crl-bench run --resume RUN_DIR``: continue a run that was stopped or killed (kill -9
+    included) from its newest complete checkpoint (trainer/checkpoint.py), with the configuration
+    in its config.yaml, into the same folder; without a checkpoint it starts over there.
+
+    The run then finishes as :func:`run_training` would: the remaining steps, the final eval,
+    ``checkpoint/`` and summary.json. versions.json gets a ``resumed`` list (time, step resumed
+    from, git commit). Returns the run folder.
+
+    Raises:
+        ConfigError: ``run_dir`` is not a run folder (no config.yaml), its config is invalid, or it
+            already finished (summary.json is there).
+        CheckpointError: its newest checkpoint cannot be loaded into this run.
+    """
+    import shutil
+
+    from crl_bench.config import ConfigError, build_config, load_yaml
+    from crl_bench.methods import get_method
+    from crl_bench.summary import write_summary
+    from crl_bench.trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_run_files
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {str(run_dir)!r} is not a run folder (no config.yaml)")
+    if (run_dir / "summary.json").is_file():
+        raise ConfigError(f"--resume {str(run_dir)!r} finished already (summary.json is there); nothing to resume")
+    if quiet:
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+    cfg = build_config([load_yaml(run_dir / "config.yaml", "run config")])
+    cfg.output_dir, cfg.run_id = str(run_dir.parent), run_dir.name
+    ckpt = latest_checkpoint(run_dir)
+    restore_run_files(run_dir, ckpt, get_method(cfg.method).uses_experience)
+    for stale in ("eval.json", "checkpoint"):       # a kill during the final eval or its save
+        p = run_dir / stale
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.is_file():
+            p.unlink()
+    writer = RunWriter.reopen(run_dir)
+    writer.record_resume(int(ckpt.name.split("-")[1]) if ckpt else 0)
+    trainer: Trainer | None = None
+    try:
+        writer.attach_trackers(open_trackers(cfg.logging, writer.dir, cfg.run_id, cfg.to_dict()))
+        trainer = Trainer(cfg, writer)
+        if ckpt is not None:
+            load_checkpoint(trainer, ckpt)
+        if not quiet:
+            print(f"resuming {run_dir} at step {trainer.step} of {cfg.train.steps}"
+                  + (f" ({ckpt.name})" if ckpt else " (no checkpoint: starting over)"), flush=True)
+        _train_and_evaluate(cfg, trainer, writer, quiet, initial=initial_eval(run_dir) if ckpt else None)
+    finally:
+        writer.close()
+        if trainer is not None:
+            trainer.close()
+    write_summary(writer.dir)
+    return str(writer.dir)
 
 
 def step_line(m: dict[str, Any]) -> str:

@@ -804,6 +804,32 @@ class ExperienceBank:
         return {i: np.frombuffer(b, dtype=np.float32) for i, b in
                 self._conn().execute("SELECT id, embedding FROM entries")}
 
+    def backup(self, dest: str | Path) -> None:
+        """Write a consistent copy of the whole bank (entries, rejections, counters, meta, id sequence)
+        into a new SQLite file ``dest`` with SQLite's online backup API (``sqlite3.Connection.backup``).
+
+        The caller must hold off writers (the experience manager's write lock, or a drained manager);
+        readers may go on. The copy is a complete database on its own (no -wal file): opening it
+        with :class:`ExperienceBank` restores the bank and rebuilds the FAISS index from the stored
+        embeddings, and AUTOINCREMENT ids continue where they were.
+
+        Raises:
+            FileExistsError: ``dest`` exists.
+            sqlite3.Error: the copy failed (``dest`` is removed again).
+        """
+        dest = Path(dest)
+        if dest.exists():
+            raise FileExistsError(f"{dest} exists")
+        dst = sqlite3.connect(str(dest))
+        try:
+            self._conn().backup(dst)
+            dst.execute("PRAGMA journal_mode=DELETE")      # one self-contained file
+        except BaseException:
+            dst.close()
+            dest.unlink(missing_ok=True)
+            raise
+        dst.close()
+
     def close(self) -> None:
         """Close this thread's connection and release the others (closed when their threads exit or
         when this object's thread-local storage is collected). Idempotent."""

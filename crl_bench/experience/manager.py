@@ -314,6 +314,27 @@ class ExperienceManager:
             self._stats.distill_s += time.perf_counter() - t0
 
     # ---- bookkeeping ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the manager: its counters and the processed extractions not yet
+        collected by :meth:`pop_outcomes` (``ExtractionOutcome`` objects, picklable).
+
+        Raises:
+            RuntimeError: requests are still queued or in process (call :meth:`drain` first: a
+                checkpoint holds no half-distilled episode).
+        """
+        if self.backlog():
+            raise RuntimeError(f"{self.backlog()} distillation request(s) still queued; drain before saving")
+        with self._mu:
+            stats = ManagerStats(**{**self._stats.__dict__, "op_kinds": dict(self._stats.op_kinds)})
+            return {"stats": stats, "finished": list(self._finished)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (counters and uncollected outcomes)."""
+        with self._mu:
+            st = state["stats"]
+            self._stats = ManagerStats(**{**st.__dict__, "op_kinds": dict(st.op_kinds)})
+            self._finished = list(state["finished"])
+
     def stats(self) -> dict[str, Any]:
         """A snapshot of the counters plus the bank size."""
         with self._mu:

@@ -94,6 +94,17 @@ class Retriever:
         self._rng_lock = threading.Lock()
         self.query_cache = QueryCache(bank.embedder, query_cache)
 
+    def state_dict(self) -> dict:
+        """The retriever's generators (training and read-only demotion draws), for checkpoints."""
+        with self._rng_lock:
+            return {"rng": self._rng.getstate(), "readonly_rng": self._readonly_rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        with self._rng_lock:
+            self._rng.setstate(state["rng"])
+            self._readonly_rng.setstate(state["readonly_rng"])
+
     def cache_info(self) -> dict:
         """Counters of the query-embedding cache since the retriever was made: ``size, capacity,
         hits, misses, evictions, hit_rate`` (:meth:`QueryCache.info`)."""

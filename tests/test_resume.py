@@ -1,0 +1,261 @@
+"""Resumable checkpoints and ``crl-bench run --resume`` (trainer/checkpoint.py).
+
+Fast tests drive the real loop with a tiny random actor and a scripted extractor on a toy env; the
+slow test SIGKILLs a real smoke run of the default model mid-step and resumes it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tests_helpers import CoinEnv, coin_config
+
+from crl_bench.cli import main
+from crl_bench.env_api import register_env
+from crl_bench.experience.embedding import HashEmbedder
+from crl_bench.llm.base import Generation
+from crl_bench.results import RunWriter, read_metrics
+from crl_bench.trainer.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    restore_run_files,
+    save_checkpoint,
+)
+from crl_bench.trainer.loop import Trainer
+
+ADD = "<op>ADD</op><title>Call heads</title><content>Heads wins the coin toss.</content>"
+
+#: metrics that measure the machine or a cache, not the computation (a resumed run starts with empty
+#: caches: no prefetched resets, no cached query embeddings)
+MACHINE_KEYS = ("tokens_per_s", "peak_rss_gb", "rss_gb", "prefetched_resets", "retrieval_query_cache_hit_rate")
+
+
+def _computed(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("time_") and k not in MACHINE_KEYS}
+
+
+class ScriptedEngine:
+    """The extractor's engine replies with one fixed ADD (log-probs -1), so the bank fills."""
+
+    def __init__(self, real, prefill=""):
+        self.real = real
+        self.tokenizer = real.tokenizer
+        self.prefill = prefill
+        self.store = real.store
+
+    def generate(self, prompts, params, allowed=None):
+        text = "<ops>\n" + ADD + "\n</ops>"
+        text = text[len(self.prefill):] if text.startswith(self.prefill) else text
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return [Generation(list(p), ids, [-1.0] * len(ids), text, "stop") for p in prompts]
+
+    def sync_weights(self, model):
+        self.real.sync_weights(model)
+
+
+@pytest.fixture(autouse=True)
+def _coin():
+    register_env("test-coin", CoinEnv)
+
+
+def _trainer(run_dir: Path, actor, extractor, tokenizer, method="complementary") -> Trainer:
+    cfg = coin_config(method, train={"steps": 4, "lr_warmup_steps": 2}, experience={"recency_window_s": 0})
+    writer = RunWriter(run_dir.parent, run_dir.name) if not run_dir.exists() else RunWriter.reopen(run_dir)
+    tr = Trainer(cfg, writer=writer, model=actor, tokenizer=tokenizer, embedder=HashEmbedder(64),
+                 extractor_model=extractor)
+    if tr.experience is not None:
+        ext = tr.experience.extractor
+        ext.engine = ScriptedEngine(tr.experience.engine, ext.prompts.prefill)
+    return tr
+
+
+def _bank_rows(path: Path) -> list[tuple]:
+    c = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return c.execute("SELECT id, env_id, title, content, created_step, times_retrieved, times_success, "
+                         "times_failure FROM entries ORDER BY id").fetchall()
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("method", ["complementary", "grpo"])
+def test_a_resumed_trainer_takes_the_same_next_steps(tmp_path, tokenizer, tiny_model, method):
+    """Two steps, a checkpoint, two more steps; a fresh trainer loaded from the checkpoint takes the
+    same two steps: equal metrics, episodes, weights of actor and extractor, optimiser state and bank."""
+    actor0, extractor0 = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
+    a = _trainer(tmp_path / "a", copy.deepcopy(actor0), copy.deepcopy(extractor0), tokenizer, method)
+    for _ in range(2):
+        a.train_step()
+    ckpt = save_checkpoint(a, a.writer.dir, keep=2)
+    assert ckpt.name == "step-000002" and latest_checkpoint(a.writer.dir) == ckpt
+    after = [a.train_step() for _ in range(2)]
+    if a.experience is not None:
+        a.experience.flush()
+
+    b_dir = tmp_path / "b"
+    b_dir.mkdir()
+    restore_run_files(b_dir, ckpt, has_bank=method == "complementary")
+    b = _trainer(b_dir, copy.deepcopy(actor0), copy.deepcopy(extractor0), tokenizer, method)
+    load_checkpoint(b, ckpt)
+    assert b.step == 2
+    again = [b.train_step() for _ in range(2)]
+    for x, y in zip(after, again):
+        assert _computed(x.metrics) == _computed(y.metrics)
+        assert [(t.task, t.subgroup, t.reward, [turn.action for turn in t.turns]) for t in x.trajectories] == \
+               [(t.task, t.subgroup, t.reward, [turn.action for turn in t.turns]) for t in y.trajectories]
+    assert any(r.metrics.get("optimizer_steps") for r in after)          # the replayed steps trained
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(p, q)
+    assert a.updater.scheduler.state_dict()["last_epoch"] == b.updater.scheduler.state_dict()["last_epoch"]
+    if method == "complementary":
+        b.experience.flush()
+        assert any("extractor_update" in r.metrics for r in after)      # CISPO ran in the replayed steps
+        for p, q in zip(a.experience.model.parameters(), b.experience.model.parameters()):
+            assert torch.equal(p, q)
+        assert _bank_rows(a.writer.dir / "experience.sqlite") == _bank_rows(b_dir / "experience.sqlite")
+        assert a.experience.extractor_version == b.experience.extractor_version
+    a.close()
+    b.close()
+
+
+def test_torn_and_stale_checkpoints_are_never_loaded_and_old_ones_are_pruned(tmp_path, tokenizer, tiny_model):
+    tr = _trainer(tmp_path / "run", tiny_model, copy.deepcopy(tiny_model), tokenizer, "grpo")
+    run = tr.writer.dir
+    paths = []
+    for _ in range(3):
+        tr.train_step()
+        paths.append(save_checkpoint(tr, run, keep=2))
+    assert [p.name for p in list_checkpoints(run)] == ["step-000002", "step-000003"]     # keep 2
+    assert not paths[0].exists()
+    # a save killed before its rename leaves a .tmp folder; a folder without meta.json, or whose
+    # meta.json names another step, is not a checkpoint
+    (run / "checkpoints" / ".step-000004.tmp").mkdir()
+    (run / "checkpoints" / "step-000005").mkdir()
+    bad = run / "checkpoints" / "step-000006"
+    bad.mkdir()
+    (bad / "meta.json").write_text(json.dumps({"step": 2, "format": 1}))
+    torn = run / "checkpoints" / "step-000007"
+    torn.mkdir()
+    (torn / "meta.json").write_text('{"step": 7, "form')
+    assert latest_checkpoint(run).name == "step-000003"
+    tr.train_step()
+    save_checkpoint(tr, run, keep=2)
+    assert not (run / "checkpoints" / ".step-000004.tmp").exists()          # cleaned by the next save
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        load_checkpoint(tr, torn)
+    other = _trainer(tmp_path / "other", copy.deepcopy(tiny_model), copy.deepcopy(tiny_model), tokenizer,
+                     "complementary")
+    with pytest.raises(CheckpointError, match="method 'grpo'"):
+        load_checkpoint(other, latest_checkpoint(run))
+    tr.close()
+    other.close()
+
+
+def test_restore_cuts_logs_back_to_the_checkpoint(tmp_path):
+    """metrics.jsonl and episodes.jsonl lose the lines (and the torn half line) written after the
+    checkpoint; without a checkpoint the run starts over."""
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "step-000001"
+    ckpt.mkdir(parents=True)
+    first = json.dumps({"step": 1, "loss": 0.5}) + "\n"
+    (run / "metrics.jsonl").write_text(first + json.dumps({"step": 2}) + "\n" + '{"step": 3, "lo')
+    (run / "episodes.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    (ckpt / "meta.json").write_text(json.dumps({"step": 1, "format": 1, "metrics_bytes": len(first),
+                                                "episodes_bytes": len('{"step": 1}\n')}))
+    restore_run_files(run, ckpt, has_bank=False)
+    assert [r["step"] for r in read_metrics(run)] == [1]
+    assert (run / "episodes.jsonl").read_text() == '{"step": 1}\n'
+    (ckpt / "meta.json").write_text(json.dumps({"step": 1, "format": 99, "metrics_bytes": 0, "episodes_bytes": 0}))
+    with pytest.raises(CheckpointError, match="format 99"):
+        restore_run_files(run, ckpt, has_bank=False)
+    restore_run_files(run, None, has_bank=False)
+    assert (run / "metrics.jsonl").read_text() == ""
+
+
+def test_resume_refuses_flags_finished_runs_and_other_folders(tmp_path, capsys):
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text("method: grpo\n")
+    assert main(["run", "--resume", str(tmp_path), "--steps", "3", "--set", "train.lr=1"]) == 2
+    assert "drop --set, --steps" in capsys.readouterr().err
+    (tmp_path / "summary.json").write_text("{}")
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    assert "finished already" in capsys.readouterr().err
+
+
+def _entries(path: Path) -> list[tuple]:
+    """(env, title, content, created step) of every bank entry, in id order."""
+    return [r[1:5] for r in _bank_rows(path)]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path):
+    """A real complementary smoke run (default model, extractor, embedder) is killed with SIGKILL
+    after the step-3 distillation wrote to the bank but before step 3's checkpoint; ``--resume``
+    continues it. Its steps are 1, 2, 3 once each, every metrics line parses, step 3 equals the
+    uninterrupted run's, the bank holds every entry once (as the uninterrupted run's bank), and the
+    final actor and extractor weights are the same bytes."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        "train: {steps: 3}\n"
+        "rollout: {env_kwargs: {minihack-room: {variant: MiniHack-Room-Random-5x5-v0, goal_offset: true}}}\n"
+        "generation: {temperature: 1.5}\n"
+        "experience: {recency_window_s: 0}\n")       # the re-rank's demotion then ignores wall time
+    args = ["run", "--method", "complementary", "--mix", "minihack-room", "--preset", "smoke",
+            "--config", str(cfg), "--output-dir", str(tmp_path), "--quiet"]
+    assert main(args + ["--run-id", "whole"]) == 0
+    whole = tmp_path / "whole"
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "crl_bench.cli", *args, "--run-id", "killed"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt2 = killed / "checkpoints" / "step-000002"
+    acknowledged: list[tuple] = []
+    try:
+        while True:               # wait for step 3's distillation to reach the bank, then kill
+            assert proc.poll() is None, "the run ended before it could be killed"
+            if (ckpt2 / "meta.json").is_file() and (killed / "experience.sqlite").is_file():
+                now = _entries(killed / "experience.sqlite")
+                if len(now) > len(_entries(ckpt2 / "experience.sqlite")):
+                    acknowledged = now
+                    break
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert latest_checkpoint(killed).name == "step-000002"          # killed inside step 3
+    assert [r["step"] for r in read_metrics(killed) if "eval" not in r] == [1, 2]
+
+    assert main(["run", "--resume", str(killed), "--quiet"]) == 0
+    lines = (killed / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]                      # every line parses
+    assert [r["step"] for r in rows] == [1, 2, 3] and len(set(lines)) == len(lines)
+    want = [_computed(r) for r in read_metrics(whole)]
+    assert [_computed(r) for r in read_metrics(killed)] == want
+    ep = [json.loads(line) for line in (killed / "episodes.jsonl").read_text().splitlines()]
+    assert ep == [json.loads(line) for line in (whole / "episodes.jsonl").read_text().splitlines()]
+    bank = _entries(killed / "experience.sqlite")
+    assert bank == _entries(whole / "experience.sqlite")
+    ids = [r[0] for r in _bank_rows(killed / "experience.sqlite")]
+    assert len(ids) == len(set(ids))
+    for entry in acknowledged:                          # written before the kill: there, once
+        assert bank.count(entry) == _entries(whole / "experience.sqlite").count(entry) >= 1
+    for name in ("model.safetensors", "extractor/model.safetensors"):
+        assert (killed / "checkpoint" / name).read_bytes() == (whole / "checkpoint" / name).read_bytes()
+    versions = json.loads((killed / "versions.json").read_text())
+    assert versions["resumed"][0]["from_step"] == 2
+    ev_k, ev_w = (json.loads((d / "eval.json").read_text())["free"] for d in (killed, whole))
+    assert {k: v for k, v in ev_k.items() if k != "wall_s"} == {k: v for k, v in ev_w.items() if k != "wall_s"}

@@ -83,16 +83,23 @@ case ",$extras," in
 esac
 case ",$extras," in
   *,swe,*|*,test,*)
-    # The SWE-bench env runs every episode in a Docker container (Engine API): it needs a running
-    # Docker daemon. The tests also build a small Debian base image with debootstrap (no registry).
-    # Where neither is there and we are root on Debian, install docker.io / debootstrap and start
-    # dockerd in the background (log: ${CRL_DOCKERD_LOG:-/var/log/crl-bench-dockerd.log}).
+    # The SWE-bench env runs every episode in a container through the Docker Engine API: Docker's
+    # daemon (engine: docker, the default) or Podman's Docker-compatible service (engine: podman,
+    # rootless where there is no root; the env starts `podman system service` itself when none
+    # answers). The tests also build a small Debian base image with debootstrap (no registry).
+    # Where these are missing and we are root on Debian, install docker.io / podman (with catatonit,
+    # the init process the sandbox asks for, which Debian's podman only recommends, and uidmap for
+    # rootless users) / debootstrap, and start dockerd in the background (log:
+    # ${CRL_DOCKERD_LOG:-/var/log/crl-bench-dockerd.log}).
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       pkgs=""
       command -v dockerd >/dev/null 2>&1 || pkgs="$pkgs docker.io"
+      command -v podman >/dev/null 2>&1 || pkgs="$pkgs podman"
+      [ -x /usr/libexec/podman/catatonit ] || pkgs="$pkgs catatonit"
+      command -v newuidmap >/dev/null 2>&1 || pkgs="$pkgs uidmap"
       command -v debootstrap >/dev/null 2>&1 || pkgs="$pkgs debootstrap"
       if [ -n "$pkgs" ]; then
-        echo "install.sh: installing$pkgs (the SWE-bench env's container engine and base-image builder)"
+        echo "install.sh: installing$pkgs (the SWE-bench env's container engines and base-image builder)"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs >/dev/null
       fi
       if ! docker info >/dev/null 2>&1; then
@@ -102,7 +109,8 @@ case ",$extras," in
       fi
     fi
     if ! docker info >/dev/null 2>&1; then
-      echo "install.sh: warning: no Docker daemon answers; the SWE-bench env and its tests need one" >&2
+      echo "install.sh: warning: no Docker daemon answers; the SWE-bench env needs one, or Podman" \
+           "(setting engine: podman)" >&2
     fi
     ;;
 esac

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 from crl_bench.data import data_dir as resolve_data_dir
 from crl_bench.env_api import ParsedAction, ReplyFormat, TextEnv, data_file_map
 
+from .engine import resolve_engine
 from .grading import GradeResult, grade
 from .images import ensure_image, local_images
 from .instances import SWEInstance, default_instances_path, load_instances, load_task_list, select_instances
@@ -60,8 +61,12 @@ class SWEBenchEnv(TextEnv):
         eval_task_list: ids to evaluate on (default: the training list).
         workdir: the working tree in the image (``/testbed`` in swebench images).
         network: give the agent's container network access (default off).
+        engine: the container engine, ``"docker"`` (default; ``$CRL_BENCH_SWE_ENGINE`` when set) or
+            ``"podman"``: Podman's Docker-compatible API, rootless where run as a user; its socket is
+            found, or its service started, as :mod:`.engine` says.
         memory_mb, cpus, pids, disk_mb: container limits (disk_mb: how much its files may grow; see
-            :mod:`.sandbox`). command_timeout_s: per bash command, seconds.
+            :mod:`.sandbox`; rootless Podman may not enforce memory, cpus and pids: the sandbox warns).
+            command_timeout_s: per bash command, seconds.
         max_output_chars: tool output kept per turn. non_root: run the agent as the ``agent`` user.
         pull: try pulling missing images. recipe_dir: a swebench task repository to build images from.
         check_images: at creation, fail unless at least one instance image can be obtained.
@@ -77,9 +82,10 @@ class SWEBenchEnv(TextEnv):
         min_new_tokens: reply token budget per turn.
 
     Raises:
-        DockerUnavailableError: no Docker daemon. ImageUnavailableError (``check_images``): no instance
-        image is present, pullable or buildable. DataMissingError: no instance file. KeyError: a task
-        list names unknown instances.
+        DockerUnavailableError: no Docker daemon (PodmanUnavailableError, a subclass: no Podman API
+        and none can be started). ValueError: an unknown ``engine`` or ``grade_in``.
+        ImageUnavailableError (``check_images``): no instance image is present, pullable or buildable.
+        DataMissingError: no instance file. KeyError: a task list names unknown instances.
     """
 
     env_id: ClassVar[str] = "swebench-verified"
@@ -91,7 +97,8 @@ class SWEBenchEnv(TextEnv):
 
     def __init__(self, max_steps: int = 50, instances: str | None = None, data_dir: str | None = None,
                  task_list: str | None = None, eval_task_list: str | None = None, workdir: str = "/testbed",
-                 network: bool = False, memory_mb: int = 4096, cpus: float = 2.0, pids: int = 1024,
+                 network: bool = False, engine: str | None = None, memory_mb: int = 4096, cpus: float = 2.0,
+                 pids: int = 1024,
                  disk_mb: int = 4096,
                  command_timeout_s: float = 120.0, max_output_chars: int = 8000, non_root: bool = True,
                  pull: bool = True, recipe_dir: str | None = None, check_images: bool = True,
@@ -102,6 +109,7 @@ class SWEBenchEnv(TextEnv):
         super().__init__(max_steps=max_steps, render_mode=render_mode)
         if grade_in not in ("fresh", "same"):
             raise ValueError(f"swebench: grade_in must be 'fresh' or 'same', got {grade_in!r}")
+        self.engine = resolve_engine(engine)
         everything = load_instances(instances, data_dir)
         self._data_root = resolve_data_dir(data_dir)
         self._data_paths = [Path(instances) if instances else default_instances_path(data_dir)]
@@ -128,7 +136,7 @@ class SWEBenchEnv(TextEnv):
         self.reply_format = dataclasses.replace(type(self).reply_format, prefill=prefill,
                                                 min_new_tokens=int(min_new_tokens))
         self.system_prompt = SYSTEM_PROMPT.format(workdir=workdir, tools=TOOLS_PROMPT.replace("/repo", workdir))
-        self.client = docker_client()
+        self.client = docker_client(engine=self.engine)
         if check_images:
             self._check_images()
         self.instance: SWEInstance | None = None

@@ -1,10 +1,14 @@
-"""Per-episode Docker sandbox of the SWE-bench env: one container, commands with a timeout, files.
+"""Per-episode container sandbox of the SWE-bench env: one container, commands with a timeout, files.
 
-Everything goes through the Docker Engine API (the ``docker`` SDK), never the ``docker`` CLI.  A
-:class:`DockerSandbox` is one container started from an instance image with
+Everything goes through the Docker Engine API (the ``docker`` SDK), never a CLI; the engine behind it is
+Docker's daemon or Podman's Docker-compatible service (``engine: podman``, :mod:`.engine`: how its socket
+is found or its service started, and what Podman is told differently).  A :class:`DockerSandbox` is one
+container started from an instance image with
 
 * no network (``network_mode="none"``) unless ``network=True``;
-* resource limits: memory (``memory_mb``, swap included), CPUs (``cpus``), processes (``pids``);
+* resource limits: memory (``memory_mb``, swap included), CPUs (``cpus``), processes (``pids``); read
+  back after the start, those the engine dropped (rootless Podman without delegated cgroup controllers)
+  are listed in ``unenforced`` and warned about;
 * ``no-new-privileges`` and an init process (reaps zombies, forwards signals);
 * the agent's commands run as a non-root user (``agent``, created at start and given the working tree)
   where the image allows it (``useradd`` present), else as root with a warning; the user gets a UID of
@@ -56,6 +60,13 @@ from typing import Any
 
 from crl_bench.env_api import EnvUnavailableError
 
+from .engine import (
+    DockerUnavailableError,  # noqa: F401 - re-exported (its home was this module)
+    PodmanUnavailableError,  # noqa: F401 - re-exported
+    container_ulimits,
+    docker_client,
+    engine_of,
+)
 from .tools import ToolError
 
 log = logging.getLogger(__name__)
@@ -69,10 +80,14 @@ ROOT_PID_RESERVE = 32                 # process slots the agent user cannot take
 DISK_POLL_S = 2.0                     # seconds between writable-layer size checks during a command
 
 # kill every live (non-zombie) process of the user that runs it, but itself: ``kill -KILL -1`` signals
-# them all in one system call (a process forking at that moment loses its child), repeated while a scan
-# of /proc still finds one (a killed process is listed until it has exited); bash builtins only, so it
-# needs no free process slot per victim. Run as the agent user: as root, ``kill -1`` would end the
-# container's own processes. Prints how many distinct processes it found.
+# them all in one system call (a process forking at that moment loses its child), sent at least once
+# and repeated while a scan of /proc still finds one (a killed process is listed until it has exited);
+# bash builtins only, so it needs no free process slot per victim. Run as the agent user: as root,
+# ``kill -1`` would end the container's own processes. Prints how many distinct processes its scans found
+# (a lower bound: ``kill -1`` does not say whether it reached any). The first signal is sent whatever the
+# first scan found: a scan is slow under a CPU quota shared with a fork bomb, and one that finds only
+# processes that died since its glob (bomb processes die of SIGPIPE once Podman closes the exec's
+# output) while their children, born after it, live on, used to end the clean-up with survivors.
 _REAP = r"""declare -A seen
 for ((round=0; round<50; round++)); do
   n=0
@@ -85,7 +100,7 @@ for ((round=0; round<50; round++)); do
       esac
     done 2>/dev/null < "$d/status"
   done
-  [ $n -eq 0 ] && break
+  [ $n -eq 0 ] && [ $round -gt 0 ] && break
   kill -KILL -1 2>/dev/null
 done
 echo "${#seen[@]}"
@@ -111,38 +126,8 @@ class SandboxError(RuntimeError):
     """The container failed (could not start, died, or an API call failed); the episode is lost."""
 
 
-class DockerUnavailableError(EnvUnavailableError):
-    """No Docker daemon can be reached through the Engine API."""
-
-
 class ImageUnavailableError(EnvUnavailableError):
     """An instance image is not present locally and can be neither pulled nor built."""
-
-
-def docker_client(timeout: int = 120):
-    """A ``docker.DockerClient`` for the daemon of ``DOCKER_HOST`` (default the local socket), API
-    version negotiated.
-
-    Raises:
-        DockerUnavailableError: the ``docker`` package is missing or the daemon does not answer; the
-            message says how to fix it.
-    """
-    try:
-        import docker
-    except ImportError:
-        raise DockerUnavailableError(
-            "the SWE-bench env needs the Docker SDK: install the [swe] extra "
-            "(pip install 'crl-bench[swe]')") from None
-    try:
-        client = docker.from_env(version="auto", timeout=timeout)
-        client.ping()
-        return client
-    except Exception as e:  # noqa: BLE001 - any failure here means "no daemon"
-        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-        raise DockerUnavailableError(
-            f"no Docker daemon reachable at {where} ({type(e).__name__}: {e}). The SWE-bench env runs "
-            f"every episode in a container: start Docker (e.g. `sudo systemctl start docker`, or "
-            f"`dockerd &` as root) or set DOCKER_HOST.") from None
 
 
 @dataclass(frozen=True)
@@ -181,6 +166,9 @@ def truncate_middle(text: str, limit: int) -> tuple[str, bool]:
     cut = len(text) - 2 * half
     return f"{text[:half]}\n[... {cut} characters truncated ...]\n{text[-half:]}", True
 
+
+# (engine, unenforced limits) already warned about in this process
+_WARNED: set[tuple[str, tuple[str, ...]]] = set()
 
 # live sandboxes of this process, removed at interpreter exit if still there
 _LIVE: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
@@ -248,9 +236,17 @@ class DockerSandbox:
         max_output_chars: output kept per command (head and tail).
         non_root: run agent commands as the ``agent`` user when the image allows it.
         name_prefix: container names are ``<prefix>-<pid>-<n>``.
+        engine: ``"docker"`` or ``"podman"`` (see :mod:`.engine`); used only when ``client`` is None
+            (default ``$CRL_BENCH_SWE_ENGINE``, else Docker).
+
+    Attributes:
+        unenforced: after :meth:`start`, the limits the engine accepted but did not apply (a subset of
+            ``("memory", "cpus", "pids")``, read back from the container's ``HostConfig``), e.g. all
+            three under rootless Podman on cgroup v1; a warning names them once per process.
 
     Raises:
-        DockerUnavailableError: no daemon. SandboxError: the container cannot be started.
+        DockerUnavailableError: no daemon (PodmanUnavailableError for Podman). SandboxError: the
+        container cannot be started.
     """
 
     _count = 0
@@ -259,7 +255,7 @@ class DockerSandbox:
     def __init__(self, image: str, workdir: str = "/testbed", client=None, network: bool = False,
                  memory_mb: int = 4096, cpus: float = 2.0, pids: int = 1024, disk_mb: int = 4096,
                  command_timeout_s: float = 120.0, max_output_chars: int = 10_000, non_root: bool = True,
-                 name_prefix: str = "crl-swe") -> None:
+                 name_prefix: str = "crl-swe", engine: str | None = None) -> None:
         if (command_timeout_s <= 0 or max_output_chars < 100 or memory_mb < 64 or cpus <= 0
                 or pids < 2 * ROOT_PID_RESERVE or disk_mb < 0):
             raise ValueError(f"sandbox: need command_timeout_s > 0, max_output_chars >= 100, memory_mb >= 64, "
@@ -267,6 +263,8 @@ class DockerSandbox:
         self.image = image
         self.workdir = posixpath.normpath(workdir)
         self.client = client
+        self.engine = engine
+        self.unenforced: tuple[str, ...] = ()
         self.network = bool(network)
         self.memory_mb, self.cpus, self.pids, self.disk_mb = int(memory_mb), float(cpus), int(pids), int(disk_mb)
         self.command_timeout_s = float(command_timeout_s)
@@ -287,7 +285,7 @@ class DockerSandbox:
         if self.container is not None:
             return self
         if self.client is None:
-            self.client = docker_client()
+            self.client = docker_client(engine=self.engine)
         reap_orphans(self.client)
         kwargs: dict[str, Any] = dict(
             command=["sleep", "infinity"], detach=True, name=self.name, init=True,
@@ -299,6 +297,9 @@ class DockerSandbox:
         if not self.network:
             kwargs["network_mode"] = "none"
             kwargs["environment"]["PIP_NO_INDEX"] = "1"      # pip fails at once instead of retrying
+        ulimits = container_ulimits(self.client)           # Podman: nofile/nproc it may set (see engine)
+        if ulimits:
+            kwargs["ulimits"] = ulimits
         try:
             self.container = self.client.containers.run(self.image, **kwargs)
         except Exception as e:
@@ -306,6 +307,7 @@ class DockerSandbox:
             raise SandboxError(f"cannot start a container from {self.image}: {e}") from e
         _LIVE.add(self)
         try:
+            self._check_limits()
             self._setup_user()
             if self.disk_mb:
                 self._disk_base = self.disk_usage()
@@ -313,6 +315,33 @@ class DockerSandbox:
             self.close()
             raise
         return self
+
+    def _check_limits(self) -> None:
+        """Read the container's limits back (``HostConfig``) and note those the engine dropped: rootless
+        Podman ignores memory, CPU and process limits on cgroup v1, and on cgroup v2 those whose
+        controller is not delegated to the user, with a warning that the Engine API's client never sees."""
+        try:
+            host = self.client.api.inspect_container(self.container.id).get("HostConfig") or {}
+        except Exception as e:  # noqa: BLE001 - a failing inspect is reported by the next call
+            log.debug("sandbox %s: cannot inspect the container's limits: %s", self.name, e)
+            return
+        quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 0
+        cpus = (host.get("NanoCpus") or 0) / 1e9 or (quota / period if quota > 0 and period > 0 else 0.0)
+        missing = []
+        if (host.get("Memory") or 0) != self.memory_mb << 20:
+            missing.append("memory")
+        if abs(cpus - self.cpus) > 0.01:
+            missing.append("cpus")
+        if (host.get("PidsLimit") or 0) != self.pids:
+            missing.append("pids")
+        self.unenforced = tuple(missing)
+        key = (engine_of(self.client), self.unenforced)
+        if missing and key not in _WARNED:
+            _WARNED.add(key)
+            log.warning("sandbox %s: the %s engine does not enforce the container's %s limit(s) here (rootless "
+                        "Podman applies cgroup limits only on cgroup v2 with the controllers delegated to the "
+                        "user); agent commands keep their per-command limits (ulimit -u, ulimit -f, the disk "
+                        "check, the timeout)", self.name, key[0], ", ".join(missing))
 
     @property
     def agent_uid(self) -> int:

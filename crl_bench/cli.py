@@ -49,6 +49,14 @@ def _add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> No
                    help="override any setting, e.g. --set train.lr=1e-5 (repeatable)")
 
 
+def _add_backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("local", "ray"),
+                   help="local (default: one process) or ray (envs, engines and the experience manager in Ray "
+                        "actors; crl_bench/ray_backend.py)")
+    p.add_argument("--ray-address", help="with --backend ray: the cluster to join (default RAY_ADDRESS, else a "
+                                         "local Ray)")
+
+
 def _episodes(text: str) -> int | str:
     """``--episodes``: a non-negative integer or ``all``."""
     if text == "all":
@@ -82,6 +90,10 @@ def resolve_config(args: argparse.Namespace, extra: dict[str, Any] | None = None
         flags.setdefault("train", {})["seed"] = args.seed
     if getattr(args, "extractor_model", None):
         flags.setdefault("extractor", {})["model"] = args.extractor_model
+    if getattr(args, "backend", None):
+        flags["backend"] = args.backend
+    if getattr(args, "ray_address", None):
+        flags.setdefault("ray", {})["address"] = args.ray_address
     for k, v in (extra or {}).items():
         section, _, key = k.partition(".")
         flags.setdefault(section, {})[key] = v
@@ -98,7 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                           ("--extractor-model", args.extractor_model), ("--seed", args.seed),
                                           ("--set", args.set), ("--steps", args.steps),
                                           ("--output-dir", args.output_dir), ("--run-id", args.run_id),
-                                          ("--method", args.method), ("--preset", args.preset)) if value]
+                                          ("--method", args.method), ("--preset", args.preset),
+                                          ("--backend", args.backend), ("--ray-address", args.ray_address)) if value]
         if given:
             raise ConfigError(f"--resume continues the run with its own config.yaml; drop {', '.join(given)}")
         from crl_bench.trainer.checkpoint import CheckpointError
@@ -432,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="train (and finally evaluate) one method on one mix")
     _add_config_args(r)
     r.set_defaults(method=None, preset=None)        # defaults applied in cmd_run, so --resume can refuse them
+    _add_backend_args(r)
     r.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped or killed run from its newest "
                                                         "checkpoint (its own config.yaml; no other flags)")
     r.add_argument("--steps", type=int, help="training steps")
@@ -442,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sw = sub.add_parser("sweep", help="run a grid of methods x seeds into one sweep folder (resumable)")
     _add_config_args(sw, with_method=False)
+    _add_backend_args(sw)
     sw.add_argument("--methods", default="grpo,static,complementary", help="comma-separated methods")
     sw.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     sw.add_argument("--steps", type=int, help="training steps of every run")

@@ -331,6 +331,34 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 
 @dataclass
+class RayConfig:
+    """The Ray backend (``backend: ray``, ``crl-bench run --backend ray``; crl_bench/ray_backend.py).
+
+    Attributes:
+        address: Ray cluster to join (``ray.init(address=...)``); empty: ``RAY_ADDRESS`` if set, else a
+            new local Ray in this process.
+        num_cpus: logical CPUs of a new local Ray (0 = the machine's cores; a cluster declares its own).
+        env_actors: Ray actors hosting the environments (episodes are spread over them; one that dies
+            fails the episodes it hosted and is replaced).
+        env_actor_cpus: CPUs each env actor declares.
+        engines: rollout engine actors (the actor's generation is split across them by prompt).
+        engine_cpus: CPUs each engine actor declares when the cluster has no GPU.
+        engine_gpus: GPUs each engine actor declares when the cluster has GPUs.
+        manager_cpus: CPUs the experience manager actor (bank, retrieval, distillation) declares; it
+            is placed on the driver's node, where the run folder (and the bank file) is.
+    """
+
+    address: str = ""
+    num_cpus: int = 0
+    env_actors: int = 2
+    env_actor_cpus: float = 0.25
+    engines: int = 1
+    engine_cpus: float = 1.0
+    engine_gpus: float = 1.0
+    manager_cpus: float = 0.5
+
+
+@dataclass
 class LoggingConfig:
     """Where training metrics go besides the run folder (``crl_bench.tracking``).
 
@@ -369,6 +397,8 @@ class RunConfig:
     experience: ExperienceConfig = field(default_factory=ExperienceConfig)
     extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    backend: str = "local"
+    ray: RayConfig = field(default_factory=RayConfig)
     output_dir: str = "results/runs"
     run_id: str = ""
 
@@ -529,6 +559,14 @@ def validate(cfg: RunConfig) -> None:
         ("train.micro_batch_size", cfg.train.micro_batch_size >= 1),
         ("train.ppo_epochs", cfg.train.ppo_epochs >= 1),
         ("train.mini_batches", cfg.train.mini_batches >= 1),
+        ("backend", cfg.backend in ("local", "ray")),
+        ("ray.num_cpus", cfg.ray.num_cpus >= 0),
+        ("ray.env_actors", cfg.ray.env_actors >= 1),
+        ("ray.env_actor_cpus", cfg.ray.env_actor_cpus >= 0),
+        ("ray.engines", cfg.ray.engines >= 1),
+        ("ray.engine_cpus", cfg.ray.engine_cpus >= 0),
+        ("ray.engine_gpus", cfg.ray.engine_gpus >= 0),
+        ("ray.manager_cpus", cfg.ray.manager_cpus >= 0),
         ("train.checkpoint_every", cfg.train.checkpoint_every >= 0),
         ("train.keep_checkpoints", cfg.train.keep_checkpoints >= 1),
         ("generation.max_new_tokens", cfg.generation.max_new_tokens >= 1),
@@ -581,7 +619,8 @@ def validate(cfg: RunConfig) -> None:
     for key, ok in checks:
         if not ok:
             section, _, name = key.partition(".")
-            raise ConfigError(f"invalid value for {key}: {getattr(getattr(cfg, section), name)!r}")
+            value = getattr(getattr(cfg, section), name) if name else getattr(cfg, section)
+            raise ConfigError(f"invalid value for {key}: {value!r}")
 
 
 def _validate_logging(lc: LoggingConfig) -> None:

@@ -248,15 +248,21 @@ class EnvPool:
         self.prefetch_hits = 0
 
     def acquire(self, env_id: str) -> TextEnv:
+        """A free env of ``env_id`` (one released earlier, else a new one from :meth:`make`)."""
         free = self._free.setdefault(env_id, [])
         if free:
             return free.pop()
+        env = self.make(env_id)
+        self._prefetchable[env_id] = bool(getattr(env, "prefetch_resets", False))
+        return env
+
+    def make(self, env_id: str) -> TextEnv:
+        """A new env of ``env_id`` with the pool's settings (``env_kwargs``, ``max_steps``); a remote
+        pool (crl_bench/ray_backend.py) makes it in another process instead."""
         kwargs = dict(self.env_kwargs.get(env_id, {}))
         if self.max_steps:
             kwargs.setdefault("max_steps", self.max_steps)
-        env = make_env(env_id, **kwargs)
-        self._prefetchable[env_id] = bool(getattr(env, "prefetch_resets", False))
-        return env
+        return make_env(env_id, **kwargs)
 
     def acquire_for(self, env_id: str, task: int) -> tuple[TextEnv, bool]:
         """An env for ``task``: ``(env, True)`` when a prefetched env has its reset to ``task`` under

@@ -35,12 +35,9 @@ import torch
 
 from crl_bench.config import RunConfig
 from crl_bench.env_api import feedback_of
-from crl_bench.experience.bank import ExperienceBank
-from crl_bench.experience.embedding import SentenceEmbedder
-from crl_bench.experience.extractor import EpisodeRecord, Extraction, extractor_for
+from crl_bench.experience.extractor import EpisodeRecord, Extraction
 from crl_bench.experience.json_ops import format_numbered
-from crl_bench.experience.manager import DistillRequest, ExperienceManager, MergeRequest
-from crl_bench.experience.retrieval import Retriever
+from crl_bench.experience.manager import DistillRequest, MergeRequest, build_manager
 from crl_bench.experience.types import ExperienceEntry
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
@@ -148,16 +145,18 @@ class ExperienceTrack:
         read_only_bank: evaluate with this existing bank (a finished run's ``experience.sqlite``),
             opened read-only: retrieval only, no extractor is loaded, and distillation, credit and
             counters are unavailable (``after_rollout`` raises ``RuntimeError``).
+        backend: the run's Ray backend (crl_bench/ray_backend.py) or ``None``: with Ray the bank,
+            retriever and extractor inference live in a manager actor, reached through the same
+            manager interface; the track keeps only the extractor's trainable copy and its optimiser.
     """
 
     def __init__(self, cfg: RunConfig, method: MethodSpec, actor_model: Any, tokenizer: Any,
                  run_dir: str | Path | None, embedder: Any = None, extractor_model: Any = None,
                  extractor_tokenizer: Any = None, actor_engine: Any = None,
                  actor_sampling: SamplingParams | None = None, eval_sampling: SamplingParams | None = None,
-                 gate: ComputeGate | None = None, read_only_bank: str | Path | None = None) -> None:
+                 gate: ComputeGate | None = None, read_only_bank: str | Path | None = None,
+                 backend: Any = None) -> None:
         import tempfile
-
-        from crl_bench.llm.hf_engine import HFEngine
 
         self.cfg = cfg
         self.method = method
@@ -170,14 +169,6 @@ class ExperienceTrack:
                 self._tmp = tempfile.TemporaryDirectory(prefix="crl-bank-")
                 run_dir = self._tmp.name
             self.bank_path = Path(run_dir) / "experience.sqlite"
-        self.embedder = embedder or SentenceEmbedder(exp_cfg.embedder)
-        self.bank = ExperienceBank(self.bank_path, self.embedder, capacity=exp_cfg.capacity,
-                                   eviction=exp_cfg.eviction, index=exp_cfg.index,
-                                   max_text_chars=exp_cfg.max_text_chars, read_only=self.read_only)
-        self.retriever = Retriever(self.bank, k=exp_cfg.k, oversample=exp_cfg.oversample,
-                                   freq_penalty=exp_cfg.freq_penalty, recency_window_s=exp_cfg.recency_window_s,
-                                   top1_demote_p=exp_cfg.top1_demote_p, seed=cfg.train.seed,
-                                   query_cache=exp_cfg.query_cache)
         self.compute_dtype = DTYPES[resolve_dtype(cfg.model.dtype, next(actor_model.parameters()).device)]
         # extractions that wrote entries (id -> Extraction), kept while an entry they wrote is in the bank
         # or an episode may still credit them (pruned after each step's credit; metric
@@ -190,21 +181,30 @@ class ExperienceTrack:
         self.updates: list[dict[str, Any]] = []
         self.model = self.engine = self.extractor = None
         self.tokenizer = tokenizer
-        if not self.read_only:
+        remote = backend is not None and backend.remote
+        if not self.read_only and (not remote or method.trains_extractor):
+            # the extractor's weights: shared with the manager's engine here; with a remote manager only
+            # the trainer's copy (the manager actor generates from its own, synced after each update)
             if extractor_model is not None:
                 self.model, self.tokenizer = extractor_model, extractor_tokenizer or tokenizer
             else:
                 self.model, self.tokenizer = self._load_extractor(actor_model, tokenizer)
                 if not method.trains_extractor:         # inference only: no float32 master weights needed
                     cast_parameters(self.model, self.compute_dtype)
-            # distillation generates in the compute dtype (bf16 where the CPU has the units)
-            self.engine = HFEngine(self.model, self.tokenizer, batch_size=cfg.generation.batch_size,
-                                   prefix_cache=cfg.generation.prefix_cache, compute_dtype=self.compute_dtype,
-                                   cache_mb=cfg.generation.cache_mb, gate=gate, background=gate is not None)
-            self.extractor = extractor_for(xc, self.engine, self.tokenizer)
-        self.manager = ExperienceManager(self.bank, self.retriever, self.extractor,
-                                         search_workers=exp_cfg.search_workers, query_batch=exp_cfg.query_batch,
-                                         query_timeout_ms=exp_cfg.query_timeout_ms)
+        if remote:
+            if self.read_only:
+                raise ValueError("a read-only bank is evaluated with the local backend")
+            self.manager = backend.experience_manager(self.bank_path, initial_extractor=self.model)
+            self.bank = self.retriever = self.embedder = None
+        else:
+            self.manager = build_manager(cfg, self.bank_path, self.model, self.tokenizer,
+                                         compute_dtype=self.compute_dtype, embedder=embedder, gate=gate,
+                                         read_only=self.read_only)
+            # the parts, for inspection (tests, benchmarks): the track itself goes through the manager
+            self.bank, self.retriever = self.manager.bank, self.manager.retriever
+            self.extractor = self.manager.extractor
+            self.embedder = self.bank.embedder
+            self.engine = self.extractor.engine if self.extractor is not None else None
         self.critic: ActorCritic | None = None
         if exp_cfg.actor_critic:
             if actor_engine is None:
@@ -378,9 +378,7 @@ class ExperienceTrack:
                     credit.total += r
                     credit.uses += 1
                     credited += 1
-        with self.manager.lock.write():
-            for ids, success in episode_outcomes:
-                self.bank.record_outcome(ids, success)
+        self.manager.record_outcomes(episode_outcomes)
         return credited
 
     def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[DistillRequest]:
@@ -401,26 +399,10 @@ class ExperienceTrack:
 
     def _merge_requests(self, step: int) -> list[MergeRequest]:
         """Groups of entries whose index vectors are similar (cosine >= ``merge_threshold``), at most
-        ``merge_max`` each."""
+        ``merge_max`` each (:meth:`ExperienceManager.similar_groups`)."""
         exp_cfg = self.cfg.experience
-        out = []
-        with self.manager.lock.read():
-            for env_id in sorted({e.env_id for e in self.bank.entries()}):
-                entries = self.bank.entries(env_id)
-                vecs = self.bank.vectors([e.id for e in entries])
-                hits_all = self.bank.search_vectors(vecs, exp_cfg.merge_max, env_id) if len(entries) else []
-                seen: set[int] = set()
-                for e, hits in zip(entries, hits_all):
-                    if e.id in seen:
-                        continue
-                    ids = [i for i, s in hits if s >= exp_cfg.merge_threshold and i not in seen]
-                    if e.id not in ids:
-                        ids = [e.id] + ids
-                    ids = ids[:exp_cfg.merge_max]
-                    if len(ids) >= 2:
-                        seen.update(ids)
-                        out.append(MergeRequest(self.bank.get(ids), env_id, step))
-        return out
+        return [MergeRequest(entries, env_id, step)
+                for env_id, entries in self.manager.similar_groups(exp_cfg.merge_threshold, exp_cfg.merge_max)]
 
     def _collect_extractions(self) -> None:
         """Take in the manager's finished extractions: one that wrote an entry can be credited from now
@@ -448,8 +430,7 @@ class ExperienceTrack:
         """Forget extractions none of whose entries is in the bank any more (rewritten, merged away or
         evicted): no later retrieval can credit them.  Called after the step's credit, so an episode
         that retrieved an entry before it was rewritten still credits its writer."""
-        with self.manager.lock.read():
-            live = self.bank.source_extractions()
+        live = self.manager.source_extractions()
         for eid in [eid for eid in self.waiting_reward if eid not in live]:
             del self.waiting_reward[eid]
 
@@ -473,11 +454,10 @@ class ExperienceTrack:
             c.extraction.reward = c.reward
             if c.extraction.response_ids:
                 samples.append(extraction_sample(c.extraction, a))
-        with self.manager.extractor_lock:
+        with self.manager.updating_extractor():
             stats = self.updater.update(samples)
             self.extractor_version += 1
-            self.extractor.extractor_version = self.extractor_version
-            self.engine.sync_weights(self.model)
+            self.manager.extractor_updated(self.model, self.extractor_version)
         out = {"extractor_update": len(self.updates) + 1, "extractor_version": self.extractor_version,
                "extractor_reward_mean": _mean(raw), "extractor_batch": len(batch),
                "extractor_uses_mean": _mean([c.uses for c in batch]),
@@ -495,7 +475,7 @@ class ExperienceTrack:
                 "extractions_waiting_reward": len(self.waiting_reward), "extractor_buffer": len(self.buffer),
                 "extractor_buffer_dropped": self.dropped,
                 "retrieval_queries": s["queries"], "retrieval_batches": s["query_batches"],
-                "retrieval_query_cache_hit_rate": self.retriever.cache_info()["hit_rate"]}
+                "retrieval_query_cache_hit_rate": s["query_cache_hit_rate"]}
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -517,7 +497,6 @@ class ExperienceTrack:
             "dropped": self.dropped, "extractor_version": self.extractor_version, "updates": list(self.updates),
             "optimizer": self.updater.optimizer.state_dict() if self.updater is not None else None,
             "updater_rng": self.updater.rng.getstate() if self.updater is not None else None,
-            "retriever": self.retriever.state_dict(),
             "manager": self.manager.state_dict(),
         }
 
@@ -537,26 +516,22 @@ class ExperienceTrack:
         self.dropped = int(state["dropped"])
         self.extractor_version = int(state["extractor_version"])
         self.updates = list(state["updates"])
-        if self.extractor is not None:
-            self.extractor.extractor_version = self.extractor_version
         if self.updater is not None:
             self.updater.optimizer.load_state_dict(state["optimizer"])
             self.updater.rng.setstate(state["updater_rng"])
-        self.retriever.load_state_dict(state["retriever"])
+            with self.manager.updating_extractor():       # generation follows the loaded weights
+                self.manager.extractor_updated(self.model, self.extractor_version)
         self.manager.load_state_dict(state["manager"])
-        if self.engine is not None:
-            self.engine.sync_weights(self.model)        # the low-precision copy follows the loaded weights
 
     def save_bank(self, dest: str | Path) -> None:
-        """Copy the bank's SQLite file to ``dest`` (:meth:`ExperienceBank.backup`) with the manager
-        drained and its write lock held."""
-        self.flush()
-        with self.manager.lock.write():
-            self.bank.backup(dest)
+        """Copy the bank's SQLite file to ``dest`` (:meth:`ExperienceManager.backup`: the manager
+        drained, its write lock held)."""
+        self.manager.backup(dest)
 
     def close(self, drain_timeout: float = 0.0) -> None:
         self.manager.close(drain_timeout=drain_timeout)
-        self.bank.close()
+        if self.bank is not None:
+            self.bank.close()
 
 
 def _by_group(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:

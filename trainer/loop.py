@@ -130,7 +130,16 @@ class Trainer:
         self.threads = set_threads(cfg.model.threads)
         seed_everything(cfg.train.seed)
         self.mixture = resolve_mixture(cfg.rollout.mix)
-        self.pool = EnvPool(cfg.rollout.env_kwargs, cfg.rollout.max_steps)
+        # backend ray: envs, engines and the experience manager live in Ray actors behind the same
+        # interfaces (crl_bench/ray_backend.py); the loop below is the same
+        self.backend = None
+        if cfg.backend == "ray":
+            from crl_bench.ray_backend import RayBackend
+
+            self.backend = RayBackend(cfg)
+            self.pool = self.backend.env_pool()
+        else:
+            self.pool = EnvPool(cfg.rollout.env_kwargs, cfg.rollout.max_steps)
         # one probe env per id: validates the ids early and gives the task splits
         self.train_tasks, self.eval_tasks, weights = {}, {}, {}
         self.max_steps: dict[str, int] = {}
@@ -191,7 +200,7 @@ class Trainer:
                                               extractor_tokenizer=extractor_tokenizer,
                                               actor_engine=self.engine, actor_sampling=self.sampling,
                                               eval_sampling=self.eval_sampling, gate=self.gate,
-                                              read_only_bank=read_only_bank)
+                                              read_only_bank=read_only_bank, backend=self.backend)
 
     # ---- setup ------------------------------------------------------------------------------------
     def _prepare_model(self, model: Any) -> Any:
@@ -224,6 +233,11 @@ class Trainer:
 
     def _make_engine(self):
         g = self.cfg.generation
+        if self.backend is not None:
+            if g.engine != "transformers":
+                raise ValueError("backend=ray runs the transformers engine in its engine actors; "
+                                 "generation.engine=vllm runs with backend=local")
+            return self.backend.engine(self.model, self.tokenizer)
         if g.engine == "vllm":
             from crl_bench.llm.vllm_engine import VLLMEngine
             return VLLMEngine.from_model(self.model, self.tokenizer, self.cfg.model, gen_cfg=g,
@@ -451,7 +465,7 @@ class Trainer:
         track = self.experience
         if track is not None and track.updater is not None:
             track.flush()
-            with track.manager.extractor_lock:
+            with track.manager.updating_extractor():
                 track.model.save_pretrained(str(Path(path) / "extractor"))
             track.tokenizer.save_pretrained(str(Path(path) / "extractor"))
 
@@ -489,15 +503,19 @@ class Trainer:
     def clear_prefix_stores(self) -> None:
         """Drop the cached prompt prefixes of the actor's and the extractor's engines (a checkpoint
         does, so a resumed run and the uninterrupted one continue from the same engine state)."""
-        for engine in (self.engine, getattr(self.experience, "engine", None)):
-            store = getattr(engine, "store", None)
-            if store is not None:
-                store.clear()
+        clear = getattr(self.engine, "clear_prefix_cache", None)
+        if clear is not None:
+            clear()
+        if self.experience is not None:
+            self.experience.manager.clear_caches()
 
     def close(self) -> None:
+        """Stop the experience manager, close the envs and, with Ray, kill the run's actors."""
         if self.experience is not None:
             self.experience.close()
         self.pool.close()
+        if self.backend is not None:
+            self.backend.close()
 
 
 def data_checksums(trainer: Trainer) -> dict[str, dict[str, str]]:

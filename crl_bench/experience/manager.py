@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -313,10 +314,79 @@ class ExperienceManager:
         with self._mu:
             self._stats.distill_s += time.perf_counter() - t0
 
+    # ---- the bank as the experience track sees it -------------------------------------------------
+    # The track (trainer/complementary.py) reads and writes the bank only through these methods, so
+    # the manager may live in another process (crl_bench/ray_backend.py: RemoteManager).
+    def record_outcomes(self, outcomes: Sequence[tuple[Sequence[int], bool]]) -> None:
+        """Count each ``(entry ids shown, success)`` episode outcome on its entries (under the write lock)."""
+        if not outcomes:
+            return
+        with self.lock.write():
+            for ids, success in outcomes:
+                self.bank.record_outcome(ids, success)
+
+    def source_extractions(self) -> set[str]:
+        """Ids of the extractions that wrote an entry still in the bank."""
+        with self.lock.read():
+            return self.bank.source_extractions()
+
+    def similar_groups(self, threshold: float, max_size: int) -> list[tuple[str, list[ExperienceEntry]]]:
+        """Groups of entries of one env whose index vectors are similar: for each entry not yet
+        grouped, itself and its nearest entries with cosine >= ``threshold``, at most ``max_size``;
+        only groups of two or more.  Returns ``[(env_id, entries)]``, envs sorted, entries by id order
+        of discovery (the merge pass of the experience track)."""
+        out = []
+        with self.lock.read():
+            for env_id in sorted({e.env_id for e in self.bank.entries()}):
+                entries = self.bank.entries(env_id)
+                vecs = self.bank.vectors([e.id for e in entries])
+                hits_all = self.bank.search_vectors(vecs, max_size, env_id) if len(entries) else []
+                seen: set[int] = set()
+                for e, hits in zip(entries, hits_all):
+                    if e.id in seen:
+                        continue
+                    ids = [i for i, s in hits if s >= threshold and i not in seen]
+                    if e.id not in ids:
+                        ids = [e.id] + ids
+                    ids = ids[:max_size]
+                    if len(ids) >= 2:
+                        seen.update(ids)
+                        out.append((env_id, self.bank.get(ids)))
+        return out
+
+    def backup(self, dest: Any) -> None:
+        """Copy the bank to the SQLite file ``dest`` once queued distillation is applied
+        (:meth:`~crl_bench.experience.bank.ExperienceBank.backup`, under the write lock)."""
+        self.drain()
+        with self.lock.write():
+            self.bank.backup(dest)
+
+    def updating_extractor(self) -> Any:
+        """Context manager to hold while the extractor's weights change: distillation, which generates
+        with those weights, waits (the extractor lock)."""
+        return self.extractor_lock
+
+    def extractor_updated(self, model: Any, version: int) -> None:
+        """The extractor's weights changed (a CISPO update, or loaded from a checkpoint): the extractor
+        generates from ``model``'s weights from now on and stamps ``version`` on its extractions.  Here
+        the model is the one the extractor's engine shares; call it inside :meth:`updating_extractor`."""
+        if self.extractor is None:
+            raise RuntimeError("this experience manager has no extractor")
+        self.extractor.extractor_version = int(version)
+        self.extractor.engine.sync_weights(model)
+
+    def clear_caches(self) -> None:
+        """Drop the extractor engine's cached prompt prefixes (a checkpoint does: trainer/checkpoint.py)."""
+        store = getattr(getattr(self.extractor, "engine", None), "store", None)
+        if store is not None:
+            with self.extractor_lock:
+                store.clear()
+
     # ---- bookkeeping ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the manager: its counters and the processed extractions not yet
-        collected by :meth:`pop_outcomes` (``ExtractionOutcome`` objects, picklable).
+        """What a checkpoint keeps of the manager: its counters, the processed extractions not yet
+        collected by :meth:`pop_outcomes` (``ExtractionOutcome`` objects, picklable) and the
+        retriever's generators.
 
         Raises:
             RuntimeError: requests are still queued or in process (call :meth:`drain` first: a
@@ -326,22 +396,25 @@ class ExperienceManager:
             raise RuntimeError(f"{self.backlog()} distillation request(s) still queued; drain before saving")
         with self._mu:
             stats = ManagerStats(**{**self._stats.__dict__, "op_kinds": dict(self._stats.op_kinds)})
-            return {"stats": stats, "finished": list(self._finished)}
+            return {"stats": stats, "finished": list(self._finished), "retriever": self.retriever.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (counters and uncollected outcomes)."""
+        """Restore what :meth:`state_dict` returned (counters, uncollected outcomes, retriever)."""
         with self._mu:
             st = state["stats"]
             self._stats = ManagerStats(**{**st.__dict__, "op_kinds": dict(st.op_kinds)})
             self._finished = list(state["finished"])
+        self.retriever.load_state_dict(state["retriever"])
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot of the counters plus the bank size."""
+        """A snapshot of the counters plus the bank size and the query-embedding cache's hit rate
+        (``query_cache_hit_rate``)."""
         with self._mu:
             s = dict(self._stats.__dict__)
             s["op_kinds"] = dict(self._stats.op_kinds)
         with self.lock.read():
             s["bank_size"] = len(self.bank)
+        s["query_cache_hit_rate"] = self.retriever.cache_info()["hit_rate"]
         return s
 
     def close(self, drain_timeout: float | None = 0.0) -> None:
@@ -364,3 +437,48 @@ class ExperienceManager:
                 pass
             self._distill.put(None)
             self._worker.join(timeout=60)
+
+
+def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any, *, compute_dtype: Any,
+                  embedder: Any = None, gate: Any = None, read_only: bool = False) -> ExperienceManager:
+    """The experience manager a run's configuration describes, with its parts: the bank at
+    ``bank_path`` (``experience.*`` settings; read-only with ``read_only``), its embedder, the
+    retriever (seeded with ``train.seed``) and, unless ``read_only`` or ``extractor_model`` is
+    ``None``, the extractor generating with ``extractor_model`` through its own
+    :class:`~crl_bench.llm.hf_engine.HFEngine` in ``compute_dtype`` (bf16 where the CPU has the units;
+    background work of ``gate``).  The parts are reachable as ``manager.bank``, ``.retriever`` and
+    ``.extractor``.  Used by the experience track in the trainer's process and by the Ray backend's
+    manager actor (crl_bench/ray_backend.py) alike.
+
+    Args:
+        cfg: the :class:`~crl_bench.config.RunConfig`.
+        bank_path: the SQLite file of the bank.
+        extractor_model, tokenizer: the extractor's model (shared with its trainer, if it trains) and
+            its tokenizer.
+        compute_dtype: torch dtype generation runs in.
+        embedder: an embedder instead of ``experience.embedder`` (tests).
+        gate: a :class:`~crl_bench.llm.gate.ComputeGate`; the extractor then generates in the gaps of
+            the actor's work.
+
+    Raises:
+        ValueError: invalid bank or extractor settings (from the parts).
+    """
+    from crl_bench.experience.embedding import SentenceEmbedder
+    from crl_bench.experience.extractor import extractor_for
+    from crl_bench.llm.hf_engine import HFEngine
+
+    exp_cfg = cfg.experience
+    embedder = embedder or SentenceEmbedder(exp_cfg.embedder)
+    bank = ExperienceBank(bank_path, embedder, capacity=exp_cfg.capacity, eviction=exp_cfg.eviction,
+                          index=exp_cfg.index, max_text_chars=exp_cfg.max_text_chars, read_only=read_only)
+    retriever = Retriever(bank, k=exp_cfg.k, oversample=exp_cfg.oversample, freq_penalty=exp_cfg.freq_penalty,
+                          recency_window_s=exp_cfg.recency_window_s, top1_demote_p=exp_cfg.top1_demote_p,
+                          seed=cfg.train.seed, query_cache=exp_cfg.query_cache)
+    extractor = None
+    if not read_only and extractor_model is not None:
+        g = cfg.generation
+        engine = HFEngine(extractor_model, tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
+                          compute_dtype=compute_dtype, cache_mb=g.cache_mb, gate=gate, background=gate is not None)
+        extractor = extractor_for(cfg.extractor, engine, tokenizer)
+    return ExperienceManager(bank, retriever, extractor, search_workers=exp_cfg.search_workers,
+                             query_batch=exp_cfg.query_batch, query_timeout_ms=exp_cfg.query_timeout_ms)

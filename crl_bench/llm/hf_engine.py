@@ -364,6 +364,10 @@ class HFEngine:
                 for dst, src in zip(self._shadow.parameters(), params):
                     dst.copy_(src)
 
+    def clear_prefix_cache(self) -> None:
+        """Drop every cached prompt prefix (outputs are unchanged; the next prompts are computed in full)."""
+        self.store.clear()
+
     @property
     def generator(self) -> Any:
         """The model generation runs on (the low-precision copy, or the trainer's model)."""

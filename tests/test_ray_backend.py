@@ -1,0 +1,105 @@
+"""The Ray backend (crl_bench/ray_backend.py) on a local Ray with 2 CPUs: a complementary smoke run
+writes what the local backend writes, and a killed env actor fails only the episodes it hosted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from crl_bench.cli import main
+from crl_bench.config import ConfigError, RayConfig, build_config
+from crl_bench.llm.base import Generation, SamplingParams
+from crl_bench.results import read_metrics
+from crl_bench.rollout import EpisodeSpec, PromptBuilder, RolloutRunner
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module (2 logical CPUs, as on this project's CI machine)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+class FirstActionEngine:
+    """Replies with the first allowed action; on its ``kill_at``-th call it kills env actor 0 first
+    (mid-rollout: the episodes it hosts have taken steps and are not finished)."""
+
+    def __init__(self, tokenizer, pool, kill_at: int = 2):
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.calls = 0
+        self.kill_at = kill_at
+
+    def generate(self, prompts, params, allowed=None):
+        self.calls += 1
+        if self.calls == self.kill_at:
+            ray.kill(self.pool.hosts[0])
+        out = []
+        for p, a in zip(prompts, allowed or [None] * len(prompts)):
+            text = a[0] if a else "wait</answer>"
+            out.append(Generation(list(p), [1], [-0.1], text, "stop"))
+        return out
+
+    def sync_weights(self, model):
+        pass
+
+
+@pytest.mark.slow
+def test_a_killed_env_actor_fails_only_its_episodes_and_is_replaced(local_ray, tokenizer):
+    from crl_bench.ray_backend import RayEnvPool
+
+    pool = RayEnvPool({}, 6, RayConfig(env_actors=4, env_actor_cpus=0.25))
+    engine = FirstActionEngine(tokenizer, pool)
+    runner = RolloutRunner(engine, PromptBuilder(tokenizer), pool, SamplingParams(max_new_tokens=8))
+    specs = [EpisodeSpec("minihack-room", t, group_id=t) for t in range(4)]
+    try:
+        trajs = runner.collect(specs)
+        assert [bool(t.error) for t in trajs] == [True, False, False, False]       # one env per actor
+        assert "Actor" in trajs[0].error and len(trajs[0].turns) >= 1       # it died mid-episode
+        assert all(t.steps >= 2 and (t.terminated or t.truncated) for t in trajs[1:])
+        assert pool.replaced == 1
+        pids = ray.get([h.pid.remote() for h in pool.hosts])              # four live actors again
+        assert len(set(pids)) == 4
+        engine.kill_at = 0                                                 # no more kills
+        again = runner.collect(specs)
+        assert not any(t.error for t in again)
+    finally:
+        pool.close()
+
+
+@pytest.mark.slow
+def test_ray_smoke_run_writes_what_the_local_backend_writes(local_ray, tmp_path):
+    """``crl-bench run --backend ray --method complementary --mix minihack-room --preset smoke``: the
+    same run folder files, metric keys and eval blocks as the same run on the local backend."""
+    args = ["run", "--method", "complementary", "--mix", "minihack-room", "--preset", "smoke",
+            "--output-dir", str(tmp_path), "--quiet"]
+    assert main(args + ["--run-id", "local"]) == 0
+    assert main(args + ["--run-id", "ray", "--backend", "ray"]) == 0
+    local, remote = tmp_path / "local", tmp_path / "ray"
+
+    def files(run):
+        return sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()
+                      and not p.name.startswith("experience.sqlite-"))      # WAL side files come and go
+    assert files(remote) == files(local)
+    cfg = build_config([yaml.safe_load((remote / "config.yaml").read_text())])
+    assert cfg.backend == "ray"
+    rows_l, rows_r = read_metrics(local), read_metrics(remote)
+    assert [r["step"] for r in rows_r] == [r["step"] for r in rows_l] == [1, 2]
+    assert [set(r) for r in rows_r] == [set(r) for r in rows_l]
+    assert rows_r[-1]["bank_size"] > 0                          # the manager actor distilled into the bank
+    assert rows_r[-1]["guided_with_experience"] > 0             # and step 2 retrieved from it
+    ev_l, ev_r = (json.loads((d / "eval.json").read_text()) for d in (local, remote))
+    assert set(ev_r) == set(ev_l) and ev_r["guided"]["episodes"] == ev_l["guided"]["episodes"] == 4
+
+
+def test_backend_settings_are_validated():
+    with pytest.raises(ConfigError, match="backend"):
+        build_config([{"backend": "slurm"}])
+    with pytest.raises(ConfigError, match="ray.env_actors"):
+        build_config([{"backend": "ray", "ray": {"env_actors": 0}}])
+    assert main(["run", "--resume", "/nonexistent", "--backend", "ray"]) == 2

@@ -155,6 +155,13 @@ class TrainConfig:
             generators, sampler, buffers, bank copy; trainer/checkpoint.py) every N steps, after the
             last step and after the step-0 eval; 0 = never (``--resume`` then starts the run over).
         keep_checkpoints: how many of the newest resumable checkpoints to keep (>= 1).
+        workers: data-parallel update workers (>= 1): 1 updates in this process; N > 1 runs the actor's
+            and the extractor's updates on N Ray actors forming one torch.distributed group (gloo on
+            CPU, NCCL on GPUs), each rank back-propagating its share of the micro-batches and the
+            gradients summed, so the update equals the one-process one (trainer/data_parallel.py).
+        sharding: how the workers hold the model: ``ddp`` (DistributedDataParallel, a full replica per
+            worker) or ``fsdp`` (FSDP2 ``fully_shard``: parameters, gradients and optimiser state
+            sharded; no shared-prefix forward). Used when ``workers`` > 1.
     """
 
     steps: int = 100
@@ -177,6 +184,8 @@ class TrainConfig:
     save_checkpoint: bool = True
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
+    workers: int = 1
+    sharding: str = "ddp"
 
 
 @dataclass
@@ -569,6 +578,8 @@ def validate(cfg: RunConfig) -> None:
         ("ray.manager_cpus", cfg.ray.manager_cpus >= 0),
         ("train.checkpoint_every", cfg.train.checkpoint_every >= 0),
         ("train.keep_checkpoints", cfg.train.keep_checkpoints >= 1),
+        ("train.workers", cfg.train.workers >= 1),
+        ("train.sharding", cfg.train.sharding in ("ddp", "fsdp")),
         ("generation.max_new_tokens", cfg.generation.max_new_tokens >= 1),
         ("generation.temperature", cfg.generation.temperature >= 0),
         ("generation.top_p", 0 < cfg.generation.top_p <= 1),

@@ -14,7 +14,7 @@ from crl_bench.cli import build_parser, main
 
 
 def test_registry_lists_every_benchmark_with_its_entry_points():
-    assert list(bench.BENCHMARKS) == ["env", "rollout", "retrieval", "overhead", "step"]
+    assert list(bench.BENCHMARKS) == ["env", "rollout", "retrieval", "overhead", "step", "dp", "backend"]
     for name in bench.BENCHMARKS:
         mod = bench.benchmark(name)
         assert callable(mod.add_parser) and callable(mod.run) and mod.HELP, name
@@ -36,6 +36,11 @@ def test_registry_lists_every_benchmark_with_its_entry_points():
                 "model": "smollm2-135m-instruct"}),
     (["step", "--mix", "3task", "--preset", "cpu", "--train-steps", "5", "--no-update-probe"],
      {"mix": "3task", "preset": "cpu", "train_steps": 5, "no_update_probe": True}),
+    (["dp"], {"model": "smollm2-135m-instruct", "workers": 2, "sharding": "ddp", "groups": 4, "group_size": 4,
+              "prompt_tokens": 256, "response_tokens": 32, "micro_batch_size": 4, "repeats": 3, "threads": 0,
+              "sequential": False}),
+    (["dp", "--workers", "3", "--sharding", "fsdp", "--repeats", "1", "--sequential"],
+     {"workers": 3, "sharding": "fsdp", "repeats": 1, "sequential": True}),
     (["retrieval"], {"sizes": [1000, 10000, 100000], "index": ["flat", "ivf", "hnsw"],
                      "data": ["sentence", "gaussian"], "vectors": None, "queries": 64, "recall_queries": 256,
                      "k": 16, "dim": 384, "repeats": 5, "latency_samples": 512, "seed": 0, "search_threads": 1}),

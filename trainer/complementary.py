@@ -218,8 +218,10 @@ class ExperienceTrack:
         if method.trains_extractor:
             params = [p for p in self.model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=xc.lr, weight_decay=0.0)
-            self.updater = PolicyUpdater(
-                self.model, opt, pad_id=self.tokenizer.pad_token_id, micro_batch_size=xc.micro_batch_size,
+            from crl_bench.trainer.loop import make_updater
+
+            self.updater = make_updater(
+                cfg, self.model, opt, pad_id=self.tokenizer.pad_token_id, micro_batch_size=xc.micro_batch_size,
                 max_grad_norm=cfg.train.max_grad_norm,
                 temperature=xc.temperature if xc.temperature > 0 else 1.0, loss_fn=cispo_loss,
                 loss_kwargs={"eps_low": xc.eps_low if xc.eps_low >= 0 else None, "eps_high": xc.eps_high},
@@ -529,9 +531,14 @@ class ExperienceTrack:
         self.manager.backup(dest)
 
     def close(self, drain_timeout: float = 0.0) -> None:
+        """Stop the manager (after up to ``drain_timeout`` s of queued distillation), close the bank and
+        the extractor's data-parallel workers, if any."""
         self.manager.close(drain_timeout=drain_timeout)
         if self.bank is not None:
             self.bank.close()
+        close_updater = getattr(self.updater, "close", None)
+        if close_updater is not None:
+            close_updater()
 
 
 def _by_group(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:

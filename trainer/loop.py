@@ -179,8 +179,8 @@ class Trainer:
                                     max_concurrent=cfg.rollout.max_concurrent)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-        self.updater = PolicyUpdater(
-            self.model, self.optimizer, pad_id=tokenizer.pad_token_id,
+        self.updater = make_updater(
+            cfg, self.model, self.optimizer, pad_id=tokenizer.pad_token_id,
             micro_batch_size=cfg.train.micro_batch_size, mini_batches=cfg.train.mini_batches,
             epochs=cfg.train.ppo_epochs, max_grad_norm=cfg.train.max_grad_norm,
             temperature=g.temperature if g.temperature > 0 else 1.0,
@@ -189,6 +189,7 @@ class Trainer:
             recompute_old_logprobs=cfg.train.recompute_old_logprobs, compute_dtype=self.compute_dtype,
             share_prefix=cfg.train.share_prefix,
             scheduler=linear_warmup(self.optimizer, cfg.train.lr_warmup_steps) if cfg.train.lr_warmup_steps else None)
+        self.optimizer = self.updater.optimizer     # with workers: its state lives (and is saved) there
         self.step = 0
         self._next_specs: list[EpisodeSpec] | None = None
         self.experience = None
@@ -510,12 +511,41 @@ class Trainer:
             self.experience.manager.clear_caches()
 
     def close(self) -> None:
-        """Stop the experience manager, close the envs and, with Ray, kill the run's actors."""
+        """Stop the experience manager, close the envs and, with Ray, kill the run's actors (the
+        data-parallel workers of ``train.workers`` > 1 too)."""
         if self.experience is not None:
             self.experience.close()
+        close_updater = getattr(self.updater, "close", None)
+        if close_updater is not None:
+            close_updater()
         self.pool.close()
         if self.backend is not None:
             self.backend.close()
+
+
+def make_updater(cfg: RunConfig, model: Any, optimizer: torch.optim.Optimizer, **kwargs: Any) -> PolicyUpdater:
+    """The policy updater of a run: :class:`~crl_bench.trainer.policy.PolicyUpdater` in this process,
+    or with ``train.workers`` > 1 a :class:`~crl_bench.trainer.data_parallel.DataParallelUpdater`
+    (``train.workers`` Ray actors forming one torch.distributed group, ``train.sharding`` ddp or fsdp,
+    the process's torch threads split among them). Both take the same ``kwargs`` (PolicyUpdater's)
+    and give the same update; the actor's and the extractor's updater are both made here."""
+    if cfg.train.workers <= 1:
+        return PolicyUpdater(model, optimizer, **kwargs)
+    import dataclasses
+
+    import ray
+
+    from crl_bench.ray_backend import init_ray
+    from crl_bench.trainer.data_parallel import DataParallelUpdater
+
+    threads = max(1, torch.get_num_threads() // cfg.train.workers)
+    if not ray.is_initialized():
+        # room for the actor's and (complementary) the extractor's workers: Ray's CPUs are logical
+        updaters = 2 if get_method(cfg.method).trains_extractor else 1
+        need = cfg.train.workers * threads * updaters
+        init_ray(dataclasses.replace(cfg.ray, num_cpus=cfg.ray.num_cpus or max(os.cpu_count() or 1, need)))
+    return DataParallelUpdater(model, optimizer, **kwargs, workers=cfg.train.workers, sharding=cfg.train.sharding,
+                               threads=threads)
 
 
 def data_checksums(trainer: Trainer) -> dict[str, dict[str, str]]:

@@ -17,6 +17,10 @@ One module per benchmark, each registering its own subcommand:
   against ``after`` (the defaults: ``model.dtype: auto``, per-group heads, per-episode reuse for
   multi-turn prompts), interleaved step by step; and the share of pure-torch prefill/decode throughput
   the rollout reaches.
+* ``dp`` (:mod:`.dp`): one policy update of the same batch in this process against N data-parallel
+  workers (Ray actors forming one torch.distributed group: trainer/data_parallel.py), interleaved.
+* ``backend`` (:mod:`.backend`): whole training steps on the Ray backend against the local backend
+  (crl_bench/ray_backend.py), interleaved step by step.
 
 A benchmark module exposes ``HELP`` (a few words for ``crl-bench bench --help``), ``add_parser(subparsers)``
 (adds ``NAME`` with its own options to the ``bench`` subcommands and returns that parser) and
@@ -44,6 +48,8 @@ BENCHMARKS: dict[str, str] = {
     "retrieval": "crl_bench.bench.retrieval",
     "overhead": "crl_bench.bench.overhead",
     "step": "crl_bench.bench.step",
+    "dp": "crl_bench.bench.dp",
+    "backend": "crl_bench.bench.backend",
 }
 
 

@@ -1,0 +1,806 @@
+"""Data-parallel policy updates: ``train.workers=N`` Ray actors forming one ``torch.distributed`` group.
+
+:class:`DataParallelUpdater` is a drop-in for :class:`~crl_bench.trainer.policy.PolicyUpdater` (same
+constructor arguments, same ``update(samples) -> stats`` contract and keys) that runs the update on
+``workers`` :class:`TrainWorker` Ray actors.  Each actor holds a replica of the model (shipped once from
+the driver through the Ray object store) wrapped in PyTorch's own data parallelism: ``sharding="ddp"``
+(:class:`torch.nn.parallel.DistributedDataParallel`, a full replica per worker) or ``sharding="fsdp"``
+(FSDP2 :func:`torch.distributed.fsdp.fully_shard` on every transformer block and the root; parameters,
+gradients and optimiser state sharded).  The actors form one process group (``gloo`` on CPU, ``nccl``
+with CUDA; rank 0's address is ``ray.util.get_node_ip_address()`` and a free port it picks).
+
+**Same math as one process.** The driver plans the update exactly as ``PolicyUpdater.update`` does
+(its shuffling generator, sequences kept together, one optimiser step per mini-batch, the token
+weights of :func:`~crl_bench.trainer.policy.token_weights` over the whole mini-batch chunk, micro-batches
+of ``micro_batch_size`` after the prompt sort of the shared-prefix path).  Micro-batch ``p`` of a step
+goes to rank ``p % workers``; each rank back-propagates its micro-batches' partial sums (token weights
+already global) and the gradients are **summed** over ranks: DDP's default hook averages, so a
+communication hook (:func:`allreduce_sum_hook`) all-reduces with ``ReduceOp.SUM`` and no division;
+FSDP2 is told ``set_gradient_divide_factor(1.0)`` with ``set_force_sum_reduction_for_comms(True)``
+(gloo has no ``PREMUL_SUM``) on every sharded module.  Then the global-norm clip over the full
+gradient (``clip_grad_norm_``, which FSDP2's DTensors reduce across shards) and one optimiser step on
+every rank.  Every micro-batch's loss statistics come back to the driver, which adds them up in the
+single-process order, so ``loss``, ``clip_frac``, ``trained_tokens``, ``grad_norm`` ... equal the
+single-process values (to float rounding of the gradient sum order).
+
+**Collectives in step.** DDP: every rank accumulates its micro-batches under ``no_sync`` and syncs on
+its last one, so each rank joins exactly one all-reduce per step; a rank with no micro-batch in a step
+back-propagates one zero-weight dummy sample (a 1-token response whose loss weight is 0, so its gradient
+is exactly 0).  FSDP2 all-gathers parameters in every forward, so ranks run in rounds: in round ``r``
+rank ``k`` runs micro-batch ``r * workers + k`` or the dummy, and every round reduce-scatters (sharded
+gradients accumulate); for the same reason the shared-prefix forward (two forwards per micro-batch)
+is off with FSDP (same gradient, float rounding aside; ``shared_prefix_tokens`` is then 0).  The
+recomputation of the old log-probs (``recompute_old_logprobs`` with several optimiser steps) is split
+the same way and its results all-gathered.
+
+**Weights back.** After an update with optimiser steps, rank 0 returns the trainable parameters (FSDP:
+the full state dict from ``torch.distributed.checkpoint.state_dict.get_model_state_dict``), which are
+copied into the driver's model in place, so ``engine.sync_weights(model)`` and checkpoints of the
+driver's model work unchanged.  :attr:`DataParallelUpdater.optimizer` and ``.scheduler`` are stand-ins
+whose ``state_dict()`` / ``load_state_dict()`` reach the workers' optimiser (rank 0's for DDP; the full,
+unsharded state for FSDP, re-keyed to ``torch.optim``'s integer parameter ids so a checkpoint is the
+same as the one-process updater's) and lr scheduler.
+
+**Ray.** If Ray is not initialised, :class:`DataParallelUpdater` starts a local one
+(``ray.init(num_cpus=max(cpu count, workers * threads), include_dashboard=False,
+log_to_driver=False)``) and leaves it running (other updaters may share it; ``ray.shutdown()`` is the
+caller's); an already initialised Ray (e.g. a cluster the caller connected to) is used as is.
+:meth:`DataParallelUpdater.close` destroys the process group and kills the actors.
+
+Sources: PyTorch docs "DistributedDataParallel" (``no_sync``, ``register_comm_hook``), "DDP
+Communication Hooks", "torch.distributed.fsdp.fully_shard" (FSDP2: ``set_gradient_divide_factor``,
+``set_force_sum_reduction_for_comms``), "torch.distributed.checkpoint.state_dict"; Ray docs "Actors".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from crl_bench.trainer.losses import ppo_clip_loss
+from crl_bench.trainer.policy import (
+    LossFn,
+    PolicyUpdater,
+    TokenSample,
+    _checkpointing,
+    build_batch,
+    common_prefix_length,
+    shared_prefix_logprobs,
+    token_weights,
+)
+
+__all__ = ["SHARDINGS", "DataParallelUpdater", "MicroBatch", "TrainWorker", "allreduce_sum_hook"]
+
+SHARDINGS = ("ddp", "fsdp")
+"""The values of ``train.sharding``."""
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward/backward of the update plan.
+
+    Attributes:
+        index: position of this micro-batch in the whole update, in the order the one-process
+            ``PolicyUpdater.update`` runs them (the order statistics are summed in).
+        items: ``(sample index, per-token loss weight)`` pairs (weights from :func:`token_weights` over
+            the mini-batch chunk).
+        shared: prompt tokens all its samples share, computed once (:func:`shared_prefix_logprobs`);
+            0: the plain forward.
+    """
+
+    index: int
+    items: tuple[tuple[int, float], ...]
+    shared: int = 0
+
+
+def allreduce_sum_hook(process_group, bucket):
+    """DDP communication hook that all-reduces a gradient bucket with ``ReduceOp.SUM`` and does not
+    divide by the world size (DDP's built-in behaviour, ``allreduce_hook``, averages).
+
+    Args:
+        process_group: the group to reduce over (``None``: the default group).
+        bucket: ``torch.distributed.GradBucket``; its flat ``buffer()`` is reduced in place.
+
+    Returns:
+        ``torch.futures.Future[torch.Tensor]`` holding the summed flat bucket (1-D, the bucket's dtype).
+
+    No annotations: ``DistributedDataParallel.register_comm_hook`` checks them against the real types
+    and this module's postponed (string) annotations would fail that check.
+    """
+    import torch.distributed as dist
+
+    group = process_group if process_group is not None else dist.group.WORLD
+    fut = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _to_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor inside dicts/lists/tuples moved to the CPU (detached)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _full(t: Any) -> torch.Tensor:
+    """A plain tensor of ``t`` (DTensors are gathered: ``full_tensor()``)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _optimizer_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The constructor keyword arguments of ``optimizer``'s class found in its ``defaults`` (e.g.
+    AdamW's ``defaults`` holds ``decoupled_weight_decay``, which its constructor does not take)."""
+    sig = inspect.signature(type(optimizer).__init__).parameters
+    return {k: v for k, v in optimizer.defaults.items() if k in sig}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class TrainWorker:
+    """One rank of the data-parallel group (run as a Ray actor; public for tests and debugging).
+
+    Args:
+        rank: this worker's rank in ``[0, world_size)``.
+        world_size: number of workers.
+        threads: torch CPU threads of this worker.
+    """
+
+    def __init__(self, rank: int, world_size: int, threads: int) -> None:
+        self.rank, self.world = int(rank), int(world_size)
+        torch.set_num_threads(max(1, int(threads)))
+        self.updater: PolicyUpdater | None = None
+
+    def address(self) -> tuple[str, int]:
+        """``(node IP, free TCP port)`` for rank 0's rendezvous (``ray.util.get_node_ip_address``)."""
+        import ray.util
+
+        return ray.util.get_node_ip_address(), _free_port()
+
+    # ---- setup ------------------------------------------------------------------------------------
+    def setup(self, address: str, port: int, spec: dict[str, Any], model: Any,
+              model_state: dict[str, torch.Tensor] | None, ref: Any,
+              optimizer_state: dict[str, Any] | None, scheduler_state: dict[str, Any] | None) -> float:
+        """Join the process group, build the replica, wrap it, build optimiser and scheduler.
+
+        Args:
+            spec: ``backend``, ``sharding``, ``timeout_s``, ``optimizer_cls``/``optimizer_kwargs``/
+                ``param_groups`` (hyper-parameters of the driver's groups), ``scheduler_factory``
+                (``optimizer -> scheduler`` or ``None``), ``ref_method`` (name of the model's method
+                that makes it the KL reference, or ``None``), ``updater`` (PolicyUpdater keyword
+                arguments), ``model_factory`` (or ``None``: ``model`` is the replica).
+            model: the driver's model (unpickled: this worker's own copy), or ``None`` with a factory.
+            model_state: the driver's ``state_dict()`` when a factory builds the replica.
+            ref: the KL reference model (a module), or ``None``.
+            optimizer_state, scheduler_state: the driver's ``state_dict()``s to start from (or ``None``).
+
+        Returns:
+            the learning rate of the first parameter group after the scheduler is built.
+        """
+        import torch.distributed as dist
+
+        self.spec = spec
+        self.sharding = spec["sharding"]
+        cuda = spec["backend"] == "nccl"
+        self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(spec["backend"], init_method=f"tcp://{address}:{port}", rank=self.rank,
+                                world_size=self.world, timeout=timedelta(seconds=spec["timeout_s"]))
+        if spec["model_factory"] is not None:
+            model = spec["model_factory"]()
+            model.load_state_dict(model_state)
+        model = model.to(self.device)
+        self.inner = model
+        self.trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        if self.sharding == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # gradient_as_bucket_view: the gradients live in DDP's buckets (no second copy of them)
+            wrapped = DDP(model, device_ids=[self.device.index] if cuda else None, broadcast_buffers=False,
+                          gradient_as_bucket_view=True)
+            wrapped.register_comm_hook(None, allreduce_sum_hook)
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import FSDPModule, fully_shard
+
+            mesh = init_device_mesh(self.device.type, (self.world,))
+            blocks = set(getattr(model, "_no_split_modules", None) or ())
+            for sub in list(model.modules())[1:]:
+                if type(sub).__name__ in blocks:
+                    fully_shard(sub, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            for sub in model.modules():
+                if isinstance(sub, FSDPModule):
+                    sub.set_gradient_divide_factor(1.0)
+                    sub.set_force_sum_reduction_for_comms(True)
+            wrapped = model
+        self.model = wrapped
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = spec["optimizer_cls"](params, **spec["optimizer_kwargs"])
+        for group, hyper in zip(opt.param_groups, spec["param_groups"]):
+            group.update(hyper)
+        if optimizer_state is not None and optimizer_state.get("state"):
+            self._load_optimizer(opt, optimizer_state)
+        sched = spec["scheduler_factory"](opt) if spec["scheduler_factory"] is not None else None
+        if sched is not None and scheduler_state is not None:
+            sched.load_state_dict(scheduler_state)
+        if ref is not None:
+            ref = ref.to(self.device).eval()
+            for p in ref.parameters():
+                p.requires_grad_(False)
+        elif spec["ref_method"] is not None:
+            ref = getattr(model, spec["ref_method"])        # e.g. peft's disable_adapter on this replica
+        self.updater = PolicyUpdater(wrapped, opt, scheduler=sched, ref_model=ref, **spec["updater"])
+        return float(opt.param_groups[0]["lr"])
+
+    # ---- one update -------------------------------------------------------------------------------
+    def _dummy(self) -> MicroBatch:
+        return MicroBatch(-1, ((-1, 0.0),), 0)
+
+    def _samples_of(self, samples: Sequence[TokenSample], mb: MicroBatch) -> tuple[list[TokenSample], list[float]]:
+        pad = self.updater.pad_id
+        ss = [samples[i] if i >= 0 else TokenSample([pad], [pad], [0.0], 0.0) for i, _ in mb.items]
+        return ss, [w for _, w in mb.items]
+
+    def _micro(self, samples: Sequence[TokenSample], mb: MicroBatch, fold: bool) -> dict[str, Any]:
+        """Forward and backward of one micro-batch (the body of ``PolicyUpdater.update``'s loop);
+        returns its loss, statistics, token counts and (``fold``) log-prob differences."""
+        up = self.updater
+        ss, ws = self._samples_of(samples, mb)
+        if mb.shared:
+            lp, batch = shared_prefix_logprobs(up.model, ss, mb.shared, up.pad_id, up.temperature,
+                                               up.compute_dtype, up.device, ws)
+            ref = None
+        else:
+            batch = build_batch(ss, up.pad_id, up.device, ws)
+            ref = up._ref_logprobs(batch)
+            lp = up._logprobs(up.model, batch)
+        old_lp = batch["old_logprobs"]
+        diffs = None
+        if fold:
+            mask = batch["mask"].bool()
+            diffs = (lp.detach() - old_lp)[mask].float().cpu()
+            old_lp = lp.detach()
+        kwargs = dict(up.loss_kwargs)
+        if ref is not None:
+            kwargs["ref_logprobs"] = ref
+        elif "kl_coef" in kwargs:
+            kwargs.pop("kl_coef")
+        loss, stats = up.loss_fn(lp, old_lp, batch["advantages"], batch["mask"],
+                                 token_weights=batch["token_weights"], **kwargs)
+        loss.backward()
+        return {"index": mb.index, "loss": float(loss.detach()), "stats": stats,
+                "tokens": int(batch["mask"].sum()), "samples": len(ss),
+                "shared": mb.shared * (len(ss) - 1) if mb.shared else 0, "diffs": diffs}
+
+    def _mine(self, micros: Sequence[Any]) -> list[tuple[Any, bool]]:
+        """This rank's share of ``micros`` (position ``p`` goes to rank ``p % world``) as ``(item,
+        is_real)``; FSDP: one item per round (a ``None`` item where this rank has none)."""
+        own = list(micros[self.rank::self.world])
+        if self.sharding == "fsdp":
+            rounds = math.ceil(len(micros) / self.world)
+            return [(own[r], True) if r < len(own) else (None, False) for r in range(rounds)]
+        return [(m, True) for m in own]
+
+    def _recompute(self, samples: list[TokenSample]) -> tuple[list[TokenSample], dict[str, float]]:
+        """``PolicyUpdater._recompute`` split over the ranks: chunk ``c`` of the trained samples on rank
+        ``c % world``; the recomputed log-probs are all-gathered so every rank continues with the same
+        samples.  Returns the samples and the drift statistics (every rank computes the same)."""
+        import torch.distributed as dist
+
+        up = self.updater
+        idx = [i for i, s in enumerate(samples) if up._trains(s)]
+        chunks = [idx[k:k + up.micro_batch_size] for k in range(0, len(idx), up.micro_batch_size)]
+        # DDP: the plain module (no collective in a no-grad forward); FSDP: the sharded one, in rounds
+        model = self.inner if self.sharding == "ddp" else self.model
+        mine: dict[int, list[list[float]]] = {}
+        self.model.eval()
+        with torch.no_grad():
+            for part, real in self._mine(list(enumerate(chunks))):
+                if not real:
+                    build = build_batch([TokenSample([up.pad_id], [up.pad_id], [0.0], 0.0)], up.pad_id, up.device)
+                    up._logprobs(model, build)
+                    continue
+                c, ids = part
+                batch = build_batch([samples[i] for i in ids], up.pad_id, up.device)
+                lp = up._logprobs(model, batch).float().cpu()
+                mine[c] = [lp[row, lp.shape[1] - len(samples[i].response_ids):].tolist()
+                           for row, i in enumerate(ids)]
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, mine)
+        got = {c: v for part in gathered for c, v in part.items()}
+        out = list(samples)
+        diffs = []
+        for c, ids in enumerate(chunks):
+            for i, new in zip(ids, got[c]):
+                diffs.append(torch.tensor(new, dtype=torch.float32)
+                             - torch.tensor(samples[i].old_logprobs, dtype=torch.float32))
+                out[i] = dataclasses.replace(samples[i], old_logprobs=new)
+        return out, (PolicyUpdater._drift(torch.cat(diffs)) if diffs else {})
+
+    def update(self, samples: list[TokenSample], plan: list[list[MicroBatch]], recompute: bool, fold: bool,
+               return_weights: bool) -> dict[str, Any]:
+        """Run the planned optimiser steps on this rank's micro-batches.
+
+        Returns a dict: ``micro`` (this rank's real micro-batches' results, see :meth:`_micro`),
+        ``steps`` (per optimiser step ``{"grad_norm", "lr"}``, identical on every rank), ``lr`` (the
+        learning rate after the update), ``drift`` (recomputation statistics or ``{}``), ``timing``
+        (``compute_s``: recomputation, forwards, backwards, gradient sums and optimiser steps;
+        ``weights_s``: gathering the weights to return; seconds) and, on rank 0 with
+        ``return_weights``, ``weights`` (``{name: CPU tensor}`` of the trainable parameters).
+        """
+        t0 = time.perf_counter()
+        up = self.updater
+        drift: dict[str, float] = {}
+        if recompute:
+            samples, drift = self._recompute(samples)
+        self.model.train()
+        micro_out: list[dict[str, Any]] = []
+        steps: list[dict[str, float]] = []
+        for step in plan:
+            up.optimizer.zero_grad(set_to_none=True)
+            mine = self._mine(step)
+            if not mine:                        # DDP, fewer micro-batches than ranks: still join the sum
+                mine = [(None, False)]
+            for k, (mb, real) in enumerate(mine):
+                sync = self.sharding == "fsdp" or k == len(mine) - 1
+                ctx = self.model.no_sync() if not sync else nullcontext()
+                with ctx:
+                    res = self._micro(samples, mb if real else self._dummy(), fold and real)
+                if real:
+                    micro_out.append(res)
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            if up.max_grad_norm > 0:
+                grad_norm = float(_full(torch.nn.utils.clip_grad_norm_(params, up.max_grad_norm)))
+            elif self.sharding == "fsdp":
+                grad_norm = float(_full(torch.nn.utils.get_total_norm(
+                    [p.grad for p in params if p.grad is not None])))
+            else:
+                grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+            lr = float(up.optimizer.param_groups[0]["lr"])
+            up.optimizer.step()
+            if up.scheduler is not None:
+                up.scheduler.step()
+            steps.append({"grad_norm": grad_norm, "lr": lr})
+        t1 = time.perf_counter()
+        out: dict[str, Any] = {"micro": micro_out, "steps": steps, "drift": drift,
+                               "lr": float(up.optimizer.param_groups[0]["lr"])}
+        if return_weights:
+            w = self.weights()
+            if self.rank == 0:
+                out["weights"] = w
+        out["timing"] = {"compute_s": t1 - t0, "weights_s": time.perf_counter() - t1}
+        return out
+
+    # ---- state ------------------------------------------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """``{name: CPU tensor}`` of the trainable parameters on rank 0 (names as the driver's
+        ``named_parameters``), ``None`` on the other ranks.  FSDP: a collective, every rank calls it."""
+        if self.sharding == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return {n: full[n] for n in self.trainable} if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        return {n: p.detach().cpu() for n, p in self.inner.named_parameters() if p.requires_grad}
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy ``{name: tensor}`` (the driver's trainable parameters) into this replica (every rank
+        calls it; FSDP keeps each rank's shard)."""
+        if self.sharding == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+            return
+        params = dict(self.inner.named_parameters())
+        with torch.no_grad():
+            for n, t in state.items():
+                params[n].copy_(t)
+
+    def _load_optimizer(self, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        if self.sharding == "ddp":
+            opt.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        names = self.trainable
+        keyed = {"state": {names[int(k)]: v for k, v in state["state"].items()},
+                 "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
+                                  for g in state["param_groups"]]}
+        set_optimizer_state_dict(self.model, opt, optim_state_dict=keyed,
+                                 options=StateDictOptions(full_state_dict=True))
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        """The optimiser's ``state_dict()`` in ``torch.optim``'s integer-id form (tensors on the CPU)
+        on rank 0, ``None`` elsewhere.  FSDP: the full unsharded state (a collective)."""
+        opt = self.updater.optimizer
+        if self.sharding == "ddp":
+            return _to_cpu(opt.state_dict()) if self.rank == 0 else None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        full = get_optimizer_state_dict(self.model, opt, options=StateDictOptions(full_state_dict=True,
+                                                                                  cpu_offload=True))
+        if self.rank != 0:
+            return None
+        ids = {n: i for i, n in enumerate(self.trainable)}
+        return {"state": {ids[n]: _to_cpu(v) for n, v in full["state"].items()},
+                "param_groups": [{**g, "params": [ids[n] for n in g["params"]]} for g in full["param_groups"]]}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> float:
+        """Load :meth:`optimizer_state` output on this rank (every rank must call it); returns the lr."""
+        self._load_optimizer(self.updater.optimizer, state)
+        return float(self.updater.optimizer.param_groups[0]["lr"])
+
+    def scheduler_state(self) -> dict[str, Any] | None:
+        """The lr scheduler's ``state_dict()`` (``None`` without one)."""
+        s = self.updater.scheduler
+        return s.state_dict() if s is not None else None
+
+    def load_scheduler_state(self, state: dict[str, Any]) -> float:
+        """Load a scheduler ``state_dict()``; returns the lr."""
+        self.updater.scheduler.load_state_dict(state)
+        return float(self.updater.optimizer.param_groups[0]["lr"])
+
+    def close(self) -> None:
+        """Leave the process group."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _RemoteOptimizer:
+    """Driver-side stand-in for the workers' optimiser: ``state_dict()`` / ``load_state_dict()`` reach
+    the workers; ``param_groups`` is a snapshot (``lr`` as of the last update).
+
+    ``load_state_dict`` first copies the driver model's trainable parameters to every worker
+    (:meth:`DataParallelUpdater.push_weights`): a resume loads the weights into the driver's model and
+    then the optimiser state (trainer/checkpoint.py ``load_checkpoint``), so the replicas follow."""
+
+    def __init__(self, owner: DataParallelUpdater) -> None:
+        self._owner = owner
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [{"lr": self._owner._lr}]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._owner._call("optimizer_state")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._owner.push_weights()
+        self._owner._lr = self._owner._call("load_optimizer_state", state)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """No-op (the workers zero their gradients)."""
+
+
+class _RemoteScheduler:
+    """Driver-side stand-in for the workers' lr scheduler (``state_dict`` / ``load_state_dict``)."""
+
+    def __init__(self, owner: DataParallelUpdater) -> None:
+        self._owner = owner
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._owner._call("scheduler_state")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._owner._lr = self._owner._call("load_scheduler_state", state)
+
+
+class DataParallelUpdater(PolicyUpdater):
+    """:class:`PolicyUpdater` whose updates run data-parallel on ``workers`` Ray actors (module docstring).
+
+    Takes :class:`PolicyUpdater`'s arguments (``model`` is the driver's model: shipped to the workers
+    once and overwritten with the trained weights after every update that stepped; ``optimizer``: its
+    class, constructor defaults, parameter-group hyper-parameters and state are rebuilt on every worker
+    over the replica's trainable parameters; ``ref_model``: a module is shipped as a frozen replica,
+    a bound method of ``model`` such as peft's ``disable_adapter`` is rebound on each replica), plus:
+
+    Args:
+        workers: number of ranks (>= 1; 1 runs one worker actor, useful to measure the overhead).
+        sharding: ``ddp`` (full replica per worker) or ``fsdp`` (FSDP2, sharded).
+        threads: torch threads per worker (= the actor's ``num_cpus``); default: this process's torch
+            threads divided by ``workers`` (at least 1).
+        scheduler_factory: ``optimizer -> lr scheduler`` built on every worker (e.g.
+            ``functools.partial(linear_warmup, steps=N)``); by default derived from ``scheduler``, which
+            must then be a ``LambdaLR`` (its ``lr_lambdas`` are shipped, its state loaded).
+        model_factory: ``() -> model`` building the replica's architecture on the worker (the driver's
+            ``state_dict()`` is then shipped instead of the pickled model); default ``None``.
+        num_cpus: Ray CPUs each worker actor reserves (default ``threads``); a fraction lets the
+            workers share CPUs with other actors (e.g. the extractor's workers beside the actor's).
+        timeout_s: process-group timeout (seconds): a collective that waits longer raises; also the
+            longest the driver waits for the workers without progress (``TimeoutError``).
+
+    Attributes ``optimizer`` and ``scheduler`` are stand-ins (``state_dict`` / ``load_state_dict`` on
+    the workers' objects); ``rng`` is the driver's shuffling generator as in :class:`PolicyUpdater`;
+    ``last_timing`` (seconds) splits the last :meth:`update` into ``call_s`` (the Ray call: shipping
+    the samples, the workers' work, returning the weights), ``compute_s`` (the slowest worker's
+    forwards, backwards, gradient sums and optimiser steps), ``weights_s`` (gathering the weights on
+    rank 0) and ``load_s`` (copying them into the driver's model).
+
+    Raises:
+        ValueError: ``workers < 1``, unknown ``sharding`` or ``loss_agg``.
+        TypeError: a ``scheduler`` that is not a ``LambdaLR`` without ``scheduler_factory``.
+        NotImplementedError: ``fsdp`` with a callable (non-module) KL reference.
+        RuntimeError: not enough free Ray resources (CPUs, GPUs) for the worker actors.
+        ray.exceptions.RayError: a worker failed while setting up (the actors are then killed).
+    """
+
+    def __init__(self, model: Any, optimizer: torch.optim.Optimizer, pad_id: int,
+                 micro_batch_size: int = 8, mini_batches: int = 1, epochs: int = 1,
+                 max_grad_norm: float = 1.0, temperature: float = 1.0, loss_fn: LossFn = ppo_clip_loss,
+                 loss_kwargs: dict | None = None, ref_model: Any = None,
+                 skip_zero_advantage: bool = True, seed: int = 0, loss_agg: str = "token-mean",
+                 recompute_old_logprobs: bool = False, compute_dtype: torch.dtype | None = None,
+                 share_prefix: bool = True, min_shared_prefix: int = 32, scheduler: Any = None, *,
+                 workers: int = 2, sharding: str = "ddp", threads: int | None = None,
+                 scheduler_factory: Callable[[torch.optim.Optimizer], Any] | None = None,
+                 model_factory: Callable[[], Any] | None = None, num_cpus: float | None = None,
+                 timeout_s: float = 1800.0) -> None:
+        import ray
+
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be one of {SHARDINGS}, got {sharding!r}")
+        super().__init__(model, optimizer, pad_id, micro_batch_size=micro_batch_size,
+                         mini_batches=mini_batches, epochs=epochs, max_grad_norm=max_grad_norm,
+                         temperature=temperature, loss_fn=loss_fn, loss_kwargs=loss_kwargs, ref_model=None,
+                         skip_zero_advantage=skip_zero_advantage, seed=seed, loss_agg=loss_agg,
+                         recompute_old_logprobs=recompute_old_logprobs, compute_dtype=compute_dtype,
+                         share_prefix=share_prefix, min_shared_prefix=min_shared_prefix, scheduler=None)
+        self.workers = int(workers)
+        self.sharding = sharding
+        if scheduler is not None and scheduler_factory is None:
+            if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+                raise TypeError("pass scheduler_factory for a scheduler other than LambdaLR "
+                                f"(got {type(scheduler).__name__})")
+            lambdas = list(scheduler.lr_lambdas)
+            scheduler_factory = _LambdaFactory(lambdas)
+        ref_module, ref_method = None, None
+        if ref_model is not None:
+            if isinstance(ref_model, torch.nn.Module):
+                ref_module = ref_model
+            elif callable(ref_model) and getattr(ref_model, "__self__", None) is model:
+                if sharding == "fsdp":
+                    raise NotImplementedError("fsdp with a reference given as a method of the model")
+                ref_method = ref_model.__name__
+            else:
+                raise TypeError("ref_model must be a module or a bound method of model")
+        cuda = torch.cuda.is_available()
+        self.backend = "nccl" if cuda else "gloo"
+        self.threads = max(1, int(threads) if threads else torch.get_num_threads() // self.workers)
+        if not ray.is_initialized():
+            ray.init(num_cpus=max(os.cpu_count() or 1, self.workers * self.threads),
+                     include_dashboard=False, log_to_driver=False)
+        self._timeout = float(timeout_s)
+        cpus = float(num_cpus) if num_cpus is not None else float(self.threads)
+        free = ray.available_resources()
+        need = {"CPU": cpus * self.workers, "GPU": float(self.workers) if cuda else 0.0}
+        short = {k: (v, free.get(k, 0.0)) for k, v in need.items() if v > free.get(k, 0.0) + 1e-9}
+        if short:
+            raise RuntimeError("not enough free Ray resources for the data-parallel workers: "
+                               + ", ".join(f"{k} needs {v:g}, {f:g} free" for k, (v, f) in short.items())
+                               + " (start Ray with more num_cpus, or pass num_cpus= a fraction per worker)")
+        actor = ray.remote(TrainWorker).options(num_cpus=cpus, num_gpus=1 if cuda else 0)
+        self._actors = [actor.remote(r, self.workers, self.threads) for r in range(self.workers)]
+        try:
+            address, port = ray.get(self._actors[0].address.remote(), timeout=self._timeout)
+            spec = {"backend": self.backend, "sharding": sharding, "timeout_s": self._timeout,
+                    "optimizer_cls": type(optimizer), "optimizer_kwargs": _optimizer_kwargs(optimizer),
+                    "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
+                    "scheduler_factory": scheduler_factory, "ref_method": ref_method,
+                    "model_factory": model_factory,
+                    "updater": {"pad_id": pad_id, "micro_batch_size": micro_batch_size,
+                                "mini_batches": mini_batches, "epochs": epochs, "max_grad_norm": max_grad_norm,
+                                "temperature": temperature, "loss_fn": loss_fn, "loss_kwargs": loss_kwargs,
+                                "skip_zero_advantage": skip_zero_advantage, "seed": seed, "loss_agg": loss_agg,
+                                "recompute_old_logprobs": recompute_old_logprobs,
+                                "compute_dtype": compute_dtype, "share_prefix": share_prefix,
+                                "min_shared_prefix": min_shared_prefix}}
+            if model_factory is not None:
+                model_ref, state_ref = None, ray.put(_to_cpu(model.state_dict()))
+            else:
+                model_ref, state_ref = ray.put(model), None
+            ref_ref = ray.put(ref_module) if ref_module is not None else None
+            opt_state = _to_cpu(optimizer.state_dict())
+            sched_state = scheduler.state_dict() if scheduler is not None else None
+            lrs = self._gather([a.setup.remote(address, port, spec, model_ref, state_ref, ref_ref, opt_state,
+                                               sched_state) for a in self._actors])
+        except BaseException:
+            self.close()
+            raise
+        self._lr = lrs[0]
+        self.last_timing: dict[str, float] = {}
+        self.optimizer = _RemoteOptimizer(self)
+        self.scheduler = _RemoteScheduler(self) if scheduler_factory is not None else None
+
+    # ---- driver side --------------------------------------------------------------------------------
+    def _gather(self, refs: list[Any]) -> list[Any]:
+        """``ray.get(refs)``, but raising as soon as any worker fails (the others may be blocked in a
+        collective waiting for it); ``TimeoutError`` after ``timeout_s`` without progress."""
+        import ray
+
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=self._timeout)
+            if not done:
+                raise TimeoutError(f"data-parallel workers made no progress in {self._timeout:.0f} s")
+            ray.get(done)                   # raises the worker's error
+        return ray.get(refs)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """Call ``method`` on every worker (collectives need all ranks) and return rank 0's result."""
+        return self._gather([getattr(a, method).remote(*args) for a in self._actors])[0]
+
+    def plan(self, samples: Sequence[TokenSample]) -> list[list[MicroBatch]]:
+        """The optimiser steps of one update as lists of :class:`MicroBatch`, drawn exactly as
+        ``PolicyUpdater.update`` does (advances :attr:`rng` by one shuffle per epoch)."""
+        units: dict[Hashable, list[int]] = {}
+        for i, s in enumerate(samples):
+            units.setdefault(s.sequence if s.sequence is not None else ("sample", i), []).append(i)
+        unit_list = list(units.values())
+        sharing = (self.share_prefix and self.sharding != "fsdp" and not self.loss_kwargs.get("kl_coef")
+                   and not _checkpointing(self.model))
+        steps: list[list[MicroBatch]] = []
+        index = 0
+        for _ in range(self.epochs):
+            order = unit_list[:]
+            self.rng.shuffle(order)
+            size = math.ceil(len(order) / self.mini_batches) if order else 0
+            for m in range(self.mini_batches):
+                chunk = [i for u in order[m * size:(m + 1) * size] for i in u]
+                if not chunk:
+                    continue
+                weights = token_weights([samples[i] for i in chunk], self.loss_agg)
+                work = [(i, w) for i, w in zip(chunk, weights) if self._trains(samples[i])]
+                if not work:
+                    continue
+                if sharing:
+                    work.sort(key=lambda iw: samples[iw[0]].prompt_ids)
+                micros = []
+                for start in range(0, len(work), self.micro_batch_size):
+                    micro = work[start:start + self.micro_batch_size]
+                    ss = [samples[i] for i, _ in micro]
+                    shared = min(common_prefix_length(ss), min(len(s.prompt_ids) for s in ss) - 1) if sharing else 0
+                    micros.append(MicroBatch(index, tuple(micro), shared if shared >= self.min_shared_prefix else 0))
+                    index += 1
+                steps.append(micros)
+        return steps
+
+    def update(self, samples: Sequence[TokenSample]) -> dict[str, float]:
+        """Optimise on ``samples`` on the workers; same return value as :meth:`PolicyUpdater.update`
+        (statistics summed over all ranks' micro-batches in the one-process order; ``grad_norm`` of the
+        full summed gradient).  The driver's model holds the updated weights when it returns.
+
+        Raises:
+            ray.exceptions.RayError: a worker failed (the group is then unusable: :meth:`close` it).
+            TimeoutError: no worker finished within ``timeout_s``.
+        """
+        import ray
+
+        from crl_bench.trainer.checkpoint import load_trainable
+
+        samples = list(samples)
+        fold = self.recompute_old_logprobs and self.epochs == 1 and self.mini_batches == 1
+        recompute = self.recompute_old_logprobs and not fold and any(self._trains(s) for s in samples)
+        plan = self.plan(samples)
+        results: list[dict[str, Any]] = []
+        t0 = time.perf_counter()
+        if plan:
+            sref = ray.put(samples)
+            results = self._gather([a.update.remote(sref, plan, recompute, fold, True) for a in self._actors])
+        t1 = time.perf_counter()
+        totals: dict[str, float] = {}
+        count = 0
+        trained_tokens = trained_samples = shared_tokens = 0
+        grad_norm, lr, steps = 0.0, self._lr, 0
+        drift: dict[str, float] = {}
+        if results:
+            micro = sorted((m for r in results for m in r["micro"]), key=lambda m: m["index"])
+            diffs = []
+            for m in micro:
+                totals["loss"] = totals.get("loss", 0.0) + m["loss"]
+                for k, v in m["stats"].items():
+                    totals[k] = totals.get(k, 0.0) + v
+                count += 1
+                trained_tokens += m["tokens"]
+                trained_samples += m["samples"]
+                shared_tokens += m["shared"]
+                if m["diffs"] is not None:
+                    diffs.append(m["diffs"])
+            head = results[0]
+            steps = len(head["steps"])
+            if steps:
+                grad_norm, lr = head["steps"][-1]["grad_norm"], head["steps"][-1]["lr"]
+            drift = head["drift"]
+            if diffs:
+                drift = self._drift(torch.cat(diffs))
+            self._lr = head["lr"]
+            if "weights" in head and steps:
+                load_trainable(self.model, head["weights"], "data-parallel update")
+            self.last_timing = {"call_s": t1 - t0, "load_s": time.perf_counter() - t1,
+                                "compute_s": max(r["timing"]["compute_s"] for r in results),
+                                "weights_s": head["timing"]["weights_s"]}
+        out = {k: v / max(count, 1) for k, v in totals.items()}
+        if count:
+            out["loss"] = totals["loss"] / max(steps, 1)
+        out.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(steps), trained_tokens=float(trained_tokens),
+                   trained_samples=float(trained_samples), shared_prefix_tokens=float(shared_tokens), **drift)
+        for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl"):
+            out.setdefault(k, 0.0)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"optimizer", "scheduler", "rng"}``: the workers' optimiser state (integer-id form),
+        scheduler state (or ``None``) and the driver's shuffling generator state."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; load the weights into the driver's model first (the
+        optimiser's ``load_state_dict`` copies them to the workers)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.rng.setstate(state["rng"])
+
+    def push_weights(self) -> None:
+        """Copy the driver model's trainable parameters to every worker (after changing the driver's
+        model outside :meth:`update`, e.g. loading a checkpoint into it)."""
+        import ray
+
+        ref = ray.put({n: p.detach().cpu() for n, p in self.model.named_parameters() if p.requires_grad})
+        self._gather([a.load_weights.remote(ref) for a in self._actors])
+
+    def close(self) -> None:
+        """Leave the process group and kill the worker actors (idempotent; Ray itself stays up)."""
+        import ray
+
+        actors, self._actors = getattr(self, "_actors", []), []
+        if not actors:
+            return
+        try:
+            ray.get([a.close.remote() for a in actors], timeout=30)
+        except Exception:       # noqa: BLE001 - a dead or hung worker is killed anyway
+            pass
+        for a in actors:
+            ray.kill(a)
+
+    def __enter__(self) -> DataParallelUpdater:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+@dataclass
+class _LambdaFactory:
+    """Picklable ``optimizer -> LambdaLR(optimizer, lr_lambdas)`` (the lambdas are shipped by Ray's
+    cloudpickle)."""
+
+    lr_lambdas: list[Callable[[int], float]]
+
+    def __call__(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_lambdas)

@@ -477,9 +477,18 @@ def merge_into(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
         if dataclasses.is_dataclass(current):
             merge_into(current, value, prefix=f"{dotted}.")
         elif isinstance(current, dict) and isinstance(value, dict):
-            setattr(obj, key, {**current, **value})
+            setattr(obj, key, _deep_merge(current, value))
         else:
             setattr(obj, key, _check_type(value, hints[key], dotted))
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``update`` laid over it, mappings merged key by key at every depth (so two
+    ``--set rollout.env_kwargs.ENV.a=...`` and ``...ENV.b=...`` keep both); a new dict."""
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+    return out
 
 
 def parse_override(text: str) -> dict[str, Any]:

@@ -56,6 +56,17 @@ def test_override_parsing_and_precedence():
         parse_override("train.lr")
 
 
+def test_overrides_of_one_env_s_settings_add_up():
+    """Two --set of the same env's constructor settings keep both (a shallow merge kept the last)."""
+    cfg = build_config([preset_data("cpu"),
+                        parse_override("rollout.env_kwargs.minihack-room.variant=MiniHack-Room-5x5-v0"),
+                        parse_override("rollout.env_kwargs.minihack-room.view=crop"),
+                        parse_override("rollout.env_kwargs.sokoban.search_depth=10")])
+    assert cfg.rollout.env_kwargs == {"minihack-room": {"variant": "MiniHack-Room-5x5-v0", "goal_offset": True,
+                                                        "view": "crop"},
+                                      "sokoban": {"search_depth": 10}}
+
+
 def test_mixtures():
     m = resolve_mixture("6task")
     assert set(m.envs) == {"minihack-room", "webshop", "alfworld", "minihack-maze", "minihack-keyroom", "sokoban"}

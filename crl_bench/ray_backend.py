@@ -591,6 +591,33 @@ class RayBackend:
         self.gpus = self.resources.get("GPU", 0) > 0
         self._actors: list[Any] = []
         self._closers: list[Any] = []
+        need = self.needed_resources()
+        short = {k: (v, self.resources.get(k, 0.0)) for k, v in need.items()
+                 if v > self.resources.get(k, 0.0) + 1e-9}
+        if short:     # Ray would wait for the missing resources forever
+            from crl_bench.config import ConfigError
+
+            raise ConfigError("the Ray cluster cannot hold this run's actors: " + ", ".join(
+                f"{k} {v:g} needed, {have:g} in the cluster" for k, (v, have) in short.items())
+                + " (lower ray.engine_cpus / ray.manager_cpus / ray.env_actor_cpus, or start a local Ray "
+                  "with more logical CPUs: --set ray.num_cpus=N)")
+
+    def needed_resources(self) -> dict[str, float]:
+        """CPUs and GPUs the run's actors declare (:class:`~crl_bench.config.RayConfig`): env actors,
+        engines (a GPU each on a GPU cluster) and, for methods with a bank, the manager."""
+        from crl_bench.methods import get_method
+
+        rc = self.cfg.ray
+        cpu = rc.env_actors * rc.env_actor_cpus
+        gpu = 0.0
+        if self.gpus:
+            cpu += rc.engines * 1.0
+            gpu += rc.engines * rc.engine_gpus
+        else:
+            cpu += rc.engines * rc.engine_cpus
+        if get_method(self.cfg.method).uses_experience:
+            cpu += rc.manager_cpus
+        return {"CPU": cpu, **({"GPU": gpu} if gpu else {})}
 
     def env_pool(self) -> RayEnvPool:
         """The run's env pool, its envs in ``ray.env_actors`` actors."""

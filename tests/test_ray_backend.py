@@ -97,6 +97,16 @@ def test_ray_smoke_run_writes_what_the_local_backend_writes(local_ray, tmp_path)
     assert set(ev_r) == set(ev_l) and ev_r["guided"]["episodes"] == ev_l["guided"]["episodes"] == 4
 
 
+@pytest.mark.slow
+def test_actors_that_do_not_fit_the_cluster_are_a_clear_error(local_ray):
+    """Ray would wait forever for resources it does not have: the run says so instead."""
+    from crl_bench.ray_backend import RayBackend
+
+    cfg = build_config([{"backend": "ray", "method": "complementary", "ray": {"engine_cpus": 2}}])
+    with pytest.raises(ConfigError, match=r"CPU 3 needed, 2 in the cluster.*ray.num_cpus"):
+        RayBackend(cfg)
+
+
 def test_backend_settings_are_validated():
     with pytest.raises(ConfigError, match="backend"):
         build_config([{"backend": "slurm"}])

@@ -25,7 +25,8 @@ def bench_backend(method: str = "complementary", mix: str = "minihack-room", pre
 
     The Ray trainer starts a local Ray with ``num_cpus`` logical CPUs (``ray.num_cpus``) unless one is
     running. Returns ``{"local": {...}, "ray": {...}, "ratio": ray / local}`` with the mean seconds
-    of a step and of each phase (:data:`PHASES`) per backend.
+    of a step and of each phase (:data:`PHASES`) per backend, and the mean actor optimiser steps per
+    step (0 when no group had a learning signal: then no weights were sent to the engines).
 
     Raises:
         ImportError: Ray is not installed.
@@ -44,7 +45,8 @@ def bench_backend(method: str = "complementary", mix: str = "minihack-room", pre
             for name, tr in trainers.items():
                 t0 = time.perf_counter()
                 m = tr.train_step().metrics
-                rows[name].append({"step_s": time.perf_counter() - t0, **{k: float(m.get(k, 0.0)) for k in PHASES}})
+                rows[name].append({"step_s": time.perf_counter() - t0, **{k: float(m.get(k, 0.0)) for k in PHASES},
+                                   "optimizer_steps": float(m.get("optimizer_steps", 0.0))})
     finally:
         for tr in trainers.values():
             tr.close()

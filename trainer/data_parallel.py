@@ -60,7 +60,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -73,11 +73,7 @@ from crl_bench.trainer.policy import (
     LossFn,
     PolicyUpdater,
     TokenSample,
-    _checkpointing,
     build_batch,
-    common_prefix_length,
-    shared_prefix_logprobs,
-    token_weights,
 )
 
 __all__ = ["SHARDINGS", "DataParallelUpdater", "MicroBatch", "TrainWorker", "allreduce_sum_hook"]
@@ -263,33 +259,10 @@ class TrainWorker:
     def _micro(self, samples: Sequence[TokenSample], mb: MicroBatch, fold: bool) -> dict[str, Any]:
         """Forward and backward of one micro-batch (the body of ``PolicyUpdater.update``'s loop);
         returns its loss, statistics, token counts and (``fold``) log-prob differences."""
-        up = self.updater
         ss, ws = self._samples_of(samples, mb)
-        if mb.shared:
-            lp, batch = shared_prefix_logprobs(up.model, ss, mb.shared, up.pad_id, up.temperature,
-                                               up.compute_dtype, up.device, ws)
-            ref = None
-        else:
-            batch = build_batch(ss, up.pad_id, up.device, ws)
-            ref = up._ref_logprobs(batch)
-            lp = up._logprobs(up.model, batch)
-        old_lp = batch["old_logprobs"]
-        diffs = None
-        if fold:
-            mask = batch["mask"].bool()
-            diffs = (lp.detach() - old_lp)[mask].float().cpu()
-            old_lp = lp.detach()
-        kwargs = dict(up.loss_kwargs)
-        if ref is not None:
-            kwargs["ref_logprobs"] = ref
-        elif "kl_coef" in kwargs:
-            kwargs.pop("kl_coef")
-        loss, stats = up.loss_fn(lp, old_lp, batch["advantages"], batch["mask"],
-                                 token_weights=batch["token_weights"], **kwargs)
-        loss.backward()
-        return {"index": mb.index, "loss": float(loss.detach()), "stats": stats,
-                "tokens": int(batch["mask"].sum()), "samples": len(ss),
-                "shared": mb.shared * (len(ss) - 1) if mb.shared else 0, "diffs": diffs}
+        out = self.updater.micro_backward(ss, ws, mb.shared, fold)
+        return {"index": mb.index, "loss": out["loss"], "stats": out["stats"], "tokens": out["tokens"],
+                "samples": out["samples"], "shared": out["shared_tokens"], "diffs": out["diffs"]}
 
     def _mine(self, micros: Sequence[Any]) -> list[tuple[Any, bool]]:
         """This rank's share of ``micros`` (position ``p`` goes to rank ``p % world``) as ``(item,
@@ -653,39 +626,19 @@ class DataParallelUpdater(PolicyUpdater):
         """Call ``method`` on every worker (collectives need all ranks) and return rank 0's result."""
         return self._gather([getattr(a, method).remote(*args) for a in self._actors])[0]
 
-    def plan(self, samples: Sequence[TokenSample]) -> list[list[MicroBatch]]:
-        """The optimiser steps of one update as lists of :class:`MicroBatch`, drawn exactly as
-        ``PolicyUpdater.update`` does (advances :attr:`rng` by one shuffle per epoch)."""
-        units: dict[Hashable, list[int]] = {}
-        for i, s in enumerate(samples):
-            units.setdefault(s.sequence if s.sequence is not None else ("sample", i), []).append(i)
-        unit_list = list(units.values())
-        sharing = (self.share_prefix and self.sharding != "fsdp" and not self.loss_kwargs.get("kl_coef")
-                   and not _checkpointing(self.model))
+    def sharing(self) -> bool:
+        """:meth:`PolicyUpdater.sharing`, and never with FSDP (its two forwards per micro-batch would
+        break the ranks' lockstep collectives)."""
+        return self.sharding != "fsdp" and super().sharing()
+
+    def plan(self, samples: Sequence[TokenSample]) -> list[list[MicroBatch]]:  # type: ignore[override]
+        """:meth:`PolicyUpdater.plan` (the same draws: advances :attr:`rng` by one shuffle per epoch),
+        its micro-batches numbered in order as :class:`MicroBatch`."""
         steps: list[list[MicroBatch]] = []
         index = 0
-        for _ in range(self.epochs):
-            order = unit_list[:]
-            self.rng.shuffle(order)
-            size = math.ceil(len(order) / self.mini_batches) if order else 0
-            for m in range(self.mini_batches):
-                chunk = [i for u in order[m * size:(m + 1) * size] for i in u]
-                if not chunk:
-                    continue
-                weights = token_weights([samples[i] for i in chunk], self.loss_agg)
-                work = [(i, w) for i, w in zip(chunk, weights) if self._trains(samples[i])]
-                if not work:
-                    continue
-                if sharing:
-                    work.sort(key=lambda iw: samples[iw[0]].prompt_ids)
-                micros = []
-                for start in range(0, len(work), self.micro_batch_size):
-                    micro = work[start:start + self.micro_batch_size]
-                    ss = [samples[i] for i, _ in micro]
-                    shared = min(common_prefix_length(ss), min(len(s.prompt_ids) for s in ss) - 1) if sharing else 0
-                    micros.append(MicroBatch(index, tuple(micro), shared if shared >= self.min_shared_prefix else 0))
-                    index += 1
-                steps.append(micros)
+        for micros in super().plan(samples):
+            steps.append([MicroBatch(index + k, items, shared) for k, (items, shared) in enumerate(micros)])
+            index += len(micros)
         return steps
 
     def update(self, samples: Sequence[TokenSample]) -> dict[str, float]:

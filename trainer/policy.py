@@ -347,6 +347,96 @@ class PolicyUpdater:
                 "behaviour_ratio_std": float(ratio.std(unbiased=False)),
                 "behaviour_ratio_min": float(ratio.min()), "behaviour_ratio_max": float(ratio.max())}
 
+    def sharing(self) -> bool:
+        """Whether micro-batches compute the prompt prefix they share once (``share_prefix``; not with
+        a KL term or activation checkpointing)."""
+        return self.share_prefix and not self.loss_kwargs.get("kl_coef") and not _checkpointing(self.model)
+
+    def plan(self, samples: Sequence[TokenSample]) -> list[list[tuple[tuple[tuple[int, float], ...], int]]]:
+        """The optimiser steps of one update over ``samples``: for each step its micro-batches, each
+        ``(((sample index, token weight), ...), shared prefix length)`` (0: no shared-prefix forward).
+
+        Sequences (an episode's turns) are the unit of shuffling (this updater's generator, one shuffle
+        per epoch: the generator advances) and of mini-batching; token weights
+        (:func:`token_weights`) are computed over the whole mini-batch; samples without a learning signal
+        are left out; with :meth:`sharing` the step's samples are sorted by prompt (the order of
+        micro-batches within one optimiser step is free) and a micro-batch whose samples share at least
+        ``min_shared_prefix`` prompt tokens (each keeps one: its logits predict the first response
+        token) computes them once.  :class:`~crl_bench.trainer.data_parallel.DataParallelUpdater`
+        deals the same plan out to its workers.
+        """
+        units: dict[Hashable, list[int]] = {}
+        for i, s in enumerate(samples):
+            units.setdefault(s.sequence if s.sequence is not None else ("sample", i), []).append(i)
+        unit_list = list(units.values())
+        sharing = self.sharing()
+        steps = []
+        for _ in range(self.epochs):
+            order = unit_list[:]
+            self.rng.shuffle(order)
+            size = math.ceil(len(order) / self.mini_batches) if order else 0
+            for m in range(self.mini_batches):
+                chunk = [i for u in order[m * size:(m + 1) * size] for i in u]
+                if not chunk:
+                    continue
+                weights = token_weights([samples[i] for i in chunk], self.loss_agg)
+                work = [(i, w) for i, w in zip(chunk, weights) if self._trains(samples[i])]
+                if not work:
+                    continue
+                if sharing:
+                    work.sort(key=lambda iw: samples[iw[0]].prompt_ids)
+                micros = []
+                for start in range(0, len(work), self.micro_batch_size):
+                    micro = tuple(work[start:start + self.micro_batch_size])
+                    ss = [samples[i] for i, _ in micro]
+                    shared = min(common_prefix_length(ss), min(len(s.prompt_ids) for s in ss) - 1) if sharing else 0
+                    micros.append((micro, shared if shared >= self.min_shared_prefix else 0))
+                steps.append(micros)
+        return steps
+
+    def micro_backward(self, samples: Sequence[TokenSample], weights: Sequence[float], shared: int,
+                       fold: bool) -> dict[str, Any]:
+        """Forward and backward of one micro-batch (gradients accumulate in the parameters).
+
+        Args:
+            samples: its samples; ``weights``: their token weights (from :meth:`plan`).
+            shared: prompt tokens all samples share and compute once (0: the plain padded forward, and
+                the KL reference when there is one).
+            fold: the batch's old log-probs are the training forward's (one optimiser step per update
+                with ``recompute_old_logprobs``): use them and return their differences.
+
+        Returns:
+            ``loss`` (this micro-batch's partial sum of the step loss), ``stats`` (the loss function's),
+            ``tokens`` and ``samples`` trained, ``shared_tokens`` (prompt tokens not recomputed) and
+            ``diffs`` (recomputed minus behaviour log-probs of its response tokens, or ``None``).
+        """
+        samples = list(samples)
+        if shared:
+            lp, batch = shared_prefix_logprobs(self.model, samples, shared, self.pad_id, self.temperature,
+                                               self.compute_dtype, self.device, list(weights))
+            ref = None
+        else:
+            batch = build_batch(samples, self.pad_id, self.device, list(weights))
+            ref = self._ref_logprobs(batch)
+            lp = self._logprobs(self.model, batch)
+        old_lp = batch["old_logprobs"]
+        diffs = None
+        if fold:
+            mask = batch["mask"].bool()
+            diffs = (lp.detach() - old_lp)[mask].float().cpu()
+            old_lp = lp.detach()
+        kwargs = dict(self.loss_kwargs)
+        if ref is not None:
+            kwargs["ref_logprobs"] = ref
+        elif "kl_coef" in kwargs:
+            kwargs.pop("kl_coef")
+        loss, stats = self.loss_fn(lp, old_lp, batch["advantages"], batch["mask"],
+                                   token_weights=batch["token_weights"], **kwargs)
+        loss.backward()
+        return {"loss": float(loss.detach()), "stats": stats, "tokens": int(batch["mask"].sum()),
+                "samples": len(samples), "shared_tokens": shared * (len(samples) - 1) if shared else 0,
+                "diffs": diffs}
+
     def update(self, samples: Sequence[TokenSample]) -> dict[str, float]:
         """Optimise on ``samples``; returns mean loss statistics over micro-batches.
 
@@ -376,73 +466,30 @@ class PolicyUpdater:
             self.model.eval()
             samples, drift = self._recompute(samples)
         self.model.train()
-        # the unit of shuffling and mini-batching is a sequence (an episode's turns stay together)
-        units: dict[Hashable, list[TokenSample]] = {}
-        for i, s in enumerate(samples):
-            units.setdefault(s.sequence if s.sequence is not None else ("sample", i), []).append(s)
-        unit_list = list(units.values())
-        for _ in range(self.epochs):
-            order = unit_list[:]
-            self.rng.shuffle(order)
-            size = math.ceil(len(order) / self.mini_batches) if order else 0
-            for m in range(self.mini_batches):
-                chunk = [s for u in order[m * size:(m + 1) * size] for s in u]
-                if not chunk:
-                    continue
-                weights = token_weights(chunk, self.loss_agg)
-                work = [(s, w) for s, w in zip(chunk, weights) if self._trains(s)]
-                if not work:
-                    continue
-                self.optimizer.zero_grad(set_to_none=True)
-                sharing = (self.share_prefix and not self.loss_kwargs.get("kl_coef")
-                           and not _checkpointing(self.model))
-                if sharing:             # one optimiser step: the order of micro-batches is free
-                    work.sort(key=lambda sw: sw[0].prompt_ids)
-                for start in range(0, len(work), self.micro_batch_size):
-                    micro = work[start:start + self.micro_batch_size]
-                    # (each sample keeps a prompt token: its logits predict the first response token)
-                    shared = min(common_prefix_length([s for s, _ in micro]),
-                                 min(len(s.prompt_ids) for s, _ in micro) - 1) if sharing else 0
-                    if shared >= self.min_shared_prefix:
-                        lp, batch = shared_prefix_logprobs(
-                            self.model, [s for s, _ in micro], shared, self.pad_id, self.temperature,
-                            self.compute_dtype, self.device, [w for _, w in micro])
-                        ref = None
-                        shared_tokens += shared * (len(micro) - 1)
-                    else:
-                        batch = build_batch([s for s, _ in micro], self.pad_id, self.device, [w for _, w in micro])
-                        ref = self._ref_logprobs(batch)
-                        lp = self._logprobs(self.model, batch)
-                    old_lp = batch["old_logprobs"]
-                    if fold:
-                        mask = batch["mask"].bool()
-                        diffs.append((lp.detach() - old_lp)[mask].float().cpu())
-                        old_lp = lp.detach()
-                    kwargs = dict(self.loss_kwargs)
-                    if ref is not None:
-                        kwargs["ref_logprobs"] = ref
-                    elif "kl_coef" in kwargs:
-                        kwargs.pop("kl_coef")
-                    loss, stats = self.loss_fn(lp, old_lp, batch["advantages"],
-                                               batch["mask"], token_weights=batch["token_weights"], **kwargs)
-                    loss.backward()
-                    totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
-                    for k, v in stats.items():
-                        totals[k] = totals.get(k, 0.0) + v
-                    count += 1
-                    trained_tokens += int(batch["mask"].sum())
-                    trained_samples += len(micro)
-                params = [p for p in self.model.parameters() if p.requires_grad]
-                if self.max_grad_norm > 0:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
-                else:
-                    grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params
-                                                              if p.grad is not None])))
-                lr = float(self.optimizer.param_groups[0]["lr"])
-                self.optimizer.step()
-                if self.scheduler is not None:
-                    self.scheduler.step()
-                steps += 1
+        for micros in self.plan(samples):
+            self.optimizer.zero_grad(set_to_none=True)
+            for micro, shared in micros:
+                out = self.micro_backward([samples[i] for i, _ in micro], [w for _, w in micro], shared, fold)
+                totals["loss"] = totals.get("loss", 0.0) + out["loss"]
+                for k, v in out["stats"].items():
+                    totals[k] = totals.get(k, 0.0) + v
+                if out["diffs"] is not None:
+                    diffs.append(out["diffs"])
+                count += 1
+                trained_tokens += out["tokens"]
+                trained_samples += out["samples"]
+                shared_tokens += out["shared_tokens"]
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            if self.max_grad_norm > 0:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+            else:
+                grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params
+                                                          if p.grad is not None])))
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            self.optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
+            steps += 1
         if diffs:
             drift = self._drift(torch.cat(diffs))
         out = {k: v / max(count, 1) for k, v in totals.items()}

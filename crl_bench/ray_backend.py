@@ -73,7 +73,7 @@ def init_ray(rc: RayConfig) -> dict[str, Any]:
 
     Raises:
         ImportError: Ray is not installed (names the extra).
-        ConnectionError: the address does not answer (from Ray).
+        ConfigError: the address does not answer, or refuses this process's authentication.
     """
     if not ray_available():
         raise ImportError("backend=ray needs Ray: pip install 'crl-bench[ray]' (or CRL_EXTRAS=ray bash install.sh)")
@@ -85,7 +85,14 @@ def init_ray(rc: RayConfig) -> dict[str, Any]:
                                   "runtime_env": {"env_vars": env_vars} if env_vars else None}
         address = rc.address or os.environ.get("RAY_ADDRESS") or None
         if address:
-            ray.init(address=address, **kwargs)
+            try:
+                ray.init(address=address, **kwargs)
+            except ConnectionError as e:
+                from crl_bench.config import ConfigError
+
+                raise ConfigError(f"cannot join the Ray cluster at {address!r} (ray.address / --ray-address / "
+                                  f"RAY_ADDRESS): {e}. Is it running (`ray status`), and do this process and the "
+                                  "cluster agree on RAY_AUTH_MODE and its token (~/.ray/auth_token)?") from None
         else:
             ray.init(num_cpus=rc.num_cpus or os.cpu_count() or 1, **kwargs)
     return dict(ray.cluster_resources())

@@ -170,6 +170,38 @@ def test_torn_and_stale_checkpoints_are_never_loaded_and_old_ones_are_pruned(tmp
     other.close()
 
 
+def test_a_full_disk_is_a_clear_error_and_keeps_the_earlier_checkpoint(tmp_path, tokenizer, tiny_model,
+                                                                         monkeypatch):
+    """torch.save reports a full disk as ``RuntimeError: ... unexpected pos``: save_checkpoint turns it
+    into an OSError naming the folder and the free space, removes its half-written folder and leaves
+    the previous checkpoint loadable."""
+    import crl_bench.trainer.checkpoint as ck
+
+    tr = _trainer(tmp_path / "run", tiny_model, copy.deepcopy(tiny_model), tokenizer, "grpo")
+    run = tr.writer.dir
+    tr.train_step()
+    first = save_checkpoint(tr, run, keep=2)
+    tr.train_step()
+    real_save, calls = torch.save, []
+
+    def full_disk(obj, f, *a, **k):
+        calls.append(f)
+        if len(calls) == 2:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 520421568 vs 520421456")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(ck.torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"could not write the checkpoint .*step-000002 \(.* GiB free") as err:
+        save_checkpoint(tr, run, keep=2)
+    assert "unexpected pos" in str(err.value) and isinstance(err.value.__cause__, RuntimeError)
+    assert list_checkpoints(run) == [first]
+    assert not list((run / "checkpoints").glob(".step-*.tmp"))
+    monkeypatch.setattr(ck.torch, "save", real_save)
+    load_checkpoint(tr, latest_checkpoint(run))
+    assert tr.step == 1
+    tr.close()
+
+
 def test_restore_cuts_logs_back_to_the_checkpoint(tmp_path):
     """metrics.jsonl and episodes.jsonl lose the lines (and the torn half line) written after the
     checkpoint; without a checkpoint the run starts over."""

@@ -168,8 +168,9 @@ def save_checkpoint(trainer: Any, run_dir: str | Path, keep: int = 2) -> Path:
     clears the engines' prefix stores (module docstring). Returns the checkpoint folder.
 
     Raises:
-        OSError: the disk is full or not writable (the temporary folder is removed; earlier
-            checkpoints stay).
+        OSError: the disk is full or not writable, naming the folder and the free space (torch's
+            own error, a RuntimeError for a full disk, is chained); the temporary folder is removed
+            and earlier checkpoints stay.
     """
     run_dir = Path(run_dir)
     root = run_dir / CHECKPOINTS
@@ -203,6 +204,11 @@ def save_checkpoint(trainer: Any, run_dir: str | Path, keep: int = 2) -> Path:
             shutil.rmtree(final)
         tmp.rename(final)
         _fsync_dir(root)
+    except (OSError, RuntimeError) as exc:   # torch.save reports a full disk as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(root).free / 2**30
+        raise OSError(f"could not write the checkpoint {final} ({free:.1f} GiB free on that disk; "
+                      f"earlier checkpoints are kept): {exc}") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -480,6 +480,43 @@ class _RemoteScheduler:
         self._owner._lr = self._owner._call("load_scheduler_state", state)
 
 
+def _wait_for_resources(need: dict[str, float], wait_s: float) -> None:
+    """Return once the Ray cluster has ``need`` (e.g. ``{"CPU": 2.0, "GPU": 0.0}``) free.
+
+    Ray releases a killed actor's CPUs a moment after ``ray.kill`` returns, so an updater built right
+    after another one closed may briefly see them held: free resources are polled for up to ``wait_s``
+    seconds. A cluster whose *total* is below ``need`` could never place the workers (Ray would wait
+    forever), so that is an error at once.
+
+    Raises:
+        RuntimeError: the cluster's total is short of ``need``, or ``need`` is not free after ``wait_s``
+            (other actors hold it); the message names each resource, needed and free.
+    """
+    import ray
+
+    def short(have: dict[str, float]) -> dict[str, tuple[float, float]]:
+        return {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
+
+    def fail(missing: dict[str, tuple[float, float]], what: str, hint: str) -> RuntimeError:
+        return RuntimeError("not enough free Ray resources for the data-parallel workers: "
+                            + ", ".join(f"{k} needs {v:g}, {f:g} {what}" for k, (v, f) in missing.items())
+                            + f" ({hint})")
+
+    missing = short(ray.cluster_resources())
+    if missing:
+        raise fail(missing, "in the cluster",
+                   "start Ray with more num_cpus, or pass num_cpus= a fraction per worker")
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        missing = short(ray.available_resources())
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise fail(missing, f"free after waiting {wait_s:g} s",
+                       "other actors hold them; close them, or pass num_cpus= a fraction per worker")
+        time.sleep(0.2)
+
+
 class DataParallelUpdater(PolicyUpdater):
     """:class:`PolicyUpdater` whose updates run data-parallel on ``workers`` Ray actors (module docstring).
 
@@ -568,13 +605,8 @@ class DataParallelUpdater(PolicyUpdater):
                      include_dashboard=False, log_to_driver=False)
         self._timeout = float(timeout_s)
         cpus = float(num_cpus) if num_cpus is not None else float(self.threads)
-        free = ray.available_resources()
         need = {"CPU": cpus * self.workers, "GPU": float(self.workers) if cuda else 0.0}
-        short = {k: (v, free.get(k, 0.0)) for k, v in need.items() if v > free.get(k, 0.0) + 1e-9}
-        if short:
-            raise RuntimeError("not enough free Ray resources for the data-parallel workers: "
-                               + ", ".join(f"{k} needs {v:g}, {f:g} free" for k, (v, f) in short.items())
-                               + " (start Ray with more num_cpus, or pass num_cpus= a fraction per worker)")
+        _wait_for_resources(need, min(self._timeout, 60.0))
         actor = ray.remote(TrainWorker).options(num_cpus=cpus, num_gpus=1 if cuda else 0)
         self._actors = [actor.remote(r, self.workers, self.threads) for r in range(self.workers)]
         try:

@@ -636,6 +636,13 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("model.lora=true is not supported with generation.engine=vllm (the adapters would "
                           "have to be merged before every weight sync); use full fine-tuning or "
                           "generation.engine=transformers")
+    if cfg.backend == "ray" and cfg.generation.engine == "vllm":
+        raise ConfigError("generation.engine=vllm runs with backend=local; backend=ray runs the transformers "
+                          "engine in its engine actors")
+    if cfg.train.sharding == "fsdp" and cfg.train.workers > 1 and cfg.model.lora and cfg.train.kl_coef > 0:
+        raise ConfigError("train.sharding=fsdp cannot take a KL term with model.lora=true (the reference is the "
+                          "sharded model with its adapters switched off); use train.sharding=ddp, or "
+                          "train.kl_coef=0")
     for key, ok in checks:
         if not ok:
             section, _, name = key.partition(".")

@@ -35,6 +35,11 @@ def test_bad_value_is_named():
             build_config([{section: {name: value}}])
     with pytest.raises(ConfigError, match="train.recompute_old_logprobs"):
         build_config([{"generation": {"engine": "vllm"}, "train": {"recompute_old_logprobs": False}}])
+    with pytest.raises(ConfigError, match="generation.engine=vllm runs with backend=local"):
+        build_config([{"backend": "ray", "generation": {"engine": "vllm"}}])
+    with pytest.raises(ConfigError, match="train.sharding=fsdp cannot take a KL term with model.lora"):
+        build_config([{"train": {"workers": 2, "sharding": "fsdp", "kl_coef": 0.01}, "model": {"lora": True}}])
+    build_config([{"train": {"workers": 2, "sharding": "ddp", "kl_coef": 0.01}, "model": {"lora": True}}])
 
 
 def test_released_defaults():

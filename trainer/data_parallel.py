@@ -73,6 +73,7 @@ from crl_bench.trainer.policy import (
     LossFn,
     PolicyUpdater,
     TokenSample,
+    UpdateStats,
     build_batch,
 )
 
@@ -261,8 +262,7 @@ class TrainWorker:
         returns its loss, statistics, token counts and (``fold``) log-prob differences."""
         ss, ws = self._samples_of(samples, mb)
         out = self.updater.micro_backward(ss, ws, mb.shared, fold)
-        return {"index": mb.index, "loss": out["loss"], "stats": out["stats"], "tokens": out["tokens"],
-                "samples": out["samples"], "shared": out["shared_tokens"], "diffs": out["diffs"]}
+        return {"index": mb.index, **out}
 
     def _mine(self, micros: Sequence[Any]) -> list[tuple[Any, bool]]:
         """This rank's share of ``micros`` (position ``p`` goes to rank ``p % world``) as ``(item,
@@ -551,7 +551,7 @@ class DataParallelUpdater(PolicyUpdater):
     Raises:
         ValueError: ``workers < 1``, unknown ``sharding`` or ``loss_agg``.
         TypeError: a ``scheduler`` that is not a ``LambdaLR`` without ``scheduler_factory``.
-        NotImplementedError: ``fsdp`` with a callable (non-module) KL reference.
+        ValueError: ``fsdp`` with a callable (non-module) KL reference (LoRA's ``disable_adapter``).
         RuntimeError: not enough free Ray resources (CPUs, GPUs) for the worker actors.
         ray.exceptions.RayError: a worker failed while setting up (the actors are then killed).
     """
@@ -593,7 +593,8 @@ class DataParallelUpdater(PolicyUpdater):
                 ref_module = ref_model
             elif callable(ref_model) and getattr(ref_model, "__self__", None) is model:
                 if sharding == "fsdp":
-                    raise NotImplementedError("fsdp with a reference given as a method of the model")
+                    raise ValueError("sharding='fsdp' takes the reference as a module, not a method of the "
+                                     "model (LoRA's disable_adapter): use sharding='ddp'")
                 ref_method = ref_model.__name__
             else:
                 raise TypeError("ref_model must be a module or a bound method of model")
@@ -696,45 +697,24 @@ class DataParallelUpdater(PolicyUpdater):
             sref = ray.put(samples)
             results = self._gather([a.update.remote(sref, plan, recompute, fold, True) for a in self._actors])
         t1 = time.perf_counter()
-        totals: dict[str, float] = {}
-        count = 0
-        trained_tokens = trained_samples = shared_tokens = 0
+        acc = UpdateStats()
         grad_norm, lr, steps = 0.0, self._lr, 0
         drift: dict[str, float] = {}
         if results:
-            micro = sorted((m for r in results for m in r["micro"]), key=lambda m: m["index"])
-            diffs = []
-            for m in micro:
-                totals["loss"] = totals.get("loss", 0.0) + m["loss"]
-                for k, v in m["stats"].items():
-                    totals[k] = totals.get(k, 0.0) + v
-                count += 1
-                trained_tokens += m["tokens"]
-                trained_samples += m["samples"]
-                shared_tokens += m["shared"]
-                if m["diffs"] is not None:
-                    diffs.append(m["diffs"])
+            for m in sorted((m for r in results for m in r["micro"]), key=lambda m: m["index"]):
+                acc.add(m)
             head = results[0]
             steps = len(head["steps"])
             if steps:
                 grad_norm, lr = head["steps"][-1]["grad_norm"], head["steps"][-1]["lr"]
             drift = head["drift"]
-            if diffs:
-                drift = self._drift(torch.cat(diffs))
             self._lr = head["lr"]
             if "weights" in head and steps:
                 load_trainable(self.model, head["weights"], "data-parallel update")
             self.last_timing = {"call_s": t1 - t0, "load_s": time.perf_counter() - t1,
                                 "compute_s": max(r["timing"]["compute_s"] for r in results),
                                 "weights_s": head["timing"]["weights_s"]}
-        out = {k: v / max(count, 1) for k, v in totals.items()}
-        if count:
-            out["loss"] = totals["loss"] / max(steps, 1)
-        out.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(steps), trained_tokens=float(trained_tokens),
-                   trained_samples=float(trained_samples), shared_prefix_tokens=float(shared_tokens), **drift)
-        for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl"):
-            out.setdefault(k, 0.0)
-        return out
+        return acc.result(steps, grad_norm, lr, drift)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"optimizer", "scheduler", "rng"}``: the workers' optimiser state (integer-id form),

@@ -728,7 +728,7 @@ def resume_training(run_dir: str | Path, quiet: bool = False) -> str:
     from crl_bench.config import ConfigError, build_config, load_yaml
     from crl_bench.methods import get_method
     from crl_bench.summary import write_summary
-    from crl_bench.trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_run_files
+    from crl_bench.trainer.checkpoint import latest_checkpoint, load_checkpoint, read_meta, restore_run_files
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -749,7 +749,7 @@ def resume_training(run_dir: str | Path, quiet: bool = False) -> str:
         elif p.is_file():
             p.unlink()
     writer = RunWriter.reopen(run_dir)
-    writer.record_resume(int(ckpt.name.split("-")[1]) if ckpt else 0)
+    writer.record_resume(int(read_meta(ckpt)["step"]) if ckpt else 0)
     trainer: Trainer | None = None
     try:
         writer.attach_trackers(open_trackers(cfg.logging, writer.dir, cfg.run_id, cfg.to_dict()))

@@ -233,6 +233,50 @@ def _checkpointing(model: Any) -> bool:
     return False
 
 
+class UpdateStats:
+    """Sums of the per-micro-batch outputs of :meth:`PolicyUpdater.micro_backward` over one update,
+    and the update's metrics row from them (:meth:`result`). The one-process and the data-parallel
+    updaters (trainer/data_parallel.py) both report through it, so their rows have the same keys
+    and the same arithmetic."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self.count = 0
+        self.tokens = 0
+        self.samples = 0
+        self.shared_tokens = 0
+        self.diffs: list[torch.Tensor] = []
+
+    def add(self, out: dict[str, Any]) -> None:
+        """Add one micro-batch's ``micro_backward`` output (``loss``, ``stats``, ``tokens``,
+        ``samples``, ``shared_tokens``, ``diffs``: a 1-D tensor of log-prob differences or ``None``)."""
+        self.totals["loss"] = self.totals.get("loss", 0.0) + out["loss"]
+        for k, v in out["stats"].items():
+            self.totals[k] = self.totals.get(k, 0.0) + v
+        if out["diffs"] is not None:
+            self.diffs.append(out["diffs"])
+        self.count += 1
+        self.tokens += out["tokens"]
+        self.samples += out["samples"]
+        self.shared_tokens += out["shared_tokens"]
+
+    def result(self, steps: int, grad_norm: float, lr: float, drift: dict[str, float]) -> dict[str, float]:
+        """The update's row (keys as :meth:`PolicyUpdater.update` documents): statistics averaged
+        over micro-batches, ``loss`` per optimiser step, and ``drift`` replaced by the statistics of
+        the collected ``diffs`` when there are any."""
+        if self.diffs:
+            drift = PolicyUpdater._drift(torch.cat(self.diffs))
+        out = {k: v / max(self.count, 1) for k, v in self.totals.items()}
+        # "loss" above is a mean of micro-batch partial sums; report the step loss (their sum per step)
+        if self.count:
+            out["loss"] = self.totals["loss"] / max(steps, 1)
+        out.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(steps), trained_tokens=float(self.tokens),
+                   trained_samples=float(self.samples), shared_prefix_tokens=float(self.shared_tokens), **drift)
+        for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl"):
+            out.setdefault(k, 0.0)
+        return out
+
+
 class PolicyUpdater:
     """Runs optimiser steps of a token-level policy loss over a list of :class:`TokenSample`.
 
@@ -447,21 +491,16 @@ class PolicyUpdater:
         ``behaviour_ratio_std`` / ``_min`` / ``_max``.  With no sample carrying a learning signal it
         returns zeros and makes no optimiser step.
         """
-        totals: dict[str, float] = {}
-        count = 0
+        acc = UpdateStats()
         grad_norm = 0.0
         lr = float(self.optimizer.param_groups[0]["lr"])
         steps = 0
-        trained_tokens = 0
-        trained_samples = 0
-        shared_tokens = 0
         samples = list(samples)
         drift: dict[str, float] = {}
         # with one optimiser step over the batch the recomputed old log-probs are exactly the ones the
         # training forward computes before that step, so they are taken from it (detached) instead of
         # a separate no-gradient pass over the same samples
         fold = self.recompute_old_logprobs and self.epochs == 1 and self.mini_batches == 1
-        diffs: list[torch.Tensor] = []
         if self.recompute_old_logprobs and not fold and any(self._trains(s) for s in samples):
             self.model.eval()
             samples, drift = self._recompute(samples)
@@ -469,16 +508,7 @@ class PolicyUpdater:
         for micros in self.plan(samples):
             self.optimizer.zero_grad(set_to_none=True)
             for micro, shared in micros:
-                out = self.micro_backward([samples[i] for i, _ in micro], [w for _, w in micro], shared, fold)
-                totals["loss"] = totals.get("loss", 0.0) + out["loss"]
-                for k, v in out["stats"].items():
-                    totals[k] = totals.get(k, 0.0) + v
-                if out["diffs"] is not None:
-                    diffs.append(out["diffs"])
-                count += 1
-                trained_tokens += out["tokens"]
-                trained_samples += out["samples"]
-                shared_tokens += out["shared_tokens"]
+                acc.add(self.micro_backward([samples[i] for i, _ in micro], [w for _, w in micro], shared, fold))
             params = [p for p in self.model.parameters() if p.requires_grad]
             if self.max_grad_norm > 0:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
@@ -490,14 +520,4 @@ class PolicyUpdater:
             if self.scheduler is not None:
                 self.scheduler.step()
             steps += 1
-        if diffs:
-            drift = self._drift(torch.cat(diffs))
-        out = {k: v / max(count, 1) for k, v in totals.items()}
-        # "loss" above is a mean of micro-batch partial sums; report the step loss (their sum per step)
-        if count:
-            out["loss"] = totals["loss"] / max(steps, 1)
-        out.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(steps), trained_tokens=float(trained_tokens),
-                   trained_samples=float(trained_samples), shared_prefix_tokens=float(shared_tokens), **drift)
-        for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl"):
-            out.setdefault(k, 0.0)
-        return out
+        return acc.result(steps, grad_norm, lr, drift)

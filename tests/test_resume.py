@@ -64,6 +64,9 @@ class ScriptedEngine:
     def sync_weights(self, model):
         self.real.sync_weights(model)
 
+    def clear_prefix_cache(self):
+        self.real.clear_prefix_cache()
+
 
 @pytest.fixture(autouse=True)
 def _coin():

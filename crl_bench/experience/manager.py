@@ -377,10 +377,10 @@ class ExperienceManager:
 
     def clear_caches(self) -> None:
         """Drop the extractor engine's cached prompt prefixes (a checkpoint does: trainer/checkpoint.py)."""
-        store = getattr(getattr(self.extractor, "engine", None), "store", None)
-        if store is not None:
+        clear = getattr(getattr(self.extractor, "engine", None), "clear_prefix_cache", None)
+        if clear is not None:
             with self.extractor_lock:
-                store.clear()
+                clear()
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

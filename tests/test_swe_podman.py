@@ -98,10 +98,13 @@ def test_missing_podman_is_a_clear_error(monkeypatch, tmp_path):
 
 def test_a_service_that_cannot_start_is_reported_with_its_log(monkeypatch, tmp_path):
     """No socket answers, so the env starts ``podman system service`` at CONTAINER_HOST's socket; when
-    that exits, the error says so with the tail of the service's own output (not an older run's)."""
+    that exits, the error says so with the tail of the service's own output (not an older run's). It
+    runs from ``/``, not from the caller's folder (seen: a service started from a CI checkout failed
+    every container start with "write child: broken pipe" once the checkout was deleted)."""
     fake = tmp_path / "bin" / "podman"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho \"args: $*\"\necho 'Error: cannot set up namespace' >&2\nexit 3\n")
+    fake.write_text("#!/bin/sh\necho \"args: $*\"\necho \"cwd: $(pwd)\"\necho 'Error: cannot set up namespace' >&2\n"
+                    "exit 3\n")
     fake.chmod(0o755)
     sock = tmp_path / "run" / "podman.sock"
     monkeypatch.setenv("CONTAINER_HOST", f"unix://{sock}")
@@ -114,6 +117,8 @@ def test_a_service_that_cannot_start_is_reported_with_its_log(monkeypatch, tmp_p
     assert f"podman system service --time=0 unix://{sock}` exited with status 3" in msg, msg
     assert f"args: system service --time=0 unix://{sock}" in msg and "cannot set up namespace" in msg
     assert "older run" not in msg and str(sock) in msg.split("Sockets tried:")[1]
+    # from /: conmon starts in the service's folder; once that is deleted every container start fails
+    assert "cwd: /\n" in msg, msg
 
 
 def test_podman_gets_explicit_rlimits_and_docker_none(monkeypatch):

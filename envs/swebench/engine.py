@@ -166,7 +166,9 @@ def start_podman_service(url: str, wait_s: float = SERVICE_WAIT_S, timeout: int 
     """Start ``podman system service --time=0 <url>`` in the background and return a pinged client of it.
 
     The service runs in a session of its own (it outlives this process, as ``dockerd`` does) with its
-    output in ``$TMPDIR/crl-bench-podman-<uid>.log``. A lock file beside the socket (``<socket>.lock``)
+    output in ``$TMPDIR/crl-bench-podman-<uid>.log``, from ``/``: conmon starts in the service's working
+    folder, and once that folder is deleted (a checkout, a test's temporary folder) every container
+    start fails with "write child: broken pipe". A lock file beside the socket (``<socket>.lock``)
     makes concurrent callers start one service: a caller that finds one answering once it holds the lock
     uses it.
 
@@ -208,7 +210,7 @@ def start_podman_service(url: str, wait_s: float = SERVICE_WAIT_S, timeout: int 
         with open(logfile, "ab") as out:
             proc = subprocess.Popen([exe, "system", "service", "--time=0", f"unix://{path}"], env=env,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True)
+                                    start_new_session=True, close_fds=True, cwd="/")
         _services[path] = proc
         log.info("started `podman system service` (pid %d) at unix://%s, log %s", proc.pid, path, logfile)
         deadline = time.monotonic() + wait_s

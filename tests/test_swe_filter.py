@@ -23,19 +23,25 @@ FIX = json.dumps({"command": "str_replace", "path": "/testbed/calc/__init__.py",
 
 
 class ScriptedEngine:
-    """Replies in the env's prefilled tool-call format: on the first turn the even prompts of a batch
-    fix the bug and the odd ones only look around; every second turn submits."""
+    """Replies in the env's prefilled tool-call format: of the episodes' first turns, in the order they
+    reach the engine, the even-numbered ones fix the bug and the odd ones only look around; every second
+    turn submits. Counting first turns (not the position in a batch) keeps the count of fixes fixed when a
+    slow container start splits the episodes over two generate calls (seen in CI under load: both first
+    turns came as position 0 of their batch and both fixed)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.calls = 0
+        self.first_turns = 0
 
     def generate(self, prompts, params, allowed=None):
         self.calls += 1
         out = []
-        for i, ids in enumerate(prompts):
+        for ids in prompts:
             first = "Your last actions" not in self.tokenizer.decode(ids)
-            if first and i % 2 == 0:
+            if first:
+                self.first_turns += 1
+            if first and self.first_turns % 2 == 1:
                 text = f'str_replace_editor", "arguments": {FIX}}}</tool_call>'
             elif first:
                 text = 'bash", "arguments": {"command": "ls"}}</tool_call>'

@@ -3,6 +3,7 @@ call, bounded buffers, the extractor's own tokenizer, the actor-critic gate, the
 the multi-turn prompt, flushing before rollouts and the paper preset."""
 
 import copy
+import threading
 
 import pytest
 from tests_helpers import CoinEnv, coin_config
@@ -273,16 +274,15 @@ def test_window_layout_with_user_placement_repeats_the_guidance(tokenizer):
 # ---- flush before rollout, the paper preset -------------------------------------------------------
 
 class GatedScripted(Scripted):
-    """A scripted extractor that answers only once ``gate`` is set (or after 5 s)."""
+    """A scripted extractor that answers only once ``gate`` is set (a 120 s cap so a broken test cannot
+    hang; the test opens the gate itself, so how loaded the machine is does not matter)."""
 
     def __init__(self, *args, **kwargs):
-        import threading
-
         super().__init__(*args, **kwargs)
         self.gate = threading.Event()
 
     def generate(self, prompts, params, allowed=None):
-        self.gate.wait(timeout=5.0)
+        self.gate.wait(timeout=120.0)
         return super().generate(prompts, params, allowed)
 
 
@@ -293,7 +293,9 @@ def test_flush_before_rollout_makes_step_two_see_step_one(tokenizer, tiny_model,
     extractor.engine = GatedScripted(tokenizer, "<ops>\n" + ADD + "\n</ops>", extractor.prompts.prefill)
     tr.train_step()
     assert tr.experience.manager.backlog() > 0           # step 1's distillation is still waiting
-    res = tr.train_step()                                # with flush: waits (up to 5 s) for it
+    if flush:                                            # step 2 must wait for it: open the gate 1 s in
+        threading.Timer(1.0, extractor.engine.gate.set).start()
+    res = tr.train_step()
     extractor.engine.gate.set()
     guided = [t for t in res.trajectories if t.subgroup == "guided"]
     if flush:

@@ -21,8 +21,9 @@ experience manager  one :class:`ManagerHost` actor (``manager_cpus``),     :clas
 ==================  =====================================================  ==========================
 
 After each actor update the driver sends the trainable parameters (all weights, or the LoRA
-adapters) to every engine through Ray's object store (``ray.put`` once, each engine copies them into
-its model: the transformers engine's weight-update path); after each CISPO update it sends the
+adapters) to every engine through Ray's object store (``ray.put`` once, in the engines' compute dtype,
+which is lossless as they generate in it; each engine copies them into its model: the transformers
+engine's weight-update path); after each CISPO update it sends the
 extractor's to the manager actor. Env episodes stay independent: an env actor that dies (killed,
 out of memory) fails the episodes it hosted as env errors, as a crashed env does locally, and is
 replaced by a new actor on the next episode.
@@ -121,6 +122,42 @@ def _threads(cpus: float) -> int:
     n = max(1, int(cpus))
     torch.set_num_threads(n)
     return n
+
+
+def wire_state(model: Any, dtype: str | None = None) -> dict[str, Any]:
+    """``model``'s trainable parameters (:func:`~crl_bench.trainer.checkpoint.trainable_state` names) as
+    CPU tensors to send to actors, floating-point ones cast to ``dtype`` where that is narrower.
+
+    The actors that receive them (:class:`EngineHost`, :class:`ManagerHost`) generate from a copy cast to
+    their compute dtype, so sending that dtype changes nothing they compute (float32 -> bf16 -> float32
+    -> bf16 gives the bf16 of the first cast) and halves the bytes through the object store.
+
+    Args:
+        model: the trainer's model (float32 master weights, or LoRA adapters).
+        dtype: the receivers' compute dtype name (``float32`` | ``bfloat16`` | ``float16``), or ``None``
+            to send the parameters' own dtype.
+
+    Returns:
+        name -> tensor; integer tensors and tensors already as narrow as ``dtype`` are sent as they are.
+    """
+    import torch
+
+    from crl_bench.llm.precision import DTYPES
+    from crl_bench.trainer.checkpoint import trainable_state
+
+    to = DTYPES[dtype] if dtype is not None else None
+    out = {}
+    for k, v in trainable_state(model).items():
+        v = v.detach().cpu()
+        if to is not None and v.is_floating_point() and torch.finfo(to).bits < torch.finfo(v.dtype).bits:
+            v = v.to(to)
+        out[k] = v
+    return out
+
+
+def _common_dtype(names: Sequence[str]) -> str | None:
+    """The one compute dtype all receivers share, or ``None`` (send as is) when they differ."""
+    return names[0] if names and len(set(names)) == 1 else None
 
 
 # ---- environments ---------------------------------------------------------------------------------
@@ -356,7 +393,8 @@ class EngineHost:
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        dtype = DTYPES[resolve_dtype(c.model.dtype, next(model.parameters()).device)]
+        self.dtype = resolve_dtype(c.model.dtype, next(model.parameters()).device)
+        dtype = DTYPES[self.dtype]
         self.model = model
         g = c.generation
         self.engine = HFEngine(model, tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
@@ -385,6 +423,10 @@ class EngineHost:
         self.engine.sync_weights(self.model)
         return len(state)
 
+    def compute_dtype(self) -> str:
+        """The dtype this engine generates in (what :func:`wire_state` may send it)."""
+        return self.dtype
+
     def counters(self) -> dict[str, int]:
         return dict(self.engine.counters)
 
@@ -396,11 +438,14 @@ class RemoteEngine:
     """The driver's :class:`~crl_bench.llm.base.Engine` over ``ray.engines`` :class:`EngineHost`
     actors: a batch of prompts is split into contiguous parts, one per engine, generated in parallel
     and returned in order; :meth:`sync_weights` sends the trainer's trainable parameters to every
-    engine once per update."""
+    engine once per update, in the engines' compute dtype (:func:`wire_state`)."""
 
     def __init__(self, hosts: list[Any], tokenizer: Any) -> None:
+        import ray
+
         self.hosts = hosts
         self.tokenizer = tokenizer
+        self.wire_dtype = _common_dtype(ray.get([h.compute_dtype.remote() for h in hosts]))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  allowed: Sequence[Sequence[str] | None] | None = None) -> list[Generation]:
@@ -415,13 +460,11 @@ class RemoteEngine:
         return [g for part in ray.get(refs) for g in part]
 
     def sync_weights(self, model: Any) -> None:
-        """Send ``model``'s trainable parameters (CPU copies, once through the object store) to every
-        engine and wait until all have loaded them."""
+        """Send ``model``'s trainable parameters (CPU copies in the engines' compute dtype, once through
+        the object store) to every engine and wait until all have loaded them."""
         import ray
 
-        from crl_bench.trainer.checkpoint import trainable_state
-
-        ref = ray.put({k: v.detach().cpu() for k, v in trainable_state(model).items()})
+        ref = ray.put(wire_state(model, self.wire_dtype))
         ray.get([h.load_weights.remote(ref) for h in self.hosts])
 
     @property
@@ -469,7 +512,8 @@ class ManagerHost:
         torch.manual_seed(c.train.seed)
         name = c.model.name if c.extractor.model == "same" else c.extractor.model
         model, tokenizer = load_model_and_tokenizer(name, "float32")
-        dtype = DTYPES[resolve_dtype(c.model.dtype, next(model.parameters()).device)]
+        self.dtype = resolve_dtype(c.model.dtype, next(model.parameters()).device)
+        dtype = DTYPES[self.dtype]
         for p in model.parameters():
             p.requires_grad_(False)
         if not trains:
@@ -488,6 +532,10 @@ class ManagerHost:
         load_trainable(self.model, state, "extractor weights")
         for p in self.model.parameters():
             p.requires_grad_(False)
+
+    def compute_dtype(self) -> str:
+        """The dtype the extractor generates in (what :func:`wire_state` may send it)."""
+        return self.dtype
 
     def extractor_updated(self, state: dict[str, Any], version: int) -> None:
         """Load the trainer's extractor parameters (distillation waits meanwhile) and stamp ``version``."""
@@ -510,7 +558,10 @@ class RemoteManager:
     :class:`~crl_bench.experience.manager.ExperienceManager` methods the experience track calls."""
 
     def __init__(self, host: Any) -> None:
+        import ray
+
         self.host = host
+        self.wire_dtype = ray.get(host.compute_dtype.remote())
 
     def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:
         import ray
@@ -552,12 +603,11 @@ class RemoteManager:
         return contextlib.nullcontext()
 
     def extractor_updated(self, model: Any, version: int) -> None:
-        """Send the trainer's extractor parameters to the actor (once through the object store)."""
+        """Send the trainer's extractor parameters to the actor (once through the object store, in the
+        actor's compute dtype: :func:`wire_state`)."""
         import ray
 
-        from crl_bench.trainer.checkpoint import trainable_state
-
-        ref = ray.put({k: v.detach().cpu() for k, v in trainable_state(model).items()})
+        ref = ray.put(wire_state(model, self.wire_dtype))
         ray.get(self.host.extractor_updated.remote(ref, version))
 
     def clear_caches(self) -> None:

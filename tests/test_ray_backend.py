@@ -113,3 +113,71 @@ def test_backend_settings_are_validated():
     with pytest.raises(ConfigError, match="ray.env_actors"):
         build_config([{"backend": "ray", "ray": {"env_actors": 0}}])
     assert main(["run", "--resume", "/nonexistent", "--backend", "ray"]) == 2
+
+
+def test_weights_go_to_actors_in_their_compute_dtype(tiny_model):
+    """wire_state sends floating parameters in the receivers' compute dtype (half the bytes of float32
+    for bf16 engines), leaves them as they are when the receivers differ or compute in float32."""
+    import torch
+
+    from crl_bench.ray_backend import _common_dtype, wire_state
+    from crl_bench.trainer.checkpoint import trainable_state
+
+    names = set(trainable_state(tiny_model))
+    bf16 = wire_state(tiny_model, "bfloat16")
+    assert set(bf16) == names and all(v.dtype == torch.bfloat16 for v in bf16.values())
+    assert sum(v.nbytes for v in bf16.values()) * 2 == sum(v.nbytes for v in wire_state(tiny_model).values())
+    assert all(v.dtype == torch.float32 for v in wire_state(tiny_model, "float32").values())
+    assert all(v.dtype == torch.float32 for v in wire_state(tiny_model, None).values())
+    assert _common_dtype(["bfloat16", "bfloat16"]) == "bfloat16"
+    assert _common_dtype(["bfloat16", "float32"]) is None and _common_dtype([]) is None
+
+
+def test_sending_the_compute_dtype_changes_nothing_the_engine_generates_from(tiny_model, tokenizer):
+    """An engine host (float32 copy, bf16 generation copy) loaded from bf16 wire weights holds the same
+    bf16 generation weights, bit for bit, as one loaded from the float32 master weights."""
+    import copy
+
+    import torch
+
+    from crl_bench.llm.hf_engine import HFEngine
+    from crl_bench.ray_backend import wire_state
+    from crl_bench.trainer.checkpoint import load_trainable
+
+    trainer = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in trainer.parameters():        # "trained": values with bits below bf16's precision
+            p.add_(torch.randn_like(p) * 1e-3)
+    engines = []
+    for dtype in (None, "bfloat16"):
+        host = copy.deepcopy(tiny_model)
+        engine = HFEngine(host, tokenizer, compute_dtype=torch.bfloat16)
+        engine.sync_weights(host)
+        load_trainable(host, wire_state(trainer, dtype), "engine weights")
+        engine.sync_weights(host)
+        engines.append(engine)
+    full, wire = ([p for p in e.generator.parameters()] for e in engines)
+    assert all(p.dtype == torch.bfloat16 for p in full)
+    assert all(torch.equal(a, b) for a, b in zip(full, wire))
+    assert not torch.equal(full[0].float(), trainer.get_input_embeddings().weight)   # the cast did round
+
+
+def test_sync_bench_alternates_the_two_wire_dtypes_and_restores_the_run_one(tiny_model):
+    from crl_bench.bench.backend import bench_sync
+    from crl_bench.ray_backend import wire_state
+
+    class Recording:
+        wire_dtype = "bfloat16"
+        sent: list = []
+
+        def sync_weights(self, model):
+            self.sent.append(next(iter(wire_state(model, self.wire_dtype).values())).dtype)
+
+    import torch
+
+    eng = Recording()
+    res = bench_sync(eng, tiny_model, repeats=2)
+    assert eng.sent == [torch.bfloat16, torch.float32] * 2 + [torch.bfloat16]   # the last: back to the run's
+    assert eng.wire_dtype == "bfloat16" and res["wire_dtype"] == "bfloat16"
+    assert res["mb"]["float32"] == pytest.approx(2 * res["mb"]["compute_dtype"])
+    assert res["compute_dtype_s"] > 0 and res["float32_s"] > 0

@@ -1,7 +1,8 @@
 """``crl-bench bench backend``: whole training steps on the Ray backend against the local backend
 (same preset, mix, method and seed; one process drives both), interleaved step by step: the
 overhead of the Ray actors (envs, engines and the experience manager out of process, weights sent
-through Ray's object store after each update)."""
+through Ray's object store after each update). Then the actor's weight sync to the engine actors,
+in the engines' compute dtype (what runs send) against float32, interleaved."""
 
 from __future__ import annotations
 
@@ -18,15 +19,45 @@ HELP = "training step time, Ray backend vs local"
 PHASES = ("time_rollout_s", "time_generate_s", "time_env_s", "time_update_s", "time_experience_s")
 
 
+def bench_sync(engine: Any, model: Any, repeats: int = 3) -> dict[str, Any]:
+    """Seconds per :meth:`~crl_bench.ray_backend.RemoteEngine.sync_weights` of ``model`` to the Ray
+    engines, sending the engines' compute dtype (``engine.wire_dtype``, what runs do) and float32,
+    alternating ``repeats`` times each.
+
+    Returns:
+        ``{"wire_dtype": name or None, "compute_dtype_s": mean s, "float32_s": mean s,
+        "ratio": compute / float32, "mb": {"compute_dtype": MB sent, "float32": MB sent}}``.
+    """
+    from crl_bench.ray_backend import wire_state
+
+    wire = engine.wire_dtype
+    times: dict[str, list[float]] = {"compute_dtype": [], "float32": []}
+    try:
+        for _ in range(repeats):
+            for name, dtype in (("compute_dtype", wire), ("float32", None)):
+                engine.wire_dtype = dtype
+                t0 = time.perf_counter()
+                engine.sync_weights(model)
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        engine.wire_dtype = wire
+        engine.sync_weights(model)
+    mb = {name: sum(v.nbytes for v in wire_state(model, dtype).values()) / 2**20
+          for name, dtype in (("compute_dtype", wire), ("float32", None))}
+    c, f = statistics.fmean(times["compute_dtype"]), statistics.fmean(times["float32"])
+    return {"wire_dtype": wire, "compute_dtype_s": c, "float32_s": f, "ratio": c / f, "mb": mb}
+
+
 def bench_backend(method: str = "complementary", mix: str = "minihack-room", preset: str = "smoke",
                   steps: int = 3, num_cpus: int = 2, seed: int = 0, sets: list[str] | None = None) -> dict[str, Any]:
     """Time ``steps`` training steps of a ``local`` and a ``ray`` trainer built from the same settings,
     alternating local, ray, local, ray, ... so that both see the same machine load.
 
     The Ray trainer starts a local Ray with ``num_cpus`` logical CPUs (``ray.num_cpus``) unless one is
-    running. Returns ``{"local": {...}, "ray": {...}, "ratio": ray / local}`` with the mean seconds
-    of a step and of each phase (:data:`PHASES`) per backend, and the mean actor optimiser steps per
-    step (0 when no group had a learning signal: then no weights were sent to the engines).
+    running. Returns ``{"local": {...}, "ray": {...}, "ratio": ray / local, "sync": ...}`` with the
+    mean seconds of a step and of each phase (:data:`PHASES`) per backend, the mean actor optimiser
+    steps per step (0 when no group had a learning signal: then no weights were sent to the engines)
+    and the Ray engines' weight sync (:func:`bench_sync`).
 
     Raises:
         ImportError: Ray is not installed.
@@ -47,11 +78,13 @@ def bench_backend(method: str = "complementary", mix: str = "minihack-room", pre
                 m = tr.train_step().metrics
                 rows[name].append({"step_s": time.perf_counter() - t0, **{k: float(m.get(k, 0.0)) for k in PHASES},
                                    "optimizer_steps": float(m.get("optimizer_steps", 0.0))})
+        sync = bench_sync(trainers["ray"].engine, trainers["ray"].model)
     finally:
         for tr in trainers.values():
             tr.close()
     out: dict[str, Any] = {name: {k: statistics.fmean(r[k] for r in rs) for k in rs[0]} for name, rs in rows.items()}
     out["ratio"] = {k: (out["ray"][k] / out["local"][k] if out["local"][k] else float("nan")) for k in out["local"]}
+    out["sync"] = sync
     return out
 
 
@@ -78,4 +111,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("local", "ray"):
         print(f"{name:<18}" + "".join(f"{res[name][k]:>18.2f}" for k in keys))
     print(f"{'ray / local':<18}" + "".join(f"{res['ratio'][k]:>18.2f}" for k in keys))
+    s = res["sync"]
+    print(f"actor weight sync to the engine actors: {s['wire_dtype'] or 'own dtype'} "
+          f"{s['mb']['compute_dtype']:.0f} MB {s['compute_dtype_s']:.2f} s, float32 {s['mb']['float32']:.0f} MB "
+          f"{s['float32_s']:.2f} s, ratio {s['ratio']:.2f}")
     return 0

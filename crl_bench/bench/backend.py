@@ -26,7 +26,7 @@ def bench_sync(engine: Any, model: Any, repeats: int = 3) -> dict[str, Any]:
 
     Returns:
         ``{"wire_dtype": name or None, "compute_dtype_s": mean s, "float32_s": mean s,
-        "ratio": compute / float32, "mb": {"compute_dtype": MB sent, "float32": MB sent}}``.
+        "ratio": compute / float32, "mb": {"compute_dtype": MiB sent, "float32": MiB sent}}``.
     """
     from crl_bench.ray_backend import wire_state
 
@@ -113,6 +113,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'ray / local':<18}" + "".join(f"{res['ratio'][k]:>18.2f}" for k in keys))
     s = res["sync"]
     print(f"actor weight sync to the engine actors: {s['wire_dtype'] or 'own dtype'} "
-          f"{s['mb']['compute_dtype']:.0f} MB {s['compute_dtype_s']:.2f} s, float32 {s['mb']['float32']:.0f} MB "
+          f"{s['mb']['compute_dtype']:.0f} MiB {s['compute_dtype_s']:.2f} s, float32 {s['mb']['float32']:.0f} MiB "
           f"{s['float32_s']:.2f} s, ratio {s['ratio']:.2f}")
     return 0

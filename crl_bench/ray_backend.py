@@ -155,6 +155,12 @@ def wire_state(model: Any, dtype: str | None = None) -> dict[str, Any]:
     return out
 
 
+def short_resources(need: dict[str, float], have: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """The resources of ``need`` (e.g. ``{"CPU": 2.0, "GPU": 0.0}``) that ``have`` (Ray's
+    ``cluster_resources()`` or ``available_resources()``) cannot cover, as ``{name: (needed, have)}``."""
+    return {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
+
+
 def _common_dtype(names: Sequence[str]) -> str | None:
     """The one compute dtype all receivers share, or ``None`` (send as is) when they differ."""
     return names[0] if names and len(set(names)) == 1 else None
@@ -648,9 +654,7 @@ class RayBackend:
         self.gpus = self.resources.get("GPU", 0) > 0
         self._actors: list[Any] = []
         self._closers: list[Any] = []
-        need = self.needed_resources()
-        short = {k: (v, self.resources.get(k, 0.0)) for k, v in need.items()
-                 if v > self.resources.get(k, 0.0) + 1e-9}
+        short = short_resources(self.needed_resources(), self.resources)
         if short:     # Ray would wait for the missing resources forever
             from crl_bench.config import ConfigError
 

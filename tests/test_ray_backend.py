@@ -163,17 +163,18 @@ def test_sending_the_compute_dtype_changes_nothing_the_engine_generates_from(tin
 
 
 def test_sync_bench_alternates_the_two_wire_dtypes_and_restores_the_run_one(tiny_model):
+    import torch
+
     from crl_bench.bench.backend import bench_sync
     from crl_bench.ray_backend import wire_state
 
     class Recording:
-        wire_dtype = "bfloat16"
-        sent: list = []
+        def __init__(self):
+            self.wire_dtype = "bfloat16"
+            self.sent = []
 
         def sync_weights(self, model):
             self.sent.append(next(iter(wire_state(model, self.wire_dtype).values())).dtype)
-
-    import torch
 
     eng = Recording()
     res = bench_sync(eng, tiny_model, repeats=2)

@@ -494,21 +494,20 @@ def _wait_for_resources(need: dict[str, float], wait_s: float) -> None:
     """
     import ray
 
-    def short(have: dict[str, float]) -> dict[str, tuple[float, float]]:
-        return {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
+    from crl_bench.ray_backend import short_resources
 
     def fail(missing: dict[str, tuple[float, float]], what: str, hint: str) -> RuntimeError:
         return RuntimeError("not enough free Ray resources for the data-parallel workers: "
                             + ", ".join(f"{k} needs {v:g}, {f:g} {what}" for k, (v, f) in missing.items())
                             + f" ({hint})")
 
-    missing = short(ray.cluster_resources())
+    missing = short_resources(need, ray.cluster_resources())
     if missing:
         raise fail(missing, "in the cluster",
                    "start Ray with more num_cpus, or pass num_cpus= a fraction per worker")
     deadline = time.monotonic() + max(0.0, wait_s)
     while True:
-        missing = short(ray.available_resources())
+        missing = short_resources(need, ray.available_resources())
         if not missing:
             return
         if time.monotonic() >= deadline:

@@ -409,12 +409,14 @@ def cmd_bank(args: argparse.Namespace) -> int:
             return 0
         entries = bank.entries(args.env)
         keys = {"id": lambda e: -e.id, "retrieved": lambda e: e.times_retrieved,
-                "success": lambda e: e.times_success, "failure": lambda e: e.times_failure}
+                "success": lambda e: e.times_success, "failure": lambda e: e.times_failure,
+                "votes": lambda e: e.votes}
         entries.sort(key=keys[args.sort], reverse=True)
         for e in entries[:args.limit]:
+            lineage = f"{e.origin}" + (f" of #{', #'.join(map(str, e.parent_ids))}" if e.parent_ids else "")
             print(f"#{e.id} [{e.env_id}] {e.title}\n    {e.content}\n    retrieved {e.times_retrieved}, "
-                  f"guided {e.times_success} successes / {e.times_failure} failures; created step "
-                  f"{e.created_step}, updated step {e.updated_step}, extractor version {e.extractor_version}")
+                  f"guided {e.times_success} successes / {e.times_failure} failures, votes {e.votes:+d}; "
+                  f"{lineage} at step {e.created_step}, extractor version {e.extractor_version}")
         print(f"{len(entries)} entries" + (f" (showing {args.limit})" if len(entries) > args.limit else ""))
         return 0
     finally:
@@ -546,8 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run", help="run folder (or an experience.sqlite file)")
     show.add_argument("--env", help="only this env's entries")
     show.add_argument("--limit", type=int, default=50)
-    show.add_argument("--sort", choices=["id", "retrieved", "success", "failure"], default="retrieved")
-    st = ks.add_parser("stats", help="counts per env, retrievals, outcomes, rejected operations")
+    show.add_argument("--sort", choices=["id", "retrieved", "success", "failure", "votes"], default="retrieved")
+    st = ks.add_parser("stats", help="counts per env, retrievals, outcomes, operations applied and rejected, "
+                                     "votes, merge passes, lineage")
     st.add_argument("run")
     k.set_defaults(func=cmd_bank)
 

@@ -9,7 +9,7 @@ for the experience methods, ``experience.sqlite``, and writes into ``out_dir``:
                            method; final eval success drawn as markers at the last step)
 ``guided_vs_free.png``     guided vs free train success vs step (experience methods)
 ``extractor_reward.png``   mean extractor reward vs step (steps where the extractor trained)
-``bank.png``               bank size vs step and the cumulative applied ADD/UPDATE/MERGE/NONE counts
+``bank.png``               bank size vs step and the cumulative applied operation counts per kind
 ``invalid_actions.png``    invalid-action rate vs step per method
 ``entropy.png``            the entropy of the actor's reply choice (``reply_entropy``) vs step per
                            method: a policy collapsing to one reply per state falls towards 0
@@ -59,7 +59,7 @@ PLOT_FILES = {
 
 REPORT_FILE = "report.html"
 TOP_ENTRIES = 10
-OP_KIND_ORDER = ("ADD", "UPDATE", "MERGE", "NONE")
+OP_KIND_ORDER = ("ADD", "UPDATE", "MERGE", "UPVOTE", "DOWNVOTE", "NONE")
 _SPECIAL_SUCCESS = ("guided", "free")
 _METHOD_COLOURS = {"grpo": "#1f77b4", "static": "#ff7f0e", "complementary": "#2ca02c"}
 _OTHER_COLOURS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -541,7 +541,8 @@ def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
     if sizes:
         ax.legend(fontsize=8)
     ax = axes[1]
-    kind_colours = {"ADD": "#2ca02c", "UPDATE": "#1f77b4", "MERGE": "#9467bd", "NONE": "#7f7f7f"}
+    kind_colours = {"ADD": "#2ca02c", "UPDATE": "#1f77b4", "MERGE": "#9467bd", "UPVOTE": "#ff7f0e",
+                    "DOWNVOTE": "#d62728", "NONE": "#7f7f7f"}
     styles = ("-", "--", ":", "-.")
     methods = list(dict.fromkeys(m for m, _, _ in ops))
     for m, kind, agg in ops:
@@ -689,7 +690,7 @@ _CAPTIONS = {
     "extractor": ("Mean extractor reward (extractor_reward_mean) on the steps where the extractor was "
                   "updated, per method. "),
     "bank": ("Left: experience bank size (entries) vs step. Right: cumulative count of applied operations "
-             "by kind (ADD / UPDATE / MERGE / NONE; colour: kind, line style: method). "),
+             "by kind (ADD / UPDATE / MERGE / UPVOTE / DOWNVOTE / NONE; colour: kind, line style: method). "),
     "invalid": "Invalid-action rate (invalid actions / actions) of the training rollouts vs step, per method. ",
     "entropy": ("Entropy of the actor's sampled reply choice (reply_entropy, nats: per turn the summed "
                 "entropies of the distributions its tokens were drawn from, constrained decoding's mask "

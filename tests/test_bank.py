@@ -30,7 +30,7 @@ from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
 from crl_bench.experience.locks import RWLock
 from crl_bench.experience.retrieval import Retriever
 from crl_bench.experience.types import Operation as Op
-from crl_bench.experience.validation import check_operation
+from crl_bench.experience.validation import REJECT_VOTE_TARGETS, check_operation
 from crl_bench.experience.vector_index import make_shard, searched_kind
 
 EMB = HashEmbedder(64)
@@ -166,30 +166,129 @@ def test_add_update_merge_none(tmp_path, kind):
     bank.record_outcome([1], True)
     bank.record_outcome([2], False)
     bank.record_retrieval([2], when=50.0)
-    # UPDATE: text, embedding, step, extraction, extractor version change; counters stay
+    apply(bank, [Op("UPVOTE", targets=(1,))])
+    # UPDATE: the released delete + new uid: a new entry (new id) with fresh counters, no votes, the
+    # replaced entry as its parent
     res = apply(bank, [Op("UPDATE", "stairs", "the stairs are often to the east", (1,))], step=7, ext="ex-b",
                 version=3)
-    assert res.applied[0][1] == 1
-    u = bank.get([1])[0]
+    assert res.applied[0][1] == 4 and bank.get([1]) == []
+    u = bank.get([4])[0]
     assert (u.title, u.content, u.created_step, u.updated_step, u.source_extraction, u.extractor_version) == \
-        ("stairs", "the stairs are often to the east", 3, 7, "ex-b", 3)
-    assert (u.times_retrieved, u.times_success, u.times_failure, u.last_retrieved) == (2, 1, 0, 100.0)
+        ("stairs", "the stairs are often to the east", 7, 7, "ex-b", 3)
+    assert (u.times_retrieved, u.times_success, u.times_failure, u.last_retrieved, u.votes) == (0, 0, 0, 0.0, 0)
+    assert (u.parent_ids, u.origin) == ((1,), "update")
     top = bank.search(["stairs: the stairs are often to the east"], 1, "e")[0][0]
-    assert top[0] == 1 and top[1] == pytest.approx(1.0, abs=1e-5)
+    assert top[0] == 4 and top[1] == pytest.approx(1.0, abs=1e-5)
     check_index_consistent(bank)
 
-    # MERGE: targets removed, one new entry with summed counters
-    res = apply(bank, [Op("MERGE", "doors and stairs", "find the key, then the stairs", (1, 2, 1))],
+    # MERGE: targets removed, one new entry with fresh counters and both parents
+    res = apply(bank, [Op("MERGE", "doors and stairs", "find the key, then the stairs", (4, 2, 4))],
                 step=9, ext="ex-c", version=4)
     (op, new_id), = res.applied
-    assert new_id == 4 and bank.get([1, 2]) == []
-    m = bank.get([4])[0]
-    assert (m.times_retrieved, m.times_success, m.times_failure, m.last_retrieved) == (3, 1, 1, 100.0)
+    assert new_id == 5 and bank.get([4, 2]) == []
+    m = bank.get([5])[0]
+    assert (m.times_retrieved, m.times_success, m.times_failure, m.last_retrieved) == (0, 0, 0, 0.0)
     assert (m.created_step, m.updated_step, m.source_extraction, m.extractor_version) == (9, 9, "ex-c", 4)
-    assert [e.id for e in bank.entries()] == [3, 4] and len(bank) == 2
+    assert (m.parent_ids, m.origin) == ((4, 2), "merge")
+    assert [e.id for e in bank.entries()] == [3, 5] and len(bank) == 2
     hits = bank.search(["go north: walk north to find the stairs"], 10, "e")[0]
-    assert {i for i, _ in hits} <= {3, 4}
+    assert {i for i, _ in hits} <= {3, 5}
     check_index_consistent(bank)
+    lineage = bank.stats()["lineage"]
+    assert lineage == {"by_origin": {"add": 1, "merge": 1}, "with_parents": 1}
+    bank.close()
+
+
+def test_rewritten_entries_start_fresh_so_the_rerank_favours_them(tmp_path):
+    """Released: an update deletes the old uid (and its usage counters) and adds a new one, so the
+    re-rank (frequency penalty, recency) sees a new entry. An UPDATE that kept the counters pushed a
+    rewritten lesson below an equally similar fresh one."""
+    bank = make(tmp_path)
+    a = add(bank, "north", "the stairs are north of the door")
+    b = add(bank, "north again", "the stairs are north of the door!")
+    now = time.time()
+    for _ in range(10):
+        bank.record_retrieval([a], when=now)
+    res = apply(bank, [Op("UPDATE", "north", "the stairs are north of the door", (a,))])
+    new = res.applied[0][1]
+    r = Retriever(bank, k=1, oversample=4, top1_demote_p=0.0, seed=0)
+    got = r.retrieve(["north: the stairs are north of the door"], ["e"], now=now + 1)[0]
+    assert got[0].id == new and got[0].times_retrieved == 0 and b != new
+    bank.close()
+
+
+def test_votes(tmp_path):
+    """UPVOTE / DOWNVOTE (released votes_count): +1 / -1 on each target still in the bank; a count below
+    0 deletes the entry (a new entry's first downvote deletes it); deleted targets are skipped, made-up
+    ones and other envs' rejected; stats count them."""
+    bank = make(tmp_path)
+    a, b, c = (add(bank, f"t{i}", f"lesson number {i}") for i in range(3))
+    other = add(bank, "o", "lesson of another env", env="f")
+    res = apply(bank, [Op("UPVOTE", targets=(a, b)), Op("DOWNVOTE", targets=(a,)), Op("DOWNVOTE", targets=(c,))])
+    assert [(o.kind, i) for o, i in res.applied] == [("UPVOTE", None), ("DOWNVOTE", None), ("DOWNVOTE", None)]
+    assert res.deleted_by_vote == [c] and bank.get([c]) == []
+    assert {e.id: e.votes for e in bank.entries("e")} == {a: 0, b: 1}
+    res = apply(bank, [Op("DOWNVOTE", targets=(a, c)), Op("UPVOTE", targets=(c,)), Op("UPVOTE", targets=(999,)),
+                       Op("UPVOTE", targets=(other,)), Op("UPVOTE", targets=())])
+    assert res.deleted_by_vote == [a] and [o.kind for o, _ in res.applied] == ["DOWNVOTE"]
+    assert [r for _, r in res.rejected] == [REJECT_UNKNOWN_TARGET, REJECT_UNKNOWN_TARGET, REJECT_WRONG_ENV,
+                                            REJECT_VOTE_TARGETS]
+    st = bank.stats()
+    assert st["applied"]["UPVOTE"] == 1 and st["applied"]["DOWNVOTE"] == 3
+    assert st["votes"] == {"upvotes": 2, "downvotes": 3, "deleted_by_vote": 2, "entries_voted": 1, "votes_sum": 1}
+    check_index_consistent(bank)
+    assert [i for i, _ in bank.search(["t0: lesson number 0"], 5, "e")[0]] == [b]
+    bank.close()
+
+
+def test_replace_is_the_merge_pass_transaction(tmp_path):
+    """One env's merge pass: the replaced entries go, the new lessons come (keyed by their own text,
+    origin fold, the replaced ids as parents, the crediting extraction as source); nothing happens
+    when an entry to replace is already gone (released optimistic check)."""
+    bank = make(tmp_path)
+    ids = [add(bank, f"t{i}", f"lesson number {i}") for i in range(4)]
+    keep = add(bank, "other env", "not touched", env="f")
+    new = bank.replace("e", ids[:3], [("joined", "lessons zero to two in one"), ("", "no title")], step=5,
+                       extraction_id="merge-call", extractor_version=2)
+    assert len(new) == 1 and bank.get(ids[:3]) == []
+    e = bank.get(new)[0]
+    assert (e.title, e.origin, e.parent_ids, e.source_extraction, e.extractor_version, e.created_step) == \
+        ("joined", "fold", tuple(ids[:3]), "merge-call", 2, 5)
+    assert bank.key_texts(new) == {new[0]: "joined: lessons zero to two in one"}
+    assert [e.id for e in bank.entries("e")] == [ids[3], new[0]] and bank.get([keep])
+    assert bank.rejections()[-1]["reason"] == REJECT_EMPTY_TEXT
+    assert bank.replace("e", [ids[0], ids[3]], [("x", "y z")], step=6, extraction_id="m2",
+                        extractor_version=2) is None                 # ids[0] is gone: skipped
+    assert len(bank.entries("e")) == 2
+    bank.record_merge_calls(3, 1)
+    st = bank.stats()["merge_pass"]
+    assert st == {"calls": 3, "calls_failed": 1, "applied": 1, "skipped": 1, "entries_removed": 3,
+                  "entries_written": 1}
+    check_index_consistent(bank)
+    bank.close()
+
+
+def test_banks_without_the_vote_and_lineage_columns_open(tmp_path):
+    """A bank written before votes, parent_ids and origin existed reads with the defaults read-only
+    (nothing written) and is migrated when opened for writing."""
+    bank = make(tmp_path)
+    add(bank, "old", "an entry of an older bank")
+    path = bank.path
+    bank.close()
+    with sqlite3.connect(path) as c:
+        for col in ("votes", "parent_ids", "origin"):
+            c.execute(f"ALTER TABLE entries DROP COLUMN {col}")
+    c.close()
+    ro = ExperienceBank(path, EMB, read_only=True)
+    e = ro.entries()[0]
+    assert (e.votes, e.parent_ids, e.origin) == (0, (), "add") and ro.stats()["lineage"]["by_origin"] == {"add": 1}
+    ro.close()
+    with sqlite3.connect(path) as c:
+        assert "votes" not in {r[1] for r in c.execute("PRAGMA table_info(entries)")}
+    c.close()
+    bank = make(tmp_path)
+    apply(bank, [Op("UPVOTE", targets=(1,))])
+    assert bank.get([1])[0].votes == 1
     bank.close()
 
 
@@ -214,10 +313,13 @@ def test_mixed_batch_order_and_partial(tmp_path):
     res = apply(bank, [Op("ADD", "a", "first"), Op("UPDATE", "b", "x", (42,)), Op("ADD", "c", "third"),
                        Op("MERGE", "m", "merged", (1, 2))])
     assert [(o.kind, i) for o, i in res.applied] == [("ADD", 1), ("ADD", 2), ("MERGE", 3)]
-    assert res.rejected == [(Op("UPDATE", "b", "x", (42,)), REJECT_UNKNOWN_TARGET)]
+    assert res.rejected == [(Op("UPDATE", "b", "x", (42,)), REJECT_UNKNOWN_TARGET)]   # never an id here
     assert [e.id for e in bank.entries()] == [3]
-    res = apply(bank, [Op("MERGE", "m", "merged", (1, 2))])      # targets already merged away
-    assert res.rejected[0][1] == REJECT_UNKNOWN_TARGET
+    # targets already merged away: skipped as released, the lesson is still written (no parents left)
+    res = apply(bank, [Op("MERGE", "m2", "merged again", (1, 2)), Op("UPDATE", "u", "rewrite", (3,)),
+                       Op("UPDATE", "u2", "rewrite of a rewritten entry", (3,))])
+    assert [i for _, i in res.applied] == [4, 5, 6] and not res.rejected
+    assert [(e.id, e.parent_ids) for e in bank.entries()] == [(4, ()), (5, (3,)), (6, ())]
 
 
 REJECT_CASES = [
@@ -227,7 +329,8 @@ REJECT_CASES = [
     (Op("ADD", "title", "   "), REJECT_EMPTY_TEXT),
     (Op("UPDATE", "title", "", (1,)), REJECT_EMPTY_TEXT),
     (Op("MERGE", "", "merged", (1, 2)), REJECT_EMPTY_TEXT),
-    (Op("ADD", "title", "x" * 1001), REJECT_TOO_LONG),
+    (Op("ADD", "title", "x" * 1001), REJECT_TOO_LONG),           # with max_text_chars=1000
+    (Op("UPVOTE", "", "", ()), REJECT_VOTE_TARGETS),
     (Op("UPDATE", "t" * 1001, "content", (1,)), REJECT_TOO_LONG),
     (Op("ADD", "title", "content", (1,)), REJECT_ADD_TARGETS),
     (Op("UPDATE", "title", "content", ()), REJECT_UPDATE_TARGETS),
@@ -343,7 +446,7 @@ def test_database_refusal_rolls_back_one_operation(tmp_path):
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])
 @pytest.mark.parametrize("op,reason", REJECT_CASES, ids=[f"{o.kind}-{r}" for o, r in REJECT_CASES])
 def test_rejection_changes_nothing(tmp_path, kind, op, reason):
-    bank = make(tmp_path, index=kind)
+    bank = make(tmp_path, index=kind, max_text_chars=1000)
     add(bank, "a", "lesson one")
     add(bank, "b", "lesson two")
     add(bank, "c", "other env lesson", env="other")
@@ -406,17 +509,19 @@ def test_capacity_fifo(tmp_path, kind):
     bank = make(tmp_path, capacity=3, eviction="fifo", index=kind, hnsw_rebuild_min=1)
     for j in range(3):
         assert apply(bank, [Op("ADD", f"t{j}", f"lesson {j}")]).evicted == []
-    # an UPDATE re-queues its entry (the released code deletes and re-adds an updated entry)
+    # an UPDATE writes a new entry at the back of the queue (the released code deletes the updated
+    # entry and adds a new one)
     apply(bank, [Op("UPDATE", "t0", "refined lesson 0", (1,))])
+    assert [e.id for e in bank.entries()] == [2, 3, 4]
     res = apply(bank, [Op("ADD", "t3", "lesson 3")])
     assert res.evicted == [2]
     res = apply(bank, [Op("ADD", f"t{j}", f"lesson {j}") for j in (4, 5)])
-    assert res.evicted == [3, 1]
-    assert [e.id for e in bank.entries()] == [4, 5, 6]
-    res = apply(bank, [Op("MERGE", "m", "merged", (4, 5)), Op("ADD", "t7", "lesson 7")])
-    assert res.evicted == [] and [e.id for e in bank.entries()] == [6, 7, 8]
+    assert res.evicted == [3, 4]
+    assert [e.id for e in bank.entries()] == [5, 6, 7]
+    res = apply(bank, [Op("MERGE", "m", "merged", (6, 7)), Op("ADD", "t7", "lesson 7")])
+    assert res.evicted == [] and [e.id for e in bank.entries()] == [5, 8, 9]
     assert bank.stats()["evicted_total"] == 3
-    assert all(i in {6, 7, 8} for r in bank.search(["lesson 0", "lesson 3"], 5, "e") for i, _ in r)
+    assert all(i in {5, 8, 9} for r in bank.search(["lesson 0", "lesson 3"], 5, "e") for i, _ in r)
     check_index_consistent(bank)
 
 
@@ -566,19 +671,20 @@ def test_stats(tmp_path):
     apply(bank, [Op("ADD", "d", "four"), Op("UPDATE", "", "", (1,)), Op("BAD")], env="y")
     apply(bank, [Op("MERGE", "ab", "one and two", (1, 2)), Op("UPDATE", "c", "three!", (3,))], env="x")
     apply(bank, [Op("ADD", "e", "five"), Op("ADD", "f", "six")], env="y")
-    bank.record_retrieval([3, 3, 4], when=1.0)
-    bank.record_outcome([3], True)
-    bank.record_outcome([3, 4], False)
-    # ids 1-3 (x), 4 (y); MERGE 1,2 -> 5; UPDATE 3 re-queues it; ADD 6, 7 (y) -> 5 entries > 4: fifo
+    # ids 1-3 (x), 4 (y); MERGE 1,2 -> 5; UPDATE 3 -> 6; ADD 7, 8 (y) -> 5 entries > 4: fifo
     # (oldest write first) evicts 4
+    bank.record_retrieval([6, 6, 7], when=1.0)
+    bank.record_outcome([6], True)
+    bank.record_outcome([6, 7], False)
     st = bank.stats()
     assert st["count"] == 4 and st["per_env"] == {"x": 2, "y": 2}
-    assert [e.id for e in bank.entries()] == [3, 5, 6, 7]
-    assert st["applied"] == {"ADD": 6, "UPDATE": 1, "MERGE": 1}
+    assert [e.id for e in bank.entries()] == [5, 6, 7, 8]
+    assert st["applied"] == {"ADD": 6, "UPDATE": 1, "MERGE": 1, "UPVOTE": 0, "DOWNVOTE": 0}
     assert st["evicted_total"] == 1
     assert st["rejections"] == {REJECT_EMPTY_TEXT: 1, REJECT_UNKNOWN_KIND: 1} and st["rejections_total"] == 2
-    assert st["retrieved_total"] == 2 and st["retrieved_mean"] == pytest.approx(0.5)
-    assert st["times_success"] == 1 and st["times_failure"] == 1
+    assert st["retrieved_total"] == 3 and st["retrieved_mean"] == pytest.approx(0.75)
+    assert st["times_success"] == 1 and st["times_failure"] == 2
+    assert st["lineage"] == {"by_origin": {"add": 2, "merge": 1, "update": 1}, "with_parents": 2}
     assert (st["index"], st["capacity"], st["eviction"]) == ("auto", 4, "fifo")
     assert st["shard_index"] == {"x": "flat", "y": "flat"}   # auto: small shards are searched exactly
 
@@ -690,14 +796,12 @@ def test_concurrent_readers_and_writers(tmp_path, kind):
             if op.kind == "ADD":
                 assert i not in live
                 live[i] = env
-            elif op.kind == "UPDATE":
-                assert live[i] == env
-            elif op.kind == "MERGE":
+            elif op.kind in ("UPDATE", "MERGE"):       # targets deleted (those still there), a new entry
                 for t in set(op.targets):
-                    assert live.pop(t) == env
+                    assert live.pop(t, env) == env
                 assert i not in live
                 live[i] = env
-                n_merges += 1
+                n_merges += op.kind == "MERGE"
         for i in res.evicted:
             live.pop(i)
             n_evictions += 1

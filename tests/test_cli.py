@@ -65,13 +65,24 @@ def test_bank_show_and_stats(tmp_path, capsys):
     bank.record_retrieval([eid], 1.0)
     bank.record_outcome([eid], True)
     bank.apply([Operation("UPDATE", "", "", (eid,))], env_id="sokoban", step=1, extraction_id="x2", extractor_version=0)
+    res = bank.apply([Operation("ADD", "Push from behind", "Stand behind a box to push it."),
+                      Operation("UPVOTE", targets=(eid,))],
+                     env_id="sokoban", step=2, extraction_id="x3", extractor_version=0)
+    new = bank.apply([Operation("UPDATE", "Push from behind", "Stand on the far side of a box.",
+                                (res.applied[0][1],))],
+                     env_id="sokoban", step=3, extraction_id="x4", extractor_version=1).applied[0][1]
     bank.close()
     assert main(["bank", "show", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"#{eid} [sokoban] Go around walls" in out and "retrieved 1, guided 1 successes" in out
+    assert "votes +1; add at step 1" in out
+    assert f"#{new} [sokoban] Push from behind" in out and f"update of #{res.applied[0][1]} at step 3" in out
+    assert main(["bank", "show", str(tmp_path), "--sort", "votes"]) == 0
+    assert capsys.readouterr().out.startswith(f"#{eid} ")
     assert main(["bank", "stats", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert '"count": 1' in out and "empty_text" in out
+    assert '"count": 2' in out and "empty_text" in out and '"upvotes": 1' in out
+    assert '"update": 1' in out and '"with_parents": 1' in out and '"merge_pass"' in out
     assert main(["bank", "show", str(tmp_path / "nowhere")]) == 2
 
 

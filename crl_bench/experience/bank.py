@@ -20,9 +20,13 @@ Storage
     by LRU eviction), the text the entry is keyed by (``key_text``) and that text's embedding as
     float32 bytes.  The key is ``entry.text()``
     unless the writer gives another (the released keying: the retrieval query of the episode the entry
-    was distilled from; see :meth:`ExperienceBank.apply`). Table ``rejections`` logs every refused operation (time,
+    was distilled from; see :meth:`ExperienceBank.apply`). Columns ``votes``, ``parent_ids`` (a JSON
+    list) and ``origin`` hold the vote count and the lineage; banks written before they existed are
+    migrated when opened for writing and read with the defaults (0, no parents, ``add``) when opened
+    read-only. Table ``rejections`` logs every refused operation (time,
     step, extraction id, env id, the operation as JSON, reason). Table ``counters`` keeps totals
-    (operations applied per kind, evictions). Ids come from ``AUTOINCREMENT`` and are never reused,
+    (operations applied per kind, evictions, entries deleted by votes, merge-pass results). Ids come
+    from ``AUTOINCREMENT`` and are never reused,
     even after deletion or reopening. Opening an existing file restores the bank: entries are read
     back and the FAISS index is rebuilt from the stored embeddings (no re-embedding). Entries and
     counters change only inside one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction per operation,
@@ -42,10 +46,13 @@ Vector index
     threads in the calling thread (default 1); the bank lowers FAISS's BLAS threshold to
     ``flat_blas_min_queries * dim`` (default 8 queries).
 
-Operations (:meth:`ExperienceBank.apply`)
+Operations (:meth:`ExperienceBank.apply`, :meth:`ExperienceBank.replace`)
     Each operation is validated (:func:`~crl_bench.experience.validation.check_operation`, then the
     targets against the database), then applied in its own SQLite transaction; the FAISS index is
-    updated only after the commit succeeded. A refused operation is logged in ``rejections`` and
+    updated only after the commit succeeded. A rewrite (UPDATE, MERGE, a merge pass) deletes the
+    entries it replaces and writes a new entry with a new id and fresh counters, as the released code
+    deletes the old uid and adds a new one (so the retrieval re-rank sees a new entry); the new entry's
+    ``parent_ids`` name the entries it replaced. A refused operation is logged in ``rejections`` and
     returned in ``ApplyResult.rejected``; it never raises and changes nothing else. Reasons: see
     :data:`~crl_bench.experience.validation.REJECTION_REASONS`. :meth:`ExperienceBank.add_vectors`
     inserts pre-computed vectors without validation (benchmarks, imports).
@@ -74,7 +81,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crl_bench.experience.types import ApplyResult, ExperienceEntry, Operation
+from crl_bench.experience.types import OP_KINDS, VOTE_KINDS, WRITE_KINDS, ApplyResult, ExperienceEntry, Operation
 from crl_bench.experience.validation import (
     REJECT_ADD_TARGETS,
     REJECT_BAD_TEXT,
@@ -114,7 +121,10 @@ EVICTION_POLICIES = ("fifo", "lru")
 
 _ENTRY_COLS = ("id", "env_id", "title", "content", "created_step", "updated_step", "source_extraction",
                "generation", "times_retrieved", "times_success", "times_failure", "last_retrieved")
-_SELECT_ENTRY = "SELECT " + ", ".join(_ENTRY_COLS) + " FROM entries"
+# columns added after the first bank format, with the value an older bank's entries read as
+_LATER_COLS = {"votes": ("INTEGER NOT NULL DEFAULT 0", "0"),
+               "parent_ids": ("TEXT NOT NULL DEFAULT ''", "''"),
+               "origin": ("TEXT NOT NULL DEFAULT 'add'", "'add'")}
 _SQL_CHUNK = 900
 
 _SCHEMA = """
@@ -133,7 +143,10 @@ CREATE TABLE IF NOT EXISTS entries (
     last_retrieved REAL NOT NULL DEFAULT 0,
     updated_at REAL NOT NULL DEFAULT 0,
     embedding BLOB NOT NULL,
-    key_text TEXT NOT NULL DEFAULT ''
+    key_text TEXT NOT NULL DEFAULT '',
+    votes INTEGER NOT NULL DEFAULT 0,
+    parent_ids TEXT NOT NULL DEFAULT '',
+    origin TEXT NOT NULL DEFAULT 'add'
 );
 CREATE INDEX IF NOT EXISTS entries_env ON entries(env_id);
 CREATE TABLE IF NOT EXISTS rejections (
@@ -172,6 +185,21 @@ def _op_json(op: Operation) -> str:
     return out
 
 
+def _parse_parents(text: str | None) -> tuple[int, ...]:
+    """The ``parent_ids`` column (a JSON list of ids, or empty) as a tuple; unreadable text gives ()."""
+    if not text:
+        return ()
+    try:
+        ids = json.loads(text)
+        return tuple(int(i) for i in ids)
+    except (ValueError, TypeError):
+        return ()
+
+
+def _parents_json(ids: Sequence[int]) -> str:
+    return json.dumps([int(i) for i in ids]) if ids else ""
+
+
 # ----------------------------------------------------------------------------- the bank
 class ExperienceBank:
     """Persistent experience bank (see the module docstring for storage, index and threading).
@@ -188,7 +216,8 @@ class ExperienceBank:
         ivf_nlist: IVF lists (upper bound; ``min(ivf_nlist, n // 39)`` at training).
         ivf_nprobe: lists probed per query; 0 (default) = adaptive:
             ``ceil(nlist * max(ivf_nprobe_fraction, ivf_min_scan / n))``.
-        max_text_chars: longest accepted title and longest accepted content.
+        max_text_chars: longest accepted title and longest accepted content (0 = no limit, the default:
+            the extractor's token budget bounds a lesson, as released).
         ivf_min_train: vectors a shard needs before its IVF is trained (exact search before).
         ivf_nprobe_fraction, ivf_min_scan: the adaptive nprobe rule (1/8 of the lists, at least
             10,000 vectors scanned).
@@ -215,7 +244,7 @@ class ExperienceBank:
 
     def __init__(self, path: str | Path, embedder, capacity: int = 0, eviction: str = "fifo",
                  index: str = "auto", ivf_nlist: int = 2048, ivf_nprobe: int = 0, *,
-                 max_text_chars: int = 1000, ivf_min_train: int = 1024, ivf_nprobe_fraction: float = 0.125,
+                 max_text_chars: int = 0, ivf_min_train: int = 1024, ivf_nprobe_fraction: float = 0.125,
                  ivf_min_scan: int = 10000, hnsw_m: int = 32, hnsw_ef_construction: int = 80,
                  hnsw_ef_search: int = 128, hnsw_ef_per_k: int = 8, hnsw_rebuild_min: int = 256,
                  hnsw_rebuild_fraction: float = 0.25, auto_threshold: int = AUTO_THRESHOLD,
@@ -262,8 +291,13 @@ class ExperienceBank:
         if str(mode).lower() != "wal":
             raise RuntimeError(f"could not put {self.path} in WAL mode (got {mode})")
         c.executescript(_SCHEMA)
-        if "key_text" not in {r[1] for r in c.execute("PRAGMA table_info(entries)")}:   # banks from <= 0.1
+        cols = {r[1] for r in c.execute("PRAGMA table_info(entries)")}
+        if "key_text" not in cols:                  # banks from <= 0.1
             c.execute("ALTER TABLE entries ADD COLUMN key_text TEXT NOT NULL DEFAULT ''")
+        for name, (decl, _) in _LATER_COLS.items():
+            if name not in cols:
+                c.execute(f"ALTER TABLE entries ADD COLUMN {name} {decl}")
+        self._select_entry = self._entry_select(c)
         row = c.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
         if row is None:
             c.execute("INSERT INTO meta(key, value) VALUES ('dim', ?)", (str(self.dim),))
@@ -292,6 +326,7 @@ class ExperienceBank:
             if not {"id", "env_id", "title", "content", "embedding"} <= cols:
                 raise NotABankError(f"{self.path} is not a crl-bench experience bank (table entries lacks "
                                     "the bank's columns)")
+            self._select_entry = self._entry_select(c)
             row = c.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
         except sqlite3.DatabaseError as exc:       # not a database, or a corrupt one
             raise NotABankError(f"{self.path} is not a readable SQLite experience bank: {exc}") from None
@@ -301,6 +336,14 @@ class ExperienceBank:
         if int(row[0]) != self.dim:
             raise ValueError(f"{self.path} holds {row[0]}-dim embeddings, embedder gives {self.dim}")
         self._load_index()
+
+    @staticmethod
+    def _entry_select(c: sqlite3.Connection) -> str:
+        """``SELECT <entry columns> FROM entries`` for this file: the columns a bank written before
+        ``votes``, ``parent_ids`` and ``origin`` existed lacks are read as their defaults."""
+        cols = {r[1] for r in c.execute("PRAGMA table_info(entries)")}
+        later = [name if name in cols else f"{default} AS {name}" for name, (_, default) in _LATER_COLS.items()]
+        return "SELECT " + ", ".join(_ENTRY_COLS + tuple(later)) + " FROM entries"
 
     def _check_writable(self) -> None:
         if self.read_only:
@@ -403,7 +446,8 @@ class ExperienceBank:
         return ExperienceEntry(id=r[0], env_id=r[1], title=r[2], content=r[3], created_step=r[4],
                                updated_step=r[5], source_extraction=r[6], extractor_version=r[7],
                                times_retrieved=r[8], times_success=r[9], times_failure=r[10],
-                               last_retrieved=r[11])
+                               last_retrieved=r[11], votes=int(r[12] or 0), parent_ids=_parse_parents(r[13]),
+                               origin=str(r[14] or "add"))
 
     @staticmethod
     def _bump(c: sqlite3.Connection, name: str, by: int = 1) -> None:
@@ -427,19 +471,30 @@ class ExperienceBank:
               extractor_version: int, key_text: str | None = None) -> ApplyResult:
         """Validate and apply ``ops`` in order (one transaction each), then enforce the capacity cap.
 
-        ``key_text``: what ADD and UPDATE entries are indexed by (embedded once for the whole call),
-        e.g. the retrieval query of the episode they were distilled from; ``None`` or empty: each
-        entry's own ``"title: content"``. MERGE entries are always keyed by their own text.
+        ``key_text``: what the entries written are indexed by (embedded once for the whole call), e.g.
+        the retrieval query of the episode they were distilled from (the released keying; a released
+        ``update`` keeps the episode's key too); ``None`` or empty: each entry's own
+        ``"title: content"``.
 
         ``extractor_version``: the extractor's update count, stamped on the entries written (stored in
         column ``generation``).
 
-        ADD inserts a new entry of ``env_id``. UPDATE rewrites title, content, key, embedding,
-        ``updated_step``, ``source_extraction`` and ``extractor_version`` of its one target and keeps its
-        counters and ``created_step``. MERGE deletes its targets and inserts one new entry (new id)
-        whose ``times_retrieved`` / ``times_success`` / ``times_failure`` are the targets' sums and
-        whose ``last_retrieved`` is their maximum. NONE changes nothing (reported as applied with
-        id None). Refused operations are logged and returned, never raised.
+        * ADD inserts a new entry of ``env_id`` (origin ``add``).
+        * UPDATE and MERGE delete their targets and insert one new entry (new id, origin ``update`` /
+          ``merge``, ``parent_ids`` = the targets deleted) whose retrieval and outcome counters start
+          at 0 and whose vote count is 0: the released code deletes the old uids and adds a new one, so
+          its re-rank counters start fresh. A target already gone (deleted by an earlier operation of
+          the same reply, say) is skipped, as released; the new entry is written all the same. A
+          target that was never an id of this bank (a made-up number) rejects the operation
+          (``unknown_target``).
+        * UPVOTE / DOWNVOTE add +1 / -1 to the vote count of each target still in the bank; a
+          DOWNVOTE that takes a count below 0 deletes the entry (released ``votes_count``), listed in
+          ``ApplyResult.deleted_by_vote``. A vote none of whose targets is in the bank is rejected
+          (``unknown_target``).
+        * NONE changes nothing (reported as applied with id None).
+
+        A target of another env is rejected (``target_other_env``). Refused operations are logged and
+        returned, never raised.
 
         The caller must serialise writes (see the module docstring). Raises ``PermissionError`` on a
         bank opened with ``read_only`` (a programming error, not extractor input).
@@ -449,13 +504,13 @@ class ExperienceBank:
         c = self._conn()
         checks = [check_operation(op, self.max_text_chars) for op in ops]
         to_embed = [i for i, (op, (reason, _)) in enumerate(zip(ops, checks))
-                    if reason is None and op.kind != "NONE"]
+                    if reason is None and op.kind in WRITE_KINDS]
         vec_of: dict[int, np.ndarray] = {}
         key_of: dict[int, str] = {}
         if to_embed:
             for i in to_embed:
                 own = f"{str(ops[i].title).strip()}: {str(ops[i].content).strip()}"
-                key_of[i] = key_text if key_text and ops[i].kind != "MERGE" else own
+                key_of[i] = key_text if key_text else own
             row = self._embed_each(list(dict.fromkeys(key_of.values())))
             vec_of = {i: row[key_of[i]] for i in to_embed if key_of[i] in row}
             checks = [(REJECT_EMBED_FAILED, t) if i in key_of and i not in vec_of else (r, t)
@@ -468,6 +523,14 @@ class ExperienceBank:
                 continue
             if op.kind == "NONE":
                 res.applied.append((op, None))
+                continue
+            if op.kind in VOTE_KINDS:
+                outcome = self._vote(op, targets, env_id, step, extraction_id)
+                if isinstance(outcome, str):
+                    res.rejected.append((op, outcome))
+                else:
+                    res.applied.append((op, None))
+                    res.deleted_by_vote += outcome
                 continue
             outcome = self._apply_one(op, targets, vec_of[i], env_id, step, extraction_id, extractor_version,
                                       key_of[i])
@@ -499,9 +562,72 @@ class ExperienceBank:
                     warnings.warn(f"embedding a bank entry failed ({exc!r}); its operation is rejected", stacklevel=2)
             return out
 
+    def _targets_of(self, c: sqlite3.Connection, op: Operation, targets: tuple[int, ...], env_id: str, step: int,
+                    extraction_id: str) -> list[int] | str:
+        """The targets still in the bank (in order), or a rejection reason (logged inside the caller's
+        transaction): ``unknown_target`` when one was never an id of this bank (above the id sequence:
+        not a deleted entry but a made-up one), ``target_other_env`` when one belongs to another env.
+        A target that was deleted (by an earlier operation, a vote, the merge pass) is left out."""
+        if not targets:
+            return []
+        seq = c.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name='entries'").fetchone()[0]
+        if any(t > seq for t in targets):
+            self._log_rejection(c, op, REJECT_UNKNOWN_TARGET, env_id, step, extraction_id)
+            return REJECT_UNKNOWN_TARGET
+        marks = ",".join("?" * len(targets))
+        rows = dict(c.execute(f"SELECT id, env_id FROM entries WHERE id IN ({marks})", targets).fetchall())
+        if any(env != env_id for env in rows.values()):
+            self._log_rejection(c, op, REJECT_WRONG_ENV, env_id, step, extraction_id)
+            return REJECT_WRONG_ENV
+        return [t for t in targets if t in rows]
+
+    def _vote(self, op: Operation, targets: tuple[int, ...], env_id: str, step: int,
+              extraction_id: str) -> list[int] | str:
+        """One UPVOTE / DOWNVOTE in one transaction; returns the ids it deleted (a count below 0) or a
+        rejection reason."""
+        delta = 1 if op.kind == "UPVOTE" else -1
+        began = False
+        try:
+            with self._write() as c:
+                began = True
+                live = self._targets_of(c, op, targets, env_id, step, extraction_id)
+                if isinstance(live, str):
+                    return live
+                if not live:
+                    self._log_rejection(c, op, REJECT_UNKNOWN_TARGET, env_id, step, extraction_id)
+                    return REJECT_UNKNOWN_TARGET
+                c.executemany("UPDATE entries SET votes = votes + ? WHERE id = ?", [(delta, t) for t in live])
+                marks = ",".join("?" * len(live))
+                gone = [r[0] for r in c.execute(f"SELECT id FROM entries WHERE id IN ({marks}) AND votes < 0", live)]
+                if gone:
+                    c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(gone))})", gone)
+                    self._bump(c, "deleted_by_vote", len(gone))
+                self._bump(c, f"applied_{op.kind}")
+                self._bump(c, f"votes_{op.kind.lower()}", len(live))
+        except (sqlite3.Error, ValueError, OverflowError) as exc:
+            if not began:
+                raise
+            warnings.warn(f"bank write refused ({exc!r}); operation rejected as {REJECT_WRITE_FAILED}", stacklevel=2)
+            self._log_rejection(self._conn(), op, REJECT_WRITE_FAILED, env_id, step, extraction_id)
+            return REJECT_WRITE_FAILED
+        if gone:
+            self._faiss_update(env_id, gone, [], None)
+        return gone
+
+    def _insert(self, c: sqlite3.Connection, env_id: str, title: str, content: str, step: int, extraction_id: str,
+                extractor_version: int, now: float, blob: bytes, key: str, parents: Sequence[int],
+                origin: str) -> int:
+        """Insert one new entry (fresh counters, no votes) inside the caller's transaction; its id."""
+        cur = c.execute(
+            "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, generation, "
+            "updated_at, embedding, key_text, parent_ids, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (env_id, title, content, int(step), int(step), str(extraction_id), int(extractor_version), now, blob, key,
+             _parents_json(parents), origin))
+        return int(cur.lastrowid)
+
     def _apply_one(self, op: Operation, targets: tuple[int, ...], vec: np.ndarray, env_id: str, step: int,
                    extraction_id: str, extractor_version: int, key: str) -> int | str:
-        """One operation in one transaction; returns the resulting id or a rejection reason."""
+        """One ADD / UPDATE / MERGE in one transaction; returns the new entry's id or a rejection reason."""
         title, content = str(op.title).strip(), str(op.content).strip()
         now = time.time()
         blob = np.ascontiguousarray(vec, dtype=np.float32).tobytes()
@@ -509,46 +635,14 @@ class ExperienceBank:
         try:
             with self._write() as c:
                 began = True
-                rows = {}
-                if targets:
-                    marks = ",".join("?" * len(targets))
-                    for r in c.execute("SELECT id, env_id, times_retrieved, times_success, times_failure, "
-                                       f"last_retrieved FROM entries WHERE id IN ({marks})", targets):
-                        rows[r[0]] = r
-                    reason = None
-                    if any(t not in rows for t in targets):
-                        reason = REJECT_UNKNOWN_TARGET
-                    elif any(rows[t][1] != env_id for t in targets):
-                        reason = REJECT_WRONG_ENV
-                    if reason is not None:
-                        self._log_rejection(c, op, reason, env_id, step, extraction_id)
-                        return reason                  # commits the rejection log entry
-                if op.kind == "ADD":
-                    cur = c.execute(
-                        "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
-                        "generation, updated_at, embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (env_id, title, content, int(step), int(step), str(extraction_id), int(extractor_version), now,
-                         blob, key))
-                    new_id, removed = int(cur.lastrowid), []
-                elif op.kind == "UPDATE":
-                    (tid,) = targets
-                    c.execute("UPDATE entries SET title=?, content=?, updated_step=?, source_extraction=?, "
-                              "generation=?, updated_at=?, embedding=?, key_text=? WHERE id=?",
-                              (title, content, int(step), str(extraction_id), int(extractor_version), now, blob,
-                               key, tid))
-                    new_id, removed = tid, [tid]
-                else:  # MERGE
-                    got = [rows[t] for t in targets]
-                    marks = ",".join("?" * len(targets))
-                    c.execute(f"DELETE FROM entries WHERE id IN ({marks})", targets)
-                    cur = c.execute(
-                        "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, "
-                        "generation, times_retrieved, times_success, times_failure, last_retrieved, updated_at, "
-                        "embedding, key_text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (env_id, title, content, int(step), int(step), str(extraction_id), int(extractor_version),
-                         sum(r[2] for r in got), sum(r[3] for r in got), sum(r[4] for r in got),
-                         max(r[5] for r in got), now, blob, key))
-                    new_id, removed = int(cur.lastrowid), list(targets)
+                live = self._targets_of(c, op, targets, env_id, step, extraction_id)
+                if isinstance(live, str):
+                    return live                        # commits the rejection log entry
+                if live:
+                    c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(live))})", live)
+                origin = {"ADD": "add", "UPDATE": "update", "MERGE": "merge"}[op.kind]
+                new_id = self._insert(c, env_id, title, content, step, extraction_id, extractor_version, now, blob,
+                                      key, live, origin)
                 self._bump(c, f"applied_{op.kind}")
         except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
             if not began:      # BEGIN itself failed (e.g. busy past the timeout): not this operation's fault
@@ -557,8 +651,65 @@ class ExperienceBank:
             warnings.warn(f"bank write refused ({exc!r}); operation rejected as {REJECT_WRITE_FAILED}", stacklevel=2)
             self._log_rejection(self._conn(), op, REJECT_WRITE_FAILED, env_id, step, extraction_id)
             return REJECT_WRITE_FAILED
-        self._faiss_update(env_id, removed, [new_id], vec[None, :])
+        self._faiss_update(env_id, live, [new_id], vec[None, :])
         return new_id
+
+    def replace(self, env_id: str, remove: Sequence[int], items: Sequence[tuple[str, str]], *, step: int,
+                extraction_id: str, extractor_version: int) -> list[int] | None:
+        """Apply one env's merge pass (the fold of :mod:`crl_bench.experience.manager`) in one transaction:
+        delete the entries ``remove`` and write one new entry per ``(title, content)`` of ``items``,
+        keyed by its own text (released: a merged entry is keyed by its content), origin ``fold``,
+        ``parent_ids`` = ``remove``, fresh counters, crediting ``extraction_id``.
+
+        As released (``merge_memory``), nothing is applied when an entry of ``remove`` is no longer
+        in the bank (deleted since the pass read it): returns ``None``. Items whose text fails
+        :func:`~crl_bench.experience.validation.check_operation` or cannot be embedded are left out
+        (logged as rejections). Returns the new ids. The capacity cap is enforced afterwards.
+
+        Raises:
+            PermissionError: the bank was opened ``read_only``.
+            sqlite3.Error: the database refused the write (rolled back: nothing changed).
+        """
+        self._check_writable()
+        remove = list(dict.fromkeys(int(i) for i in remove))
+        c = self._conn()
+        good: list[tuple[str, str]] = []
+        for title, content in items:
+            op = Operation("ADD", title, content)
+            reason, _ = check_operation(op, self.max_text_chars)
+            if reason is None:
+                good.append((str(title).strip(), str(content).strip()))
+            else:
+                self._log_rejection(c, Operation("MERGE", title, content, tuple(remove)), reason, env_id, step,
+                                    extraction_id)
+        texts = [f"{t}: {x}" for t, x in good]
+        row = self._embed_each(list(dict.fromkeys(texts))) if texts else {}
+        now = time.time()
+        new_ids: list[int] = []
+        vecs: list[np.ndarray] = []
+        with self._write() as c:
+            if remove:
+                marks = ",".join("?" * len(remove))
+                found = {r[0] for r in c.execute(f"SELECT id FROM entries WHERE id IN ({marks}) AND env_id = ?",
+                                                 [*remove, env_id])}
+                if len(found) != len(remove):
+                    self._bump(c, "merge_pass_skipped")
+                    return None
+                c.execute(f"DELETE FROM entries WHERE id IN ({marks})", remove)
+            for (title, content), text in zip(good, texts):
+                if text not in row:
+                    continue
+                blob = np.ascontiguousarray(row[text], dtype=np.float32).tobytes()
+                new_ids.append(self._insert(c, env_id, title, content, step, extraction_id, extractor_version, now,
+                                            blob, text, remove, "fold"))
+                vecs.append(row[text])
+            self._bump(c, "merge_pass_applied")
+            self._bump(c, "merge_pass_removed", len(remove))
+            self._bump(c, "merge_pass_written", len(new_ids))
+        self._faiss_update(env_id, remove, new_ids, np.stack(vecs) if vecs else None)
+        self._enforce_capacity()
+        self._settle()
+        return new_ids
 
     def _enforce_capacity(self) -> list[int]:
         if self.capacity <= 0:
@@ -621,8 +772,8 @@ class ExperienceBank:
         with self._write() as c:
             before = c.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name='entries'").fetchone()[0]
             c.executemany(
-                "INSERT INTO entries(env_id, title, content, created_step, updated_step, updated_at, embedding) "
-                "VALUES (?, ?, 'bulk vector', ?, ?, ?, ?)",
+                "INSERT INTO entries(env_id, title, content, created_step, updated_step, updated_at, embedding, "
+                "origin) VALUES (?, ?, 'bulk vector', ?, ?, ?, ?, 'import')",
                 ((env_id, titles[j], int(step), int(step), now, vectors[j].tobytes()) for j in range(n)))
             ids = [r[0] for r in c.execute("SELECT id FROM entries WHERE id > ? ORDER BY id", (before,))]
             if len(ids) != n:
@@ -632,6 +783,15 @@ class ExperienceBank:
         self._enforce_capacity()
         self._settle()
         return ids
+
+    def record_merge_calls(self, calls: int, failed: int) -> None:
+        """Count the extractor calls of one merge pass (``failed``: those whose reply gave nothing
+        usable); reported by :meth:`stats` under ``merge_pass``. Raises ``PermissionError`` on a
+        read-only bank."""
+        self._check_writable()
+        with self._write() as c:
+            self._bump(c, "merge_pass_calls", int(calls))
+            self._bump(c, "merge_pass_calls_failed", int(failed))
 
     # ------------------------------------------------------------------ counters (SQLite only)
     def record_retrieval(self, ids: Sequence[int], when: float) -> None:
@@ -667,7 +827,7 @@ class ExperienceBank:
         uniq = list(dict.fromkeys(ids))
         for s in range(0, len(uniq), _SQL_CHUNK):
             chunk = uniq[s:s + _SQL_CHUNK]
-            for r in c.execute(f"{_SELECT_ENTRY} WHERE id IN ({','.join('?' * len(chunk))})", chunk):
+            for r in c.execute(f"{self._select_entry} WHERE id IN ({','.join('?' * len(chunk))})", chunk):
                 found[r[0]] = self._row_entry(r)
         return [found[i] for i in ids if i in found]
 
@@ -706,9 +866,9 @@ class ExperienceBank:
         """All entries (of ``env_id`` if given), by id."""
         c = self._conn()
         if env_id is None:
-            rows = c.execute(f"{_SELECT_ENTRY} ORDER BY id")
+            rows = c.execute(f"{self._select_entry} ORDER BY id")
         else:
-            rows = c.execute(f"{_SELECT_ENTRY} WHERE env_id=? ORDER BY id", (env_id,))
+            rows = c.execute(f"{self._select_entry} WHERE env_id=? ORDER BY id", (env_id,))
         return [self._row_entry(r) for r in rows]
 
     def __len__(self) -> int:
@@ -722,7 +882,10 @@ class ExperienceBank:
                  "operation": json.loads(r[4]), "reason": r[5]} for r in rows]
 
     def stats(self) -> dict:
-        """Counts per env, retrieval and outcome totals, rejections by reason, applied ops, evictions."""
+        """Counts per env, retrieval and outcome totals, rejections by reason, applied operations per
+        kind, votes (upvotes, downvotes, entries deleted by votes, entries with a non-zero count), the
+        merge pass (extractor calls and failed calls, env passes applied and skipped, entries removed
+        and written), lineage (entries per origin, entries that replaced others), evictions."""
         c = self._conn()
         per_env, total, retrieved, succ, fail = {}, 0, 0, 0, 0
         for env, n, r, s, f in c.execute("SELECT env_id, COUNT(*), SUM(times_retrieved), SUM(times_success), "
@@ -732,6 +895,11 @@ class ExperienceBank:
         rejections = {reason: int(n) for reason, n in
                       c.execute("SELECT reason, COUNT(*) FROM rejections GROUP BY reason ORDER BY reason")}
         counters = dict(c.execute("SELECT name, value FROM counters").fetchall())
+        origins = dict(c.execute("SELECT origin, COUNT(*) FROM (" + self._select_entry + ") GROUP BY origin"))
+        voted = c.execute("SELECT COUNT(*), COALESCE(SUM(votes), 0) FROM (" + self._select_entry + ") "
+                          "WHERE votes != 0").fetchone()
+        with_parents = c.execute("SELECT COUNT(*) FROM (" + self._select_entry + ") "
+                                 "WHERE parent_ids != ''").fetchone()[0]
         return {
             "count": int(total),
             "per_env": per_env,
@@ -741,7 +909,19 @@ class ExperienceBank:
             "times_failure": int(fail),
             "rejections": rejections,
             "rejections_total": int(sum(rejections.values())),
-            "applied": {k: int(counters.get(f"applied_{k}", 0)) for k in ("ADD", "UPDATE", "MERGE")},
+            "applied": {k: int(counters.get(f"applied_{k}", 0)) for k in OP_KINDS if k != "NONE"},
+            "votes": {"upvotes": int(counters.get("votes_upvote", 0)),
+                      "downvotes": int(counters.get("votes_downvote", 0)),
+                      "deleted_by_vote": int(counters.get("deleted_by_vote", 0)),
+                      "entries_voted": int(voted[0]), "votes_sum": int(voted[1])},
+            "merge_pass": {"calls": int(counters.get("merge_pass_calls", 0)),
+                           "calls_failed": int(counters.get("merge_pass_calls_failed", 0)),
+                           "applied": int(counters.get("merge_pass_applied", 0)),
+                           "skipped": int(counters.get("merge_pass_skipped", 0)),
+                           "entries_removed": int(counters.get("merge_pass_removed", 0)),
+                           "entries_written": int(counters.get("merge_pass_written", 0))},
+            "lineage": {"by_origin": {k: int(v) for k, v in sorted(origins.items())},
+                        "with_parents": int(with_parents)},
             "evicted_total": int(counters.get("evicted", 0)),
             "index": self.index_kind,
             "shard_index": self.shard_kinds(),

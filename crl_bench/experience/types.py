@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-OP_KINDS = ("ADD", "UPDATE", "MERGE", "NONE")
+OP_KINDS = ("ADD", "UPDATE", "MERGE", "UPVOTE", "DOWNVOTE", "NONE")
+"""Every operation kind an extractor reply can carry (docs/method.md, "Extractor output format")."""
+WRITE_KINDS = ("ADD", "UPDATE", "MERGE")
+"""Kinds that write an entry (the extraction becomes the entry's source and can be credited)."""
+VOTE_KINDS = ("UPVOTE", "DOWNVOTE")
+"""Kinds that change the vote count of entries the extractor was shown (released ``upvote`` /
+``downvote``: a downvote that takes the count below 0 deletes the entry)."""
+ORIGINS = ("add", "update", "merge", "fold", "import")
+"""How an entry came to be (column ``origin``): an ADD, an UPDATE of one entry, a MERGE of several
+entries named by one extraction, a merge pass (the fold over an env's entries), or
+:meth:`~crl_bench.experience.bank.ExperienceBank.add_vectors` (benchmarks, imports)."""
 
 
 @dataclass(frozen=True)
@@ -12,12 +22,13 @@ class Operation:
     """One bank operation proposed by the extractor.
 
     Attributes:
-        kind: ``ADD`` (new entry), ``UPDATE`` (refine one entry), ``MERGE`` (replace several entries by
-            one) or ``NONE`` (change nothing).
-        title: short title of the new/refined/merged entry (empty for NONE).
-        content: the lesson text (empty for NONE).
+        kind: ``ADD`` (new entry), ``UPDATE`` (rewrite one entry), ``MERGE`` (replace several entries
+            by one), ``UPVOTE`` / ``DOWNVOTE`` (change the vote count of the named entries) or ``NONE``
+            (change nothing).
+        title: short title of the new/rewritten/merged entry (empty for votes and NONE).
+        content: the lesson text (empty for votes and NONE).
         targets: entry ids the operation acts on: none for ADD/NONE, exactly one for UPDATE, two or
-            more for MERGE.
+            more for MERGE, one or more for a vote.
     """
 
     kind: str
@@ -31,16 +42,23 @@ class ExperienceEntry:
     """A stored lesson.
 
     Attributes:
-        id: bank-assigned integer id (never reused).
+        id: bank-assigned integer id (never reused). An UPDATE, a MERGE and a merge pass write new
+            entries with new ids (the released code deletes the old uid and adds a new one), so an
+            id names one text for its whole life.
         env_id: environment (task family) the lesson comes from.
         title, content: the lesson.
         created_step, updated_step: actor training steps at creation / last change.
-        source_extraction: id of the extraction that last wrote it (for extractor rewards).
-        extractor_version: extractor version (number of extractor updates) that last wrote it
+        source_extraction: id of the extraction that wrote it (for extractor rewards).
+        extractor_version: extractor version (number of extractor updates) that wrote it
             (stored in the bank's column ``generation``).
         times_retrieved: how often it was given to the actor.
         times_success, times_failure: outcomes of the episodes it guided.
         last_retrieved: unix time (s) of the last retrieval, 0 if never.
+        votes: the extractor's vote count (released ``votes_count``: +1 per UPVOTE, -1 per DOWNVOTE;
+            below 0 the entry is deleted); 0 for a new entry.
+        parent_ids: ids of the entries this one replaced (UPDATE: one, MERGE and merge pass: several;
+            empty for an ADD): lineage for provenance, they are no longer in the bank.
+        origin: one of :data:`ORIGINS`.
     """
 
     id: int
@@ -55,6 +73,9 @@ class ExperienceEntry:
     times_success: int = 0
     times_failure: int = 0
     last_retrieved: float = 0.0
+    votes: int = 0
+    parent_ids: tuple[int, ...] = ()
+    origin: str = "add"
 
     def text(self) -> str:
         """The text that is embedded and shown to the actor: ``"title: content"``."""
@@ -66,11 +87,14 @@ class ApplyResult:
     """Outcome of applying a list of operations.
 
     Attributes:
-        applied: ``(operation, resulting entry id or None for NONE)`` for each applied operation.
+        applied: ``(operation, resulting entry id or None)`` for each applied operation (``None`` for
+            NONE and for votes).
         rejected: ``(operation, reason)`` for each operation that was refused (nothing of it applied).
         evicted: ids removed by the capacity cap.
+        deleted_by_vote: ids removed because a DOWNVOTE took their count below 0.
     """
 
     applied: list[tuple[Operation, int | None]] = field(default_factory=list)
     rejected: list[tuple[Operation, str]] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
+    deleted_by_vote: list[int] = field(default_factory=list)

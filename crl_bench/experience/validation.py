@@ -10,14 +10,15 @@ refusal with one of :data:`REJECTION_REASONS`. The reason strings are stored in 
 
 from __future__ import annotations
 
-from crl_bench.experience.types import OP_KINDS, Operation
+from crl_bench.experience.types import OP_KINDS, VOTE_KINDS, Operation
 
-REJECT_UNKNOWN_KIND = "unknown_kind"            # kind not in ADD / UPDATE / MERGE / NONE
+REJECT_UNKNOWN_KIND = "unknown_kind"            # kind not in OP_KINDS
 REJECT_EMPTY_TEXT = "empty_text"                # ADD / UPDATE / MERGE with an empty title or content
 REJECT_TOO_LONG = "too_long"                    # title or content longer than max_text_chars
 REJECT_ADD_TARGETS = "add_with_targets"         # ADD naming target ids
 REJECT_UPDATE_TARGETS = "update_target_count"   # UPDATE without exactly one target
 REJECT_MERGE_TARGETS = "merge_target_count"     # MERGE with fewer than 2 distinct targets
+REJECT_VOTE_TARGETS = "vote_target_count"       # UPVOTE / DOWNVOTE naming no entry
 REJECT_UNKNOWN_TARGET = "unknown_target"        # a target id not in the bank (or not an integer)
 REJECT_WRONG_ENV = "target_other_env"           # a target belongs to another env id
 REJECT_BAD_TEXT = "invalid_text"                # title or content is not encodable text (lone surrogate)
@@ -25,8 +26,8 @@ REJECT_EMBED_FAILED = "embedding_failed"        # the embedder raised on the ope
 REJECT_WRITE_FAILED = "write_failed"            # the database refused the write (rolled back)
 #: every reason an operation can be refused for
 REJECTION_REASONS = (REJECT_UNKNOWN_KIND, REJECT_EMPTY_TEXT, REJECT_TOO_LONG, REJECT_ADD_TARGETS,
-                     REJECT_UPDATE_TARGETS, REJECT_MERGE_TARGETS, REJECT_UNKNOWN_TARGET, REJECT_WRONG_ENV,
-                     REJECT_BAD_TEXT, REJECT_EMBED_FAILED, REJECT_WRITE_FAILED)
+                     REJECT_UPDATE_TARGETS, REJECT_MERGE_TARGETS, REJECT_VOTE_TARGETS, REJECT_UNKNOWN_TARGET,
+                     REJECT_WRONG_ENV, REJECT_BAD_TEXT, REJECT_EMBED_FAILED, REJECT_WRITE_FAILED)
 #: largest entry id (SQLite's INTEGER range); entry ids are positive
 MAX_ENTRY_ID = 2 ** 63 - 1
 
@@ -47,13 +48,16 @@ def check_operation(op: Operation, max_text_chars: int) -> tuple[str | None, tup
     (``NONE`` passes with no further check); ``targets`` is iterable and every target converts
     with ``int()`` to an id in ``[1, MAX_ENTRY_ID]`` (bools and floats that are not whole numbers,
     ``inf`` and ``nan`` included, do not count as ids); ADD names no target; UPDATE names exactly one; MERGE names
-    at least two distinct ones; title and content are non-empty after ``strip()``; both are UTF-8
-    encodable; neither is longer than ``max_text_chars`` characters (after ``strip()``).
+    at least two distinct ones; a vote (UPVOTE / DOWNVOTE) names at least one and needs no text
+    (any title or content is ignored); title and content are non-empty after ``strip()``; both are
+    UTF-8 encodable; neither is longer than ``max_text_chars`` characters (after ``strip()``) when
+    ``max_text_chars`` is positive.
 
     Args:
         op: the operation (any object with ``kind``, ``title``, ``content``, ``targets``; a missing
             ``kind`` or ``targets`` is tolerated).
-        max_text_chars: longest accepted title and longest accepted content, in characters.
+        max_text_chars: longest accepted title and longest accepted content, in characters; 0 = no
+            limit (the released code bounds a lesson only by the extractor's token budget).
 
     Returns:
         ``(reason, targets)``: ``reason`` is ``None`` when the operation passes, else one of the
@@ -81,11 +85,13 @@ def check_operation(op: Operation, max_text_chars: int) -> tuple[str | None, tup
         return REJECT_UPDATE_TARGETS, targets
     if kind == "MERGE" and len(targets) < 2:
         return REJECT_MERGE_TARGETS, targets
+    if kind in VOTE_KINDS:
+        return (None, targets) if targets else (REJECT_VOTE_TARGETS, targets)
     title, content = str(op.title or "").strip(), str(op.content or "").strip()
     if not title or not content:
         return REJECT_EMPTY_TEXT, targets
     if not (valid_text(title) and valid_text(content)):
         return REJECT_BAD_TEXT, targets
-    if len(title) > max_text_chars or len(content) > max_text_chars:
+    if max_text_chars > 0 and (len(title) > max_text_chars or len(content) > max_text_chars):
         return REJECT_TOO_LONG, targets
     return None, targets

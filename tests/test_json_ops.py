@@ -1,4 +1,5 @@
-"""The extractor's json answer format: mapping to operations, all-or-nothing rejection, garbage."""
+"""The extractor's json answer format: mapping to operations (votes included), all-or-nothing
+rejection, out-of-range lesson numbers dropped as released, no length limit, garbage."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 import pytest
 
 from crl_bench.experience.json_ops import (
+    JSON_FOLD_SYSTEM_PROMPT,
     JSON_MERGE_SYSTEM_PROMPT,
     JSON_SYSTEM_PROMPT,
-    STOP,
     format_numbered,
     parse_json_operations,
 )
@@ -141,8 +142,8 @@ BAD_OPS = [
     {"function_name": "add", "parameters": {"title": "t", "content": ""}},
     {"function_name": "add", "parameters": {"title": 5, "content": "c"}},
     {"function_name": "add", "parameters": {"title": "t", "content": ["c"]}},
-    {"function_name": "add", "parameters": {"title": "x" * 121, "content": "c"}},
-    {"function_name": "add", "parameters": {"title": "t", "content": "x" * 601}},
+    {"function_name": "upvote", "parameters": {"idx": "1"}},
+    {"function_name": "downvote", "parameters": {}},
     {"function_name": "add", "parameters": {"title": "a <op> b", "content": "c"}},
     {"function_name": "add", "parameters": {"title": "t", "content": "see </content> here"}},
     {"function_name": "add", "parameters": {"title": "t", "content": "< OPS >"}},
@@ -165,19 +166,45 @@ def test_any_invalid_operation_rejects_the_whole_reply(bad, position):
     assert res.blocks == 3
 
 
-def test_limits_are_inclusive_and_configurable():
-    assert parse([add("x" * 120, "y" * 600)]).ok
+def test_no_length_limit_by_default_and_optional_limits_are_inclusive():
+    # released: a lesson is bounded only by the token budget (a 20,000-character lesson parses)
+    assert parse([add("x" * 500, "y" * 20000)]).ok
+    assert parse([add("x" * 120, "y" * 600)], max_title_chars=120, max_content_chars=600).ok
     assert not parse([add("x" * 120, "y" * 600)], max_title_chars=119).valid
     assert not parse([add("x" * 20, "y" * 600)], max_content_chars=599).valid
     # the length is measured after whitespace is collapsed
-    assert parse([add("x " * 60, "c")]).ok
+    assert parse([add("x " * 60, "c")], max_title_chars=119).ok
 
 
-@pytest.mark.parametrize("targets", [[0], [4], [-1], [1, 4], 4, [99999999999999999999]])
-def test_out_of_range_targets(targets):
+@pytest.mark.parametrize("targets, kept", [([0], ()), ([4], ()), ([-1], ()), ([1, 4], (41,)), (4, ()),
+                                           ([99999999999999999999], ()), ([3, 9, 2], (93, 7))])
+def test_out_of_range_lesson_numbers_are_dropped_as_released(targets, kept):
+    """Released ``_execute_functional_operations`` skips an index outside the shown lessons; an update
+    left with no target deletes nothing and still adds its lesson."""
     res = parse([add(), update(targets)])
-    assert res.ops == [] and not res.ok
+    assert res.valid and not res.ok                       # usable, with the dropped numbers noted
     assert any("out of range" in e for e in res.errors), res.errors
+    second = res.ops[1]
+    if not kept:
+        assert second.kind == "ADD" and second.targets == ()
+    else:
+        assert second.targets == kept and second.kind == ("UPDATE" if len(kept) == 1 else "MERGE")
+
+
+def test_votes_map_to_shown_ids_and_drop_out_of_range_numbers():
+    up = {"function_name": "upvote", "parameters": {"idx": [1, 3]}}
+    down = {"function_name": "downvote", "parameters": {"target_ids": [2, 9]}}
+    res = parse([up, down])
+    assert [(o.kind, o.targets, o.title, o.content) for o in res.ops] == [("UPVOTE", (41, 93), "", ""),
+                                                                          ("DOWNVOTE", (7,), "", "")]
+    assert res.valid and any("out of range" in e for e in res.errors)
+    assert parse([up]).ok
+    none_left = parse([{"function_name": "downvote", "parameters": {"idx": [7]}}])
+    assert none_left.ops == [] and not none_left.valid      # the only vote named no shown lesson
+    assert [o.kind for o in parse([{"function_name": "downvote", "parameters": {"idx": [7]}}, RETURN]).ops] == ["NONE"]
+    for bad in ({"function_name": "upvote", "parameters": {}}, {"function_name": "upvote", "parameters": {"idx": []}},
+                {"function_name": "downvote", "parameters": {"idx": ["1"]}}, {"function_name": "upvote"}):
+        assert parse([add(), bad]).ops == []              # malformed: the whole reply is rejected
 
 
 @pytest.mark.parametrize("targets", [["1"], "2", [1.0], 2.0, [True], True, [None], None, [[1]], {"1": 1}])
@@ -186,9 +213,9 @@ def test_non_integer_targets(targets):
     assert res.ops == [] and not res.ok and res.errors
 
 
-def test_update_without_shown_lessons_is_out_of_range():
+def test_update_without_shown_lessons_becomes_an_add():
     res = parse([update([1])], shown=[])
-    assert res.ops == [] and any("out of range" in e for e in res.errors)
+    assert [o.kind for o in res.ops] == ["ADD"] and any("out of range" in e for e in res.errors)
     assert parse([add()], shown=[]).ok
 
 
@@ -232,10 +259,16 @@ def test_non_string_replies(value):
     assert res.ops == [] and not res.ok and res.errors
 
 
-def test_stop_string_ends_the_answer():
-    assert STOP == "</answer>"
-    text = answer([add()])
-    assert text.endswith(STOP) and parse_json_operations(text, SHOWN).ok
+def test_the_last_answer_block_is_read():
+    """A thinking extractor writes the tags inside its reasoning too; the released parser reads the
+    last ``<answer>`` block, and the json format generates without a stop string."""
+    text = ('<think>maybe <answer>[{"function_name": "return"}]</answer>? no, better:</think>'
+            + answer([add("Final", "The lesson the reply settled on, after thinking it over.")])
+            + "\nsome trailing words")
+    res = parse_json_operations(text, SHOWN)
+    assert res.ok and [o.title for o in res.ops] == ["Final"]
+    unclosed_think = 'I think <answer>[{"function_name": "return"}]</answer> then ' + answer([add()])
+    assert [o.kind for o in parse_json_operations(unclosed_think, SHOWN).ops] == ["ADD"]
 
 
 def test_format_numbered():
@@ -254,10 +287,18 @@ def test_system_prompt_is_a_template_and_its_example_parses():
     prompt = JSON_SYSTEM_PROMPT.format(max_ops=5)
     assert "at most 5 operations" in prompt and "{max_ops}" not in prompt
     for word in ("<think></think>", "<answer></answer>", '"function_name"', '"add"', '"update"', '"return"',
-                 '"target_ids"', '"title"', '"content"', '[{"function_name": "return"}]'):
+                 '"upvote"', '"downvote"', '"target_ids"', '"title"', '"content"', '[{"function_name": "return"}]',
+                 "detailed", "whole"):
         assert word in prompt, word
+    assert "one or two sentences" not in prompt          # the paper contract asks for detailed lessons
     res = parse_json_operations(_example(prompt), [10, 20])
-    assert res.ok and [o.kind for o in res.ops] == ["ADD", "UPDATE"] and res.ops[1].targets == (20,)
+    assert res.ok and [o.kind for o in res.ops] == ["ADD", "DOWNVOTE"] and res.ops[1].targets == (20,)
+
+
+def test_fold_prompt_example_parses_to_lessons():
+    assert "{max_ops}" not in JSON_FOLD_SYSTEM_PROMPT and "REPLACE ALL" in JSON_FOLD_SYSTEM_PROMPT
+    res = parse_json_operations(_example(JSON_FOLD_SYSTEM_PROMPT), [])
+    assert res.ok and [o.kind for o in res.ops] == ["ADD"]
 
 
 def test_merge_prompt_example_parses_to_a_merge():

@@ -154,3 +154,25 @@ def test_entries_and_guidance():
     assert format_entries(entries) == ("[12] Avoid corners: A box in a corner is stuck.\n"
                                        "[3] Walls: Bumping wastes a move.")
     assert format_entries([]) == "(none)"
+
+
+def test_votes_round_trip_and_rules():
+    """UPVOTE / DOWNVOTE (released ``upvote`` / ``downvote``): one or more ids, no title or content."""
+    votes = [Operation("UPVOTE", targets=(4,)), Operation("DOWNVOTE", targets=(9, 2))]
+    text = format_operations(votes)
+    assert "<op>UPVOTE 4</op>" in text and "<op>DOWNVOTE 9 2</op>" in text
+    res = parse_operations(text)
+    assert res.ops == votes and res.ok
+    assert parse_operations("<op>upvote #4, [4]</op>").ops == [Operation("UPVOTE", targets=(4,))]   # de-duplicated
+    for bad, why in [("<op>UPVOTE</op>", "at least one entry id"),
+                     ("<op>DOWNVOTE 3</op><title>t</title><content>c</content>", "no title or content"),
+                     ("<op>UPVOTE x</op>", "not an integer")]:
+        res = parse_operations(bad)
+        assert res.ops == [] and any(why in e for e in res.errors), (bad, res.errors)
+    res = parse_operations(text, known_ids=[4])
+    assert res.ops == votes[:1] and any("unknown entry id" in e for e in res.errors)
+
+
+def test_no_length_limit_by_default():
+    long = format_operations([Operation("ADD", "t" * 300, "x" * 5000)])
+    assert parse_operations(long).ok

@@ -4,9 +4,11 @@ Modelled on the extractor format of the released Complementary RL code.  A reply
 
     <think>optional reasoning</think>
     <answer>[
-      {"function_name": "add", "parameters": {"title": "Short title", "content": "One or two sentences."}},
+      {"function_name": "add", "parameters": {"title": "Short title", "content": "The lesson."}},
       {"function_name": "update", "parameters": {"target_ids": [2], "title": "...", "content": "..."}},
-      {"function_name": "update", "parameters": {"target_ids": [1, 3], "title": "...", "content": "..."}}
+      {"function_name": "update", "parameters": {"target_ids": [1, 3], "title": "...", "content": "..."}},
+      {"function_name": "upvote", "parameters": {"target_ids": [1]}},
+      {"function_name": "downvote", "parameters": {"target_ids": [4]}}
     ]</answer>
 
 or, when nothing should change, ``<answer>[{"function_name": "return"}]</answer>``.
@@ -23,6 +25,12 @@ Mapping to :class:`~crl_bench.experience.types.Operation`:
   ``update`` replaces all its targets by one new lesson).  ``idx`` and ``target_idx`` are accepted as
   aliases of ``target_ids`` (naming the same lessons when more than one is given), and a bare integer
   as a one-element list.  Targets are de-duplicated after mapping, in order.
+* ``upvote`` / ``downvote`` -> ``Operation("UPVOTE" | "DOWNVOTE", targets=(bank_id, ...))`` (the
+  released voting: the bank adds +1 / -1 to each target's vote count and deletes an entry whose count
+  falls below 0).
+* A lesson number outside ``1..len(shown_ids)`` is dropped with an error noted, as the released code
+  skips such an index when it executes the operation: an ``update`` left with no target is written as
+  an ``add`` (released: nothing deleted, the new lesson added), a vote left with none is dropped.
 * ``return`` stops reading: later list items are neither read nor checked.  As the first item it
   gives the single operation ``Operation("NONE")``.
 
@@ -35,11 +43,12 @@ Rules (as the released parser, the reply is all or nothing):
 * The answer is read with :func:`json.loads`: a list of operation objects, or one object (taken as
   a one-element list).  An empty list is an error.
 * Any invalid operation read (not an object, unknown or non-string ``function_name``, non-object
-  ``parameters``, ``title`` / ``content`` missing, not a string, empty, longer than 120 / 600
-  characters, containing one of the tags ``<ops> <op> <title> <content> <think> <answer>`` (opening or
-  closing) or text that is not valid UTF-8 such as a lone surrogate; an ``update`` target that is not
-  an integer or is outside ``1..len(shown_ids)``) rejects the whole reply: ``ops == []``.  Internal
-  whitespace of title and content is collapsed to single spaces before the checks.
+  ``parameters``, ``title`` / ``content`` missing, not a string, empty, longer than the optional
+  ``max_title_chars`` / ``max_content_chars`` (no limit by default: the token budget bounds a lesson,
+  as released), containing one of the tags ``<ops> <op> <title> <content> <think> <answer>`` (opening
+  or closing) or text that is not valid UTF-8 such as a lone surrogate; a target that is not an
+  integer, or an empty target list) rejects the whole reply: ``ops == []``.  Internal whitespace of
+  title and content is collapsed to single spaces before the checks.
 * More than ``max_ops`` operations (``return`` not counted): the first ``max_ops`` are kept and an
   error is recorded.
 
@@ -57,39 +66,66 @@ import reprlib
 from collections.abc import Sequence
 from typing import Any
 
-from crl_bench.experience.operations import MAX_CONTENT_CHARS, MAX_TITLE_CHARS, ParseResult
+from crl_bench.experience.operations import ParseResult
 from crl_bench.experience.types import ExperienceEntry, Operation
 
-STOP = "</answer>"
-"""Stop string of the extractor's generation in this format (kept in the reply by the engines)."""
-
 TARGET_KEYS = ("target_ids", "idx", "target_idx")
-"""Accepted names of an ``update``'s targets, in order of preference."""
+"""Accepted names of the targets of an ``update`` or a vote, in order of preference (the released
+prompts write ``target_idx`` for updates and ``idx`` for votes)."""
 
 JSON_SYSTEM_PROMPT = """\
-You look after a small set of general lessons for an agent that acts in a text environment. You \
-are shown one finished episode and the lessons that guided it, numbered 1, 2, 3, ... Improve the \
-lessons so that the agent does better in new episodes.
+You maintain the lessons of an agent that acts in a text environment. You are shown one finished \
+episode (every message of it, the agent's own reasoning included), whether it succeeded, and the \
+lessons that guided it, numbered 1, 2, 3, ... Improve the lessons so that the agent succeeds more \
+often in new episodes of this kind of task.
 
-You may first think inside <think></think>. Then answer inside <answer></answer> with a JSON list \
-of at most {max_ops} operations. Each operation is an object with these fields:
+A good lesson is detailed and can be acted on directly: say when it applies (what the agent will \
+observe), what to do step by step, how to decide between options, and what to avoid and why. Keep \
+it general: no coordinates or details that only held in this one episode. Prefer improving an \
+existing lesson over adding a near-duplicate.
+
+Think first inside <think></think>. Then answer inside <answer></answer> with a JSON list of at \
+most {max_ops} operations, each an object:
 - {{"function_name": "add", "parameters": {{"title": ..., "content": ...}}}} writes a new lesson.
 - {{"function_name": "update", "parameters": {{"target_ids": [...], "title": ..., "content": ...}}}} \
-rewrites lessons: target_ids lists lesson numbers as shown above. One number rewrites that lesson; \
-two or more numbers replace all of those lessons by this single one.
+rewrites lessons: target_ids lists lesson numbers as shown. One number rewrites that lesson; two or \
+more replace all of them by this one lesson.
+- {{"function_name": "upvote", "parameters": {{"target_ids": [...]}}}} marks shown lessons that \
+helped.
+- {{"function_name": "downvote", "parameters": {{"target_ids": [...]}}}} marks shown lessons that \
+misled the agent; a lesson with more downvotes than upvotes is deleted.
 - {{"function_name": "return"}} ends the list. Answer [{{"function_name": "return"}}] when nothing \
 should change.
 
-A title is a few words; a content is one or two sentences. A lesson is general advice that helps \
-in new episodes, not a list of moves from this one. Use only lesson numbers that are shown.
+Example:
+<answer>[{{"function_name": "add", "parameters": {{"title": "Scan before moving", "content": "At the \
+start, and whenever the target is not in view, read the whole map and locate the goal symbol. If a \
+wall lies on the direct line, step around it on the side with open floor instead of pushing into \
+it; if no route is visible, explore the nearest unexplored edge first."}}}}, {{"function_name": \
+"downvote", "parameters": {{"target_ids": [2]}}}}]</answer>"""
+"""System prompt of the json format (the ``paper`` preset's extractor contract: detailed lessons of
+any length, votes, the whole transcript); a ``str.format`` template with ``{max_ops}`` (as
+:class:`~crl_bench.experience.extractor.ExtractorPromptBuilder` uses it; literal braces are doubled)."""
+
+JSON_FOLD_SYSTEM_PROMPT = """\
+You maintain the lessons of an agent that acts in a text environment. Below are some of its \
+lessons, numbered 1, 2, 3, ... Consolidate them into fewer, stronger lessons: join lessons that \
+share one idea, rewrite lessons that are too specific to one episode so that they hold in general, \
+and leave out lessons that are wrong or that contradict better ones. Keep every useful condition \
+and step; a lesson may be long.
+
+The lessons you write REPLACE ALL the lessons shown. Think first inside <think></think>. Then \
+answer inside <answer></answer> with a JSON list of the lessons that should remain, each written \
+as {"function_name": "add", "parameters": {"title": ..., "content": ...}}; or answer \
+[{"function_name": "return"}] to keep the lessons exactly as they are.
 
 Example:
-<answer>[{{"function_name": "add", "parameters": {{"title": "Look before moving", "content": "Read \
-the whole map first and plan a path around the walls."}}}}, {{"function_name": "update", \
-"parameters": {{"target_ids": [2], "title": "Count the steps", "content": "Prefer the shortest \
-route; every extra move costs time."}}}}]</answer>"""
-"""System prompt of the json format; a ``str.format`` template with ``{max_ops}`` (as
-:class:`~crl_bench.experience.extractor.ExtractorPromptBuilder` uses it; literal braces are doubled)."""
+<answer>[{"function_name": "add", "parameters": {"title": "Avoid walls", "content": "Before each \
+move check the square you are moving into; walking into a wall wastes a turn, so step around it on \
+the side with open floor."}}]</answer>"""
+"""System prompt of the json format's merge pass (the fold: the reply replaces every lesson shown);
+used as is (no format fields, not a format template, as
+:class:`~crl_bench.experience.extractor.FoldPromptBuilder` uses it)."""
 
 JSON_MERGE_SYSTEM_PROMPT = """\
 You look after a small set of general lessons for an agent that acts in a text environment. The \
@@ -105,7 +141,7 @@ Use only the numbers shown. Keep the title to a few words and the content to one
 Example:
 <answer>[{"function_name": "update", "parameters": {"target_ids": [1, 2], "title": "Avoid walls", \
 "content": "Check the map before each move; walking into a wall wastes a turn."}}]</answer>"""
-"""System prompt of the json format's merge pass; used as is (no format fields, not a format
+"""System prompt of the json format's ``similar`` merge candidates; used as is (no format fields, not a format
 template, as :class:`~crl_bench.experience.extractor.MergePromptBuilder` uses it)."""
 
 _THINK = re.compile(r"^\s*<\s*think\s*>.*?<\s*/\s*think\s*>", re.IGNORECASE | re.DOTALL)
@@ -171,7 +207,7 @@ def _answer_body(text: str) -> tuple[str | None, str]:
     return body, ""
 
 
-def _text_field(params: dict, name: str, max_chars: int) -> tuple[str, str]:
+def _text_field(params: dict, name: str, max_chars: int | None) -> tuple[str, str]:
     """``(cleaned value, "")`` or ``("", error)`` for the ``title`` / ``content`` parameter."""
     if name not in params:
         return "", f"{name} is missing"
@@ -185,7 +221,7 @@ def _text_field(params: dict, name: str, max_chars: int) -> tuple[str, str]:
         value.encode("utf-8")
     except UnicodeEncodeError:
         return "", f"{name} is not valid UTF-8 text (lone surrogate)"
-    if len(value) > max_chars:
+    if max_chars is not None and len(value) > max_chars:
         return "", f"{name} longer than {max_chars} characters"
     if _FORBIDDEN_TAG.search(value):
         return "", f"{name} contains a format tag: {_show(value)}"
@@ -206,75 +242,85 @@ def _numbers(value: Any, key: str) -> tuple[list[int], str]:
     return list(value), ""
 
 
-def _targets(params: dict, shown_ids: Sequence[int]) -> tuple[tuple[int, ...], str]:
-    """Bank ids named by an ``update`` (distinct, in order); ``((), error)`` when invalid."""
+def _targets(params: dict, shown_ids: Sequence[int], kind: str) -> tuple[tuple[int, ...], str, str]:
+    """Bank ids named by an ``update`` or a vote (distinct, in order; lesson numbers outside the
+    shown range dropped) as ``(ids, error, note)``: ``error`` (the reply is invalid) when the
+    parameter is missing or malformed, ``note`` when numbers were out of range."""
     present = [k for k in TARGET_KEYS if k in params]
     if not present:
-        return (), "update needs target_ids"
+        return (), f"{kind} needs target_ids", ""
     chosen: list[int] | None = None
     for key in present:
         nums, err = _numbers(params[key], key)
         if err:
-            return (), err
+            return (), err, ""
         if chosen is not None and nums != chosen:
-            return (), f"{' and '.join(present)} name different lessons"
+            return (), f"{' and '.join(present)} name different lessons", ""
         chosen = nums
     assert chosen is not None
     bad = [n for n in chosen if not 1 <= n <= len(shown_ids)]
+    note = ""
     if bad:
         shown = f"1..{len(shown_ids)}" if shown_ids else "none"
-        return (), f"lesson number {_show(bad[0])} out of range (shown: {shown})"
-    return tuple(dict.fromkeys(shown_ids[n - 1] for n in chosen)), ""
+        note = f"lesson number {_show(bad[0])} out of range (shown: {shown}): dropped"
+    ids = tuple(dict.fromkeys(shown_ids[n - 1] for n in chosen if 1 <= n <= len(shown_ids)))
+    return ids, "", note
 
 
-def _parse_item(item: Any, n: int, shown_ids: Sequence[int], max_title: int,
-                max_content: int) -> tuple[Operation | None, str, bool]:
-    """One list item: ``(operation or None, error, stop)``; ``stop`` is true for ``return``."""
+def _parse_item(item: Any, n: int, shown_ids: Sequence[int], max_title: int | None,
+                max_content: int | None) -> tuple[Operation | None, str, str, bool]:
+    """One list item: ``(operation or None, error, note, stop)``; ``stop`` is true for ``return``; an
+    ``error`` makes the reply invalid, a ``note`` (out-of-range lesson numbers) does not."""
     where = f"op {n}"
     if not isinstance(item, dict):
-        return None, f"{where}: not an object: {_show(item)}", False
+        return None, f"{where}: not an object: {_show(item)}", "", False
     name = item.get("function_name")
     if not isinstance(name, str):
         what = "missing" if name is None else f"not a string: {_show(name)}"
-        return None, f"{where}: function_name {what}", False
+        return None, f"{where}: function_name {what}", "", False
     kind = name.strip().lower()
     if kind == "return":
-        return None, "", True
-    if kind not in ("add", "update"):
-        return None, f"{where}: unknown function_name {_show(name)}", False
+        return None, "", "", True
+    if kind not in ("add", "update", "upvote", "downvote"):
+        return None, f"{where}: unknown function_name {_show(name)}", "", False
     params = item.get("parameters")
     if not isinstance(params, dict):
         what = "missing" if params is None else f"not an object: {_show(params)}"
-        return None, f"{where}: parameters {what}", False
+        return None, f"{where}: parameters {what}", "", False
     targets: tuple[int, ...] = ()
-    if kind == "update":
-        targets, err = _targets(params, shown_ids)
+    note = ""
+    if kind != "add":
+        targets, err, note = _targets(params, shown_ids, kind)
         if err:
-            return None, f"{where}: {err}", False
+            return None, f"{where}: {err}", "", False
+        note = f"{where}: {note}" if note else ""
+    if kind in ("upvote", "downvote"):
+        return (Operation(kind.upper(), targets=targets) if targets else None), "", note, False
     title, err = _text_field(params, "title", max_title)
     if err:
-        return None, f"{where}: {err}", False
+        return None, f"{where}: {err}", "", False
     content, err = _text_field(params, "content", max_content)
     if err:
-        return None, f"{where}: {err}", False
-    if kind == "add":
-        return Operation("ADD", title, content), "", False
-    return Operation("UPDATE" if len(targets) == 1 else "MERGE", title, content, targets), "", False
+        return None, f"{where}: {err}", "", False
+    if kind == "add" or not targets:
+        return Operation("ADD", title, content), "", note, False
+    return Operation("UPDATE" if len(targets) == 1 else "MERGE", title, content, targets), "", note, False
 
 
 def parse_json_operations(text: str, shown_ids: Sequence[int], max_ops: int = 3, *,
-                          max_title_chars: int = MAX_TITLE_CHARS,
-                          max_content_chars: int = MAX_CONTENT_CHARS) -> ParseResult:
+                          max_title_chars: int | None = None,
+                          max_content_chars: int | None = None) -> ParseResult:
     """Parse an extractor reply in the json format (see the module docstring); never raises on ``text``.
 
     Args:
         text: the full reply, including any pre-filled opening (e.g. ``"<think>" + generated``).
         shown_ids: bank ids of the lessons shown to the extractor, in the order shown: lesson number
-            ``k`` of the answer is ``shown_ids[k - 1]`` (``[]`` when none was shown: every ``update``
-            is then out of range).
+            ``k`` of the answer is ``shown_ids[k - 1]`` (``[]`` when none was shown: every lesson
+            number is then out of range).
         max_ops: operations kept; past this count the rest are dropped with an error (the reply
             stays usable: ``ParseResult.valid``, not ``ok``).
-        max_title_chars, max_content_chars: longer titles / contents make the reply invalid.
+        max_title_chars, max_content_chars: longer titles / contents make the reply invalid (``None``,
+            the default: no limit).
 
     Returns:
         :class:`~crl_bench.experience.operations.ParseResult`: ``ops`` empty whenever any operation
@@ -314,19 +360,24 @@ def parse_json_operations(text: str, shown_ids: Sequence[int], max_ops: int = 3,
         return res
     ops: list[Operation] = []
     errors: list[str] = []
+    notes: list[str] = []
     stopped = False
     for n, item in enumerate(data, start=1):
         res.blocks = n
-        op, err, stopped = _parse_item(item, n, ids, max_title_chars, max_content_chars)
+        op, err, note, stopped = _parse_item(item, n, ids, max_title_chars, max_content_chars)
         if stopped:
             break
         if err:
             errors.append(err)
-        elif op is not None:
+            continue
+        if note:
+            notes.append(note)
+        if op is not None:
             ops.append(op)
     if errors:
         res.errors = errors + ["invalid operation: the whole reply is rejected"]
         return res
+    res.errors = notes
     if not ops and stopped:
         ops = [Operation("NONE")]
     if len(ops) > max_ops:

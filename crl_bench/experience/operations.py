@@ -7,6 +7,8 @@ the angle brackets is ignored)::
     <op>ADD</op><title>Short title</title><content>One or two sentences of advice.</content>
     <op>UPDATE 12</op><title>Refined title</title><content>Refined advice.</content>
     <op>MERGE 3 7</op><title>Merged title</title><content>Advice that replaces entries 3 and 7.</content>
+    <op>UPVOTE 4</op>
+    <op>DOWNVOTE 9</op>
     </ops>
 
 or, when the episode teaches nothing new::
@@ -23,12 +25,15 @@ Rules:
 * An operation is the first line of its block: the header, title and content never contain a line
   break.  Anything on the following lines of the block (before the next ``<op>``) is stray text: it is
   reported as an error and the operation is kept.
-* The header inside ``<op>...</op>`` is the kind (``ADD``, ``UPDATE``, ``MERGE``, ``NONE``;
-  ``REFINE`` is accepted as a synonym of ``UPDATE``) followed by entry ids: integers separated by
-  spaces or commas, each optionally written ``#12`` or ``[12]``.  ADD and NONE take no id, UPDATE
-  exactly one, MERGE two or more distinct ids.
+* The header inside ``<op>...</op>`` is the kind (``ADD``, ``UPDATE``, ``MERGE``, ``UPVOTE``,
+  ``DOWNVOTE``, ``NONE``; ``REFINE`` is accepted as a synonym of ``UPDATE``) followed by entry ids:
+  integers separated by spaces or commas, each optionally written ``#12`` or ``[12]``.  ADD and NONE
+  take no id, UPDATE exactly one, MERGE two or more distinct ids, a vote one or more (released
+  ``upvote`` / ``downvote``: +1 / -1 on each entry's vote count; below 0 the bank deletes the entry).
+* Votes and NONE take no title or content.
 * ADD / UPDATE / MERGE need a non-empty ``<title>...</title>`` and ``<content>...</content>`` (in
-  that order or the other).  ``</content>`` may be left out when the content is the last thing on its
+  that order or the other).  Their length is not limited here: the extractor's token budget bounds it
+  (released: no limit on a lesson).  ``</content>`` may be left out when the content is the last thing on its
   line: a line break or ``</ops>`` closes it (so a reply stopped at the end of a line is complete;
   :class:`~crl_bench.experience.extractor.Extractor` also treats a reply the model ended with EOS as
   ending its line).  A content that is neither closed nor followed by a line break (a reply cut by
@@ -49,7 +54,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from crl_bench.experience.types import OP_KINDS, ExperienceEntry, Operation
+from crl_bench.experience.types import OP_KINDS, VOTE_KINDS, ExperienceEntry, Operation
 
 OPEN = "<ops>"
 CLOSE = "</ops>"
@@ -57,8 +62,6 @@ STOP = CLOSE
 """Stop string of the extractor's generation (kept in the reply by the engines)."""
 
 ALIASES = {"REFINE": "UPDATE"}
-MAX_TITLE_CHARS = 120
-MAX_CONTENT_CHARS = 600
 
 _OP_OPEN = re.compile(r"<\s*op\s*>", re.IGNORECASE)
 _OPS_OPEN = re.compile(r"^\s*<\s*ops\s*>", re.IGNORECASE)
@@ -108,8 +111,8 @@ def _parse_ids(words: Sequence[str]) -> tuple[list[int], str]:
     return ids, ""
 
 
-def _parse_block(block: str, n: int, known_ids: set[int] | None, max_title: int,
-                 max_content: int) -> tuple[Operation | None, list[str]]:
+def _parse_block(block: str, n: int, known_ids: set[int] | None, max_title: int | None,
+                 max_content: int | None) -> tuple[Operation | None, list[str]]:
     """Parse one block starting at ``<op>``; returns ``(operation or None, errors)``."""
     where = f"op {n}"
     line, nl, after = block.partition("\n")
@@ -151,6 +154,17 @@ def _parse_block(block: str, n: int, known_ids: set[int] | None, max_title: int,
         if fields or stray or open_field:
             return None, [f"{where}: NONE takes no title or content"]
         return Operation("NONE"), _stray(where, after)
+    if kind in VOTE_KINDS:
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return None, [f"{where}: {kind} needs at least one entry id"]
+        if known_ids is not None:
+            unknown = [i for i in ids if i not in known_ids]
+            if unknown:
+                return None, [f"{where}: unknown entry id(s) {unknown}"]
+        if fields or stray or open_field:
+            return None, [f"{where}: {kind} takes no title or content"]
+        return Operation(kind, targets=tuple(ids)), _stray(where, after)
     if kind == "ADD" and ids:
         return None, [f"{where}: ADD takes no entry id"]
     if kind == "UPDATE" and len(ids) != 1:
@@ -170,9 +184,9 @@ def _parse_block(block: str, n: int, known_ids: set[int] | None, max_title: int,
             return None, [f"{where}: <{name}> {what}"]
         if not fields[name]:
             return None, [f"{where}: empty <{name}>"]
-    if len(fields["title"]) > max_title:
+    if max_title is not None and len(fields["title"]) > max_title:
         return None, [f"{where}: title longer than {max_title} characters"]
-    if len(fields["content"]) > max_content:
+    if max_content is not None and len(fields["content"]) > max_content:
         return None, [f"{where}: content longer than {max_content} characters"]
     errors = [f"{where}: stray text {stray[:40]!r}"] if stray else []
     return Operation(kind, fields["title"], fields["content"], tuple(ids)), errors + _stray(where, after)
@@ -184,8 +198,8 @@ def _stray(where: str, text: str) -> list[str]:
 
 
 def parse_operations(text: str, max_ops: int = 4, known_ids: Iterable[int] | None = None, *,
-                     max_title_chars: int = MAX_TITLE_CHARS,
-                     max_content_chars: int = MAX_CONTENT_CHARS) -> ParseResult:
+                     max_title_chars: int | None = None,
+                     max_content_chars: int | None = None) -> ParseResult:
     """Parse an extractor reply (see the module docstring for the format); never raises.
 
     Args:
@@ -193,7 +207,8 @@ def parse_operations(text: str, max_ops: int = 4, known_ids: Iterable[int] | Non
         max_ops: operations kept; valid operations past this count are dropped with an error.
         known_ids: when given, UPDATE / MERGE may only name these ids (the entries the extractor was
             shown); an operation naming another id is skipped with an error.
-        max_title_chars, max_content_chars: longer titles / contents make the operation invalid.
+        max_title_chars, max_content_chars: longer titles / contents make the operation invalid
+            (``None``, the default: no limit).
 
     Returns:
         :class:`ParseResult`.
@@ -250,6 +265,8 @@ def format_operation(op: Operation) -> str:
     header = " ".join([kind] + [str(int(i)) for i in op.targets])
     if kind == "NONE":
         return "<op>NONE</op>"
+    if kind in VOTE_KINDS:
+        return f"<op>{header}</op>"
     _check_field(op.title, "title")
     _check_field(op.content, "content")
     return f"<op>{header}</op><title>{op.title}</title><content>{op.content}</content>"

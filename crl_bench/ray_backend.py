@@ -601,6 +601,12 @@ class RemoteManager:
     def similar_groups(self, threshold: float, max_size: int) -> list:
         return self._run("similar_groups", threshold, max_size)
 
+    def merge_pass(self, step: int, mode: str = "fold", max_size: int = 5, threshold: float = 0.8) -> None:
+        self._run("merge_pass", step, mode, max_size, threshold)
+
+    def answer(self, queries: Sequence[tuple[str, str]], record: bool = True, timeout: float | None = 60.0) -> list:
+        return self._run("answer", [tuple(q) for q in queries], record=record, timeout=timeout)
+
     def backup(self, dest: Any) -> None:
         self._run("backup", str(Path(dest).resolve()))
 

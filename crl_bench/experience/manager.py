@@ -8,10 +8,14 @@ Two services run beside the actor's rollout:
   parallel with each other but never see a half-applied mutation.
 * **Distillation.** Finished episodes are put on a distillation queue (:meth:`submit` never blocks); a
   worker thread takes up to ``distill_batch`` requests at a time, asks the extractor for operations in
-  one batched generate call, and applies them to the bank under the *write* lock.  Merge requests
-  (consolidating similar entries) go through the same worker.  The actor's rollout never waits on it.
+  one batched generate call, and applies them to the bank under the *write* lock.  The merge pass
+  (:meth:`ExperienceManager.merge_pass`: the released fold, or groups of similar entries) goes through
+  the same worker.  The actor's rollout never waits on it.
   Each processed extraction is reported as an :class:`ExtractionOutcome` (the extraction and what the
   bank made of its operations), collected with :meth:`ExperienceManager.pop_outcomes`.
+* **Answers.** The actor's in-episode search tool (:meth:`ExperienceManager.answer`): retrieval with
+  the actor's question, then the extractor answers it with what was found (released
+  ``search_and_ask``).
 
 The extractor's weights are shared with the trainer: :attr:`extractor_lock` is held while the worker
 generates and must be held by whoever updates the extractor.
@@ -28,10 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_bench.experience.bank import ExperienceBank
-from crl_bench.experience.extractor import EpisodeRecord, Extraction, Extractor
+from crl_bench.experience.extractor import EpisodeRecord, Extraction, Extractor, answer_text, fold_items
+from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.locks import RWLock
 from crl_bench.experience.retrieval import Retriever
-from crl_bench.experience.types import ApplyResult, ExperienceEntry
+from crl_bench.experience.types import VOTE_KINDS, WRITE_KINDS, ApplyResult, ExperienceEntry, Operation
+
+NO_KNOWLEDGE = "No relevant knowledge found."
+"""The search tool's answer when retrieval finds nothing (released ``search_and_ask``)."""
 
 
 @dataclass
@@ -56,7 +64,7 @@ class DistillRequest:
 
 @dataclass
 class MergeRequest:
-    """Consolidate ``entries`` (all of one env) with one extractor call."""
+    """Consolidate ``entries`` (all of one env) with one extractor call (``experience.merge: similar``)."""
 
     entries: list[ExperienceEntry]
     env_id: str
@@ -64,27 +72,69 @@ class MergeRequest:
 
 
 @dataclass
+class FoldRequest:
+    """One merge pass over the whole bank as released (``merge_memory``): every env with two or more
+    entries is folded in chunks of ``chunk`` entries (:meth:`ExperienceManager.merge_pass`)."""
+
+    step: int
+    chunk: int = 5
+
+
+@dataclass
+class ToolAnswer:
+    """The search tool's answer to one query (:meth:`ExperienceManager.answer`).
+
+    Attributes:
+        text: what the actor is shown (the extractor's answer, or :data:`NO_KNOWLEDGE`).
+        entries: the entries retrieved for the question (snapshots).
+        extraction: the extractor's answer call (a training sample once credited), or ``None`` when
+            nothing was retrieved or the manager has no extractor (then ``text`` is the retrieved
+            knowledge itself, as released without a memory model).
+    """
+
+    text: str
+    entries: list[ExperienceEntry] = field(default_factory=list)
+    extraction: Extraction | None = None
+
+
+@dataclass
 class ExtractionOutcome:
     """What the manager reports for one processed extraction (:meth:`ExperienceManager.pop_outcomes`).
 
     Attributes:
-        extraction: the extractor's sample (of a :class:`DistillRequest` or a :class:`MergeRequest`).
+        extraction: the extractor's sample (of a :class:`DistillRequest`, a :class:`MergeRequest` or a
+            call of a :class:`FoldRequest`).
         applied: the bank's :class:`~crl_bench.experience.types.ApplyResult` for its parsed operations
             (applied and rejected ones), or ``None`` when nothing parsed (nothing was sent to the bank).
+            For the merge pass, the call credited with the env's new entries has them as applied
+            MERGE operations (their targets are the entries the pass replaced).
+        answered: the reply was a valid answer although the bank applied nothing of it (a merge-pass
+            call that kept its lessons, or whose lessons the next call of the pass took over).
     """
 
     extraction: Extraction
     applied: ApplyResult | None = None
+    answered: bool = False
 
     @property
     def wrote(self) -> bool:
         """Whether the bank applied an ADD, UPDATE or MERGE of this extraction (it wrote an entry)."""
-        return self.applied is not None and any(op.kind != "NONE" for op, _ in self.applied.applied)
+        return self.applied is not None and any(op.kind in WRITE_KINDS for op, _ in self.applied.applied)
 
     @property
     def said_none(self) -> bool:
         """Whether the bank applied a NONE of this extraction (a valid "change nothing" answer)."""
         return self.applied is not None and any(op.kind == "NONE" for op, _ in self.applied.applied)
+
+    @property
+    def voted(self) -> bool:
+        """Whether the bank applied an UPVOTE or DOWNVOTE of this extraction."""
+        return self.applied is not None and any(op.kind in VOTE_KINDS for op, _ in self.applied.applied)
+
+    @property
+    def valid(self) -> bool:
+        """A usable reply: something of it was applied (NONE and votes included), or ``answered``."""
+        return self.answered or (self.applied is not None and bool(self.applied.applied))
 
 
 @dataclass
@@ -96,6 +146,13 @@ class ManagerStats:
     search_s: float = 0.0
     distilled: int = 0
     merges: int = 0
+    merge_passes: int = 0
+    merge_calls_failed: int = 0
+    merge_entries_in: int = 0
+    merge_entries_out: int = 0
+    merge_envs_skipped: int = 0
+    answers: int = 0
+    deleted_by_vote: int = 0
     extractions_parsed: int = 0
     extractions_failed: int = 0
     ops_applied: int = 0
@@ -145,7 +202,7 @@ class ExperienceManager:
         self._mu = threading.Lock()
         self._finished: list[ExtractionOutcome] = []
         self._queries: queue.Queue[_Query | None] = queue.Queue()
-        self._distill: queue.Queue[DistillRequest | MergeRequest | None] = queue.Queue()
+        self._distill: queue.Queue[DistillRequest | MergeRequest | FoldRequest | None] = queue.Queue()
         self._pool = ThreadPoolExecutor(max_workers=search_workers, thread_name_prefix="crl-search")
         self._closed = False
         self._batcher = threading.Thread(target=self._batch_loop, name="crl-query-batcher", daemon=True)
@@ -218,7 +275,7 @@ class ExperienceManager:
             self._stats.search_s += time.perf_counter() - t0
 
     # ---- distillation ---------------------------------------------------------------------------
-    def submit(self, requests: list[DistillRequest | MergeRequest]) -> None:
+    def submit(self, requests: list[DistillRequest | MergeRequest | FoldRequest]) -> None:
         """Queue finished episodes (or merge requests) for the extractor; returns at once."""
         if self.extractor is None:
             raise RuntimeError("this experience manager has no extractor")
@@ -274,8 +331,10 @@ class ExperienceManager:
                 for _ in batch:
                     self._distill.task_done()
 
-    def _process(self, batch: list[DistillRequest | MergeRequest]) -> None:
+    def _process(self, batch: list[DistillRequest | MergeRequest | FoldRequest]) -> None:
         t0 = time.perf_counter()
+        for fold in [r for r in batch if isinstance(r, FoldRequest)]:
+            self._fold(fold)
         episodes = [r for r in batch if isinstance(r, DistillRequest)]
         merges = [r for r in batch if isinstance(r, MergeRequest)]
         done: list[tuple[DistillRequest | MergeRequest, Extraction]] = []
@@ -308,11 +367,139 @@ class ExperienceManager:
                 if result is not None:
                     st.ops_applied += len(result.applied)
                     st.ops_rejected += len(result.rejected)
+                    st.deleted_by_vote += len(result.deleted_by_vote)
                     for op, _ in result.applied:
                         st.op_kinds[op.kind] = st.op_kinds.get(op.kind, 0) + 1
                 self._finished.append(ExtractionOutcome(extraction, result))
         with self._mu:
             self._stats.distill_s += time.perf_counter() - t0
+
+    def _fold(self, req: FoldRequest) -> None:
+        """The released merge pass (``merge_memory`` / ``_merge_single_task``), on the worker thread.
+
+        Per env with at least two entries: its entries, oldest first, are cut into chunks of
+        ``req.chunk``.  Call k shows chunk k's lessons (with the lessons call k - 1 gave, appended to
+        it); when its reply gives lessons (:func:`~crl_bench.experience.extractor.fold_items`), the
+        chunk's original entries are marked for deletion and the lessons go on into chunk k + 1 (after
+        the last chunk they stay); a reply that fails to parse or says NONE keeps the chunk's items
+        as they are.  Calls of the same chunk index of all envs share one batched ``generate``.  The
+        env's result is applied in one transaction (:meth:`ExperienceBank.replace`), crediting the
+        last call that gave lessons, and skipped when an entry it would delete is gone.
+        """
+        chunk = max(2, int(req.chunk))
+        with self.lock.read():
+            per_env = {env: self.bank.entries(env) for env in sorted({e.env_id for e in self.bank.entries()})}
+        # items: (entry id or None for a lesson a call wrote, title, content)
+        plans: dict[str, dict[str, Any]] = {}
+        for env, entries in per_env.items():
+            if len(entries) < 2:
+                continue
+            items = [(e.id, e.title, e.content) for e in entries]
+            plans[env] = {"chunks": [items[i:i + chunk] for i in range(0, len(items), chunk)], "final": [],
+                          "deleted": [], "last": None, "outcomes": []}
+        rounds = max((len(pl["chunks"]) for pl in plans.values()), default=0)
+        for k in range(rounds):
+            active = [env for env, pl in plans.items() if k < len(pl["chunks"])]
+            with self.extractor_lock:
+                calls = self.extractor.extract_fold([[(t, c) for _, t, c in plans[env]["chunks"][k]] for env in active],
+                                                    active)
+            for env, call in zip(active, calls):
+                pl = plans[env]
+                items = fold_items(call.parse)
+                current = pl["chunks"][k]
+                outcome = ExtractionOutcome(call, ApplyResult(), answered=items is not None)
+                pl["outcomes"].append(outcome)
+                if not items:                       # failed (None) or NONE ([]): keep the chunk's items
+                    pl["final"].extend(current)
+                    if items is None:
+                        outcome.applied = None
+                    continue
+                pl["last"] = outcome
+                pl["deleted"] += [uid for uid, _, _ in current if uid is not None]
+                made = [(None, t, c) for t, c in items]
+                if k + 1 < len(pl["chunks"]):
+                    pl["chunks"][k + 1].extend(made)
+                else:
+                    pl["final"].extend(made)
+        done: list[ExtractionOutcome] = []
+        skipped = entries_out = 0
+        for env, pl in plans.items():
+            new_items = [(t, c) for uid, t, c in pl["final"] if uid is None]
+            last = pl["last"]
+            if last is not None and (new_items or pl["deleted"]):
+                with self.lock.write():
+                    ids = self.bank.replace(env, pl["deleted"], new_items, step=req.step,
+                                            extraction_id=last.extraction.id,
+                                            extractor_version=last.extraction.extractor_version)
+                if ids is None:
+                    skipped += 1
+                else:
+                    entries_out += len(ids)
+                    last.applied = ApplyResult(applied=[(Operation("MERGE", t, c, tuple(pl["deleted"])), i)
+                                                        for (t, c), i in zip(new_items, ids)])
+            done += pl["outcomes"]
+        if done:
+            with self.lock.write():
+                self.bank.record_merge_calls(len(done), sum(1 for o in done if o.applied is None))
+        with self._mu:
+            st = self._stats
+            st.merge_passes += 1
+            st.merges += len(done)
+            st.merge_calls_failed += sum(1 for o in done if o.applied is None)
+            st.merge_entries_in += sum(len(pl["deleted"]) for pl in plans.values())
+            st.merge_entries_out += entries_out
+            st.merge_envs_skipped += skipped
+            self._finished += done
+
+    def merge_pass(self, step: int, mode: str = "fold", max_size: int = 5, threshold: float = 0.8) -> None:
+        """Run one merge pass now and wait until it is applied (queued distillation is applied first).
+
+        ``mode``: ``fold`` (the released pass, :class:`FoldRequest` with chunks of ``max_size``) or
+        ``similar`` (one :class:`MergeRequest` per group from :meth:`similar_groups`).  Its extractions
+        are reported through :meth:`pop_outcomes`.
+
+        Raises:
+            RuntimeError: the manager has no extractor.
+            ValueError: unknown ``mode``.
+        """
+        if self.extractor is None:
+            raise RuntimeError("this experience manager has no extractor")
+        if mode == "fold":
+            reqs: list[Any] = [FoldRequest(step, max_size)]
+        elif mode == "similar":
+            reqs = [MergeRequest(entries, env_id, step) for env_id, entries in self.similar_groups(threshold, max_size)]
+        else:
+            raise ValueError(f"merge mode must be fold or similar, got {mode!r}")
+        self.drain()
+        if reqs:
+            self.submit(reqs)
+            self.drain()
+
+    def answer(self, queries: Sequence[tuple[str, str]], record: bool = True,
+               timeout: float | None = 60.0) -> list[ToolAnswer]:
+        """Answer the actor's search-tool questions ``(env_id, question)`` (released ``search_and_ask``):
+        retrieve for each question from its env (``record``: count the retrievals, as training does),
+        then the extractor answers each question that found entries, shown the entries, in one
+        batched call.  A question that finds nothing is answered :data:`NO_KNOWLEDGE`; without an
+        extractor (a read-only bank) the retrieved knowledge itself is the answer."""
+        found = self.retrieve(list(queries), timeout=timeout, record=record)
+        out = [ToolAnswer(NO_KNOWLEDGE, list(entries)) for entries in found]
+        asked = [i for i, entries in enumerate(found) if entries]
+        if not asked:
+            return out
+        knowledge = [format_numbered(found[i], empty="") for i in asked]
+        if self.extractor is None:
+            for i, text in zip(asked, knowledge):
+                out[i].text = text
+            return out
+        with self.extractor_lock:
+            calls = self.extractor.answer([queries[i][1] for i in asked], knowledge, [queries[i][0] for i in asked])
+        for i, call in zip(asked, calls):
+            out[i].text = answer_text(call.text) or NO_KNOWLEDGE
+            out[i].extraction = call
+        with self._mu:
+            self._stats.answers += len(calls)
+        return out
 
     # ---- the bank as the experience track sees it -------------------------------------------------
     # The track (trainer/complementary.py) reads and writes the bank only through these methods, so

@@ -145,6 +145,11 @@ class TrainConfig:
             token of the step weighs the same, so long episodes weigh more). Also used by CISPO.
         recompute_old_logprobs: recompute the old log-probs with the trainer's weights before the
             update (released); required whenever the sampler is not the trainer (vLLM, bf16 sampling).
+        logprob_temperature: which distribution the trainer's log-probs (PPO ratio, CISPO weights) are
+            of: ``sampling`` (default: logits / T, the distribution the tokens were drawn from at the
+            actor's, resp. the extractor's, sampling temperature T) or ``raw`` (released ROLL: raw
+            logits, whatever T sampled; needs ``recompute_old_logprobs``). Differs only when T != 1
+            (the ``cpu`` preset samples at T = 1.5; the released config at 0.99).
         share_prefix: compute the prompt prefix a micro-batch's turns share once per update forward
             (trainer/policy.py ``shared_prefix_logprobs``; same gradient; off with gradient
             checkpointing or a KL term).
@@ -179,6 +184,7 @@ class TrainConfig:
     mini_batches: int = 1
     loss_agg: str = "seq-mean-token-mean"
     recompute_old_logprobs: bool = True
+    logprob_temperature: str = "sampling"
     share_prefix: bool = True
     seed: int = 0
     save_checkpoint: bool = True
@@ -195,12 +201,18 @@ class EvalConfig:
     Attributes:
         episodes: eval episodes per env: the first ``episodes`` task ids of the eval split, or
             ``"all"`` for every task of it (e.g. ALFWorld's 134). docs/evaluation.md.
-        every: evaluate every N training steps (0 = only at the end).
+        every: evaluate every N training steps (0 = only at the end); the evaluation after step N runs
+            where the released pipeline runs it, at the start of step N + 1 after the flush and the
+            merge pass (released ``eval_steps: 1``: every step).
         at_start: also evaluate the untrained actor before step 1 (experience-free; a ``step: 0``
             eval row in metrics.jsonl and ``initial`` in eval.json), the baseline a run's final eval
             is compared with.
         temperature: sampling temperature at eval (0 = greedy).
         split: which split to evaluate.
+        writes_counters: guided evaluation episodes count their retrievals on the entries (retrieval
+            counts and times, which the re-rank reads; search-tool calls included), as the released
+            evaluation does; default ``false``: evaluation leaves the bank untouched, so reported
+            numbers do not change the run they measure.
     """
 
     episodes: int | str = 50
@@ -208,6 +220,7 @@ class EvalConfig:
     at_start: bool = False
     temperature: float = 0.0
     split: str = "eval"
+    writes_counters: bool = False
 
 
 @dataclass
@@ -225,9 +238,16 @@ class ExperienceConfig:
             at most 20,000 entries, ``hnsw`` above; see :mod:`crl_bench.experience.bank`), ``flat``
             (always exact), ``ivf`` or ``hnsw`` (approximate; search settings tuned for recall@16 >=
             0.95 at 100k entries).
-        merge_every: actor steps between merge passes (0 = never; released 5); ``merge_max``: entries
-            per merge call (released 5); ``merge_threshold``: cosine similarity that makes two entries
-            merge candidates.
+        merge_every: a merge pass runs at the start of every 0-based step divisible by N, after the
+            flush (0 = never; released 5), except when the extractor was updated in the step before
+            (the released asynchronous update is then still pending, and the pipeline skips the flush
+            and the merge).
+        merge: ``fold`` (released ``merge_memory``: each env's entries, oldest first, go to the
+            extractor in chunks of ``merge_max``; each call's lessons are carried into the next chunk,
+            the originals of every chunk that gave lessons are deleted and the last call's lessons
+            stay, crediting the last call that gave lessons) or ``similar`` (groups of at most
+            ``merge_max`` entries whose index vectors have cosine >= ``merge_threshold``, one MERGE /
+            UPDATE / NONE call per group).
         search_workers: parallel search threads; ``query_batch``/``query_timeout_ms``: retrieval
             micro-batching (released 32 / 5 ms).
         distill: which finished episodes go to the extractor: ``guided`` (released: the episodes of
@@ -238,7 +258,23 @@ class ExperienceConfig:
             query of the episode it was distilled from, so retrieval matches query to query; merged
             entries by their content) or ``lesson`` (the embedding of the entry's own text).
         warmup_steps: the first N steps fill the bank: no retrieval (every episode experience-free),
-            distillation as usual (``distill``), the actor not updated (released 5).
+            distillation as usual (``distill``) (released 5).
+        warmup_train_steps: the first N steps neither update the actor nor credit the extractor;
+            -1 (default) = ``warmup_steps + 1`` as released (step ``warmup_steps`` already retrieves
+            but neither trains nor credits; 0 when ``warmup_steps`` is 0).
+        integration: when experience is retrieved and distilled: ``trajectory`` (released default:
+            retrieve once at episode start, distil each finished episode), ``turn`` (retrieve before
+            every step of a guided episode with the current observation as query, distil every step)
+            or ``both``.
+        turn_show: with turn integration, show the entries retrieved before a step in that step's
+            user message (released: only where the env's template has a ``memory_message`` field,
+            which the released templates do not; default off).
+        search_tool: who may call the in-episode knowledge-search tool: ``off``, ``guided`` or ``all``
+            (released MiniHack configuration: every episode, both subgroups). A call,
+            ``<knowledge_search>question</knowledge_search>``, retrieves from the episode's env and
+            the extractor answers; it takes one of the episode's actions. Needs
+            ``generation.constrained: false``.
+        max_tool_uses: search-tool calls per episode (released 2).
         flush_before_rollout: wait before each rollout until queued distillation is applied
             (released); ``false`` lets distillation run behind the rollout.
         placement: where retrieved experience goes in the actor's prompt: ``system`` (once, appended
@@ -246,11 +282,12 @@ class ExperienceConfig:
         actor_critic: before a guided episode the actor judges the retrieved experience
             (accept / refine / reject); the judgement shapes the extractor's reward (released, on in
             the paper preset; a 135M actor cannot judge, so the CPU presets switch it off).
-        max_text_chars: longest title + content accepted into the bank.
+        max_text_chars: longest title and longest content accepted into the bank (0 = no limit, the
+            default: the extractor's token budget bounds a lesson, as released).
         wait_distill: also wait at the end of each step until the step's episodes are distilled
             (deterministic small runs and smoke tests).
         eval_guided: evaluation episodes retrieve from the bank (methods with experience); evaluation
-            never changes the bank or its counters.
+            never changes the bank, nor its counters unless ``eval.writes_counters``.
         query_cache: query embeddings kept in the retriever's LRU cache, keyed by the query text (0 =
             off; the released code caches query embeddings too).
     """
@@ -266,6 +303,7 @@ class ExperienceConfig:
     eviction: str = "fifo"
     index: str = "auto"
     merge_every: int = 5
+    merge: str = "fold"
     merge_max: int = 5
     merge_threshold: float = 0.8
     search_workers: int = 2
@@ -275,10 +313,15 @@ class ExperienceConfig:
     distill_per_group: int = 0
     key: str = "query"
     warmup_steps: int = 5
+    warmup_train_steps: int = -1
+    integration: str = "trajectory"
+    turn_show: bool = False
+    search_tool: str = "off"
+    max_tool_uses: int = 2
     flush_before_rollout: bool = True
     placement: str = "system"
     actor_critic: bool = True
-    max_text_chars: int = 1000
+    max_text_chars: int = 0
     wait_distill: bool = False
     eval_guided: bool = True
     query_cache: int = 4096
@@ -314,6 +357,16 @@ class ExtractorConfig:
             leaves such extractions out of training.
         one_op_per_reply: ``line`` format: stop each extraction at the end of its first line (one
             operation), which small models follow far more reliably.
+        transcript: how the extractor reads an episode: ``compact`` (one line per action with its
+            feedback, the last observations, within the prompt budget; small models) or ``full``
+            (released: every observation and the actor's whole replies, reasoning included; middle
+            turns are left out only when the prompt budget is exceeded).
+        repeat_cooldown_steps, repeat_weight_power, repeat_record: the released training-count-aware
+            reweighting of extractor samples (``memory_repeat_*``): an extraction trained fewer than
+            ``repeat_cooldown_steps`` steps ago gets weight 0, otherwise ``(1 + times trained) **
+            -repeat_weight_power``; the weight multiplies its advantage. The counts are kept only with
+            ``repeat_record`` (the released Complementary RL pipeline never records them, so every
+            weight is 1 there; defaults 1, 0.5, false as released).
     """
 
     model: str = "same"
@@ -333,6 +386,10 @@ class ExtractorConfig:
     micro_batch_size: int = 4
     invalid_reward: float | None = None
     one_op_per_reply: bool = True
+    transcript: str = "compact"
+    repeat_cooldown_steps: int = 1
+    repeat_weight_power: float = 0.5
+    repeat_record: bool = False
 
 
 LOGGING_BACKENDS = ("jsonl", "tensorboard", "wandb")
@@ -622,11 +679,29 @@ def validate(cfg: RunConfig) -> None:
         ("experience.key", cfg.experience.key in ("query", "lesson")),
         ("experience.placement", cfg.experience.placement in ("system", "user")),
         ("experience.warmup_steps", cfg.experience.warmup_steps >= 0),
+        ("experience.warmup_train_steps", cfg.experience.warmup_train_steps >= -1),
+        ("experience.merge", cfg.experience.merge in ("fold", "similar")),
+        ("experience.merge_max", cfg.experience.merge_max >= 2),
+        ("experience.merge_every", cfg.experience.merge_every >= 0),
+        ("experience.integration", cfg.experience.integration in ("trajectory", "turn", "both")),
+        ("experience.search_tool", cfg.experience.search_tool in ("off", "guided", "all")),
+        ("experience.max_tool_uses", cfg.experience.max_tool_uses >= 1),
+        ("experience.max_text_chars", cfg.experience.max_text_chars >= 0),
+        ("extractor.transcript", cfg.extractor.transcript in ("compact", "full")),
+        ("extractor.repeat_cooldown_steps", cfg.extractor.repeat_cooldown_steps >= 0),
+        ("extractor.repeat_weight_power", cfg.extractor.repeat_weight_power >= 0),
+        ("train.logprob_temperature", cfg.train.logprob_temperature in ("sampling", "raw")),
         ("extractor.batch_size", cfg.extractor.batch_size >= 1),
         ("extractor.eps_high", cfg.extractor.eps_high > 0),
         ("extractor.max_new_tokens", cfg.extractor.max_new_tokens >= 1),
     ]
     _validate_logging(cfg.logging)
+    if cfg.train.logprob_temperature == "raw" and not cfg.train.recompute_old_logprobs:
+        raise ConfigError("train.logprob_temperature=raw needs train.recompute_old_logprobs=true: the behaviour "
+                          "log-probs of the sampler are of the tempered distribution, the trainer's of the raw one")
+    if cfg.experience.search_tool != "off" and cfg.generation.constrained:
+        raise ConfigError("experience.search_tool needs generation.constrained=false: a search call is free "
+                          "text, which decoding restricted to the env's action names cannot write")
     if cfg.generation.engine == "vllm" and not cfg.train.recompute_old_logprobs:
         raise ConfigError("train.recompute_old_logprobs must be true with generation.engine=vllm: the sampler is "
                           "not the trainer, so its log-probs are not the trainer's old log-probs (vLLM's are "

@@ -8,11 +8,17 @@ generated (the response) and nothing the environment wrote.  Two prompt layouts
 format) keeps one chat per episode that grows by the actor's reply and the next observation, so each
 turn's prompt extends the previous one.  Retrieved experience (guided episodes) is placed once in the
 system prompt (``placement="system"``, released) or in every user message (``"user"``).
+
+Two optional hooks of the experience track ride on the same loop: a per-turn retrieval before each
+step of chosen episodes (``turn_guide``; released turn-based integration) and an in-episode search
+tool (:class:`SearchTool`): a reply holding ``<knowledge_search>question</knowledge_search>`` is
+answered by the tool instead of being sent to the env, and takes one of the episode's actions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -39,6 +45,10 @@ class Turn:
             token (length R; empty when the engine does not report it, e.g. vLLM).
         sampling_entropy: entropy (nats) of the distribution each response token was drawn from
             (constrained decoding's mask and the sampling settings applied; length R or empty).
+        tool: the reply was a search-tool call (answered by the tool; the env was not stepped).
+        experience_ids, retrieval, query: with turn-level retrieval, the ids of the entries retrieved
+            before this turn, the guide's record of that retrieval and the retrieval query of this
+            turn's observation (else empty / ``None`` / "").
     """
 
     prompt_ids: list[int]
@@ -51,6 +61,10 @@ class Turn:
     reply: str = ""
     entropy: list[float] = field(default_factory=list)
     sampling_entropy: list[float] = field(default_factory=list)
+    tool: bool = False
+    experience_ids: list[int] = field(default_factory=list)
+    retrieval: Any = None
+    query: str = ""
 
     @property
     def action_mask(self) -> list[int]:
@@ -64,7 +78,9 @@ class EpisodeSpec:
 
     ``guidance`` is extra text put in the prompt; with ``retrieve`` set, the runner's ``guide``
     callback supplies guidance (retrieved experience) after the reset, from the task and the first
-    observation.  ``meta`` is carried into the trajectory untouched.
+    observation; with ``turn_retrieve`` set, the runner's ``turn_guide`` is asked before every turn
+    with the current observation; with ``tool`` set, the episode may call the runner's search tool.
+    ``meta`` is carried into the trajectory untouched.
     """
 
     env_id: str
@@ -74,6 +90,8 @@ class EpisodeSpec:
     guidance: str = ""
     retrieve: bool = False
     meta: dict = field(default_factory=dict)
+    turn_retrieve: bool = False
+    tool: bool = False
 
 
 @dataclass
@@ -89,6 +107,26 @@ class Guidance:
     """
 
     text: str = ""
+    entry_ids: list[int] = field(default_factory=list)
+    record: Any = None
+
+
+@dataclass
+class ToolCall:
+    """One search-tool call of an episode.
+
+    Attributes:
+        turn: 0-based index of the turn whose reply made the call.
+        query: the question the actor asked.
+        answer: the text the tool gave back.
+        entry_ids: ids of the bank entries retrieved for the question.
+        record: the tool owner's record of the call (the experience track keeps the extractor's
+            answer call there, to credit it with the episode's outcome).
+    """
+
+    turn: int
+    query: str
+    answer: str
     entry_ids: list[int] = field(default_factory=list)
     record: Any = None
 
@@ -112,6 +150,10 @@ class Trajectory:
         final_obs: the observation after the last action.
         query: the env's retrieval query of the episode (:meth:`TextEnv.retrieval_query`).
         retrieval: the guide's record of the episode's retrieval (:attr:`Guidance.record`), or None.
+        task_prompt: the episode's first prompt as text, system message and first user message
+            (the first observation included, experience left out): what the actor-critic gate is
+            shown as the task (released ``initial_task_prompt``).
+        tool_calls: the episode's search-tool calls, in order.
     """
 
     env_id: str
@@ -133,6 +175,8 @@ class Trajectory:
     final_obs: str = ""
     query: str = ""
     retrieval: Any = None
+    task_prompt: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     @property
     def response_tokens(self) -> int:
@@ -195,6 +239,11 @@ class PromptBuilder:
         parts.append(reply)
         return "\n\n".join(parts)
 
+    def task_text(self, system: str, task_line: str, obs: str, reply: str = DEFAULT_REPLY_INSTRUCTION) -> str:
+        """An episode's first prompt as plain text, without experience: the system message and the first
+        user message (released ``initial_task_prompt``: the env's instruction and first observation)."""
+        return f"{system.strip()}\n\n{self.user_text(task_line, (), obs, '', reply)}".strip()
+
     def build(self, system: str, user: str, prefill: str | None = None) -> list[int]:
         """Token ids of ``system`` + ``user`` messages, the generation prompt and the prefill
         (``prefill``, default the builder's own)."""
@@ -208,10 +257,13 @@ class PromptBuilder:
 
     def turn(self, chat: list[dict[str, str]], system: str, task_line: str,
              history: Sequence[tuple[str, str]], obs: str, guidance: str, instruction: str,
-             prefill: str | None = None) -> list[int]:
+             prefill: str | None = None, turn_guidance: str = "") -> list[int]:
         """Prompt ids of an episode's next turn; ``chat`` is the episode's message list (empty before
         its first turn), extended in place with the user message of this turn (``multiturn``: call
-        :meth:`reply` with the actor's reply afterwards)."""
+        :meth:`reply` with the actor's reply afterwards).  ``turn_guidance`` (experience retrieved for
+        this turn only) is put before the observation of this turn's user message."""
+        if turn_guidance.strip():
+            obs = f"{turn_guidance.strip()}\n\n{obs.strip()}"
         if self.layout == "window":
             chat[:] = [{"role": "system", "content": self.system_text(system, guidance)},
                        {"role": "user", "content": self.user_text(task_line, history, obs, guidance, instruction)}]
@@ -333,6 +385,45 @@ class RolloutStats:
 
 GuideFn = Callable[[list[tuple[str, str, str]]], list[Guidance]]
 
+TOOL_OPEN, TOOL_CLOSE = "<knowledge_search>", "</knowledge_search>"
+_TOOL_CALL = re.compile(r"<\s*knowledge_search\s*>(.*?)<\s*/\s*knowledge_search\s*>", re.IGNORECASE | re.DOTALL)
+
+TOOL_INSTRUCTION = """\
+You may consult a notebook of knowledge from earlier episodes when you are unsure or stuck: write \
+{open}your question{close} instead of an action. Describe what you see, what you have tried and what \
+you need to know; the answer comes back as your next observation. Each question uses up one of your \
+actions, and you may ask at most {uses} times in this episode."""
+"""The search tool's instruction, added to the first observation of an episode that has the tool
+(this project's wording; released: the tool's instruction appended to the reset observation)."""
+
+TOOL_SPENT = "You have asked all the questions you may ask in this episode; reply with an action from now on."
+
+
+def tool_query(reply: str) -> str | None:
+    """The question of a search-tool call in ``reply`` (the first complete
+    ``<knowledge_search>...</knowledge_search>``, whitespace collapsed), or ``None``."""
+    m = _TOOL_CALL.search(reply or "")
+    return " ".join(m.group(1).split()) if m else None
+
+
+@dataclass
+class SearchTool:
+    """The in-episode knowledge-search tool (released ``knowledge_search_and_ask``).
+
+    Attributes:
+        answer: ``answer([(env_id, question)]) -> [ToolCall-like (answer, entry_ids, record)]``:
+            called once per turn with every question asked in that turn; returns one
+            ``(answer text, entry ids, record)`` per question.
+        max_uses: calls allowed per episode (released 2); after that a reply is sent to the env as
+            an action (released: the tool no longer parses it).
+    """
+
+    answer: Callable[[list[tuple[str, str]]], list[tuple[str, list[int], Any]]]
+    max_uses: int = 2
+
+    def instruction(self) -> str:
+        return TOOL_INSTRUCTION.format(open=TOOL_OPEN, close=TOOL_CLOSE, uses=self.max_uses)
+
 
 class RolloutRunner:
     """Steps a batch of episodes together until all are done.
@@ -368,29 +459,36 @@ class RolloutRunner:
 
     def collect(self, specs: Sequence[EpisodeSpec], sampling: SamplingParams | None = None,
                 progress: Callable[[int], None] | None = None, guide: GuideFn | None = None,
-                prefetch: Sequence[EpisodeSpec] | None = None) -> list[Trajectory]:
+                prefetch: Sequence[EpisodeSpec] | None = None, turn_guide: GuideFn | None = None,
+                tool: SearchTool | None = None) -> list[Trajectory]:
         """Roll out every spec to the end; returns trajectories in the order of ``specs``.
 
         An env that raises during ``reset``/``step`` ends its episode as a failure (``error`` set),
         the env is discarded and replaced on the next acquire; the other episodes go on.
         ``progress(n)`` is called with the number of episodes finished since the last call.
-        ``guide(requests)`` is called once, after all resets, with ``(env_id, task line, retrieval
-        query)`` of every spec that has ``retrieve`` set, and returns a :class:`Guidance` for each, in
-        order. ``prefetch`` (the next batch's specs) is handed to
-        :meth:`EnvPool.prefetch` once this batch's resets are done, so slow resets of the next batch
-        overlap this batch's generation.
+        ``guide(requests)`` is called once, after all resets, with ``(env_id, first task prompt,
+        retrieval query)`` of every spec that has ``retrieve`` set, and returns a :class:`Guidance`
+        for each, in order. ``turn_guide`` is called the same way before every turn, for the live
+        episodes whose spec has ``turn_retrieve`` set, with the retrieval query of the current
+        observation; its guidance is recorded on the :class:`Turn` (and shown in that turn's prompt
+        when its text is not empty). ``tool`` answers the search-tool calls of episodes whose spec has
+        ``tool`` set (see :class:`SearchTool`); a call is a turn that does not step the env, and an
+        episode whose turns reach the env's ``max_steps`` ends there (truncated). ``prefetch`` (the
+        next batch's specs) is handed to :meth:`EnvPool.prefetch` once this batch's resets are done,
+        so slow resets of the next batch overlap this batch's generation.
         """
         sampling = sampling or self.sampling
         n = self.max_concurrent or len(specs)
+        hooks = {"turn_guide": turn_guide, "tool": tool}
         if len(specs) <= n:
-            return self._collect_wave(specs, sampling, progress, guide, prefetch)
+            return self._collect_wave(specs, sampling, progress, guide, prefetch, **hooks)
         t_start = time.perf_counter()
         total = RolloutStats()
         trajs: list[Trajectory] = []
         for start in range(0, len(specs), n):
             last = start + n >= len(specs)
             trajs += self._collect_wave(specs[start:start + n], sampling, progress, guide,
-                                        prefetch if last else specs[start + n:start + 2 * n])
+                                        prefetch if last else specs[start + n:start + 2 * n], **hooks)
             st = self.last_stats
             for f in fields(RolloutStats):
                 if f.name != "wall_s":
@@ -401,7 +499,8 @@ class RolloutRunner:
 
     def _collect_wave(self, specs: Sequence[EpisodeSpec], sampling: SamplingParams,
                       progress: Callable[[int], None] | None, guide: GuideFn | None,
-                      prefetch: Sequence[EpisodeSpec] | None) -> list[Trajectory]:
+                      prefetch: Sequence[EpisodeSpec] | None, turn_guide: GuideFn | None = None,
+                      tool: SearchTool | None = None) -> list[Trajectory]:
         """One wave of :meth:`collect`: every spec live at once."""
         stats = RolloutStats()
         t_start = time.perf_counter()
@@ -410,6 +509,8 @@ class RolloutRunner:
         obs: list[str] = [""] * len(specs)
         history: list[list[tuple[str, str]]] = [[] for _ in specs]
         chats: list[list[dict[str, str]]] = [[] for _ in specs]
+        tool_uses = [0] * len(specs)
+        has_tool = [tool is not None and s.tool for s in specs]
         live: list[int] = []
         t0 = time.perf_counter()
         started = []
@@ -431,14 +532,19 @@ class RolloutRunner:
         if prefetch:
             self.pool.prefetch(prefetch)
         for i in live:
-            trajs[i].task_line = envs[i].task_prompt()
-            trajs[i].query = envs[i].retrieval_query(obs[i])
+            env = envs[i]
+            trajs[i].task_line = env.task_prompt()
+            trajs[i].query = env.retrieval_query(obs[i])
             trajs[i].guidance = specs[i].guidance
+            trajs[i].task_prompt = self.prompts.task_text(env.system_prompt, trajs[i].task_line, obs[i],
+                                                          env.reply_format.instruction)
+            if has_tool[i]:
+                obs[i] = f"{obs[i].rstrip()}\n\n{tool.instruction()}"
         stats.env_s += time.perf_counter() - t0
         wanted = [i for i in live if specs[i].retrieve]
         if guide is not None and wanted:
             t0 = time.perf_counter()
-            answers = guide([(specs[i].env_id, trajs[i].task_line, trajs[i].query) for i in wanted])
+            answers = guide([(specs[i].env_id, trajs[i].task_prompt, trajs[i].query) for i in wanted])
             for i, g in zip(wanted, answers):
                 trajs[i].guidance = "\n\n".join(x for x in (specs[i].guidance, g.text) if x)
                 trajs[i].experience_ids = list(g.entry_ids)
@@ -446,17 +552,29 @@ class RolloutRunner:
             stats.retrieve_s += time.perf_counter() - t0
 
         while live:
+            turn_found: dict[int, tuple[str, Guidance]] = {}
+            asking = [i for i in live if specs[i].turn_retrieve]
+            if turn_guide is not None and asking:
+                t0 = time.perf_counter()
+                queries = [envs[i].retrieval_query(obs[i]) for i in asking]
+                found = turn_guide([(specs[i].env_id, trajs[i].task_prompt, q) for i, q in zip(asking, queries)])
+                turn_found = {i: (q, g) for i, q, g in zip(asking, queries, found)}
+                stats.retrieve_s += time.perf_counter() - t0
             prompt_ids, allowed, prefills = [], [], {}
             budget, stops = sampling.max_new_tokens, list(sampling.stop)
             for i in live:
                 env = envs[i]
                 fmt = env.reply_format
                 prefills[i] = self.prompts.prefill if fmt.prefill is None else fmt.prefill
+                turn_text = turn_found[i][1].text if i in turn_found else ""
                 prompt_ids.append(self.prompts.turn(chats[i], env.system_prompt, trajs[i].task_line, history[i],
-                                                    obs[i], trajs[i].guidance, fmt.instruction, prefills[i]))
-                allowed.append(self._allowed(env))
+                                                    obs[i], trajs[i].guidance, fmt.instruction, prefills[i],
+                                                    turn_guidance=turn_text))
+                allowed.append(None if has_tool[i] else self._allowed(env))
                 budget = max(budget, fmt.min_new_tokens)
                 stops += [x for x in fmt.stop if x not in stops]
+                if has_tool[i] and tool_uses[i] < tool.max_uses and TOOL_CLOSE not in stops:
+                    stops.append(TOOL_CLOSE)
             turn_sampling = sampling if (budget, tuple(stops)) == (sampling.max_new_tokens, tuple(sampling.stop)) \
                 else dataclasses.replace(sampling, max_new_tokens=budget, stop=tuple(stops))
             t0 = time.perf_counter()
@@ -464,16 +582,42 @@ class RolloutRunner:
             stats.generate_s += time.perf_counter() - t0
             stats.generate_calls += 1
             t0 = time.perf_counter()
-            still, sent = [], []
+            still, sent, calls = [], [], []
             for i, gen in zip(live, gens):     # send every action, then wait: workers step in parallel
                 stats.generated_tokens += len(gen.response_ids)
                 reply = prefills[i] + gen.text
                 self.prompts.reply(chats[i], reply)
+                query = tool_query(reply) if has_tool[i] and tool_uses[i] < tool.max_uses else None
+                if query is not None:
+                    calls.append((i, gen, reply, query))
+                    continue
                 try:
                     envs[i].step_async(reply)
                     sent.append((i, gen, reply))
                 except Exception as e:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
                     self._fail(i, trajs, envs, e)
+            if calls:
+                t1 = time.perf_counter()
+                results = tool.answer([(specs[i].env_id, q) for i, _, _, q in calls])
+                stats.retrieve_s += time.perf_counter() - t1
+                for (i, gen, reply, query), (answer, entry_ids, record) in zip(calls, results):
+                    tr = trajs[i]
+                    tool_uses[i] += 1
+                    tr.tool_calls.append(ToolCall(len(tr.turns), query, answer, list(entry_ids), record))
+                    self._record_turn(tr, gen, None, False, 0.0, obs[i], reply, turn_found.get(i), tool=True)
+                    tr.steps += 1
+                    shown = f"Search results: {answer}"
+                    if tool_uses[i] >= tool.max_uses:
+                        shown += f"\n\n{TOOL_SPENT}"
+                    history[i].append((f"(search) {query[:40]}", shown))
+                    # the window layout rebuilds each prompt from the current observation, so the
+                    # state is repeated after the answer; a multi-turn chat still holds it
+                    obs[i] = shown if self.prompts.layout == "multiturn" else f"{shown}\n\n{obs[i].strip()}"
+                    if self._out_of_turns(envs[i], tr):
+                        tr.truncated, tr.final_obs = True, obs[i]
+                        self._finish(i, specs, envs, progress)
+                    else:
+                        still.append(i)
             for i, gen, reply in sent:
                 try:
                     o, r, term, trunc, info = envs[i].step_wait()
@@ -481,31 +625,52 @@ class RolloutRunner:
                     self._fail(i, trajs, envs, e)
                     continue
                 tr = trajs[i]
-                tr.turns.append(Turn(gen.prompt_ids, gen.response_ids, gen.logprobs, info.get("action"),
-                                     bool(info.get("invalid_action")), float(r), obs[i], reply,
-                                     list(gen.extra.get("entropy", ())),
-                                     list(gen.extra.get("sampling_entropy", ()))))
+                self._record_turn(tr, gen, info.get("action"), bool(info.get("invalid_action")), float(r), obs[i],
+                                  reply, turn_found.get(i))
                 tr.reward += float(r)
-                tr.steps = int(info.get("steps", len(tr.turns)))
+                tr.steps = int(info.get("steps", len(tr.turns))) + tool_uses[i]
                 tr.invalid_actions = int(info.get("invalid_actions", 0))
                 tr.success = bool(info.get("success", False))
                 label = info.get("action") or f"(invalid) {gen.text.strip()[:40]}"
                 history[i].append((label, feedback_of(o)))
                 obs[i] = o
+                if not (term or trunc) and self._out_of_turns(envs[i], tr):
+                    trunc = True
                 if term or trunc:
                     tr.terminated, tr.truncated = bool(term), bool(trunc)
                     tr.final_obs = o
-                    self.pool.release(specs[i].env_id, envs[i])
-                    envs[i] = None
-                    if progress:
-                        progress(1)
+                    self._finish(i, specs, envs, progress)
                 else:
                     still.append(i)
             stats.env_s += time.perf_counter() - t0
-            live = still
+            keep = set(still)
+            live = [i for i in live if i in keep]
         stats.wall_s = time.perf_counter() - t_start
         self.last_stats = stats
         return trajs
+
+    @staticmethod
+    def _record_turn(tr: Trajectory, gen: Any, action: str | None, invalid: bool, reward: float, obs: str,
+                     reply: str, found: tuple[str, Guidance] | None, tool: bool = False) -> None:
+        query, g = found if found is not None else ("", None)
+        tr.turns.append(Turn(gen.prompt_ids, gen.response_ids, gen.logprobs, action, invalid, reward, obs, reply,
+                             list(gen.extra.get("entropy", ())), list(gen.extra.get("sampling_entropy", ())),
+                             tool=tool, experience_ids=list(g.entry_ids) if g is not None else [],
+                             retrieval=g.record if g is not None else None, query=query))
+
+    @staticmethod
+    def _out_of_turns(env: TextEnv, tr: Trajectory) -> bool:
+        """Search-tool calls take actions too: an episode that made any ends once its turns reach the
+        env's action limit (the env itself only counts the actions it was sent)."""
+        limit = int(getattr(env, "max_steps", 0) or 0)
+        return bool(tr.tool_calls) and limit > 0 and len(tr.turns) >= limit
+
+    def _finish(self, i: int, specs: Sequence[EpisodeSpec], envs: list[TextEnv | None],
+                progress: Callable[[int], None] | None) -> None:
+        self.pool.release(specs[i].env_id, envs[i])
+        envs[i] = None
+        if progress:
+            progress(1)
 
     def _fail(self, i: int, trajs: list[Trajectory], envs: list[TextEnv | None], err: Exception) -> None:
         trajs[i].error = f"{type(err).__name__}: {err}"

@@ -187,20 +187,19 @@ def test_extractor_updates_when_buffer_full_and_static_never(tokenizer, tiny_mod
     static.close()
 
 
-def test_merge_pass_consolidates_similar_entries(tokenizer, tiny_model):
+def test_similar_merge_consolidates_similar_entries(tokenizer, tiny_model):
     merge = "<op>MERGE {a} {b}</op><title>Heads</title><content>Always call heads.</content>"
     tr = _trainer("complementary", tokenizer, tiny_model, scripted=ADD,
-                  experience={"merge_every": 1, "merge_threshold": 0.5})
+                  experience={"merge_every": 1, "merge": "similar", "merge_threshold": 0.5})
     bank = tr.experience.bank
     for _ in range(2):
         bank.apply([Operation("ADD", "Call heads", "Heads wins the coin toss.")], env_id="test-coin", step=0,
                    extraction_id="seed", extractor_version=0)
     ids = [e.id for e in bank.entries("test-coin")]
+    groups = tr.experience.manager.similar_groups(0.5, 5)
+    assert groups and {e.id for e in groups[0][1]} >= set(ids[:2])
     tr.experience.extractor.engine.text = merge.format(a=ids[0], b=ids[1])
-    reqs = tr.experience._merge_requests(step=1)
-    assert reqs and {e.id for e in reqs[0].entries} >= set(ids[:2])
-    tr.experience.manager.submit(reqs)
-    tr.experience.manager.drain(30)
+    assert tr.experience.before_rollout(1) == {"merge_pass": 1, "merge_skipped": 0}
     left = {e.id for e in bank.entries("test-coin")}
     assert not (set(ids[:2]) & left) and len(left) == 1
     assert tr.experience.manager.stats()["merges"] == 1

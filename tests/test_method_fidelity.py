@@ -222,7 +222,7 @@ def test_json_format_end_to_end(tokenizer, tiny_model):
     reply = ('<think>one lesson</think><answer>[{"function_name": "add", "parameters": '
              '{"title": "Call heads", "content": "Heads wins the coin toss."}}]</answer>')
     tr = _trainer(tokenizer, tiny_model, extractor_text=reply, extractor={"format": "json"})
-    assert tr.experience.extractor.sampling.stop == ("</answer>",)
+    assert tr.experience.extractor.sampling.stop == ()       # released: no stop, the last <answer> is read
     m = tr.train_step().metrics
     assert m["bank_size"] >= 1 and m["extractions_parsed"] == 4
     prompt = tokenizer.decode(tr.experience.extractor.engine.prompts[0])

@@ -468,3 +468,24 @@ def test_renderer_legend_with_many_glyphs():
                 render._add_meaning(meanings, chr(chars[r, c]), g, {}, obs, r, c)
         meanings["@"] = "you" + (f" or {meanings['@']}" if "@" in meanings else "")
         assert renderer.frame.splitlines()[-2] == "Legend: " + render._legend(meanings)
+
+
+def test_raw_retrieval_query_is_the_released_observation_dictionary():
+    """query="raw": the released ``f"Observation: {raw_obs}"`` (NLE's dictionary as Python prints it,
+    big arrays abbreviated by numpy), taken at the moment of the call (turn-level queries too)."""
+    env = MiniHackRoomEnv(max_steps=5, query="raw")
+    try:
+        obs, _ = env.reset(options={"task": 3})
+        q0 = env.retrieval_query(obs)
+        assert q0.startswith("Observation: {'") and "'glyphs': array(" in q0 and "..." in q0
+        assert "Map (row 0 is the top)" not in q0
+        for move in ("north", "south", "east", "west"):    # one of them moves the agent
+            env.step(f"<answer>{move}</answer>")
+            q1 = env.retrieval_query("ignored")
+            if q1 != q0:
+                break
+        assert q1.startswith("Observation: {'") and q1 != q0
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="query must be"):
+        MiniHackRoomEnv(query="rendered")

@@ -2,8 +2,10 @@
 
 Complementary RL's released pipeline (``memory_integration_mixin.py``, ``enable_actor_critic``, on by
 default; see docs/method.md) asks the *actor* whether the retrieved knowledge fits the task before the
-episode starts.  It answers one of three decisions, which decide what the episode's prompt shows and
-what the extraction that wrote the knowledge is rewarded:
+episode starts.  Its inputs, as released: the episode's first task prompt (the env's instruction and
+first observation), the knowledge, and the actor's average score on this env over its training
+episodes so far (with their number).  It answers one of three decisions, which decide what the
+episode's prompt shows and what the extraction that wrote the knowledge is rewarded:
 
 =========  =======================================  ================================================
 decision   shown to the actor                       extractor reward (see :func:`critic_reward`)
@@ -13,6 +15,9 @@ refine     the actor's rewritten text               0.5
 reject     nothing (the entries are still credited) -1
 invalid    nothing                                  the episode's plain score (as without the gate)
 =========  =======================================  ================================================
+
+After an invalid judgement the extractor is not shown the entries when it distils the episode
+(released: the retrieved uids are cleared; trainer/complementary.py).
 
 The judgement is sampled with the actor's own weights and sampling settings and is not trained.
 The prompts below are this project's own.
@@ -33,8 +38,8 @@ INVALID = "invalid"
 
 CRITIC_SYSTEM_PROMPT = """\
 You are about to start a task as an agent. Before you start, you are shown advice that an assistant \
-wrote from earlier attempts at similar tasks, with how well episodes that used it went. Decide \
-whether the advice helps with THIS task:
+wrote from earlier attempts at similar tasks, and how well you have done on this kind of task so \
+far. Decide whether the advice helps with THIS task:
 - accept: it fits; it will be shown to you as it is.
 - refine: it is partly useful; rewrite it so that it fits this task better.
 - reject: it does not fit or would mislead; you will start without it.
@@ -45,13 +50,13 @@ Think briefly if you need to, then answer with one JSON object inside <answer></
 <answer>{"function_name": "reject", "parameters": {}}</answer>"""
 
 CRITIC_USER_TEMPLATE = """\
-The task:
+The task, as you will be given it:
 {task}
 
 The advice:
 {knowledge}
 
-Episodes guided by this advice so far: {uses} (success rate {rate}).
+Your average score on this kind of task so far: {score} over {episodes} episodes.
 
 Your decision:"""
 
@@ -142,18 +147,18 @@ class ActorCritic:
         return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                               max_new_tokens=self.max_new_tokens, stop=("</answer>",))
 
-    def prompt(self, task: str, knowledge: str, uses: int, successes: int) -> list[int]:
-        """Prompt ids for one judgement."""
-        rate = f"{successes / uses:.0%}" if uses else "unknown"
+    def prompt(self, task: str, knowledge: str, avg_score: float, episodes: int) -> list[int]:
+        """Prompt ids for one judgement: ``task`` is the episode's first task prompt, ``avg_score`` the
+        actor's mean episode score on the env over ``episodes`` training episodes so far."""
         user = CRITIC_USER_TEMPLATE.format(task=task.strip() or "(not stated)", knowledge=knowledge.strip(),
-                                           uses=uses, rate=rate)
+                                           score=f"{avg_score:.2f}", episodes=int(episodes))
         messages = [{"role": "system", "content": CRITIC_SYSTEM_PROMPT}, {"role": "user", "content": user}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def judge(self, items: Sequence[tuple[str, str, int, int]],
               sampling: SamplingParams | None = None) -> list[Judgement]:
-        """One :class:`Judgement` per ``(task, knowledge, uses, successes)``, in order; ``sampling``
+        """One :class:`Judgement` per ``(task prompt, knowledge, average score, episodes)``, in order; ``sampling``
         (e.g. the evaluation's, from :meth:`judge_sampling`) replaces the training sampling."""
         if not items:
             return []

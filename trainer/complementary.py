@@ -6,20 +6,26 @@ docs/method.md).  Beside the actor's GRPO loop:
 1. Each group of G rollouts is split into an experience-free and an experience-guided subgroup.
    After the first ``experience.warmup_steps`` steps (which only fill the bank), guided episodes
    retrieve ``k`` entries at episode start with the env's retrieval query; with
-   ``experience.actor_critic`` the actor first judges them (accept / refine / reject).  What was
-   retrieved (entry ids, the extraction that wrote each entry, the exact text shown) is recorded at
-   retrieval time in a :class:`RetrievalRecord` and carried by the trajectory.
+   ``experience.actor_critic`` the actor first judges them (accept / refine / reject), shown its first
+   task prompt and its average score on the env.  What was retrieved (entry ids, the extraction that
+   wrote each entry, the exact text shown) is recorded at retrieval time in a :class:`RetrievalRecord`
+   and carried by the trajectory.  With ``experience.integration: turn`` (or ``both``) guided episodes
+   also retrieve before every step; with ``experience.search_tool`` episodes may ask the bank a
+   question mid-episode, answered by the extractor.
 2. Finished episodes of the guided subgroup (``experience.distill: guided``; ``all`` for every
    episode) go to the background experience manager, whose extractor turns each into operations on
-   the bank; entries are keyed by the episode's retrieval query (``experience.key: query``).  Every
-   ``merge_every`` steps a merge pass offers groups of similar entries to the extractor.
+   the bank (with turn integration, every step of a guided episode too); entries are keyed by the
+   episode's retrieval query (``experience.key: query``).  At the start of every ``merge_every``-th
+   step the merge pass runs (:meth:`ExperienceTrack.before_rollout`; the released fold by default).
 3. Credit: each use of an entry by a guided episode adds a reward to the extraction recorded at
    retrieval time (``binary``: the episode's score, 0 counting -1; ``relative``: +1 / 0 / -1 against
-   the free subgroup's mean; the gate's decision overrides, see :mod:`.actor_critic`).  An
-   extraction's reward is the mean over its uses: one training sample per extraction call.
+   the free subgroup's mean; the gate's decision overrides, see :mod:`.actor_critic`), and each
+   search-tool answer of a guided episode is credited with the episode's score.  An extraction's
+   reward is the mean over its uses: one training sample per extraction call.
 4. When ``extractor.batch_size`` extractions wait, the extractor takes one CISPO update with the
-   batch mean as baseline (unless the method freezes it: the static-extractor baseline, whose buffer
-   is bounded the same way and simply never drained by an update).
+   batch mean as baseline (each sample's advantage times its repeat weight, ``extractor.repeat_*``),
+   unless the method freezes it: the static-extractor baseline, whose buffer is bounded the same way
+   and simply never drained by an update.
 """
 
 from __future__ import annotations
@@ -37,14 +43,14 @@ from crl_bench.config import RunConfig
 from crl_bench.env_api import feedback_of
 from crl_bench.experience.extractor import EpisodeRecord, Extraction
 from crl_bench.experience.json_ops import format_numbered
-from crl_bench.experience.manager import DistillRequest, MergeRequest, build_manager
+from crl_bench.experience.manager import DistillRequest, build_manager
 from crl_bench.experience.types import ExperienceEntry
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
 from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
 from crl_bench.methods import MethodSpec
-from crl_bench.rollout import Guidance, Trajectory
-from crl_bench.trainer.actor_critic import ActorCritic, critic_reward
+from crl_bench.rollout import Guidance, SearchTool, Trajectory, Turn
+from crl_bench.trainer.actor_critic import INVALID, ActorCritic, critic_reward
 from crl_bench.trainer.advantages import grouped_advantages
 from crl_bench.trainer.extractor_training import (
     binary_reward,
@@ -73,7 +79,8 @@ class RetrievalRecord:
             extraction to credit, title and content).
         shown: the exact experience text put into the actor's prompt ("" when nothing was shown).
         judgement: the actor-critic decision (``accept`` / ``refine`` / ``reject`` / ``invalid``), or
-            "" when the gate is off.
+            "" when the gate is off.  After an ``invalid`` judgement the extractor is not shown the
+            entries when it distils the episode (released: the episode's retrieved uids are cleared).
     """
 
     entries: list[ExperienceEntry] = field(default_factory=list)
@@ -94,15 +101,36 @@ class _Credit:
         return self.total / self.uses if self.uses else 0.0
 
 
+def _step_text(traj: Trajectory, k: int) -> tuple[str, str, str]:
+    """``(observation, action, feedback)`` of turn ``k`` (a search-tool call reads ``(search) question``)."""
+    turn = traj.turns[k]
+    nxt = traj.turns[k + 1].observation if k + 1 < len(traj.turns) else traj.final_obs
+    if turn.tool:
+        call = next((c for c in traj.tool_calls if c.turn == k), None)
+        return turn.observation, f"(search) {call.query if call else turn.reply}", \
+            f"Search results: {call.answer}" if call else ""
+    return turn.observation, turn.action or turn.reply, feedback_of(nxt)
+
+
 def episode_record(traj: Trajectory) -> EpisodeRecord:
-    """The text record of a finished episode that the extractor reads."""
-    steps = []
-    for k, turn in enumerate(traj.turns):
-        nxt = traj.turns[k + 1].observation if k + 1 < len(traj.turns) else traj.final_obs
-        steps.append((turn.observation, turn.action or turn.reply, feedback_of(nxt)))
+    """The text record of a finished episode that the extractor reads (each step's observation,
+    action and feedback, and the actor's whole replies for ``extractor.transcript: full``)."""
+    steps = [_step_text(traj, k) for k in range(len(traj.turns))]
     return EpisodeRecord(env_id=traj.env_id, task_line=traj.task_line, steps=steps, success=traj.success,
                          reward=traj.reward, final_obs=traj.final_obs, group_id=traj.group_id,
-                         source=(traj.group_id, traj.meta.get("rollout")))
+                         source=(traj.group_id, traj.meta.get("rollout")), replies=[t.reply for t in traj.turns])
+
+
+def turn_record(traj: Trajectory, k: int) -> EpisodeRecord:
+    """The record of turn ``k`` alone that turn-level distillation reads (released turn-based update:
+    the step's action and the env's feedback, keyed by the observation it was taken in)."""
+    turn: Turn = traj.turns[k]
+    obs, action, feedback = _step_text(traj, k)
+    nxt = traj.turns[k + 1].observation if k + 1 < len(traj.turns) else traj.final_obs
+    return EpisodeRecord(env_id=traj.env_id, task_line=traj.task_line, steps=[(obs, action, feedback)],
+                         success=traj.success and k + 1 == len(traj.turns), reward=turn.reward, final_obs=nxt,
+                         group_id=traj.group_id, source=(traj.group_id, traj.meta.get("rollout"), k),
+                         replies=[turn.reply], outcome=f"one step of an episode (step reward {turn.reward:.2f})")
 
 
 def use_reward(traj: Trajectory, free_scores: Sequence[float], kind: str) -> float:
@@ -179,6 +207,12 @@ class ExperienceTrack:
         self.dropped = 0
         self.extractor_version = 0          # extractor updates so far, stamped on new extractions
         self.updates: list[dict[str, Any]] = []
+        # the actor's score per env over every training episode so far: env -> [score sum, episodes]
+        # (released record_actor_performance; the actor-critic gate is shown the average)
+        self.env_scores: dict[str, list[float]] = {}
+        # extraction id -> (times trained, last step trained), kept with extractor.repeat_record
+        self.trained: dict[str, tuple[int, int]] = {}
+        self.updated_at_step = -1            # 1-based step of the last extractor update (-1: none)
         self.model = self.engine = self.extractor = None
         self.tokenizer = tokenizer
         remote = backend is not None and backend.remote
@@ -218,12 +252,12 @@ class ExperienceTrack:
         if method.trains_extractor:
             params = [p for p in self.model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=xc.lr, weight_decay=0.0)
-            from crl_bench.trainer.loop import make_updater
+            from crl_bench.trainer.loop import logprob_temperature, make_updater
 
             self.updater = make_updater(
                 cfg, self.model, opt, pad_id=self.tokenizer.pad_token_id, micro_batch_size=xc.micro_batch_size,
                 max_grad_norm=cfg.train.max_grad_norm,
-                temperature=xc.temperature if xc.temperature > 0 else 1.0, loss_fn=cispo_loss,
+                temperature=logprob_temperature(cfg, xc.temperature), loss_fn=cispo_loss,
                 loss_kwargs={"eps_low": xc.eps_low if xc.eps_low >= 0 else None, "eps_high": xc.eps_high},
                 skip_zero_advantage=True, seed=cfg.train.seed, loss_agg=cfg.train.loss_agg,
                 recompute_old_logprobs=cfg.train.recompute_old_logprobs, compute_dtype=self.compute_dtype,
@@ -254,22 +288,25 @@ class ExperienceTrack:
         n = self.cfg.experience.free_size
         return group_size // 2 if n < 0 else n
 
-    def guide(self, requests: list[tuple[str, str, str]], record: bool = True) -> list[Guidance]:
-        """Rollout callback: retrieve for ``(env_id, task line, retrieval query)`` of each guided episode.
+    def guide(self, requests: list[tuple[str, str, str]], record: bool = True,
+              judge_sampling: bool | None = None) -> list[Guidance]:
+        """Rollout callback: retrieve for ``(env_id, first task prompt, retrieval query)`` of each guided
+        episode.
 
         Returns one :class:`~crl_bench.rollout.Guidance` per request, whose ``record`` is a
         :class:`RetrievalRecord` (snapshots of the entries, the text shown, the gate's decision).
-        ``record=False`` (evaluation) leaves the bank's counters untouched, and the gate (if on) judges
-        with the evaluation sampling.
+        ``record=False`` leaves the bank's counters untouched.  The gate (if on) is shown the first task
+        prompt, the knowledge and the actor's average score on the env over the training episodes so
+        far (released ``actor_critic``); it judges with the training sampling, or with the evaluation
+        sampling when ``judge_sampling`` is false (default: ``record``).
         """
         found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests], record=record)
         bodies = [format_numbered(entries, empty="") for entries in found]
         decisions = [""] * len(requests)
         if self.critic is not None:
             asked = [i for i, entries in enumerate(found) if entries]
-            items = [(requests[i][1], bodies[i], sum(e.times_success + e.times_failure for e in found[i]),
-                      sum(e.times_success for e in found[i])) for i in asked]
-            judging = None if record else self._eval_judging
+            items = [(requests[i][1], bodies[i], *self.env_score(requests[i][0])) for i in asked]
+            judging = None if (record if judge_sampling is None else judge_sampling) else self._eval_judging
             for i, j in zip(asked, self.critic.judge(items, judging)):
                 decisions[i], bodies[i] = j.decision, j.knowledge
         out = []
@@ -283,19 +320,76 @@ class ExperienceTrack:
         """:meth:`guide` for evaluation: nothing about the bank changes."""
         return self.guide(requests, record=False)
 
+    def eval_guide(self, requests: list[tuple[str, str, str]]) -> list[Guidance]:
+        """:meth:`guide` for guided evaluation: the evaluation sampling for the gate; the retrievals
+        are counted on the entries only with ``eval.writes_counters`` (released evaluation)."""
+        return self.guide(requests, record=self.cfg.eval.writes_counters, judge_sampling=False)
+
+    def env_score(self, env_id: str) -> tuple[float, int]:
+        """``(average score, episodes)`` of the actor on ``env_id`` over the training episodes so far
+        (``(0.0, 0)`` before the first)."""
+        total, n = self.env_scores.get(env_id, (0.0, 0))
+        return (total / n if n else 0.0), int(n)
+
+    def turn_guide(self, requests: list[tuple[str, str, str]], record: bool = True) -> list[Guidance]:
+        """Rollout callback of turn-level retrieval (``experience.integration: turn | both``): the
+        ``k`` entries for the current observation's query, recorded on the turn; shown in the turn's
+        prompt only with ``experience.turn_show``.  No gate, and never credited (released: the
+        turn-level search discards the extractions that wrote the entries)."""
+        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests], record=record)
+        out = []
+        for entries in found:
+            shown = knowledge_text(format_numbered(entries, empty="")) if self.cfg.experience.turn_show else ""
+            out.append(Guidance(shown, [e.id for e in entries], RetrievalRecord([replace(e) for e in entries], shown)))
+        return out
+
+    def search_tool(self, record: bool = True) -> SearchTool:
+        """The in-episode search tool over this track's manager (``experience.search_tool``): each
+        question is answered by :meth:`ExperienceManager.answer` (retrieval, then the extractor);
+        ``record=False`` leaves the bank's counters untouched."""
+        def answer(queries: list[tuple[str, str]]) -> list[tuple[str, list[int], Any]]:
+            return [(a.text, [e.id for e in a.entries], a.extraction)
+                    for a in self.manager.answer(queries, record=record)]
+        return SearchTool(answer, self.cfg.experience.max_tool_uses)
+
     def flush(self) -> None:
         """Wait until every queued distillation and merge has been applied to the bank."""
         self.manager.drain()
 
+    # ---- before a step's rollout ----------------------------------------------------------------
+    def before_rollout(self, step: int) -> dict[str, Any]:
+        """The merge pass, where the released pipeline runs it: at the start of 0-based step ``step``
+        when ``step`` is a positive multiple of ``experience.merge_every``, after the flush (the
+        caller flushes first), except when the extractor was updated in the step before: the released
+        asynchronous update is then still pending at this point, and the pipeline skips the flush and
+        the merge of that step (``should_flush_pending_updates_before_rollout``).  Returns the
+        metrics ``merge_pass`` (1 when it ran) and ``merge_skipped`` (1 when skipped for that reason).
+
+        Raises ``RuntimeError`` on a read-only track."""
+        self._check_trainable()
+        every = self.cfg.experience.merge_every
+        if not every or step <= 0 or step % every:
+            return {}
+        if self.updated_at_step == step:          # updated at the end of the previous (1-based ``step``) step
+            return {"merge_pass": 0, "merge_skipped": 1}
+        exp_cfg = self.cfg.experience
+        self.manager.merge_pass(step, exp_cfg.merge, exp_cfg.merge_max, exp_cfg.merge_threshold)
+        return {"merge_pass": 1, "merge_skipped": 0}
+
     # ---- after a step's rollout -----------------------------------------------------------------
     def after_rollout(self, trajs: Sequence[Trajectory], step: int, warmup: bool = False) -> dict[str, Any]:
-        """Everything the track does with a finished rollout, in this order: :meth:`credit` (the
-        extractions whose entries guided this step), :meth:`queue_distillation` (this step's episodes,
-        and a merge pass every ``experience.merge_every`` steps) and :meth:`episode_metrics`, which it
-        returns.  ``warmup``: a warm-up step (nothing was retrieved, nothing is credited).
+        """Everything the track does with a finished rollout, in this order: the actor's score per env
+        (every episode, as the released pipeline records it), :meth:`credit` (the extractions whose
+        entries, or answers, guided this step), :meth:`queue_distillation` (this step's episodes) and
+        :meth:`episode_metrics`, which it returns.  ``warmup``: a step that neither trains the actor
+        nor credits the extractor (retrieval may have happened: the released step ``warmup_steps``).
 
         Raises ``RuntimeError`` on a read-only (evaluation) track."""
         self._check_trainable()
+        for t in trajs:
+            acc = self.env_scores.setdefault(t.env_id, [0.0, 0])
+            acc[0] += float(t.reward)
+            acc[1] += 1
         credited = self.credit(trajs, warmup)
         queued = self.queue_distillation(trajs, step)
         return self.episode_metrics(trajs, credited, queued, warmup)
@@ -317,19 +411,16 @@ class ExperienceTrack:
         return credited
 
     def queue_distillation(self, trajs: Sequence[Trajectory], step: int) -> int:
-        """Queue this step's finished episodes for the extractor (step 2 of the module doc) and,
-        every ``experience.merge_every`` steps, a merge pass; returns at once (the background manager
-        distils).  Which episodes go is set by ``experience.distill`` and ``distill_per_group``.
-        Returns the number of episodes queued (merge requests not counted).  Raises ``RuntimeError``
-        on a read-only track."""
+        """Queue this step's finished episodes for the extractor (step 2 of the module doc); returns at
+        once (the background manager distils).  Which episodes go is set by ``experience.distill`` and
+        ``distill_per_group``; with ``experience.integration`` ``turn`` or ``both`` every step of a
+        guided-subgroup episode goes as well (released ``hook_on_turn_end``).  Returns the number of
+        requests queued.  Raises ``RuntimeError`` on a read-only track."""
         self._check_trainable()
-        reqs: list[DistillRequest | MergeRequest] = list(self._distill_requests(_by_group(trajs), step))
-        n_distill = len(reqs)
-        if self.cfg.experience.merge_every and step % self.cfg.experience.merge_every == 0:
-            reqs += self._merge_requests(step)
+        reqs = self._distill_requests(_by_group(trajs), step)
         if reqs:
             self.manager.submit(reqs)
-        return n_distill
+        return len(reqs)
 
     def episode_metrics(self, trajs: Sequence[Trajectory], credited: int, distill_queued: int,
                         warmup: bool = False) -> dict[str, Any]:
@@ -348,6 +439,9 @@ class ExperienceTrack:
             "guided_with_experience": sum(1 for t in guided if t.experience_ids),
             "extractions_credited": credited, "distill_queued": distill_queued, "warmup": warmup,
         }
+        if any(t.tool_calls for t in trajs):
+            out["tool_calls/guided"] = sum(len(t.tool_calls) for t in guided)
+            out["tool_calls/free"] = sum(len(t.tool_calls) for t in free)
         for d in ("accept", "refine", "reject", "invalid"):
             if judged:
                 out[f"critic_{d}"] = judged.count(d)
@@ -358,13 +452,22 @@ class ExperienceTrack:
             raise RuntimeError("this experience track evaluates a finished run's bank read-only; it cannot train")
 
     def _credit(self, by_group: dict[int, list[Trajectory]]) -> int:
-        """Add each guided episode's use reward to the extractions recorded at its retrieval."""
+        """Add each guided episode's use reward to the extractions recorded at its retrieval, and its
+        score (0 counting -1, no gate adjustment: released, only the episode-start retrieval is judged)
+        to the extractor's answers to its search-tool calls."""
         kind = self.cfg.extractor.reward
         credited = 0
         episode_outcomes: list[tuple[list[int], bool]] = []     # (entry ids shown, success) per episode
         for members in by_group.values():
             free_scores = [t.reward for t in members if t.subgroup == "free"]
             for t in members:
+                if t.subgroup == "guided":
+                    for call in t.tool_calls:
+                        if isinstance(call.record, Extraction) and call.record.response_ids:
+                            credit = self.buffer.get(call.record.id) or self._buffer(_Credit(call.record))
+                            credit.total += binary_reward(float(t.reward))
+                            credit.uses += 1
+                            credited += 1
                 rec = t.retrieval
                 if t.subgroup != "guided" or not isinstance(rec, RetrievalRecord) or not rec.entries:
                     continue
@@ -384,38 +487,45 @@ class ExperienceTrack:
         return credited
 
     def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[DistillRequest]:
-        """One request per chosen episode with at least one turn, shown the entries it retrieved."""
+        """With trajectory integration, one request per chosen episode with at least one turn, shown
+        the entries it retrieved (none after an ``invalid`` judgement of the gate, as released); with
+        turn integration, one request per step of each guided-subgroup episode, shown the entries
+        retrieved before that step and keyed by that step's observation query."""
         exp_cfg = self.cfg.experience
         reqs = []
         for members in by_group.values():
-            chosen = [t for t in members if exp_cfg.distill == "all" or t.subgroup == "guided"]
-            if exp_cfg.distill_per_group > 0:
-                chosen = chosen[:exp_cfg.distill_per_group]
-            for t in chosen:
-                if not t.turns:
-                    continue
-                shown = t.retrieval.entries if isinstance(t.retrieval, RetrievalRecord) else []
-                key = t.query if exp_cfg.key == "query" else ""
-                reqs.append(DistillRequest(episode_record(t), list(shown), t.env_id, step, key))
+            if exp_cfg.integration in ("trajectory", "both"):
+                chosen = [t for t in members if exp_cfg.distill == "all" or t.subgroup == "guided"]
+                if exp_cfg.distill_per_group > 0:
+                    chosen = chosen[:exp_cfg.distill_per_group]
+                for t in chosen:
+                    if not t.turns:
+                        continue
+                    rec = t.retrieval if isinstance(t.retrieval, RetrievalRecord) else None
+                    shown = rec.entries if rec is not None and rec.judgement != INVALID else []
+                    key = t.query if exp_cfg.key == "query" else ""
+                    reqs.append(DistillRequest(episode_record(t), list(shown), t.env_id, step, key))
+            if exp_cfg.integration in ("turn", "both"):
+                for t in members:
+                    if t.subgroup != "guided":
+                        continue
+                    for k, turn in enumerate(t.turns):
+                        rec = turn.retrieval if isinstance(turn.retrieval, RetrievalRecord) else None
+                        key = _turn_query(t, k) if exp_cfg.key == "query" else ""
+                        reqs.append(DistillRequest(turn_record(t, k), list(rec.entries) if rec else [], t.env_id,
+                                                   step, key))
         return reqs
-
-    def _merge_requests(self, step: int) -> list[MergeRequest]:
-        """Groups of entries whose index vectors are similar (cosine >= ``merge_threshold``), at most
-        ``merge_max`` each (:meth:`ExperienceManager.similar_groups`)."""
-        exp_cfg = self.cfg.experience
-        return [MergeRequest(entries, env_id, step)
-                for env_id, entries in self.manager.similar_groups(exp_cfg.merge_threshold, exp_cfg.merge_max)]
 
     def _collect_extractions(self) -> None:
         """Take in the manager's finished extractions: one that wrote an entry can be credited from now
-        on; one with no applied operation (nothing parsed, or all rejected) gets
+        on; one whose reply was not usable (nothing parsed, or every operation rejected) gets
         ``extractor.invalid_reward`` when that is set and the extractor trains."""
         invalid_reward = self.cfg.extractor.invalid_reward
         for outcome in self.manager.pop_outcomes():
             extraction = outcome.extraction
             if outcome.wrote:
                 self.waiting_reward[extraction.id] = extraction
-            elif not outcome.said_none and invalid_reward is not None and extraction.response_ids \
+            elif not outcome.valid and invalid_reward is not None and extraction.response_ids \
                     and self.updater is not None:
                 self._buffer(_Credit(extraction, float(invalid_reward), 1))   # format signal (off by default)
 
@@ -437,32 +547,63 @@ class ExperienceTrack:
             del self.waiting_reward[eid]
 
     # ---- extractor update -----------------------------------------------------------------------
-    def maybe_update_extractor(self) -> dict[str, Any] | None:
-        """One CISPO update when ``extractor.batch_size`` credited extractions are waiting.
+    def repeat_weight(self, extraction_id: str, step: int) -> float:
+        """The released training-count-aware weight of one extractor sample at 1-based ``step``
+        (``_build_memory_batch_from_buffer_entries``): 0 when the extraction was trained fewer than
+        ``extractor.repeat_cooldown_steps`` steps ago, else ``(1 + times trained) **
+        -extractor.repeat_weight_power`` (1 for one never trained)."""
+        xc = self.cfg.extractor
+        count, last = self.trained.get(extraction_id, (0, -1))
+        if xc.repeat_cooldown_steps > 0 and last >= 0 and step - last < xc.repeat_cooldown_steps:
+            return 0.0
+        return float((1 + count) ** -xc.repeat_weight_power) if xc.repeat_weight_power > 0 else 1.0
+
+    def maybe_update_extractor(self, step: int = 0) -> dict[str, Any] | None:
+        """One CISPO update when ``extractor.batch_size`` credited extractions are waiting, at 1-based
+        ``step``.
 
         Each extraction is one training sample whose reward is the mean over its uses; the advantage
-        is that reward minus the batch mean (divided by the std with ``reward_std_normalize``).
-        Returns the update's metrics (loss, reward mean, ...), or ``None`` when no update ran.
+        is that reward minus the batch mean (divided by the std with ``reward_std_normalize``), times
+        the sample's :meth:`repeat_weight` (as released, the advantage is scaled; a weight of 0 leaves
+        the sample in the batch with no gradient).  Queued distillation is applied first, with the
+        weights before the update (released: the fence before the asynchronous extractor update).
+        With ``extractor.repeat_record`` each trained
+        extraction's count and step are recorded (released only by the knowledge-model pipeline, so
+        the released Complementary RL weights are all 1).  Returns the update's metrics (loss, reward
+        mean, ...), or ``None`` when no update ran.
         """
         xc = self.cfg.extractor
         if self.updater is None or len(self.buffer) < xc.batch_size:
             return None
+        # released fence (fence_memory_updates_before_async_train): what is queued is distilled with the
+        # weights that were current when it was queued, before the update starts
+        self.manager.drain()
         batch = [self.buffer.popitem(last=False)[1] for _ in range(xc.batch_size)]
         raw = [c.reward for c in batch]
         # REINFORCE-style batch baseline as released: the whole batch is one group
         advs = grouped_advantages(raw, [0] * len(raw), std_normalize=xc.reward_std_normalize)
+        weights = [self.repeat_weight(c.extraction.id, step) for c in batch]
         samples = []
-        for c, a in zip(batch, advs):
+        for c, a, w in zip(batch, advs, weights):
             c.extraction.reward = c.reward
             if c.extraction.response_ids:
-                samples.append(extraction_sample(c.extraction, a))
+                samples.append(extraction_sample(c.extraction, a * w))
         with self.manager.updating_extractor():
             stats = self.updater.update(samples)
             self.extractor_version += 1
             self.manager.extractor_updated(self.model, self.extractor_version)
+        self.updated_at_step = int(step)
+        if xc.repeat_record:
+            for c, w in zip(batch, weights):
+                if w > 0:
+                    count, _ = self.trained.get(c.extraction.id, (0, -1))
+                    self.trained[c.extraction.id] = (count + 1, int(step))
+        kinds = [c.extraction.kind for c in batch]
         out = {"extractor_update": len(self.updates) + 1, "extractor_version": self.extractor_version,
                "extractor_reward_mean": _mean(raw), "extractor_batch": len(batch),
                "extractor_uses_mean": _mean([c.uses for c in batch]),
+               "extractor_repeat_weight_mean": _mean(weights),
+               "extractor_batch_kinds": {k: kinds.count(k) for k in sorted(set(kinds))},
                **{f"extractor_{k}": v for k, v in stats.items()}}
         self.updates.append(out)
         return out
@@ -473,6 +614,9 @@ class ExperienceTrack:
         return {"bank_size": s["bank_size"], "extractions_parsed": s["extractions_parsed"],
                 "extractions_failed": s["extractions_failed"], "ops_applied": s["ops_applied"],
                 "ops_rejected": s["ops_rejected"], "op_kinds": s["op_kinds"], "merges": s["merges"],
+                "merge_passes": s["merge_passes"], "merge_calls_failed": s["merge_calls_failed"],
+                "merge_entries_in": s["merge_entries_in"], "merge_entries_out": s["merge_entries_out"],
+                "deleted_by_vote": s["deleted_by_vote"], "tool_answers": s["answers"],
                 "distill_backlog": self.manager.backlog(), "extractor_errors": s["extractor_errors"],
                 "extractions_waiting_reward": len(self.waiting_reward), "extractor_buffer": len(self.buffer),
                 "extractor_buffer_dropped": self.dropped,
@@ -497,6 +641,8 @@ class ExperienceTrack:
             "waiting_reward": list(self.waiting_reward.items()),
             "buffer": [(k, c.extraction, c.total, c.uses) for k, c in self.buffer.items()],
             "dropped": self.dropped, "extractor_version": self.extractor_version, "updates": list(self.updates),
+            "env_scores": {k: list(v) for k, v in self.env_scores.items()}, "trained": dict(self.trained),
+            "updated_at_step": self.updated_at_step,
             "optimizer": self.updater.optimizer.state_dict() if self.updater is not None else None,
             "updater_rng": self.updater.rng.getstate() if self.updater is not None else None,
             "manager": self.manager.state_dict(),
@@ -518,6 +664,9 @@ class ExperienceTrack:
         self.dropped = int(state["dropped"])
         self.extractor_version = int(state["extractor_version"])
         self.updates = list(state["updates"])
+        self.env_scores = {k: list(v) for k, v in state.get("env_scores", {}).items()}
+        self.trained = dict(state.get("trained", {}))
+        self.updated_at_step = int(state.get("updated_at_step", -1))
         if self.updater is not None:
             self.updater.optimizer.load_state_dict(state["optimizer"])
             self.updater.rng.setstate(state["updater_rng"])
@@ -539,6 +688,12 @@ class ExperienceTrack:
         close_updater = getattr(self.updater, "close", None)
         if close_updater is not None:
             close_updater()
+
+
+def _turn_query(traj: Trajectory, k: int) -> str:
+    """The retrieval query of turn ``k``'s observation (recorded by turn-level retrieval), else the
+    episode's query."""
+    return traj.turns[k].query or traj.query
 
 
 def _by_group(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:

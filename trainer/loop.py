@@ -183,7 +183,7 @@ class Trainer:
             cfg, self.model, self.optimizer, pad_id=tokenizer.pad_token_id,
             micro_batch_size=cfg.train.micro_batch_size, mini_batches=cfg.train.mini_batches,
             epochs=cfg.train.ppo_epochs, max_grad_norm=cfg.train.max_grad_norm,
-            temperature=g.temperature if g.temperature > 0 else 1.0,
+            temperature=logprob_temperature(cfg, g.temperature),
             loss_kwargs={"clip_eps": cfg.train.clip_eps, "kl_coef": cfg.train.kl_coef},
             ref_model=self._reference(), seed=cfg.train.seed, loss_agg=cfg.train.loss_agg,
             recompute_old_logprobs=cfg.train.recompute_old_logprobs, compute_dtype=self.compute_dtype,
@@ -192,6 +192,7 @@ class Trainer:
         self.optimizer = self.updater.optimizer     # with workers: its state lives (and is saved) there
         self.step = 0
         self._next_specs: list[EpisodeSpec] | None = None
+        self._prepared: dict[str, Any] | None = None      # the next step's pre-rollout work, when done early
         self.experience = None
         if self.method.uses_experience:
             from crl_bench.trainer.complementary import ExperienceTrack
@@ -251,9 +252,21 @@ class Trainer:
     # ---- one step ---------------------------------------------------------------------------------
     def in_warmup(self, step: int | None = None) -> bool:
         """Whether 0-based step ``step`` (default: the next one) is an experience warm-up step: no
-        retrieval, no actor update, the bank fills (``experience.warmup_steps``, released 5)."""
+        retrieval, the bank fills (``experience.warmup_steps``, released 5)."""
         step = self.step if step is None else step
         return self.experience is not None and step < self.cfg.experience.warmup_steps
+
+    def trains(self, step: int | None = None) -> bool:
+        """Whether 0-based step ``step`` (default: the next one) updates the actor and credits the
+        extractor: with experience, from step ``experience.warmup_train_steps`` on (-1: released,
+        ``warmup_steps + 1``, so step ``warmup_steps`` retrieves but neither trains nor credits)."""
+        step = self.step if step is None else step
+        if self.experience is None:
+            return True
+        exp = self.cfg.experience
+        n = exp.warmup_train_steps if exp.warmup_train_steps >= 0 else \
+            (exp.warmup_steps + 1 if exp.warmup_steps > 0 else 0)
+        return step >= n
 
     def episode_specs(self, step: int | None = None) -> list[EpisodeSpec]:
         """The episodes of 0-based step ``step`` (default: the next one): ``groups_per_step`` sampled
@@ -261,18 +274,45 @@ class Trainer:
 
         With an experience track, the first ``free_size`` rollouts of a group are experience-free and
         the rest are experience-guided (they retrieve from the bank at episode start, except in
-        warm-up steps).
+        warm-up steps; with ``experience.integration`` ``turn`` or ``both`` also before every step,
+        warm-up included, as released). ``experience.search_tool`` decides which episodes may call
+        the search tool (``all``: both subgroups, as released; ``guided``).
         """
         size = self.cfg.train.group_size
         n_free = self.experience.free_size(size) if self.experience is not None else size
         retrieve = not self.in_warmup(step)
+        exp = self.cfg.experience
+        turns = self.experience is not None and exp.integration in ("turn", "both")
+        tool = self.experience is not None and exp.search_tool
         specs = []
         for g, (env_id, task) in enumerate(self.sampler.sample(self.cfg.train.groups_per_step)):
             for k in range(size):
                 guided = k >= n_free
                 specs.append(EpisodeSpec(env_id, task, group_id=g, subgroup="guided" if guided else "free",
-                                         retrieve=guided and retrieve, meta={"rollout": k}))
+                                         retrieve=guided and retrieve and exp.integration != "turn",
+                                         meta={"rollout": k}, turn_retrieve=guided and turns,
+                                         tool=tool == "all" or (tool == "guided" and guided)))
         return specs
+
+    def prepare_step(self) -> dict[str, Any]:
+        """What happens before the next step's rollout, once: the flush of queued distillation
+        (``experience.flush_before_rollout``) and the merge pass (:meth:`ExperienceTrack.before_rollout`).
+        The periodic evaluation calls it before it evaluates, so that it sees the bank the next step
+        will use, as the released evaluation does.  Returns the metrics it adds to the step's row."""
+        if self._prepared is not None:
+            return self._prepared
+        t0 = time.perf_counter()
+        m: dict[str, Any] = {}
+        if self.experience is not None:
+            if self.cfg.experience.flush_before_rollout:
+                self.experience.flush()
+            m["time_flush_s"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            m.update(self.experience.before_rollout(self.step))
+            if "merge_pass" in m:
+                m["time_merge_s"] = time.perf_counter() - t1
+        self._prepared = m
+        return m
 
     def advantages(self, trajs: Sequence[Trajectory]) -> list[float]:
         """Outcome advantages within each (group, subgroup)."""
@@ -289,9 +329,9 @@ class Trainer:
         if self.experience is not None and self.experience.read_only:
             raise RuntimeError("this trainer evaluates a finished run's bank read-only; it cannot train")
         t0 = time.perf_counter()
-        warmup = self.in_warmup()
-        if self.experience is not None and self.cfg.experience.flush_before_rollout:
-            self.experience.flush()
+        warmup = not self.trains()
+        pre = self.prepare_step()
+        self._prepared = None
         t_flush = time.perf_counter() - t0
         specs = self._next_specs if self._next_specs is not None else self.episode_specs()
         # the next step's tasks are drawn now (same draws, same order) so that envs with slow resets
@@ -299,10 +339,9 @@ class Trainer:
         self._next_specs = None
         if self.cfg.rollout.prefetch and self.step + 1 < self.cfg.train.steps:
             self._next_specs = self.episode_specs(self.step + 1)
-        guide = self.experience.guide if self.experience is not None else None
+        hooks = self._rollout_hooks(record=True)
         cache0 = dict(getattr(self.engine, "counters", {}))
-        trajs = self.runner.collect(specs, self.sampling, progress=progress, guide=guide,
-                                    prefetch=self._next_specs)
+        trajs = self.runner.collect(specs, self.sampling, progress=progress, prefetch=self._next_specs, **hooks)
         rs = self.runner.last_stats
         cache = {k: v - cache0.get(k, 0) for k, v in getattr(self.engine, "counters", {}).items()}
         t_roll = time.perf_counter() - t0 - t_flush
@@ -321,11 +360,12 @@ class Trainer:
         m = {"step": self.step, **summarise(trajs)}
         if self.experience is not None:
             t2 = time.perf_counter()
-            m["time_flush_s"] = t_flush
+            m.update(pre)
+            m["time_flush_s"] = pre.get("time_flush_s", t_flush)
             m.update(self.experience.after_rollout(trajs, self.step, warmup=warmup))
             if self.cfg.experience.wait_distill:
                 self.experience.manager.drain()
-            m.update(self.experience.maybe_update_extractor() or {})
+            m.update(self.experience.maybe_update_extractor(self.step) or {})
             m.update(self.experience.metrics())
             m["time_experience_s"] = time.perf_counter() - t2
             m["time_retrieve_s"] = rs.retrieve_s
@@ -359,6 +399,24 @@ class Trainer:
         trim_heap()
         now = rss_gb()
         return {"peak_rss_gb": round(peak_rss_gb(), 3), **({"rss_gb": round(now, 3)} if now is not None else {})}
+
+    def _rollout_hooks(self, record: bool, guided: bool = True) -> dict[str, Any]:
+        """The experience track's callbacks for :meth:`RolloutRunner.collect` (none without a track):
+        the episode-start guide, the turn-level guide and the search tool. ``record``: training
+        (counters written, the gate samples as in training) or evaluation (``eval.writes_counters``
+        decides, the gate samples as in evaluation); ``guided``: evaluation with the bank (a free
+        evaluation gets none of them)."""
+        track = self.experience
+        if track is None or not guided:
+            return {}
+        exp = self.cfg.experience
+        writes = record or self.cfg.eval.writes_counters
+        hooks: dict[str, Any] = {"guide": track.guide if record else track.eval_guide}
+        if exp.integration in ("turn", "both"):
+            hooks["turn_guide"] = lambda requests: track.turn_guide(requests, record=writes)
+        if exp.search_tool != "off":
+            hooks["tool"] = track.search_tool(record=writes)
+        return hooks
 
     # ---- evaluation -------------------------------------------------------------------------------
     @property
@@ -410,12 +468,17 @@ class Trainer:
         if guided:
             self.experience.flush()         # the bank evaluated is the one training has written
         tasks = self.eval_task_ids(episodes)
-        specs = [EpisodeSpec(env_id, t, group_id=i, subgroup="guided" if guided else "free", retrieve=guided)
+        exp = self.cfg.experience
+        specs = [EpisodeSpec(env_id, t, group_id=i, subgroup="guided" if guided else "free",
+                             retrieve=guided and exp.integration != "turn",
+                             turn_retrieve=guided and exp.integration != "trajectory",
+                             tool=guided and exp.search_tool != "off")
                  for env_id, ids in tasks.items() for i, t in enumerate(ids)]
         t0 = time.perf_counter()
-        # guided evaluation retrieves read-only: the bank and its usage counters stay as they were
+        # guided evaluation leaves the bank and its usage counters as they were, unless
+        # eval.writes_counters (the released evaluation counts its retrievals)
         trajs = self.runner.collect(specs, self.eval_sampling, progress=progress,
-                                    guide=self.experience.guide_readonly if guided else None)
+                                    **self._rollout_hooks(record=False, guided=guided))
         out = summarise(trajs)
         per_env = {}
         by_env = episodes_by_env(trajs)
@@ -481,7 +544,7 @@ class Trainer:
         return {"step": self.step, "optimizer": self.optimizer.state_dict(),
                 "scheduler": sched.state_dict() if sched is not None else None,
                 "updater_rng": self.updater.rng.getstate(), "sampler_rng": self.sampler.rng.bit_generator.state,
-                "next_specs": self._next_specs, "rng": rng_states()}
+                "next_specs": self._next_specs, "rng": rng_states(), "prepared": self._prepared}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a trainer built for the same run (weights loaded first);
@@ -498,6 +561,7 @@ class Trainer:
         self.updater.rng.setstate(state["updater_rng"])
         self.sampler.rng.bit_generator.state = state["sampler_rng"]
         self._next_specs = state["next_specs"]
+        self._prepared = state.get("prepared")
         self.engine.sync_weights(self.model)
         set_rng_states(state["rng"])
 
@@ -521,6 +585,14 @@ class Trainer:
         self.pool.close()
         if self.backend is not None:
             self.backend.close()
+
+
+def logprob_temperature(cfg: RunConfig, sampling_temperature: float) -> float:
+    """The temperature the trainer divides logits by for log-probs (``train.logprob_temperature``):
+    the sampling temperature (1 for greedy sampling), or 1 for ``raw`` (released ROLL)."""
+    if cfg.train.logprob_temperature == "raw" or sampling_temperature <= 0:
+        return 1.0
+    return float(sampling_temperature)
 
 
 def make_updater(cfg: RunConfig, model: Any, optimizer: torch.optim.Optimizer, **kwargs: Any) -> PolicyUpdater:
@@ -675,6 +747,7 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
         if not quiet:
             print(step_line(res.metrics), flush=True)
         if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
+            trainer.prepare_step()      # released order: flush and merge pass, then the evaluation
             ev = trainer.evaluate()
             writer.log_metrics({"step": trainer.step, "eval": ev})
         if cfg.train.checkpoint_every and (trainer.step % cfg.train.checkpoint_every == 0

@@ -79,9 +79,14 @@ class MiniHackTextEnv(TextEnv):
             reports as terminated with reward 0); default ``max(1000, 10 * max_steps)`` so that
             ``max_steps`` governs.
         render_mode: ``"ansi"`` (the observation text).
+        query: the retrieval query (:meth:`retrieval_query`): ``"map"`` (default: ``Observation:``
+            and the rendered observation) or ``"raw"`` (released ``build_memory_query``:
+            ``Observation:`` and the text of NLE's observation dictionary, as Python prints it;
+            numpy abbreviates every array of more than 1,000 values, so most of that text is the
+            same for every task).
 
     Raises:
-        ValueError: unknown ``variant`` or ``view``, or an NLE action without a name here.
+        ValueError: unknown ``variant``, ``view`` or ``query``, or an NLE action without a name here.
 
     Reward 1.0 and ``success=True`` when NLE reports TASK_SUCCESSFUL (on the stairs down); 0.0
     otherwise. Death (end status 1) and NLE's step limit (-1) terminate with reward 0 and say so in the
@@ -118,8 +123,12 @@ class MiniHackTextEnv(TextEnv):
 
     def __init__(self, variant: str | None = None, view: str | None = None, max_steps: int = 30,
                  inner_max_steps: int | None = None, render_mode: str | None = "ansi",
-                 goal_offset: bool = False) -> None:
+                 goal_offset: bool = False, query: str = "map") -> None:
         super().__init__(max_steps=max_steps, render_mode=render_mode)
+        if query not in ("map", "raw"):
+            raise ValueError(f"{self.env_id}: query must be 'map' or 'raw', got {query!r}")
+        self.query = query
+        self._raw_obs: dict[str, np.ndarray] = {}
         self.variant = variant or self.default_variant
         self.view = view or self.default_view
         self.goal_offset = bool(goal_offset)
@@ -166,8 +175,12 @@ class MiniHackTextEnv(TextEnv):
         return self.goal_text
 
     def retrieval_query(self, first_observation: str) -> str:
-        """``"Observation: <first observation>"``: the released MiniHack query (the goal is the same
-        for every task of an env, so only the map tells tasks apart)."""
+        """``"Observation: <observation>"``, the released MiniHack query's form (the goal is the same for
+        every task of an env, so only the map tells tasks apart). With ``query="map"`` the observation
+        is ``first_observation`` as rendered here; with ``query="raw"`` it is the text of NLE's
+        observation dictionary at this moment (released: ``f"Observation: {raw_obs}"``)."""
+        if self.query == "raw":
+            return f"Observation: {self._raw_obs}"
         return f"Observation: {first_observation.strip()}"
 
     def admissible_actions(self) -> list[str]:
@@ -226,7 +239,10 @@ class MiniHackTextEnv(TextEnv):
     # ---- per-env hooks --------------------------------------------------------------------------
     def _capture(self, obs: dict[str, np.ndarray]) -> bool:
         """Render ``obs`` (NLE's live buffers) right away; ``False`` when the frame is blank (the game
-        is over; the previous frame is kept). Subclasses read more of ``obs`` here."""
+        is over; the previous frame is kept). Subclasses read more of ``obs`` here. With
+        ``query="raw"`` a copy of the dictionary is kept for :meth:`retrieval_query`."""
+        if self.query == "raw":
+            self._raw_obs = {k: np.array(v, copy=True) for k, v in obs.items()}
         return self._renderer.capture(obs)
 
     def _before_step(self, action: str) -> Any:

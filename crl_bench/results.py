@@ -211,9 +211,13 @@ class RunWriter:
         ``reply_entropy`` (mean over its turns of the sampled reply's entropy, see
         ``trainer.loop.summarise``; ``null`` without engine entropies).
 
+        An episode that called the search tool also has ``tool_calls``: ``{turn, query, answer,
+        entry_ids}`` per call (its ``actions`` hold ``null`` for those turns).
+
         With ``transcripts`` (``logging.transcripts``) the line also holds ``transcript``: the task
-        line, the guidance the prompts carried, one ``{observation, reply, action, invalid, reward}``
-        per turn and the final observation.
+        line, the guidance the prompts carried, one ``{observation, reply, action, invalid, reward,
+        tool, experience_ids}`` per turn (``experience_ids``: turn-level retrieval) and the final
+        observation.
         """
         with (self.dir / "episodes.jsonl").open("a") as f:
             for t in trajectories:
@@ -225,11 +229,17 @@ class RunWriter:
                     "actions": [turn.action for turn in t.turns],
                     "reply_entropy": round(sum(ents) / len(ents), 4) if ents else None,
                     "experience_ids": list(t.experience_ids), "error": t.error}
+                calls = getattr(t, "tool_calls", ())
+                if calls:
+                    row["tool_calls"] = [{"turn": c.turn, "query": c.query, "answer": c.answer,
+                                          "entry_ids": list(c.entry_ids)} for c in calls]
                 if transcripts:
                     row["transcript"] = {
                         "task": t.task_line, "guidance": t.guidance,
                         "turns": [{"observation": turn.observation, "reply": turn.reply,
-                                   "action": turn.action, "invalid": turn.invalid, "reward": turn.reward}
+                                   "action": turn.action, "invalid": turn.invalid, "reward": turn.reward,
+                                   "tool": getattr(turn, "tool", False),
+                                   "experience_ids": list(getattr(turn, "experience_ids", ()))}
                                   for turn in t.turns],
                         "final_observation": t.final_obs}
                 f.write(json.dumps(row) + "\n")

@@ -307,7 +307,7 @@ class _ToolActor(ByPrompt):
         return super().generate(prompts, params, allowed)
 
 
-def test_search_tool_is_answered_by_the_extractor_and_credited_for_guided_episodes(tokenizer, tiny_model):
+def test_search_tool_is_answered_by_the_extractor_and_credited_for_guided_episodes(tokenizer, tiny_model, tmp_path):
     def extractor(text: str) -> str:
         if "Question:" in text:
             return "<answer>Call heads.</answer>"
@@ -332,6 +332,15 @@ def test_search_tool_is_answered_by_the_extractor_and_credited_for_guided_episod
     assert answers <= buffered and not (free_answers & buffered)      # guided answers only, episode score
     assert all(tr.experience.buffer[a].total == 1.0 and tr.experience.buffer[a].uses == 1 for a in answers)
     assert res.metrics["tool_calls/guided"] == 4 and res.metrics["tool_calls/free"] == 4
+    import json
+
+    from crl_bench.results import RunWriter
+    writer = RunWriter(tmp_path, run_id="w")
+    writer.log_episodes(2, res.trajectories, transcripts=True)
+    row = json.loads((writer.dir / "episodes.jsonl").read_text().splitlines()[0])
+    assert row["tool_calls"] == [{"turn": 0, "query": "Which side wins?", "answer": "Call heads.",
+                                  "entry_ids": res.trajectories[0].tool_calls[0].entry_ids}]
+    assert row["actions"] == [None, "heads"] and row["transcript"]["turns"][0]["tool"]
     tr.close()
 
 

@@ -78,6 +78,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -581,38 +582,50 @@ class ExperienceBank:
             return REJECT_WRONG_ENV
         return [t for t in targets if t in rows]
 
-    def _vote(self, op: Operation, targets: tuple[int, ...], env_id: str, step: int,
-              extraction_id: str) -> list[int] | str:
-        """One UPVOTE / DOWNVOTE in one transaction; returns the ids it deleted (a count below 0) or a
-        rejection reason."""
-        delta = 1 if op.kind == "UPVOTE" else -1
+    def _one_operation(self, op: Operation, targets: tuple[int, ...], env_id: str, step: int, extraction_id: str,
+                       body: Any) -> Any:
+        """Run ``body(connection, live targets)`` in one write transaction for ``op`` after
+        :meth:`_targets_of`; returns what ``body`` returns, or a rejection reason: a target check's,
+        or ``write_failed`` when the database refused the write (rolled back by ``_write``: nothing of
+        this operation stays, earlier ones are committed). A rejection ``body`` returns is committed
+        with its log entry."""
         began = False
         try:
             with self._write() as c:
                 began = True
                 live = self._targets_of(c, op, targets, env_id, step, extraction_id)
-                if isinstance(live, str):
-                    return live
-                if not live:
-                    self._log_rejection(c, op, REJECT_UNKNOWN_TARGET, env_id, step, extraction_id)
-                    return REJECT_UNKNOWN_TARGET
-                c.executemany("UPDATE entries SET votes = votes + ? WHERE id = ?", [(delta, t) for t in live])
-                marks = ",".join("?" * len(live))
-                gone = [r[0] for r in c.execute(f"SELECT id FROM entries WHERE id IN ({marks}) AND votes < 0", live)]
-                if gone:
-                    c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(gone))})", gone)
-                    self._bump(c, "deleted_by_vote", len(gone))
-                self._bump(c, f"applied_{op.kind}")
-                self._bump(c, f"votes_{op.kind.lower()}", len(live))
-        except (sqlite3.Error, ValueError, OverflowError) as exc:
-            if not began:
+                return live if isinstance(live, str) else body(c, live)
+        except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
+            if not began:      # BEGIN itself failed (e.g. busy past the timeout): not this operation's fault
                 raise
             warnings.warn(f"bank write refused ({exc!r}); operation rejected as {REJECT_WRITE_FAILED}", stacklevel=2)
             self._log_rejection(self._conn(), op, REJECT_WRITE_FAILED, env_id, step, extraction_id)
             return REJECT_WRITE_FAILED
-        if gone:
-            self._faiss_update(env_id, gone, [], None)
-        return gone
+
+    def _vote(self, op: Operation, targets: tuple[int, ...], env_id: str, step: int,
+              extraction_id: str) -> list[int] | str:
+        """One UPVOTE / DOWNVOTE in one transaction; returns the ids it deleted (a count below 0) or a
+        rejection reason."""
+        delta = 1 if op.kind == "UPVOTE" else -1
+
+        def body(c: sqlite3.Connection, live: list[int]) -> list[int] | str:
+            if not live:
+                self._log_rejection(c, op, REJECT_UNKNOWN_TARGET, env_id, step, extraction_id)
+                return REJECT_UNKNOWN_TARGET
+            c.executemany("UPDATE entries SET votes = votes + ? WHERE id = ?", [(delta, t) for t in live])
+            marks = ",".join("?" * len(live))
+            gone = [r[0] for r in c.execute(f"SELECT id FROM entries WHERE id IN ({marks}) AND votes < 0", live)]
+            if gone:
+                c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(gone))})", gone)
+                self._bump(c, "deleted_by_vote", len(gone))
+            self._bump(c, f"applied_{op.kind}")
+            self._bump(c, f"votes_{op.kind.lower()}", len(live))
+            return gone
+
+        out = self._one_operation(op, targets, env_id, step, extraction_id, body)
+        if not isinstance(out, str) and out:
+            self._faiss_update(env_id, out, [], None)
+        return out
 
     def _insert(self, c: sqlite3.Connection, env_id: str, title: str, content: str, step: int, extraction_id: str,
                 extractor_version: int, now: float, blob: bytes, key: str, parents: Sequence[int],
@@ -631,27 +644,21 @@ class ExperienceBank:
         title, content = str(op.title).strip(), str(op.content).strip()
         now = time.time()
         blob = np.ascontiguousarray(vec, dtype=np.float32).tobytes()
-        began = False
-        try:
-            with self._write() as c:
-                began = True
-                live = self._targets_of(c, op, targets, env_id, step, extraction_id)
-                if isinstance(live, str):
-                    return live                        # commits the rejection log entry
-                if live:
-                    c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(live))})", live)
-                origin = {"ADD": "add", "UPDATE": "update", "MERGE": "merge"}[op.kind]
-                new_id = self._insert(c, env_id, title, content, step, extraction_id, extractor_version, now, blob,
-                                      key, live, origin)
-                self._bump(c, f"applied_{op.kind}")
-        except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
-            if not began:      # BEGIN itself failed (e.g. busy past the timeout): not this operation's fault
-                raise
-            # rolled back by _write: nothing of this operation stays; earlier ones are committed
-            warnings.warn(f"bank write refused ({exc!r}); operation rejected as {REJECT_WRITE_FAILED}", stacklevel=2)
-            self._log_rejection(self._conn(), op, REJECT_WRITE_FAILED, env_id, step, extraction_id)
-            return REJECT_WRITE_FAILED
-        self._faiss_update(env_id, live, [new_id], vec[None, :])
+        origin = {"ADD": "add", "UPDATE": "update", "MERGE": "merge"}[op.kind]
+
+        def body(c: sqlite3.Connection, live: list[int]) -> tuple[int, list[int]]:
+            if live:
+                c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(live))})", live)
+            new_id = self._insert(c, env_id, title, content, step, extraction_id, extractor_version, now, blob, key,
+                                  live, origin)
+            self._bump(c, f"applied_{op.kind}")
+            return new_id, live
+
+        out = self._one_operation(op, targets, env_id, step, extraction_id, body)
+        if isinstance(out, str):
+            return out
+        new_id, removed = out
+        self._faiss_update(env_id, removed, [new_id], vec[None, :])
         return new_id
 
     def replace(self, env_id: str, remove: Sequence[int], items: Sequence[tuple[str, str]], *, step: int,

@@ -316,10 +316,6 @@ class ExperienceTrack:
             out.append(Guidance(shown, [e.id for e in entries], RetrievalRecord(snap, shown, decision)))
         return out
 
-    def guide_readonly(self, requests: list[tuple[str, str, str]]) -> list[Guidance]:
-        """:meth:`guide` for evaluation: nothing about the bank changes."""
-        return self.guide(requests, record=False)
-
     def eval_guide(self, requests: list[tuple[str, str, str]]) -> list[Guidance]:
         """:meth:`guide` for guided evaluation: the evaluation sampling for the gate; the retrievals
         are counted on the entries only with ``eval.writes_counters`` (released evaluation)."""
@@ -464,9 +460,7 @@ class ExperienceTrack:
                 if t.subgroup == "guided":
                     for call in t.tool_calls:
                         if isinstance(call.record, Extraction) and call.record.response_ids:
-                            credit = self.buffer.get(call.record.id) or self._buffer(_Credit(call.record))
-                            credit.total += binary_reward(float(t.reward))
-                            credit.uses += 1
+                            self._add_use(call.record, binary_reward(float(t.reward)))
                             credited += 1
                 rec = t.retrieval
                 if t.subgroup != "guided" or not isinstance(rec, RetrievalRecord) or not rec.entries:
@@ -479,9 +473,7 @@ class ExperienceTrack:
                     if extraction is None:          # written before this run, or long forgotten
                         continue
                     self.waiting_reward.move_to_end(eid)
-                    credit = self.buffer.get(eid) or self._buffer(_Credit(extraction))
-                    credit.total += r
-                    credit.uses += 1
+                    self._add_use(extraction, r)
                     credited += 1
         self.manager.record_outcomes(episode_outcomes)
         return credited
@@ -528,6 +520,12 @@ class ExperienceTrack:
             elif not outcome.valid and invalid_reward is not None and extraction.response_ids \
                     and self.updater is not None:
                 self._buffer(_Credit(extraction, float(invalid_reward), 1))   # format signal (off by default)
+
+    def _add_use(self, extraction: Extraction, reward: float) -> None:
+        """Add one use with ``reward`` to ``extraction``'s waiting credit (queued if new)."""
+        credit = self.buffer.get(extraction.id) or self._buffer(_Credit(extraction))
+        credit.total += reward
+        credit.uses += 1
 
     def _buffer(self, credit: _Credit) -> _Credit:
         """Queue ``credit`` for the next extractor update; beyond ``extractor.batch_size`` waiting calls

@@ -361,7 +361,6 @@ class Trainer:
         if self.experience is not None:
             t2 = time.perf_counter()
             m.update(pre)
-            m["time_flush_s"] = pre.get("time_flush_s", t_flush)
             m.update(self.experience.after_rollout(trajs, self.step, warmup=warmup))
             if self.cfg.experience.wait_distill:
                 self.experience.manager.drain()

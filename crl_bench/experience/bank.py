@@ -791,6 +791,11 @@ class ExperienceBank:
         self._settle()
         return ids
 
+    def counters(self) -> dict[str, int]:
+        """The bank's running totals (table ``counters``: operations applied per kind, evictions,
+        entries deleted by votes, merge-pass calls and results), as ``{name: value}``."""
+        return {k: int(v) for k, v in self._conn().execute("SELECT name, value FROM counters")}
+
     def record_merge_calls(self, calls: int, failed: int) -> None:
         """Count the extractor calls of one merge pass (``failed``: those whose reply gave nothing
         usable); reported by :meth:`stats` under ``merge_pass``. Raises ``PermissionError`` on a
@@ -901,7 +906,7 @@ class ExperienceBank:
             total, retrieved, succ, fail = total + n, retrieved + (r or 0), succ + (s or 0), fail + (f or 0)
         rejections = {reason: int(n) for reason, n in
                       c.execute("SELECT reason, COUNT(*) FROM rejections GROUP BY reason ORDER BY reason")}
-        counters = dict(c.execute("SELECT name, value FROM counters").fetchall())
+        counters = self.counters()
         origins = dict(c.execute("SELECT origin, COUNT(*) FROM (" + self._select_entry + ") GROUP BY origin"))
         voted = c.execute("SELECT COUNT(*), COALESCE(SUM(votes), 0) FROM (" + self._select_entry + ") "
                           "WHERE votes != 0").fetchone()

@@ -604,13 +604,13 @@ def fold_items(parse: ParseResult) -> list[tuple[str, str]] | None:
     """What one call of the merge pass returned, from its parsed reply: ``[]`` for "keep the lessons
     as they are" (a NONE operation; released ``return``), the ``(title, content)`` of each ADD
     operation whose text is at least :data:`FOLD_MIN_CHARS` long and is not a copy of the prompt's
-    example (:data:`FOLD_PLACEHOLDERS`), or ``None`` when the reply gave no such lesson (released: a
+    example (:data:`FOLD_PROMPT_COPIES`), or ``None`` when the reply gave no such lesson (released: a
     parse failure; the chunk's lessons are kept).  Operations of other kinds are ignored."""
     if any(op.kind == "NONE" for op in parse.ops):
         return []
     items = [(op.title, op.content) for op in parse.ops if op.kind == "ADD"
              and len(f"{op.title}: {op.content}") >= FOLD_MIN_CHARS
-             and (op.title.lower(), op.content.lower()) not in FOLD_PLACEHOLDERS]
+             and (op.title.lower(), op.content.lower()) not in FOLD_PROMPT_COPIES]
     return items or None
 
 
@@ -681,10 +681,11 @@ FOLD_DEMO_REPLY = [Operation("ADD", "Go around walls to the exit",
 """The worked example of the merge-pass prompt, shown as an earlier user/assistant exchange
 (:class:`FoldPromptBuilder` with ``demo=True``)."""
 
-FOLD_PLACEHOLDERS = {("title of the first lesson", "its advice."),
+FOLD_PROMPT_COPIES = {("title of the first lesson", "its advice."),
                      *((op.title.lower(), op.content.lower()) for op in FOLD_DEMO_REPLY)}
 """Lessons a merge-pass reply can only have copied from the prompt (its format line and its worked
-example); :func:`fold_items` leaves them out, as the released parser drops placeholders."""
+example); :func:`fold_items` leaves them out, as the released parser drops lessons that only
+repeat its template."""
 
 
 def _numbered_items(items: Sequence[tuple[str, str]]) -> str:

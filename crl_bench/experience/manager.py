@@ -36,7 +36,7 @@ from crl_bench.experience.extractor import EpisodeRecord, Extraction, Extractor,
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.locks import RWLock
 from crl_bench.experience.retrieval import Retriever
-from crl_bench.experience.types import VOTE_KINDS, WRITE_KINDS, ApplyResult, ExperienceEntry, Operation
+from crl_bench.experience.types import WRITE_KINDS, ApplyResult, ExperienceEntry, Operation
 
 NO_KNOWLEDGE = "No relevant knowledge found."
 """The search tool's answer when retrieval finds nothing (released ``search_and_ask``)."""
@@ -127,11 +127,6 @@ class ExtractionOutcome:
         return self.applied is not None and any(op.kind == "NONE" for op, _ in self.applied.applied)
 
     @property
-    def voted(self) -> bool:
-        """Whether the bank applied an UPVOTE or DOWNVOTE of this extraction."""
-        return self.applied is not None and any(op.kind in VOTE_KINDS for op, _ in self.applied.applied)
-
-    @property
     def valid(self) -> bool:
         """A usable reply: something of it was applied (NONE and votes included), or ``answered``."""
         return self.answered or (self.applied is not None and bool(self.applied.applied))
@@ -147,12 +142,7 @@ class ManagerStats:
     distilled: int = 0
     merges: int = 0
     merge_passes: int = 0
-    merge_calls_failed: int = 0
-    merge_entries_in: int = 0
-    merge_entries_out: int = 0
-    merge_envs_skipped: int = 0
     answers: int = 0
-    deleted_by_vote: int = 0
     extractions_parsed: int = 0
     extractions_failed: int = 0
     ops_applied: int = 0
@@ -367,7 +357,6 @@ class ExperienceManager:
                 if result is not None:
                     st.ops_applied += len(result.applied)
                     st.ops_rejected += len(result.rejected)
-                    st.deleted_by_vote += len(result.deleted_by_vote)
                     for op, _ in result.applied:
                         st.op_kinds[op.kind] = st.op_kinds.get(op.kind, 0) + 1
                 self._finished.append(ExtractionOutcome(extraction, result))
@@ -422,7 +411,6 @@ class ExperienceManager:
                 else:
                     pl["final"].extend(made)
         done: list[ExtractionOutcome] = []
-        skipped = entries_out = 0
         for env, pl in plans.items():
             new_items = [(t, c) for uid, t, c in pl["final"] if uid is None]
             last = pl["last"]
@@ -431,10 +419,7 @@ class ExperienceManager:
                     ids = self.bank.replace(env, pl["deleted"], new_items, step=req.step,
                                             extraction_id=last.extraction.id,
                                             extractor_version=last.extraction.extractor_version)
-                if ids is None:
-                    skipped += 1
-                else:
-                    entries_out += len(ids)
+                if ids is not None:
                     last.applied = ApplyResult(applied=[(Operation("MERGE", t, c, tuple(pl["deleted"])), i)
                                                         for (t, c), i in zip(new_items, ids)])
             done += pl["outcomes"]
@@ -445,10 +430,6 @@ class ExperienceManager:
             st = self._stats
             st.merge_passes += 1
             st.merges += len(done)
-            st.merge_calls_failed += sum(1 for o in done if o.applied is None)
-            st.merge_entries_in += sum(len(pl["deleted"]) for pl in plans.values())
-            st.merge_entries_out += entries_out
-            st.merge_envs_skipped += skipped
             self._finished += done
 
     def merge_pass(self, step: int, mode: str = "fold", max_size: int = 5, threshold: float = 0.8) -> None:
@@ -594,13 +575,19 @@ class ExperienceManager:
         self.retriever.load_state_dict(state["retriever"])
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot of the counters plus the bank size and the query-embedding cache's hit rate
-        (``query_cache_hit_rate``)."""
+        """A snapshot of the counters plus the bank size, the query-embedding cache's hit rate
+        (``query_cache_hit_rate``) and, from the bank's own totals, the merge pass's failed calls and
+        entries removed and written (``merge_calls_failed``, ``merge_entries_in``,
+        ``merge_entries_out``) and the entries deleted by votes (``deleted_by_vote``)."""
         with self._mu:
             s = dict(self._stats.__dict__)
             s["op_kinds"] = dict(self._stats.op_kinds)
         with self.lock.read():
             s["bank_size"] = len(self.bank)
+            c = self.bank.counters()
+        s.update(merge_calls_failed=c.get("merge_pass_calls_failed", 0),
+                 merge_entries_in=c.get("merge_pass_removed", 0), merge_entries_out=c.get("merge_pass_written", 0),
+                 deleted_by_vote=c.get("deleted_by_vote", 0))
         s["query_cache_hit_rate"] = self.retriever.cache_info()["hit_rate"]
         return s
 

@@ -331,6 +331,19 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         """
         return None
 
+    def context(self, task: int) -> str | None:
+        """The context of task id ``task``: the name of the group of tasks that share one solution,
+        named in the observation (the diagnostics of :mod:`crl_bench.envs.diag`).  The ``shuffled``
+        memory control draws its donor task from another context.  ``None`` (the default): the env
+        has no contexts.  Cheap, like :meth:`task_type`; envs with contexts raise ``KeyError`` for an
+        unknown task id."""
+        return None
+
+    def chance_success_rate(self) -> float | None:
+        """Success rate, in ``[0, 1]``, of a policy that picks uniformly among the admissible actions
+        at every step, for this instance's settings; ``None`` (the default) where it is not known."""
+        return None
+
     def data_files(self) -> dict[str, Path]:
         """The data files this env instance reads: ``{name relative to the data root: absolute
         path}`` (see :func:`data_file_map`), default ``{}`` (procedural envs read none).

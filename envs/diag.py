@@ -52,9 +52,10 @@ from __future__ import annotations
 import abc
 import hashlib
 import operator
+import re
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from crl_bench.env_api import AnswerParser, TextEnv
 
@@ -323,6 +324,27 @@ class DiagEnv(TextEnv):
                              f"got {actions}")
         return f"In the {name}, {self._lesson_clause(actions)}."
 
+    def grade_lesson(self, text: str, context: str | None = None) -> dict[str, Any]:
+        """What a piece of experience text (a lesson, or a whole knowledge block) says about this
+        diagnostic: ``{"contexts": [names it mentions], "actions": [action names it mentions, in
+        order, as whole words], "correct": bool}``, where ``correct`` means it names a context (the
+        context named ``context`` when given) and that context's whole solution, in order (the
+        solution is a subsequence of the actions named).  Case-insensitive.  The trainer uses it to
+        follow experience through the loop on the diagnostics (metrics ``retrieval_own_context``,
+        ``shown_correct``, ``bank_correct_lessons``)."""
+        lower = text.lower()
+        contexts = [i for i, name in enumerate(CONTEXT_NAMES) if name.lower() in lower
+                    and (context is None or name == context)]
+        named = re.findall(r"\b(" + "|".join(map(re.escape, self._actions)) + r")\b", lower)
+
+        def holds(solution: tuple[str, ...]) -> bool:
+            it = iter(named)
+            return all(a in it for a in solution)
+
+        mentioned = [name for name in CONTEXT_NAMES if name.lower() in lower]
+        return {"contexts": mentioned, "actions": named,
+                "correct": any(holds(self._solution_of(i)) for i in contexts)}
+
     @abc.abstractmethod
     def chance_success_rate(self) -> float:
         """Success rate of a policy choosing uniformly among the valid actions at every step (exact)."""
@@ -370,7 +392,7 @@ class DiagVaultEnv(DiagEnv):
         "You are opening vaults. Each vault has a dial with 8 positions named by colours, and exactly "
         "one position opens it. The right position of a vault never changes, but nothing you see tells "
         "you which it is. You get one try: a wrong position jams the lock.\n"
-        "Reply with exactly one position inside answer tags, for example <answer>red</answer>."
+        "Reply with exactly one position inside answer tags: <answer>POSITION</answer>."
     )
 
     def __init__(self, max_steps: int = 3, render_mode: str | None = "ansi") -> None:
@@ -427,7 +449,7 @@ class DiagCorridorEnv(DiagEnv):
         "series of doors, and at every door exactly one of the passages is right. A right passage "
         "leads to the next door; a wrong one ends your attempt. The right passages of a building "
         "never change, but nothing you see tells you which they are.\n"
-        "Reply with exactly one passage inside answer tags, for example <answer>left</answer>."
+        "Reply with exactly one passage inside answer tags: <answer>PASSAGE</answer>."
     )
 
     def __init__(self, length: int = 3, choices: int = 3, max_steps: int | None = None,

@@ -406,3 +406,34 @@ def test_envs_list_prints_known_chance_rates(monkeypatch, capsys):
     assert "eval_unseen: 64" in lines["diag-vault"]
     assert lines["diag-corridor"].endswith("chance success: 0.03704")
     assert "chance" not in lines["sokoban"]
+
+
+def test_grade_lesson_reads_contexts_and_solutions():
+    from crl_bench.envs.diag import CONTEXT_NAMES, VAULT_CODES, DiagCorridorEnv, DiagVaultEnv
+
+    vault = DiagVaultEnv()
+    name, code = CONTEXT_NAMES[0], VAULT_CODES[0]
+    other = next(a for a in vault.admissible_actions() if a != code)
+    assert vault.grade_lesson(vault.lesson_for(0, [code])) == {"contexts": [name], "actions": [code], "correct": True}
+    assert vault.grade_lesson(vault.lesson_for(0, [other]))["correct"] is False
+    assert vault.grade_lesson(f"Always pick {code}.")["correct"] is False          # no context named
+    elsewhere = f"In the {CONTEXT_NAMES[1]}, set the dial to {code}."
+    assert vault.grade_lesson(elsewhere)["correct"] is (VAULT_CODES[1] == code)
+    assert vault.grade_lesson(f"{name.upper()}: {code.upper()}!")["correct"] is True
+    assert vault.grade_lesson(f"In the {name}, the reddish dial")["actions"] == []   # whole words only
+    corridor = DiagCorridorEnv()
+    sol = corridor.solution(0)
+    assert corridor.grade_lesson(corridor.lesson_for(0, sol))["correct"] is True
+    assert corridor.grade_lesson(corridor.lesson_for(0, list(reversed(sol))))["correct"] is (sol == sol[::-1])
+    assert corridor.grade_lesson(corridor.lesson_for(0, sol[:-1]))["correct"] is False
+
+
+def test_grade_lesson_for_a_given_context():
+    from crl_bench.envs.diag import CONTEXT_NAMES, VAULT_CODES, DiagVaultEnv
+
+    vault = DiagVaultEnv()
+    text = f"In the {CONTEXT_NAMES[0]}, set the dial to {VAULT_CODES[1]}. In the {CONTEXT_NAMES[1]}, too."
+    assert vault.grade_lesson(text)["correct"] is True                          # right for context 1
+    assert vault.grade_lesson(text, context=CONTEXT_NAMES[1])["correct"] is True
+    assert vault.grade_lesson(text, context=CONTEXT_NAMES[0])["correct"] is False
+    assert vault.grade_lesson(text, context=CONTEXT_NAMES[2])["contexts"] == list(CONTEXT_NAMES[:2])

@@ -8,7 +8,7 @@ Commands::
     crl-bench leaderboard [DIR ...] [--out DIR]
     crl-bench report RUN_OR_SWEEP ... [--out DIR]
     crl-bench submission check DIR | crl-bench submission pack RUN ... --name NAME
-    crl-bench eval  --mix sokoban [--run RUN_DIR | --model NAME] [--split eval] [--episodes N|all]
+    crl-bench eval  --mix sokoban [--run RUN_DIR | --model NAME] [--split eval] [--episodes N|all] [--modes M,...]
     crl-bench envs list | crl-bench envs play ENV [--task N]
     crl-bench bench env | rollout | retrieval | overhead | step [--mix M --preset P --train-steps N]
     crl-bench bank show RUN | crl-bench bank stats RUN
@@ -197,14 +197,27 @@ def cmd_submission(args: argparse.Namespace) -> int:
     return main_submission_pack(args.runs, args.name, args.out)
 
 
+def _eval_modes(text: str) -> list[str]:
+    """``--modes free,guided,shuffled`` -> the list (argparse type; a bad name is a usage error)."""
+    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    known = ("free", "guided", "shuffled", "empty")
+    bad = [m for m in modes if m not in known]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"unknown eval mode(s) {', '.join(bad) or '(none given)'}; "
+                                         f"known: {', '.join(known)}")
+    return modes
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """``crl-bench eval``: evaluate a model, or a finished run's checkpoint with its own bank.
 
     With ``--run``: the run's ``checkpoint/`` (refused, exit 2, when there is none: nothing trained to
     evaluate) under the run's config; a ``complementary``/``static`` run is evaluated guided by its own
-    ``experience.sqlite`` (opened read-only: no entry, counter or file changes) and experience-free,
-    like the run's final ``eval.json``. The result goes to ``RUN/checkpoint-<split>-split.json``
-    unless ``--out`` says otherwise. Without ``--run``: the model free (no bank to guide it).
+    ``experience.sqlite`` (opened read-only: no entry, counter or file changes), with the memory
+    controls, and experience-free, like the run's final ``eval.json`` (``--modes`` picks the modes).
+    The result, with its protocol, goes to ``RUN/checkpoint-<split>-split.json`` unless ``--out``
+    says otherwise (the leaderboard reads it as a row of that protocol). Without ``--run``: the model
+    free (no bank to guide it).
     """
     from tqdm import tqdm
 
@@ -239,11 +252,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, writer=None, read_only_bank=bank)
     ev: dict[str, Any] = {"model": cfg.model.name, "method": cfg.method, "run": str(run_dir) if run_dir else None}
     try:
-        modes = ("guided", "free") if bank is not None else ("free",)
-        total = sum(len(ids) for ids in trainer.eval_task_ids().values()) * len(modes)
+        modes = list(trainer.eval_modes if bank is not None else ["free"]) if args.modes is None else args.modes
+        if bank is None and any(m != "free" for m in modes):
+            raise ConfigError(f"--modes {','.join(modes)}: only 'free' can be evaluated without a run's "
+                              "experience bank (--run RUN of a method with experience)")
+        ev["protocol"] = trainer.eval_protocol()
+        total = trainer.eval_episode_count(modes=modes)
         with tqdm(total=total, desc=f"eval {cfg.eval.split}", unit="ep", disable=args.quiet) as bar:
             for mode in modes:
-                ev[mode] = trainer.evaluate(progress=bar.update, guided=mode == "guided")
+                ev[mode] = trainer.evaluate(progress=bar.update, mode=mode)
     finally:
         trainer.close()
     print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "tasks"} if isinstance(v, dict) else v)
@@ -266,7 +283,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
                 actions = env.admissible_actions()
                 shown = ("open" if actions is None else ", ".join(actions) if actions
                          else "the admissible commands of each state")
-                print(f"{env_id:18s} tasks ({splits}); actions: {shown}")
+                # the env is built anyway for its splits and actions, so its chance rate (which
+                # depends on its settings) costs nothing more; shown only where the env knows it
+                chance = env.chance_success_rate()
+                known = "" if chance is None else f"; chance success: {chance:.4g}"
+                print(f"{env_id:18s} tasks ({splits}); actions: {shown}{known}")
                 env.close()
             except Exception as e:  # noqa: BLE001 - list what we can, say why one is unavailable
                 print(f"{env_id:18s} unavailable here: {type(e).__name__}: {e}")
@@ -494,6 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "static, guided by its own bank, read-only, and free)")
     e.add_argument("--split", default="eval")
     e.add_argument("--episodes", type=_episodes, help="episodes per env (a number, or 'all')")
+    e.add_argument("--modes", type=_eval_modes, help="comma-separated eval modes: free, guided, shuffled, "
+                                                     "empty (default: the run's final-eval modes; free "
+                                                     "without --run)")
     e.add_argument("--out", help="write the result JSON here")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_eval)

@@ -213,6 +213,13 @@ class EvalConfig:
             counts and times, which the re-rank reads; search-tool calls included), as the released
             evaluation does; default ``false``: evaluation leaves the bank untouched, so reported
             numbers do not change the run they measure.
+        controls: memory controls evaluated after ``guided`` by methods with a bank (docs/evaluation.md
+            "Memory controls"): ``shuffled`` (each episode is shown what retrieval returns for another
+            eval task of its env, of another context where the env has contexts) and ``empty`` (the
+            guided prompt with its knowledge block but no entry in it). Both are read-only.
+        lesson_follow: probe states of the ``diag-vault`` diagnostic on which the actor's lesson
+            following is measured after every training step (``lesson_follow`` in metrics.jsonl;
+            :mod:`crl_bench.trainer.lesson_follow`); 0 = off.
     """
 
     episodes: int | str = 50
@@ -221,6 +228,37 @@ class EvalConfig:
     temperature: float = 0.0
     split: str = "eval"
     writes_counters: bool = False
+    controls: list[str] = field(default_factory=lambda: ["shuffled", "empty"])
+    lesson_follow: int = 8
+
+
+@dataclass
+class AlarmConfig:
+    """Learning alarms (:mod:`crl_bench.trainer.alarms`): warnings that a run is not learning, raised
+    as a log line and an ``alerts`` list in the metrics row and in summary.json (docs/learning.md
+    "Learning alarms").
+
+    Attributes:
+        enabled: raise alarms at all.
+        no_signal_steps: warn when this many consecutive steps had no group with a learning signal
+            (every group's rewards equal, so every advantage is 0).
+        entropy_drop: warn when ``reply_entropy`` fell below ``(1 - entropy_drop)`` times its value at
+            step 1.
+        parse_rate: warn when the extractor's reply parse rate of a step is below this.
+        merge_passes: warn when this many merge passes running produced no MERGE or UPDATE.
+        guided_free_steps: warn when guided and free training success have been equal within noise
+            for this many steps running (experience methods).
+        noise_z: "equal within noise": ``|guided - free| <= noise_z`` standard errors of the
+            difference of the two success rates.
+    """
+
+    enabled: bool = True
+    no_signal_steps: int = 2
+    entropy_drop: float = 0.5
+    parse_rate: float = 0.5
+    merge_passes: int = 3
+    guided_free_steps: int = 5
+    noise_z: float = 1.96
 
 
 @dataclass
@@ -463,6 +501,7 @@ class RunConfig:
     experience: ExperienceConfig = field(default_factory=ExperienceConfig)
     extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    alarms: AlarmConfig = field(default_factory=AlarmConfig)
     backend: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)
     output_dir: str = "results/runs"
@@ -624,6 +663,8 @@ def build_config(layers: list[dict[str, Any]]) -> RunConfig:
 
 def validate(cfg: RunConfig) -> None:
     """Check value ranges. Raises :class:`ConfigError` naming the offending key."""
+    if isinstance(cfg.eval.controls, str):        # --set eval.controls=shuffled,empty
+        cfg.eval.controls = [c.strip() for c in cfg.eval.controls.split(",") if c.strip()]
     checks = [
         ("train.steps", cfg.train.steps >= 0),
         ("train.groups_per_step", cfg.train.groups_per_step >= 1),
@@ -658,6 +699,15 @@ def validate(cfg: RunConfig) -> None:
         ("rollout.history", cfg.rollout.history >= 0),
         ("eval.episodes", cfg.eval.episodes == "all" if isinstance(cfg.eval.episodes, str)
          else cfg.eval.episodes >= 0),
+        ("eval.controls", isinstance(cfg.eval.controls, list)
+         and all(c in ("shuffled", "empty") for c in cfg.eval.controls)),
+        ("eval.lesson_follow", 0 <= cfg.eval.lesson_follow <= 8),          # diag-vault has 8 trained contexts
+        ("alarms.no_signal_steps", cfg.alarms.no_signal_steps >= 1),
+        ("alarms.entropy_drop", 0 < cfg.alarms.entropy_drop <= 1),
+        ("alarms.parse_rate", 0 <= cfg.alarms.parse_rate <= 1),
+        ("alarms.merge_passes", cfg.alarms.merge_passes >= 1),
+        ("alarms.guided_free_steps", cfg.alarms.guided_free_steps >= 1),
+        ("alarms.noise_z", cfg.alarms.noise_z >= 0),
         ("experience.free_size", -1 <= cfg.experience.free_size < cfg.train.group_size),
         ("experience.k", cfg.experience.k >= 1),
         ("experience.oversample", cfg.experience.oversample >= 1),

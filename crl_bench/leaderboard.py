@@ -6,8 +6,11 @@ summarised on the fly; an unfinished run (no ``eval.json``) or an invalid summar
 warning.
 
 Rows: one per (method, model, extractor, mix, eval protocol, eval mode). The eval mode is ``free``
-(no experience) or ``guided`` (read-only retrieval from the bank), so experience methods get two
-rows. Runs with different protocols (split, episodes, tasks per env, temperature, top_p, top_k,
+(no experience), ``guided`` (read-only retrieval from the bank) or one of the memory controls
+``shuffled`` (another task's retrieval) and ``empty`` (the knowledge block with no entry), so
+experience methods get up to four rows.  A run folder's later evaluations on other splits
+(``checkpoint-<split>-split.json`` of ``crl-bench eval --run``, with their protocol) are rows of
+their own protocol. Runs with different protocols (split, episodes, tasks per env, temperature, top_p, top_k,
 max_new_tokens, max_steps) are never pooled: the protocol is part of the key.
 
 Numbers (the header of ``leaderboard.md`` says the same):
@@ -18,7 +21,10 @@ Numbers (the header of ``leaderboard.md`` says the same):
   env of the row), then mean and std over runs, and for n >= 3 a 95% percentile bootstrap CI of the
   mean (``scipy.stats.bootstrap``, 9,999 resamples, seeded: deterministic);
 * mean eval steps and invalid-action rate, train steps, train episodes and train wall seconds:
-  per-run values averaged over the row's runs.
+  per-run values averaged over the row's runs;
+* memory lift (:func:`lift_frame`): per env, ``guided - shuffled`` success over the same eval tasks,
+  with a 95% paired bootstrap CI that resamples tasks (each task's difference averaged over the
+  row's runs first).
 
 Duplicates: a run id met twice in one row (e.g. a run folder and a submission packed from it, or
 overlapping paths) is counted once, with a warning. Two different runs with the same seed are both
@@ -43,8 +49,12 @@ from scipy import stats
 
 from crl_bench.summary import SummaryError, build_summary, read_summary, validate_summary
 
-#: eval modes of a summary run; ``initial`` is the untrained actor before step 1 (``eval.at_start``).
-MODES = ("guided", "free", "initial")
+#: eval modes of a summary run: with experience, its memory controls, without; ``initial`` is the
+#: untrained actor before step 1 (``eval.at_start``).
+MODES = ("guided", "shuffled", "empty", "free", "initial")
+#: Columns of the memory-lift table (:func:`lift_frame`).
+LIFT_COLUMNS = ["method", "model", "extractor", "mix", "protocol", "env", "n_runs", "tasks", "guided",
+                "shuffled", "lift", "lift_ci_low", "lift_ci_high", "run_ids"]
 CI_LEVEL = 0.95
 CI_RESAMPLES = 9999
 CI_SEED = 0
@@ -105,6 +115,15 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
                 out.append(data)
         except SummaryError as e:
             _warn(warnings, f"skipped {folder}: {e}")
+        for extra in sorted(folder.glob("checkpoint-*-split.json")):
+            try:
+                if not isinstance(json.loads(extra.read_text()).get("protocol"), dict):
+                    continue                # written before evaluations recorded their protocol
+                data = build_summary(folder, extra.name)
+                validate_summary(data, source=f"{extra} (summarised with its run files)")
+                out.append(data)
+            except (SummaryError, OSError, ValueError, AttributeError) as e:
+                _warn(warnings, f"skipped {extra}: {e}")
 
     for p in map(Path, paths):
         if not p.exists():
@@ -321,6 +340,79 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
     return df
 
 
+def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """The memory lift ``guided - shuffled`` per env of every row whose runs evaluated both modes.
+
+    Rows: one per (method, model, extractor, mix, protocol, env), over the runs whose ``guided`` and
+    ``shuffled`` blocks both carry per-task ``successes`` of that env of the same length (the same
+    panel).  ``guided``/``shuffled``: mean success over runs and tasks; ``lift``: their difference;
+    ``lift_ci_low``/``lift_ci_high``: 95% percentile bootstrap CI of the mean over tasks of each
+    task's difference averaged over runs (a paired bootstrap: guided and shuffled outcomes of one task
+    are resampled together; :func:`bootstrap_ci`, deterministic), NaN for fewer than 3 tasks.  Runs
+    met twice in one row are counted once.
+
+    Returns:
+        A DataFrame with :data:`LIFT_COLUMNS` (empty when no run has both modes).
+    """
+    groups: dict[tuple, dict[str, Any]] = {}
+    for s in summaries:
+        for r in s["runs"]:
+            g_block, s_block = r["eval"].get("guided"), r["eval"].get("shuffled")
+            if not g_block or not s_block:
+                continue
+            key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
+                   _canon(s["eval_protocol"]))
+            grp = groups.setdefault(key, {"summary": s, "runs": {}})
+            grp["runs"].setdefault(r["run_id"], (g_block, s_block))
+    rows = []
+    for grp in groups.values():
+        s = grp["summary"]
+        envs = list(dict.fromkeys(e for g, _ in grp["runs"].values() for e in g["per_env"]))
+        for env in envs:
+            pairs, ids = [], []
+            for rid, (g, sh) in grp["runs"].items():
+                a = (g["per_env"].get(env) or {}).get("successes")
+                b = (sh["per_env"].get(env) or {}).get("successes")
+                if a is not None and b is not None and len(a) == len(b) and len(a) > 0:
+                    pairs.append((np.asarray(a, dtype=float), np.asarray(b, dtype=float)))
+                    ids.append(rid)
+            if not pairs or len({len(a) for a, _ in pairs}) != 1:
+                continue
+            diff = np.mean([a - b for a, b in pairs], axis=0)          # per task, mean over runs
+            low, high = bootstrap_ci(diff) if diff.size >= 3 else (math.nan, math.nan)
+            rows.append({"method": s["method"], "model": _model_label(s["model"]),
+                         "extractor": s["model"].get("extractor") or "", "mix": s["mix"]["name"],
+                         "protocol": protocol_label(s["eval_protocol"]), "env": env, "n_runs": len(pairs),
+                         "tasks": int(diff.size), "guided": float(np.mean([a for a, _ in pairs])),
+                         "shuffled": float(np.mean([b for _, b in pairs])), "lift": float(diff.mean()),
+                         "lift_ci_low": low, "lift_ci_high": high, "run_ids": ",".join(ids)})
+    df = pd.DataFrame(rows, columns=LIFT_COLUMNS)
+    return df.sort_values(["mix", "env", "method", "model", "protocol"], kind="mergesort").reset_index(drop=True) \
+        if not df.empty else df
+
+
+def lift_markdown(lift: pd.DataFrame) -> list[str]:
+    """The memory-lift section of ``leaderboard.md`` (lines; none when ``lift`` is empty)."""
+    if lift.empty:
+        return []
+    head = ["method", "model", "protocol", "env", "runs", "tasks", "guided", "shuffled", "lift", "95% CI"]
+    lines = ["## Memory lift: guided − shuffled", "",
+             "Success with the task's own retrieved experience minus success with another task's (another "
+             "context's in the diagnostics), on the same eval tasks. 95% CI: paired percentile bootstrap over "
+             f"tasks ({CI_RESAMPLES} resamples, seed {CI_SEED}; each task's difference averaged over runs "
+             "first). A lift whose CI excludes 0 says the content of the memory mattered, not just extra "
+             "text in the prompt.", ""]
+    for mix, part in lift.groupby("mix", sort=False):
+        lines += [f"### {_cell(mix)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for _, r in part.iterrows():
+            ci = "n/a" if math.isnan(r["lift_ci_low"]) else f"[{r['lift_ci_low']:+.3f}, {r['lift_ci_high']:+.3f}]"
+            cells = [r["method"], r["model"], r["protocol"], r["env"], str(r["n_runs"]), str(r["tasks"]),
+                     f"{r['guided']:.3f}", f"{r['shuffled']:.3f}", f"{r['lift']:+.3f}", ci]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append("")
+    return lines
+
+
 # ---- writing -----------------------------------------------------------------------------------
 def _fmt_stat(mean: float, std: float, n: int) -> str:
     if not n or math.isnan(mean):
@@ -381,9 +473,10 @@ def display_frame(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).fillna("") if frames else pd.DataFrame(columns=["mix"])
 
 
-def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
+def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.DataFrame | None = None) -> str:
     """The markdown text of :func:`write_leaderboard`: a header on how the numbers are computed, then
-    one table per mix (its own env columns)."""
+    one table per mix (its own env columns), then the memory lift (:func:`lift_markdown`) when
+    ``lift`` has rows."""
     lines = [
         "# crl-bench leaderboard",
         "",
@@ -392,7 +485,8 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
         f"[{EVAL_DOC}]({doc_link}).",
         "",
         "* One row per method, model, extractor, mix, evaluation protocol and eval mode (`free`: no "
-        "experience; `guided`: read-only retrieval from the experience bank; `initial`: the untrained "
+        "experience; `guided`: read-only retrieval from the experience bank; `shuffled`: another task's "
+        "retrieval, `empty`: the knowledge block with no entry (memory controls); `initial`: the untrained "
         "actor on the same tasks before step 1, for runs with `eval.at_start`). Runs with different "
         "protocols are never pooled; `protocol` shows split, episodes per env, temperature and step limit.",
         "* Per env: eval success rate, mean ± sample std (ddof=1) over runs (one per seed), n = runs "
@@ -432,6 +526,8 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC) -> str:
                     _fmt_num(r[f"type_success/{env}/{t}"], ".3f") for t in types]
                 lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
             lines.append("")
+    if lift is not None:
+        lines += lift_markdown(lift)
     return "\n".join(lines)
 
 
@@ -459,11 +555,11 @@ def _per_seed_lines(mix: str, part: pd.DataFrame) -> list[str]:
     return lines + [""]
 
 
-def write_leaderboard(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``leaderboard.md`` and ``leaderboard.csv`` into ``out_dir`` (created if needed).
+def write_leaderboard(df: pd.DataFrame, out_dir: str | Path, lift: pd.DataFrame | None = None) -> tuple[Path, Path]:
+    """Write ``leaderboard.md`` and ``leaderboard.csv`` into ``out_dir`` (created if needed), and,
+    when ``lift`` has rows, ``memory_lift.csv`` (:func:`lift_frame`) beside them.
 
-    The CSV holds every column of ``df`` unrounded (NaN as empty cells) and reads back with
-    ``pandas.read_csv``.
+    The CSVs hold every column unrounded (NaN as empty cells) and read back with ``pandas.read_csv``.
 
     Returns:
         ``(md_path, csv_path)``.
@@ -471,7 +567,10 @@ def write_leaderboard(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = out / "leaderboard.md", out / "leaderboard.csv"
-    for path, text in ((md_path, leaderboard_markdown(df, _doc_link(out))), (csv_path, df.to_csv(index=False))):
+    files = [(md_path, leaderboard_markdown(df, _doc_link(out), lift)), (csv_path, df.to_csv(index=False))]
+    if lift is not None and not lift.empty:
+        files.append((out / "memory_lift.csv", lift.to_csv(index=False)))
+    for path, text in files:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
@@ -498,6 +597,6 @@ def main_leaderboard(paths: Sequence[str | Path], out_dir: str | Path, stdout: T
     if not summaries:
         print(f"error: no finished runs or submissions under {', '.join(map(str, paths))}", file=stderr)
         return 1
-    md, csv = write_leaderboard(df, out_dir)
+    md, csv = write_leaderboard(df, out_dir, lift_frame(summaries))
     print(f"wrote {md} and {csv}: {len(df)} rows from {len(summaries)} summaries", file=stdout)
     return 0

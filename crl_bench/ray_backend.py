@@ -289,6 +289,9 @@ class RemoteEnv:
     def task_type(self, task: int) -> str | None:
         return self._get(self.host.call.remote(self.slot, "task_type", task))
 
+    def context(self, task: int) -> str | None:
+        return self._get(self.host.call.remote(self.slot, "context", task))
+
     def data_files(self) -> dict[str, Path]:
         return self._get(self.host.call.remote(self.slot, "data_files"))
 

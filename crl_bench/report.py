@@ -13,8 +13,9 @@ for the experience methods, ``experience.sqlite``, and writes into ``out_dir``:
 ``invalid_actions.png``    invalid-action rate vs step per method
 ``entropy.png``            the entropy of the actor's reply choice (``reply_entropy``) vs step per
                            method: a policy collapsing to one reply per state falls towards 0
-``report.html``            one self-contained page: the runs, the plots (embedded as base64 data
-                           URIs), the leaderboard table if given, each bank's 10 most used entries
+``report.html``            one self-contained page: the runs, their learning alarms (the ``alerts``
+                           of metrics.jsonl), the plots (embedded as base64 data URIs), the
+                           leaderboard table if given, each bank's 10 most used entries
 =========================  ==========================================================================
 
 Runs are grouped by method; the seeds of a method are pooled: the line is the mean over seeds at
@@ -46,6 +47,7 @@ import numpy as np
 import yaml
 
 from crl_bench.results import iter_metrics
+from crl_bench.trainer.alarms import run_alerts
 
 PLOT_FILES = {
     "success": "success_per_env.png",
@@ -87,6 +89,8 @@ class RunData:
         final_eval: ``eval.json`` normalised to ``{"step", "protocol", "free", "guided"}`` (old-format
             files, one flat EVAL, become ``free``), or None when the run has no ``eval.json``.
         bank_path: ``experience.sqlite`` if the run has one, else None.
+        alerts: the learning alarms the run raised (its training rows' ``alerts``, in step order;
+            :mod:`crl_bench.trainer.alarms`).
     """
 
     path: Path
@@ -101,6 +105,7 @@ class RunData:
     evals: list[dict[str, Any]] = field(default_factory=list)
     final_eval: dict[str, Any] | None = None
     bank_path: Path | None = None
+    alerts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def last_step(self) -> int:
@@ -157,17 +162,20 @@ def find_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Pa
 
 
 def _normalise_eval(ev: Any, where: str) -> dict[str, Any]:
-    """``{"free": EVAL, "guided": EVAL | None, ...}`` from the new format or an old flat EVAL."""
+    """``{"free": EVAL, "guided": EVAL | None, ["shuffled": EVAL, "empty": EVAL], ...}`` from the new
+    format or an old flat EVAL."""
     if not isinstance(ev, dict):
         raise ValueError(f"{where}: an evaluation must be a JSON object, got {type(ev).__name__}")
     if "free" in ev or "guided" in ev:
         free, guided = ev.get("free"), ev.get("guided")
     else:
         free, guided = ev, None
-    for name, part in (("free", free), ("guided", guided)):
+    controls = {m: ev.get(m) for m in ("shuffled", "empty") if ev.get(m) is not None}
+    for name, part in (("free", free), ("guided", guided), *controls.items()):
         if part is not None and not isinstance(part, dict):
             raise ValueError(f"{where}: '{name}' must be a JSON object, got {type(part).__name__}")
-    return {"step": ev.get("step"), "protocol": ev.get("protocol") or {}, "free": free, "guided": guided}
+    return {"step": ev.get("step"), "protocol": ev.get("protocol") or {}, "free": free, "guided": guided,
+            **controls}
 
 
 def _read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
@@ -259,7 +267,7 @@ def load_run(path: str | os.PathLike) -> RunData:
         mix=mix, model=str(model.get("name") or ""),
         steps_configured=int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) else None,
         envs=_run_envs(mix, train, final_eval), train=train, evals=evals, final_eval=final_eval,
-        bank_path=bank if bank.is_file() else None)
+        bank_path=bank if bank.is_file() else None, alerts=run_alerts(train))
 
 
 # ------------------------------------------------------------------------------------------ series
@@ -636,16 +644,32 @@ def _fmt_rate(ev: dict | None) -> str:
 
 def _runs_table(runs: Sequence[RunData]) -> str:
     head = ("run id", "method", "seed", "mix", "envs", "model", "steps (logged / configured)",
-            "final eval free", "final eval guided", "folder")
+            "final eval free", "final eval guided", "shuffled", "empty", "folder")
     rows = []
     for r in runs:
         fe = r.final_eval or {}
         steps = f"{r.last_step} / {'' if r.steps_configured is None else r.steps_configured}"
         cells = (_e(r.run_id), _e(r.method), _e(r.seed), _e(r.mix), _e(", ".join(r.envs)), _e(r.model),
-                 _e(steps), _e(_fmt_rate(fe.get("free"))), _e(_fmt_rate(fe.get("guided"))), _e(r.path))
+                 _e(steps), _e(_fmt_rate(fe.get("free"))), _e(_fmt_rate(fe.get("guided"))),
+                 _e(_fmt_rate(fe.get("shuffled"))), _e(_fmt_rate(fe.get("empty"))), _e(r.path))
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return ("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>")
+
+
+def _alerts_html(runs: Sequence[RunData]) -> str:
+    """Per run, its learning alarms (step, alarm, message) or "no alarms"."""
+    parts = []
+    for r in runs:
+        head = f"<h3>{_e(r.run_id)} <span class='meta'>({_e(r.method)}, seed {_e(r.seed)})</span></h3>"
+        if not r.alerts:
+            parts.append(head + "<p class='note'>no alarms</p>")
+            continue
+        rows = "".join(f"<tr><td class='num'>{_e(a.get('step'))}</td><td>{_e(a.get('alarm'))}</td>"
+                       f"<td class='text'>{_e(a.get('message'))}</td></tr>" for a in r.alerts)
+        parts.append(head + "<table><thead><tr><th>step</th><th>alarm</th><th>message</th></tr></thead>"
+                     f"<tbody>{rows}</tbody></table>")
+    return "".join(parts)
 
 
 def _bank_html(run: RunData) -> str:
@@ -764,7 +788,9 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
              f"<style>{_CSS}</style></head><body>", f"<h1>{_e(title)}</h1>",
              f"<p class='meta'>Generated {_e(time.strftime('%Y-%m-%d %H:%M:%S'))} from {len(runs)} run(s), "
              f"methods: {_e(', '.join(_group(runs)))}.</p>",
-             "<h2>Runs</h2>", _runs_table(runs)]
+             "<h2>Runs</h2>", _runs_table(runs),
+             "<h2>Learning alarms</h2>", "<p class='meta'>Warnings the trainer raised that a run stopped "
+             "learning (docs/learning.md \"Learning alarms\").</p>", _alerts_html(runs)]
     if table is not None:
         parts += ["<h2>Leaderboard</h2>", table.to_html(escape=True, border=0, na_rep="", index=False)]
     parts.append("<h2>Plots</h2>")

@@ -80,7 +80,9 @@ class EpisodeSpec:
     callback supplies guidance (retrieved experience) after the reset, from the task and the first
     observation; with ``turn_retrieve`` set, the runner's ``turn_guide`` is asked before every turn
     with the current observation; with ``tool`` set, the episode may call the runner's search tool.
-    ``meta`` is carried into the trajectory untouched.
+    ``meta`` is carried into the trajectory untouched.  ``query``, when set, is what the ``guide``
+    callback retrieves with instead of the episode's own retrieval query (the ``shuffled`` memory
+    control of evaluation: another task's query); the trajectory keeps its own query.
     """
 
     env_id: str
@@ -92,6 +94,7 @@ class EpisodeSpec:
     meta: dict = field(default_factory=dict)
     turn_retrieve: bool = False
     tool: bool = False
+    query: str = ""
 
 
 @dataclass
@@ -544,7 +547,8 @@ class RolloutRunner:
         wanted = [i for i in live if specs[i].retrieve]
         if guide is not None and wanted:
             t0 = time.perf_counter()
-            answers = guide([(specs[i].env_id, trajs[i].task_prompt, trajs[i].query) for i in wanted])
+            answers = guide([(specs[i].env_id, trajs[i].task_prompt, specs[i].query or trajs[i].query)
+                             for i in wanted])
             for i, g in zip(wanted, answers):
                 trajs[i].guidance = "\n\n".join(x for x in (specs[i].guidance, g.text) if x)
                 trajs[i].experience_ids = list(g.entry_ids)

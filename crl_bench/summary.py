@@ -9,8 +9,9 @@ makes results comparable across runs, machines and submitters (schema_version 1,
      "eval_protocol": {"split", "episodes", "temperature", "top_p", ["top_k", "max_new_tokens"],
                        "max_steps": {env_id: int}, "tasks_per_env": {env_id: int},
                        ["env_settings": {env_id: {setting: value}}]},
-     "seeds": [...], "runs": [{"run_id", "seed", "train": {"steps", "episodes", "wall_s"},
+     "seeds": [...], "runs": [{"run_id", "seed", "train": {"steps", "episodes", "wall_s"}, ["alerts": [...],]
                                "eval": {"free": EVALS | null, "guided": EVALS | null,
+                                        ["shuffled": EVALS, "empty": EVALS,]
                                         ["initial": EVALS]}}],
      "versions": {"crl_bench", "python", "git_commit", "packages"},
      "data_checksums": {env_id: {file: sha256}}, "created": ISO-8601}
@@ -18,7 +19,10 @@ makes results comparable across runs, machines and submitters (schema_version 1,
 ``EVALS`` is one evaluation mode of ``eval.json`` without its task ids and wall time: episodes,
 pooled success rate, mean reward, mean steps, invalid-action rate, env errors and ``per_env``
 (episodes, success rate, mean steps, invalid-action rate, ``score_mean``, ``per_type``).
-``initial`` (runs with ``eval.at_start``) is the untrained actor's evaluation on the same tasks.
+``initial`` (runs with ``eval.at_start``) is the untrained actor's evaluation on the same tasks;
+``shuffled`` and ``empty`` are the memory controls of experience methods (docs/evaluation.md).
+``alerts`` (only when the run raised any) are the learning alarms of its metrics.jsonl rows, in step
+order (:mod:`crl_bench.trainer.alarms`).
 
 A run's summary has one entry in ``runs``; a submission's has one per seed
 (crl_bench/submission.py). The leaderboard (crl_bench/leaderboard.py) reads only summaries.
@@ -44,8 +48,13 @@ from crl_bench.results import iter_metrics
 SCHEMA_VERSION = 1
 #: Keys of one evaluation mode that a summary keeps (``tasks`` and ``wall_s`` are dropped).
 EVAL_KEYS = ("episodes", "success_rate", "reward_mean", "steps_mean", "invalid_action_rate", "env_errors")
-#: Keys of one env's entry in ``per_env`` that a summary keeps.
-PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate", "score_mean", "per_type")
+#: Keys of one env's entry in ``per_env`` that a summary keeps (``successes``: 0/1 per eval task, in
+#: the panel's task order, which the paired memory lift of the leaderboard resamples).
+PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate", "score_mean", "per_type",
+                "successes")
+#: Evaluation modes a run's summary carries (``initial`` besides): experience-free, guided, and the
+#: memory controls (docs/evaluation.md).
+EVAL_MODES = ("free", "guided", "shuffled", "empty")
 #: Protocol keys of a new-format ``eval.json`` that a summary keeps.
 PROTOCOL_KEYS = ("split", "episodes", "temperature", "top_p", "top_k", "max_new_tokens", "max_steps",
                  "tasks_per_env", "env_settings")
@@ -145,8 +154,8 @@ def summary_problems(data: Any) -> list[str]:
     proto = data["eval_protocol"]
     evaluated: set[str] = set()
     for i, r in enumerate(runs):
-        for mode in ("free", "guided"):
-            block = r["eval"][mode]
+        for mode in EVAL_MODES:
+            block = r["eval"].get(mode)
             if block is None:
                 continue
             for env_id in block["per_env"]:
@@ -227,6 +236,20 @@ def _train_totals(run_dir: Path, config: dict) -> dict[str, Any]:
     return {"steps": len(steps), "episodes": episodes, "wall_s": wall}
 
 
+def _alerts(run_dir: Path) -> list[dict[str, Any]]:
+    """Every learning alarm of the run (its metrics.jsonl rows' ``alerts``, in step order); ``[]``
+    without metrics.jsonl."""
+    from crl_bench.trainer.alarms import run_alerts
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    try:
+        return run_alerts(row for _, row in iter_metrics(path))
+    except ValueError as e:
+        raise SummaryError(str(e)) from None
+
+
 def _evals(block: dict, file: Path, where: str) -> dict[str, Any]:
     """One evaluation mode of eval.json reduced to the summary's EVALS block."""
     if not isinstance(block, dict):
@@ -272,7 +295,7 @@ def _tasks_per_env(ev: dict, evals: list[dict]) -> dict[str, int]:
     return out
 
 
-def build_summary(run_dir: str | Path) -> dict[str, Any]:
+def build_summary(run_dir: str | Path, eval_file: str = "eval.json") -> dict[str, Any]:
     """Summarise a finished run folder (new or old eval.json format) into a ``kind: run`` summary.
 
     Reads ``config.yaml``, ``versions.json``, ``metrics.jsonl`` (train steps = distinct train step
@@ -285,6 +308,9 @@ def build_summary(run_dir: str | Path) -> dict[str, Any]:
 
     Args:
         run_dir: the run folder.
+        eval_file: the evaluation to summarise, relative to ``run_dir``: the final ``eval.json``, or
+            a later ``crl-bench eval --run`` result on another split (``checkpoint-<split>-split.json``,
+            which carries its own protocol).
 
     Returns:
         The summary dict (not yet validated; :func:`write_summary` validates).
@@ -305,7 +331,7 @@ def build_summary(run_dir: str | Path) -> dict[str, Any]:
         raise SummaryError(f"{cfg_path}: not valid YAML ({e})") from None
     if not isinstance(config, dict):
         raise SummaryError(f"{cfg_path}: expected a mapping")
-    eval_path = run_dir / "eval.json"
+    eval_path = run_dir / eval_file
     if not eval_path.is_file():
         raise SummaryError(f"{eval_path}: missing (the run is unfinished: no final evaluation)")
     ev = _read_json(eval_path, "final evaluation")
@@ -321,9 +347,11 @@ def build_summary(run_dir: str | Path) -> dict[str, Any]:
     seed = _get(config, "train.seed", cfg_path, types=(int,))
     run_id = _get(config, "run_id", cfg_path, default="") or run_dir.name
 
+    controls: dict[str, Any] = {}
     if "free" in ev or "protocol" in ev:                      # new format
         free = _evals(ev["free"], eval_path, "free") if ev.get("free") is not None else None
         guided = _evals(ev["guided"], eval_path, "guided") if ev.get("guided") is not None else None
+        controls = {m: _evals(ev[m], eval_path, m) for m in EVAL_MODES[2:] if ev.get(m) is not None}
         if free is None and guided is None:
             raise SummaryError(f"{eval_path}: missing 'free' (no evaluation block)")
         proto_in = ev.get("protocol")
@@ -392,7 +420,9 @@ def build_summary(run_dir: str | Path) -> dict[str, Any]:
         "eval_protocol": protocol,
         "seeds": [seed],
         "runs": [{"run_id": str(run_id), "seed": seed, "train": _train_totals(run_dir, config),
-                  "eval": {"free": free, "guided": guided, **({"initial": initial} if initial else {})}}],
+                  **({"alerts": alerts} if (alerts := _alerts(run_dir)) else {}),
+                  "eval": {"free": free, "guided": guided, **controls,
+                           **({"initial": initial} if initial else {})}}],
         "versions": {"crl_bench": str(packages.get("crl-bench", "unknown")),
                      "python": str(_get(versions, "python", run_dir / "versions.json")),
                      "git_commit": versions.get("git_commit"),

@@ -199,7 +199,8 @@ def test_similar_merge_consolidates_similar_entries(tokenizer, tiny_model):
     groups = tr.experience.manager.similar_groups(0.5, 5)
     assert groups and {e.id for e in groups[0][1]} >= set(ids[:2])
     tr.experience.extractor.engine.text = merge.format(a=ids[0], b=ids[1])
-    assert tr.experience.before_rollout(1) == {"merge_pass": 1, "merge_skipped": 0}
+    assert tr.experience.before_rollout(1) == {"merge_pass": 1, "merge_skipped": 0, "merge_pass_calls": 1,
+                                               "merge_pass_writes": 1}
     left = {e.id for e in bank.entries("test-coin")}
     assert not (set(ids[:2]) & left) and len(left) == 1
     assert tr.experience.manager.stats()["merges"] == 1
@@ -237,7 +238,8 @@ def test_guided_eval_leaves_the_bank_and_its_counters_untouched(tokenizer, tiny_
     both = tr.evaluate_all()
     assert both["guided"]["guided"] is True and both["free"]["guided"] is False
     assert both["guided"]["tasks"] == both["free"]["tasks"]
-    assert tr.eval_episode_count() == 4
+    assert tr.eval_modes == ["guided", "shuffled", "empty", "free"]       # the memory controls by default
+    assert tr.eval_episode_count() == 8
     assert _bank_state(bank) == before
     tr.close()
 

@@ -50,7 +50,7 @@ def test_eval_all_and_protocol(tokenizer, tiny_model):
     assert tr.eval_task_ids() == {"test-coin": [int(t) for t in tr.eval_tasks["test-coin"]]}
     assert tr.eval_task_ids(3) == {"test-coin": [int(t) for t in tr.eval_tasks["test-coin"][:3]]}
     ev = tr.evaluate_all()
-    assert set(ev) == {"step", "protocol", "free"}
+    assert set(ev) == {"step", "protocol", "free", "lesson_follow"}     # eval.lesson_follow: the final actor
     assert ev["free"]["episodes"] == n_eval and ev["free"]["guided"] is False
     p = ev["protocol"]
     assert p["episodes"] == "all" and p["tasks_per_env"] == {"test-coin": n_eval}

@@ -39,3 +39,48 @@ def coin_config(method, **extra):
         "experience": {"wait_distill": True, "merge_every": 0},
         "extractor": {"batch_size": 2, "max_new_tokens": 24, "lr": 1e-3},
     }, extra])
+
+
+class OracleExtractorEngine:
+    """An extractor engine for ``diag-vault`` that knows the codes: after a successful episode it writes
+    one ADD naming the context's code (the lesson the episode holds), after a failure NONE.
+
+    It reads the context and the outcome from the extractor's prompt (the last ``Task:`` and
+    ``Outcome:`` lines, after the worked example), so it sees what a real extractor sees; replies carry
+    placeholder log-probs (-1.0 per token), as the scripted engines of the unit tests do.
+    """
+
+    def __init__(self, real, prefill=""):
+        self.real = real
+        self.tokenizer = real.tokenizer
+        self.prefill = prefill
+        self.written = 0
+
+    def reply(self, prompt_text):
+        import re
+
+        from crl_bench.envs.diag import CONTEXT_NAMES, EVAL_VARIANTS, N_CONTEXTS, VAULT_CODES, DiagVaultEnv
+
+        tasks = re.findall(r"Task: Open the vault of the (.+?)\.", prompt_text)
+        outcomes = re.findall(r"Outcome: (\w+)", prompt_text)
+        if not tasks or not outcomes or outcomes[-1] != "success" or tasks[-1] not in CONTEXT_NAMES:
+            return "<ops>\n<op>NONE</op>\n</ops>"
+        ctx = CONTEXT_NAMES.index(tasks[-1])
+        task = EVAL_VARIANTS.start * N_CONTEXTS + ctx          # a task id of this context in every split set
+        lesson = DiagVaultEnv().lesson_for(task, [VAULT_CODES[ctx]])
+        self.written += 1
+        return f"<ops>\n<op>ADD</op><title>{tasks[-1]}</title><content>{lesson}</content>\n</ops>"
+
+    def generate(self, prompts, params, allowed=None):
+        from crl_bench.llm.base import Generation
+
+        out = []
+        for p in prompts:
+            text = self.reply(self.tokenizer.decode(p))
+            text = text[len(self.prefill):] if text.startswith(self.prefill) else text
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            out.append(Generation(list(p), ids, [-1.0] * len(ids), text, "stop"))
+        return out
+
+    def sync_weights(self, model):
+        self.real.sync_weights(model)

@@ -64,6 +64,10 @@ KNOWLEDGE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it 
                     "do not follow it blindly.")
 
 
+#: the ``empty`` memory control's experience block: the header a guided episode sees, and no entry
+EMPTY_KNOWLEDGE = f"{KNOWLEDGE_HEADER}\n\n(no entries)"
+
+
 def knowledge_text(body: str) -> str:
     """The experience block shown to the actor: a header and the numbered entries (``body``)."""
     return f"{KNOWLEDGE_HEADER}\n\n{body}" if body.strip() else ""
@@ -213,6 +217,9 @@ class ExperienceTrack:
         # extraction id -> (times trained, last step trained), kept with extractor.repeat_record
         self.trained: dict[str, tuple[int, int]] = {}
         self.updated_at_step = -1            # 1-based step of the last extractor update (-1: none)
+        # the manager's (extractions_parsed, extractions_failed) at the previous metrics row: the step's
+        # own parse rate is the difference (metrics extractions_step, extractions_parse_rate)
+        self.parse_seen = (0, 0)
         self.model = self.engine = self.extractor = None
         self.tokenizer = tokenizer
         remote = backend is not None and backend.remote
@@ -359,7 +366,9 @@ class ExperienceTrack:
         caller flushes first), except when the extractor was updated in the step before: the released
         asynchronous update is then still pending at this point, and the pipeline skips the flush and
         the merge of that step (``should_flush_pending_updates_before_rollout``).  Returns the
-        metrics ``merge_pass`` (1 when it ran) and ``merge_skipped`` (1 when skipped for that reason).
+        metrics ``merge_pass`` (1 when it ran) and ``merge_skipped`` (1 when skipped for that reason)
+        and, for a pass that ran, ``merge_pass_calls`` (its extractor calls) and ``merge_pass_writes``
+        (entries it wrote: MERGE and UPDATE operations applied plus the entries a fold rewrote).
 
         Raises ``RuntimeError`` on a read-only track."""
         self._check_trainable()
@@ -369,8 +378,12 @@ class ExperienceTrack:
         if self.updated_at_step == step:          # updated at the end of the previous (1-based ``step``) step
             return {"merge_pass": 0, "merge_skipped": 1}
         exp_cfg = self.cfg.experience
+        self.manager.drain()        # queued distillation first (the pass drains too), so the counts are the pass's
+        before = self.manager.stats()
         self.manager.merge_pass(step, exp_cfg.merge, exp_cfg.merge_max, exp_cfg.merge_threshold)
-        return {"merge_pass": 1, "merge_skipped": 0}
+        after = self.manager.stats()
+        return {"merge_pass": 1, "merge_skipped": 0, "merge_pass_calls": after["merges"] - before["merges"],
+                "merge_pass_writes": _merge_writes(after) - _merge_writes(before)}
 
     # ---- after a step's rollout -----------------------------------------------------------------
     def after_rollout(self, trajs: Sequence[Trajectory], step: int, warmup: bool = False) -> dict[str, Any]:
@@ -430,6 +443,7 @@ class ExperienceTrack:
                   and t.retrieval.judgement]
         out = {
             "success_rate/guided": _rate(guided), "success_rate/free": _rate(free),
+            "episodes/guided": len(guided), "episodes/free": len(free),
             "reward_mean/guided": _mean([t.reward for t in guided]),
             "reward_mean/free": _mean([t.reward for t in free]),
             "guided_with_experience": sum(1 for t in guided if t.experience_ids),
@@ -607,8 +621,14 @@ class ExperienceTrack:
         return out
 
     def metrics(self) -> dict[str, Any]:
-        """Manager and bank counters for the step's metrics row."""
+        """Manager and bank counters for the step's metrics row, and the extractor replies finished since
+        the previous row (``extractions_step``) with the share of them that parsed into at least one
+        operation (``extractions_parse_rate``, only when there were any).  Called once per step."""
         s = self.manager.stats()
+        parsed, failed = s["extractions_parsed"] - self.parse_seen[0], s["extractions_failed"] - self.parse_seen[1]
+        self.parse_seen = (s["extractions_parsed"], s["extractions_failed"])
+        step_parse = {"extractions_step": parsed + failed,
+                      **({"extractions_parse_rate": parsed / (parsed + failed)} if parsed + failed > 0 else {})}
         return {"bank_size": s["bank_size"], "extractions_parsed": s["extractions_parsed"],
                 "extractions_failed": s["extractions_failed"], "ops_applied": s["ops_applied"],
                 "ops_rejected": s["ops_rejected"], "op_kinds": s["op_kinds"], "merges": s["merges"],
@@ -619,7 +639,7 @@ class ExperienceTrack:
                 "extractions_waiting_reward": len(self.waiting_reward), "extractor_buffer": len(self.buffer),
                 "extractor_buffer_dropped": self.dropped,
                 "retrieval_queries": s["queries"], "retrieval_batches": s["query_batches"],
-                "retrieval_query_cache_hit_rate": s["query_cache_hit_rate"]}
+                "retrieval_query_cache_hit_rate": s["query_cache_hit_rate"], **step_parse}
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -640,7 +660,7 @@ class ExperienceTrack:
             "buffer": [(k, c.extraction, c.total, c.uses) for k, c in self.buffer.items()],
             "dropped": self.dropped, "extractor_version": self.extractor_version, "updates": list(self.updates),
             "env_scores": {k: list(v) for k, v in self.env_scores.items()}, "trained": dict(self.trained),
-            "updated_at_step": self.updated_at_step,
+            "updated_at_step": self.updated_at_step, "parse_seen": list(self.parse_seen),
             "optimizer": self.updater.optimizer.state_dict() if self.updater is not None else None,
             "updater_rng": self.updater.rng.getstate() if self.updater is not None else None,
             "manager": self.manager.state_dict(),
@@ -671,6 +691,8 @@ class ExperienceTrack:
             with self.manager.updating_extractor():       # generation follows the loaded weights
                 self.manager.extractor_updated(self.model, self.extractor_version)
         self.manager.load_state_dict(state["manager"])
+        s = self.manager.stats()            # older checkpoints: counted from the restored counters on
+        self.parse_seen = tuple(state.get("parse_seen", (s["extractions_parsed"], s["extractions_failed"])))
 
     def save_bank(self, dest: str | Path) -> None:
         """Copy the bank's SQLite file to ``dest`` (:meth:`ExperienceManager.backup`: the manager
@@ -704,6 +726,14 @@ def _by_group(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:
 
 def _mean(xs: Sequence[float]) -> float:
     return float(statistics.fmean(xs)) if xs else 0.0
+
+
+def _merge_writes(stats: dict[str, Any]) -> int:
+    """Entries merge passes wrote so far, from :meth:`ExperienceManager.stats`: MERGE and UPDATE
+    operations applied (``similar`` passes; distillation's too, hence the caller's difference around
+    one pass) plus the entries fold passes rewrote (``merge_entries_out``)."""
+    kinds = stats.get("op_kinds", {})
+    return int(kinds.get("MERGE", 0)) + int(kinds.get("UPDATE", 0)) + int(stats.get("merge_entries_out", 0))
 
 
 def _rate(trajs: Sequence[Trajectory]) -> float:

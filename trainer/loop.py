@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +31,11 @@ from crl_bench.results import RunWriter, make_run_id
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
 from crl_bench.tracking import open_trackers
 from crl_bench.trainer.advantages import grouped_advantages
+from crl_bench.trainer.alarms import LearningAlarms, alert_line
 from crl_bench.trainer.policy import PolicyUpdater, episode_samples, linear_warmup
+
+#: the memory controls of evaluation (``eval.controls``; docs/evaluation.md "Memory controls")
+EVAL_CONTROLS = ("shuffled", "empty")
 
 
 def seed_everything(seed: int) -> None:
@@ -144,6 +149,8 @@ class Trainer:
         self.train_tasks, self.eval_tasks, weights = {}, {}, {}
         self.max_steps: dict[str, int] = {}
         self.task_types: dict[str, dict[int, str]] = {}       # eval task id -> benchmark task type
+        self.eval_contexts: dict[str, dict[int, str | None]] = {}   # eval task id -> context (diagnostics)
+        self._first_queries: dict[tuple[str, int], str] = {}       # (env, task) -> its retrieval query
         self.data_files: dict[str, dict[str, str]] = {}
         for env_id in self.mixture.envs:
             env = self.pool.acquire(env_id)
@@ -151,6 +158,9 @@ class Trainer:
             self.eval_tasks[env_id] = env.task_ids(cfg.eval.split)
             weights[env_id] = env.task_weights("train")
             self.max_steps[env_id] = int(env.max_steps)
+            contexts = {int(t): env.context(int(t)) for t in self.eval_tasks[env_id]}
+            if any(v is not None for v in contexts.values()):
+                self.eval_contexts[env_id] = contexts
             types = {int(t): env.task_type(int(t)) for t in self.eval_tasks[env_id]}
             if any(v is not None for v in types.values()):
                 self.task_types[env_id] = {t: v for t, v in types.items() if v is not None}
@@ -193,6 +203,9 @@ class Trainer:
         self.step = 0
         self._next_specs: list[EpisodeSpec] | None = None
         self._prepared: dict[str, Any] | None = None      # the next step's pre-rollout work, when done early
+        self.alarms = LearningAlarms(cfg.alarms)           # warnings that the run stopped learning
+        self._lesson_probe: Any = None                      # built on first use (eval.lesson_follow)
+        self._context_envs: dict[str, Any] = {}             # env id -> an env that grades experience text
         self.experience = None
         if self.method.uses_experience:
             from crl_bench.trainer.complementary import ExperienceTrack
@@ -328,6 +341,7 @@ class Trainer:
         """
         if self.experience is not None and self.experience.read_only:
             raise RuntimeError("this trainer evaluates a finished run's bank read-only; it cannot train")
+        follow = self.lesson_follow()         # the actor that plays this step, before its update
         t0 = time.perf_counter()
         warmup = not self.trains()
         pre = self.prepare_step()
@@ -357,7 +371,7 @@ class Trainer:
             self.engine.sync_weights(self.model)
         t_upd = time.perf_counter() - t1
         self.step += 1
-        m = {"step": self.step, **summarise(trajs)}
+        m = {"step": self.step, **summarise(trajs), **follow}
         if self.experience is not None:
             t2 = time.perf_counter()
             m.update(pre)
@@ -387,7 +401,71 @@ class Trainer:
         if rss:                       # envs in worker processes (ALFWorld): peak resident memory
             m.update(env_workers=len(rss), env_worker_rss_mb_max=max(rss))
         m.update(self._memory())
+        m.update(self.context_metrics(trajs))
+        alerts = self.alarms.update(m)      # the complete row; ``alerts`` only on steps that raised one
+        if alerts:
+            m["alerts"] = alerts
         return StepResult(m, trajs)
+
+    def context_metrics(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
+        """Experience followed through the loop on envs whose tasks have contexts and whose env can
+        grade experience text (the diagnostics: :meth:`~crl_bench.envs.diag.DiagEnv.grade_lesson`):
+
+        * ``retrieval_own_context``: of the step's guided episodes that were shown experience, the
+          share whose shown text names their own task's context (retrieval found the right lesson);
+        * ``retrieval_other_context``: the share naming another context and not their own;
+        * ``shown_correct``: the share whose shown text states their own context's solution;
+        * ``bank_correct_lessons``: of the bank's entries of those envs, the share that state some
+          context's solution (what the extractor wrote and the merge pass kept).
+
+        ``{}`` for runs without such envs or without a bank.
+        """
+        if self.experience is None:
+            return {}
+        graders = {}
+        for env_id in self.eval_contexts:
+            env = self._context_envs.get(env_id)
+            if env is None:
+                env = self._context_envs[env_id] = self.pool.make(env_id)
+            if callable(getattr(env, "grade_lesson", None)):
+                graders[env_id] = env
+        if not graders:
+            return {}
+        own = other = correct = shown = 0
+        for t in trajs:
+            env = graders.get(t.env_id)
+            if env is None or not t.experience_ids or not t.guidance:
+                continue
+            shown += 1
+            grade = env.grade_lesson(t.guidance)
+            name = env.context(int(t.task))
+            own += name in grade["contexts"]
+            other += bool(grade["contexts"]) and name not in grade["contexts"]
+            correct += env.grade_lesson(t.guidance, context=name)["correct"]
+        out = {}
+        if shown:
+            out.update(retrieval_own_context=own / shown, retrieval_other_context=other / shown,
+                       shown_correct=correct / shown)
+        bank = getattr(self.experience, "bank", None)
+        entries = [e for env_id in graders for e in bank.entries(env_id)] if bank is not None else []
+        if entries:
+            out["bank_correct_lessons"] = sum(
+                graders[e.env_id].grade_lesson(f"{e.title}: {e.content}")["correct"] for e in entries) / len(entries)
+        return out
+
+    def lesson_follow(self) -> dict[str, float]:
+        """The actor's ``lesson_follow`` on ``eval.lesson_follow`` probe states of ``diag-vault``
+        (:mod:`crl_bench.trainer.lesson_follow`), with ``time_lesson_follow_s``; ``{}`` when off."""
+        if not self.cfg.eval.lesson_follow:
+            return {}
+        from crl_bench.trainer.lesson_follow import LessonFollow
+
+        t0 = time.perf_counter()
+        if self._lesson_probe is None:
+            self._lesson_probe = LessonFollow(self.prompts, self.tokenizer, self.cfg.eval.lesson_follow)
+        with self.gate.foreground():
+            out = self._lesson_probe.measure(self.model)
+        return {**out, "time_lesson_follow_s": time.perf_counter() - t0}
 
     @staticmethod
     def _memory() -> dict[str, float]:
@@ -423,6 +501,14 @@ class Trainer:
         """Whether evaluation also runs guided: the method has a bank and ``experience.eval_guided``."""
         return self.experience is not None and self.cfg.experience.eval_guided
 
+    @property
+    def eval_modes(self) -> list[str]:
+        """The modes of the final evaluation, in the order they run: ``guided`` and the memory controls
+        of ``eval.controls`` for a method with a bank (and ``experience.eval_guided``), then ``free``."""
+        if not self.guided_eval:
+            return ["free"]
+        return ["guided", *[c for c in EVAL_CONTROLS if c in self.cfg.eval.controls], "free"]
+
     def eval_task_ids(self, episodes: int | str | None = None) -> dict[str, list[int]]:
         """The eval tasks of each env: the first ``episodes`` ids of its eval split (``"all"``: every
         one; default ``eval.episodes``)."""
@@ -444,8 +530,50 @@ class Trainer:
                 **({"env_settings": settings} if (settings := {
                     e: dict(kw) for e, kw in self.cfg.rollout.env_kwargs.items() if e in tasks and kw}) else {})}
 
+    def shuffled_donors(self, tasks: dict[str, list[int]]) -> dict[str, dict[int, int]]:
+        """For the ``shuffled`` memory control: each eval task's donor, another task of the same
+        env's ``tasks`` whose retrieval query it is shown the experience of.
+
+        Where the env has contexts (:meth:`TextEnv.context`, the diagnostics) the donor is drawn
+        from the tasks of other contexts, else from every other task.  Drawn uniformly with a
+        generator seeded by ``train.seed`` and the env id, so a run's control is reproducible.  An env
+        with a single task gives no donor (the task is left out of the mapping and then shown what
+        its own retrieval returns).
+        """
+        out: dict[str, dict[int, int]] = {}
+        for env_id, ids in tasks.items():
+            ctx = self.eval_contexts.get(env_id, {})
+            gen = np.random.default_rng([self.cfg.train.seed, zlib.crc32(env_id.encode())])
+            donors: dict[int, int] = {}
+            for t in ids:
+                pool = [d for d in ids if d != t and (not ctx or ctx.get(d) != ctx.get(t))] or \
+                       [d for d in ids if d != t]
+                if pool:
+                    donors[t] = int(pool[int(gen.integers(len(pool)))])
+            out[env_id] = donors
+        return out
+
+    def first_query(self, env_id: str, task: int) -> str:
+        """The retrieval query of task ``task``'s first observation (a reset of a pool env; cached)."""
+        key = (env_id, int(task))
+        if key not in self._first_queries:
+            env = self.pool.acquire(env_id)
+            try:
+                obs, _ = env.reset(options={"task": int(task)})
+                self._first_queries[key] = env.retrieval_query(obs)
+            finally:
+                self.pool.release(env_id, env)
+        return self._first_queries[key]
+
+    def _control_guide(self) -> Any:
+        """The ``empty`` control's guide: the knowledge block's header with no entry, no retrieval."""
+        from crl_bench.rollout import Guidance
+        from crl_bench.trainer.complementary import EMPTY_KNOWLEDGE
+
+        return lambda requests: [Guidance(EMPTY_KNOWLEDGE) for _ in requests]
+
     def evaluate(self, episodes: int | str | None = None, progress: Any = None,
-                 guided: bool | None = None) -> dict[str, Any]:
+                 guided: bool | None = None, mode: str | None = None) -> dict[str, Any]:
         """Roll out the eval tasks of each env (:meth:`eval_task_ids`) once, with the eval sampling.
 
         Args:
@@ -453,31 +581,49 @@ class Trainer:
             progress: called with 1 per finished episode.
             guided: retrieve from the bank (read-only); default: the method has experience and
                 ``experience.eval_guided``. Raises ``ValueError`` if asked without a bank.
+            mode: ``free``, ``guided`` or a memory control (docs/evaluation.md "Memory controls"):
+                ``shuffled`` (each episode retrieves with the query of another eval task of its env,
+                :meth:`shuffled_donors`) or ``empty`` (the knowledge block's header and no entry);
+                overrides ``guided``.  The controls replace the episode-start experience only:
+                turn-level retrieval and the search tool are off in them.
 
         Returns ``summarise`` of the episodes plus ``per_env`` (episodes, success rate, mean steps,
-        invalid-action rate, ``score_mean`` = mean episode reward, e.g. WebShop's score, and for envs
-        with task types ``per_type``: episodes and success rate per type, e.g. ALFWorld's six),
-        ``guided``, ``episodes_with_experience``, ``split``, ``temperature``, ``wall_s`` and the task
-        ids used.
+        invalid-action rate, ``score_mean`` = mean episode reward, e.g. WebShop's score, ``successes``:
+        0/1 per task in the order of ``tasks``, and for envs with task types ``per_type``: episodes
+        and success rate per type, e.g. ALFWorld's six), ``mode``, ``guided`` (experience in the
+        prompt: every mode but ``free``), ``episodes_with_experience``, ``split``, ``temperature``,
+        ``wall_s`` and the task ids used (``tasks``; ``donors`` for ``shuffled``).
+
+        Raises:
+            ValueError: an unknown mode, or a mode with experience for a method without a bank.
         """
-        if guided is None:
-            guided = self.guided_eval
-        if guided and self.experience is None:
-            raise ValueError(f"guided evaluation needs an experience bank; method {self.cfg.method!r} has none")
-        if guided:
+        if mode is None:
+            mode = "guided" if (self.guided_eval if guided is None else guided) else "free"
+        if mode not in ("free", "guided", *EVAL_CONTROLS):
+            raise ValueError(f"unknown eval mode {mode!r}; known: free, guided, {', '.join(EVAL_CONTROLS)}")
+        if mode != "free" and self.experience is None:
+            raise ValueError(f"{mode} evaluation needs an experience bank; method {self.cfg.method!r} has none")
+        if mode != "free":
             self.experience.flush()         # the bank evaluated is the one training has written
         tasks = self.eval_task_ids(episodes)
         exp = self.cfg.experience
-        specs = [EpisodeSpec(env_id, t, group_id=i, subgroup="guided" if guided else "free",
-                             retrieve=guided and exp.integration != "turn",
-                             turn_retrieve=guided and exp.integration != "trajectory",
-                             tool=guided and exp.search_tool != "off")
+        donors = self.shuffled_donors(tasks) if mode == "shuffled" else {}
+        live = mode == "guided"
+        specs = [EpisodeSpec(env_id, t, group_id=i, subgroup="free" if mode == "free" else "guided",
+                             retrieve=mode != "free" and (exp.integration != "turn" or not live),
+                             turn_retrieve=live and exp.integration != "trajectory",
+                             tool=live and exp.search_tool != "off",
+                             query=self.first_query(env_id, donors[env_id][t])
+                             if t in donors.get(env_id, {}) else "")
                  for env_id, ids in tasks.items() for i, t in enumerate(ids)]
         t0 = time.perf_counter()
-        # guided evaluation leaves the bank and its usage counters as they were, unless
-        # eval.writes_counters (the released evaluation counts its retrievals)
-        trajs = self.runner.collect(specs, self.eval_sampling, progress=progress,
-                                    **self._rollout_hooks(record=False, guided=guided))
+        # evaluation leaves the bank and its usage counters as they were, unless eval.writes_counters
+        # (the released evaluation counts its retrievals)
+        hooks = self._rollout_hooks(record=False, guided=mode != "free")
+        if mode != "guided":
+            hooks = {"guide": self._control_guide()} if mode == "empty" else \
+                {k: v for k, v in hooks.items() if k == "guide"}
+        trajs = self.runner.collect(specs, self.eval_sampling, progress=progress, **hooks)
         out = summarise(trajs)
         per_env = {}
         by_env = episodes_by_env(trajs)
@@ -488,6 +634,8 @@ class Trainer:
             env_summary = summarise(ts)
             row = {k: env_summary[k] for k in ("episodes", "success_rate", "steps_mean", "invalid_action_rate")}
             row["score_mean"] = env_summary["reward_mean"]
+            won = {int(t.task): int(bool(t.success)) for t in ts}
+            row["successes"] = [won.get(t, 0) for t in tasks[env_id]]
             types = self.task_types.get(env_id)
             if types:
                 by_type: dict[str, list[bool]] = defaultdict(list)
@@ -496,28 +644,35 @@ class Trainer:
                 row["per_type"] = {k: {"episodes": len(v), "success_rate": float(np.mean(v))}
                                    for k, v in sorted(by_type.items())}
             per_env[env_id] = row
-        out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=time.perf_counter() - t0, guided=guided,
-                   temperature=self.cfg.eval.temperature, tasks=tasks,
-                   # guided: how many episodes the bank actually had experience for
+        out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=time.perf_counter() - t0,
+                   mode=mode, guided=mode != "free", temperature=self.cfg.eval.temperature, tasks=tasks,
+                   # with experience: how many episodes the bank actually had experience for
                    episodes_with_experience=sum(1 for t in trajs if t.experience_ids))
+        if donors:
+            out["donors"] = {e: {str(t): d for t, d in m.items()} for e, m in donors.items()}
         from crl_bench.llm.memory import trim_heap
         trim_heap()
         return out
 
-    def evaluate_all(self, episodes: int | str | None = None, progress: Any = None) -> dict[str, Any]:
-        """The final evaluation written to ``eval.json``: ``{"step", "protocol", "free": ...}`` and,
-        for methods with an experience bank and ``experience.eval_guided``, ``"guided": ...`` too
-        (the same tasks with and without retrieval; blocks as :meth:`evaluate`)."""
+    def evaluate_all(self, episodes: int | str | None = None, progress: Any = None,
+                     modes: Sequence[str] | None = None) -> dict[str, Any]:
+        """The final evaluation written to ``eval.json``: ``{"step", "protocol", MODE: ...}`` for each
+        of ``modes`` (default :attr:`eval_modes`: ``free`` and, for methods with an experience bank
+        and ``experience.eval_guided``, ``guided`` and the memory controls of ``eval.controls``), the
+        same tasks in every mode (blocks as :meth:`evaluate`), and the final actor's ``lesson_follow``
+        (with ``eval.lesson_follow``)."""
         out: dict[str, Any] = {"step": self.step, "protocol": self.eval_protocol(episodes)}
-        if self.guided_eval:
-            out["guided"] = self.evaluate(episodes, progress, guided=True)
-        out["free"] = self.evaluate(episodes, progress, guided=False)
+        for mode in (self.eval_modes if modes is None else modes):
+            out[mode] = self.evaluate(episodes, progress, mode=mode)
+        follow = self.lesson_follow()
+        if follow:                            # the final actor's lesson following
+            out["lesson_follow"] = {k: v for k, v in follow.items() if not k.startswith("time_")}
         return out
 
-    def eval_episode_count(self, episodes: int | str | None = None) -> int:
+    def eval_episode_count(self, episodes: int | str | None = None, modes: Sequence[str] | None = None) -> int:
         """Episodes :meth:`evaluate_all` runs (for progress bars)."""
-        modes = 2 if self.guided_eval else 1
-        return modes * sum(len(v) for v in self.eval_task_ids(episodes).values())
+        n = len(self.eval_modes if modes is None else modes)
+        return n * sum(len(v) for v in self.eval_task_ids(episodes).values())
 
     def save_checkpoint(self, path: str) -> None:
         """The final weights: ``save_pretrained`` of the actor (adapters only with LoRA) and its
@@ -536,14 +691,16 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything of the actor's side a resume needs besides its weights: the step counter, AdamW
         and lr-scheduler state, the update's shuffling generator, the task sampler's generator, the
-        next step's episodes if already drawn (``rollout.prefetch``) and the global generators."""
+        next step's episodes if already drawn (``rollout.prefetch``), the global generators and the
+        learning alarms' streaks (:class:`~crl_bench.trainer.alarms.LearningAlarms`)."""
         from crl_bench.trainer.checkpoint import rng_states
 
         sched = self.updater.scheduler
         return {"step": self.step, "optimizer": self.optimizer.state_dict(),
                 "scheduler": sched.state_dict() if sched is not None else None,
                 "updater_rng": self.updater.rng.getstate(), "sampler_rng": self.sampler.rng.bit_generator.state,
-                "next_specs": self._next_specs, "rng": rng_states(), "prepared": self._prepared}
+                "next_specs": self._next_specs, "rng": rng_states(), "prepared": self._prepared,
+                "alarms": self.alarms.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a trainer built for the same run (weights loaded first);
@@ -561,6 +718,7 @@ class Trainer:
         self.sampler.rng.bit_generator.state = state["sampler_rng"]
         self._next_specs = state["next_specs"]
         self._prepared = state.get("prepared")
+        self.alarms.load_state_dict(state.get("alarms", {}))     # older checkpoints: fresh alarms
         self.engine.sync_weights(self.model)
         set_rng_states(state["rng"])
 
@@ -745,6 +903,8 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
         writer.log_episodes(res.metrics["step"], res.trajectories, cfg.logging.transcripts)
         if not quiet:
             print(step_line(res.metrics), flush=True)
+            for alert in res.metrics.get("alerts", ()):
+                print(alert_line(alert), flush=True)
         if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
             trainer.prepare_step()      # released order: flush and merge pass, then the evaluation
             ev = trainer.evaluate()
@@ -757,9 +917,9 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
     if initial is not None:
         ev["initial"] = {"step": 0, "free": initial}
     writer.write_json("eval.json", ev)
-    writer.log_to_trackers({"step": trainer.step, "eval": {m: ev[m] for m in ("free", "guided") if m in ev}})
+    writer.log_to_trackers({"step": trainer.step, "eval": {m: ev[m] for m in trainer.eval_modes if m in ev}})
     if not quiet:
-        for mode in ("guided", "free"):
+        for mode in trainer.eval_modes:
             if mode in ev:
                 e = ev[mode]
                 print(f"eval ({cfg.eval.split}, {mode}): success {e['success_rate']:.3f}  steps {e['steps_mean']:.1f}  "

@@ -1,0 +1,276 @@
+"""Memory controls of evaluation (``shuffled``, ``empty``) and the leaderboard's paired memory lift.
+
+The summary and leaderboard tests use synthetic run folders (tests/test_summary.py ``make_run``) whose
+per-task outcomes are set by hand, so the lift and its paired CI are checked against hand
+computation; the trainer tests run the tiny random actor on the ``diag-vault`` diagnostic, whose
+contexts make "another context's task" checkable.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+from test_summary import _eval_block, make_run
+
+from crl_bench.leaderboard import bootstrap_ci, collect, leaderboard_frame, leaderboard_markdown, lift_frame
+from crl_bench.summary import build_summary, validate_summary
+
+ENV = "sokoban"
+
+
+def _block(successes: list[int]) -> dict:
+    """An eval.json mode block of one env with these per-task outcomes."""
+    b = _eval_block({ENV: float(np.mean(successes))}, episodes=len(successes))
+    b["per_env"][ENV]["successes"] = list(successes)
+    return b
+
+
+def _run_with_controls(root, run_id, seed, guided, shuffled, empty=None, method="complementary"):
+    d = make_run(root, run_id, method=method, mix="sokoban", seed=seed,
+                 free={ENV: 0.0}, episodes=len(guided))
+    ev = json.loads((d / "eval.json").read_text())
+    ev["free"] = _block([0] * len(guided))
+    ev["guided"], ev["shuffled"] = _block(guided), _block(shuffled)
+    if empty is not None:
+        ev["empty"] = _block(empty)
+    (d / "eval.json").write_text(json.dumps(ev))
+    return d
+
+
+def test_summary_carries_the_controls_and_per_task_outcomes(tmp_path):
+    d = _run_with_controls(tmp_path, "r", 0, [1, 1, 0, 1], [0, 1, 0, 0], empty=[0, 0, 0, 1])
+    s = build_summary(d)
+    validate_summary(s)
+    ev = s["runs"][0]["eval"]
+    assert ev["shuffled"]["per_env"][ENV]["successes"] == [0, 1, 0, 0]
+    assert ev["empty"]["success_rate"] == pytest.approx(0.25)
+    assert ev["guided"]["per_env"][ENV]["successes"] == [1, 1, 0, 1]
+    bad = copy.deepcopy(s)
+    bad["runs"][0]["eval"]["shuffled"]["per_env"][ENV]["successes"] = [0, 2]
+    with pytest.raises(Exception, match="successes"):
+        validate_summary(bad)
+
+
+def test_leaderboard_rows_for_every_mode(tmp_path):
+    _run_with_controls(tmp_path, "r", 0, [1, 1, 0, 1], [0, 1, 0, 0], empty=[0, 0, 0, 1])
+    df = leaderboard_frame(collect([tmp_path]))
+    assert sorted(df["eval"]) == ["empty", "free", "guided", "shuffled"]
+    assert df.set_index("eval").loc["shuffled", f"success_mean/{ENV}"] == pytest.approx(0.25)
+
+
+def test_lift_is_paired_over_tasks_against_hand_computation(tmp_path):
+    # two seeds on the same 6 tasks; per-task differences averaged over seeds:
+    # seed 0: g-s = [1,0,1,0,0,1], seed 1: g-s = [1,1,0,0,-1,1] -> mean [1,.5,.5,0,-.5,1]
+    _run_with_controls(tmp_path, "s0", 0, [1, 1, 1, 0, 0, 1], [0, 1, 0, 0, 0, 0])
+    _run_with_controls(tmp_path, "s1", 1, [1, 1, 0, 1, 0, 1], [0, 0, 0, 1, 1, 0])
+    lift = lift_frame(collect([tmp_path]))
+    assert len(lift) == 1
+    r = lift.iloc[0]
+    diff = np.array([1, .5, .5, 0, -.5, 1])
+    assert (r["env"], r["n_runs"], r["tasks"]) == (ENV, 2, 6)
+    assert r["lift"] == pytest.approx(diff.mean())
+    assert r["guided"] == pytest.approx(8 / 12) and r["shuffled"] == pytest.approx(3 / 12)
+    assert (r["lift_ci_low"], r["lift_ci_high"]) == pytest.approx(bootstrap_ci(diff))
+    assert r["lift_ci_low"] < r["lift"] < r["lift_ci_high"]
+    md = leaderboard_markdown(leaderboard_frame(collect([tmp_path])), lift=lift)
+    assert "Memory lift: guided − shuffled" in md and f"{diff.mean():+.3f}" in md
+
+
+def test_lift_ci_excludes_zero_only_when_the_memory_matters(tmp_path):
+    _run_with_controls(tmp_path / "a", "helps", 0, [1] * 12, [0] * 12)
+    _run_with_controls(tmp_path / "b", "noise", 0, [1, 0] * 6, [0, 1] * 6, method="static")
+    lift = lift_frame(collect([tmp_path])).set_index("run_ids")
+    assert lift.loc["helps", "lift_ci_low"] == 1.0
+    assert lift.loc["noise", "lift"] == 0.0
+    assert lift.loc["noise", "lift_ci_low"] < 0 < lift.loc["noise", "lift_ci_high"]
+
+
+def test_runs_without_shuffled_or_outcomes_give_no_lift(tmp_path):
+    make_run(tmp_path, "g", method="complementary", guided={"sokoban": 0.5, "minihack-room": 0.5})
+    assert lift_frame(collect([tmp_path])).empty
+
+
+def test_a_later_eval_on_another_split_is_a_row_of_its_own_protocol(tmp_path):
+    d = _run_with_controls(tmp_path, "r", 0, [1, 1, 0, 1], [0, 1, 0, 0])
+    ev = json.loads((d / "eval.json").read_text())
+    later = {"model": "m", "method": "complementary", "run": str(d),
+             "protocol": {**ev["protocol"], "split": "eval_unseen"},
+             "guided": _block([0, 0, 0, 1]), "shuffled": _block([0, 0, 0, 1]), "free": _block([0, 0, 0, 0])}
+    (d / "checkpoint-eval_unseen-split.json").write_text(json.dumps(later))
+    (d / "checkpoint-old-split.json").write_text(json.dumps({"free": _block([0])}))   # no protocol: skipped
+    warnings: list[str] = []
+    summaries = collect([tmp_path], warnings)
+    assert warnings == [] and len(summaries) == 2
+    df = leaderboard_frame(summaries)
+    assert sorted(set(df["protocol"].str.split(" ").str[0])) == ["eval", "eval_unseen"]
+    lift = lift_frame(summaries)
+    by_split = dict(zip(lift["protocol"].str.split(" ").str[0], lift["lift"]))
+    assert by_split == pytest.approx({"eval": 0.5, "eval_unseen": 0.0})
+
+
+# ---- the trainer's evaluation modes on the diagnostic ------------------------------------------------
+ADD = "<op>ADD</op><title>Vault</title><content>Set the dial to blue.</content>"
+
+
+def _diag_trainer(tokenizer, tiny_model, method="complementary", **extra):
+    from test_complementary import ScriptedEngine
+    from tests_helpers import coin_config
+
+    from crl_bench.experience.embedding import HashEmbedder
+    from crl_bench.trainer.loop import Trainer
+
+    layer = {"rollout": {"mix": "diag-vault", "max_steps": 2}, "eval": {"episodes": 16, "lesson_follow": 0},
+             "experience": {"warmup_steps": 0, "warmup_train_steps": 0}}
+    for section, values in extra.items():
+        layer.setdefault(section, {}).update(values)
+    cfg = coin_config(method, **layer)
+    tr = Trainer(cfg, model=tiny_model, tokenizer=tokenizer, embedder=HashEmbedder(64),
+                 extractor_model=copy.deepcopy(tiny_model) if method != "grpo" else None)
+    if tr.experience is not None:
+        ex = tr.experience.extractor
+        ex.engine = ScriptedEngine(tr.experience.engine, ADD, ex.prompts.prefill)
+    return tr
+
+
+def _recording(tr):
+    """Wrap the manager's retrieve so the test sees every query it is asked."""
+    asked: list[str] = []
+    real = tr.experience.manager.retrieve
+
+    def retrieve(requests, record=True):
+        asked.extend(q for _, q in requests)
+        return real(requests, record=record)
+
+    tr.experience.manager.retrieve = retrieve
+    return asked
+
+
+def _collected(tr):
+    """Wrap the runner's collect so the test sees the trajectories of each call."""
+    calls: list = []
+    real = tr.runner.collect
+
+    def collect(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out)
+        return out
+
+    tr.runner.collect = collect
+    return calls
+
+
+def test_default_modes_and_controls_setting(tokenizer, tiny_model):
+    tr = _diag_trainer(tokenizer, tiny_model)
+    assert tr.eval_modes == ["guided", "shuffled", "empty", "free"]
+    tr.close()
+    tr = _diag_trainer(tokenizer, tiny_model, eval={"episodes": 4, "controls": "empty"})
+    assert tr.eval_modes == ["guided", "empty", "free"]
+    assert tr.eval_episode_count() == 12
+    tr.close()
+    tr = _diag_trainer(tokenizer, tiny_model, method="grpo")
+    assert tr.eval_modes == ["free"]
+    with pytest.raises(ValueError, match="needs an experience bank"):
+        tr.evaluate(mode="shuffled")
+    with pytest.raises(ValueError, match="unknown eval mode"):
+        tr.evaluate(mode="sideways")
+    tr.close()
+
+
+def test_shuffled_retrieves_with_another_contexts_query(tokenizer, tiny_model):
+    tr = _diag_trainer(tokenizer, tiny_model)
+    tr.train_step()
+    tr.experience.flush()
+    assert tr.experience.bank.entries("diag-vault")
+    tasks = tr.eval_task_ids()
+    donors = tr.shuffled_donors(tasks)["diag-vault"]
+    ctx = tr.eval_contexts["diag-vault"]
+    assert set(donors) == set(tasks["diag-vault"]) and len(set(ctx[t] for t in donors)) > 1
+    assert all(d != t and ctx[d] != ctx[t] for t, d in donors.items())
+    assert tr.shuffled_donors(tasks)["diag-vault"] == donors          # reproducible
+    asked = _recording(tr)
+    calls = _collected(tr)
+    ev = tr.evaluate(mode="shuffled")
+    trajs = calls[-1]
+    own = {int(t.task): t.query for t in trajs}
+    ids = tasks["diag-vault"]
+    assert asked == [tr.first_query("diag-vault", donors[t]) for t in ids]
+    assert all(q != own[t] and ctx[donors[t]] in q and ctx[t] not in q for t, q in zip(ids, asked))
+    assert all(t.query == tr.first_query("diag-vault", int(t.task)) for t in trajs)   # own query kept
+    assert ev["mode"] == "shuffled" and ev["guided"] is True
+    assert ev["donors"]["diag-vault"] == {str(t): d for t, d in donors.items()}
+    assert ev["per_env"]["diag-vault"]["successes"] == [
+        int(next(x.success for x in trajs if int(x.task) == t)) for t in tasks["diag-vault"]]
+    tr.close()
+
+
+def test_empty_shows_the_header_and_no_entry_without_retrieving(tokenizer, tiny_model):
+    from crl_bench.trainer.complementary import EMPTY_KNOWLEDGE, KNOWLEDGE_HEADER
+
+    tr = _diag_trainer(tokenizer, tiny_model)
+    tr.train_step()
+    asked = _recording(tr)
+    calls = _collected(tr)
+    ev = tr.evaluate(mode="empty")
+    assert asked == [] and ev["episodes_with_experience"] == 0 and ev["mode"] == "empty"
+    assert all(t.guidance == EMPTY_KNOWLEDGE and KNOWLEDGE_HEADER in t.guidance for t in calls[-1])
+    guided = tr.evaluate(mode="guided")
+    assert len(asked) == 16 and guided["episodes_with_experience"] > 0
+    tr.close()
+
+
+def test_evaluate_all_runs_every_mode_on_the_same_tasks(tokenizer, tiny_model):
+    tr = _diag_trainer(tokenizer, tiny_model, eval={"episodes": 4, "lesson_follow": 2})
+    tr.train_step()
+    ev = tr.evaluate_all()
+    assert [m for m in ("guided", "shuffled", "empty", "free") if m in ev] == ["guided", "shuffled", "empty", "free"]
+    assert len({json.dumps(ev[m]["tasks"]) for m in ("guided", "shuffled", "empty", "free")}) == 1
+    assert set(ev["lesson_follow"]) == {"lesson_follow", "lesson_follow_wrong", "lesson_follow_none"}
+    tr.close()
+
+
+# ---- lesson_follow ------------------------------------------------------------------------------------
+def test_lesson_follow_probes_show_the_guided_prompt(tokenizer):
+    from crl_bench.config import RunConfig
+    from crl_bench.envs.diag import DiagVaultEnv
+    from crl_bench.rollout import PromptBuilder
+    from crl_bench.trainer.complementary import KNOWLEDGE_HEADER
+    from crl_bench.trainer.lesson_follow import build_probes
+
+    cfg = RunConfig()
+    probes = build_probes(PromptBuilder(tokenizer, cfg.generation.prefill, cfg.rollout.history), 8)
+    env = DiagVaultEnv()
+    assert len({p.context for p in probes}) == 8
+    for p in probes:
+        assert p.right == env.solution(p.task)[0] and p.wrong != p.right
+        right, wrong, none = (tokenizer.decode(p.prompts[c]) for c in ("right", "wrong", "none"))
+        assert KNOWLEDGE_HEADER in right and KNOWLEDGE_HEADER not in none
+        assert env.lesson_for(p.task, [p.right]) in right and env.lesson_for(p.task, [p.wrong]) in wrong
+        assert p.context in none
+    assert len({p.wrong for p in probes}) == 8               # wrong lessons name every action once
+    with pytest.raises(ValueError, match="contexts"):
+        build_probes(PromptBuilder(tokenizer, cfg.generation.prefill, cfg.rollout.history), 9)
+
+
+def test_action_probabilities_are_the_constrained_samplers(tokenizer, tiny_model):
+    """The probabilities match the constrained sampler's empirical choice frequencies (a tiny random
+    model; replies that share first tokens exercise the renormalisation at deeper branches)."""
+    from crl_bench.llm.base import SamplingParams
+    from crl_bench.llm.hf_engine import HFEngine
+    from crl_bench.trainer.lesson_follow import action_probabilities
+
+    replies = ["north</answer>", "northeast</answer>", "northwest</answer>", "south</answer>"]
+    prompt = tokenizer.encode("Pick a direction. <answer>", add_special_tokens=False)
+    [probs] = action_probabilities(tiny_model, tokenizer, [prompt], [replies])
+    assert sum(probs) == pytest.approx(1.0, abs=1e-5)
+    engine = HFEngine(tiny_model, tokenizer, batch_size=64)
+    import torch
+
+    torch.manual_seed(0)
+    n = 400
+    gens = engine.generate([prompt] * n, SamplingParams(temperature=1.0, max_new_tokens=8), [replies] * n)
+    freq = [sum(g.text.strip() == r for g in gens) / n for r in replies]
+    for p, f in zip(probs, freq):
+        assert abs(p - f) < 4 * (p * (1 - p) / n) ** 0.5 + 0.01

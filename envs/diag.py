@@ -29,7 +29,7 @@ Splits (:data:`DIAG_SPLITS`; no two share a task):
 The envs:
 
 * ``diag-vault`` (:class:`DiagVaultEnv`): one action.  Each context's vault has a secret code, one of
-  8 dial positions (:data:`VAULT_ACTIONS`, colour names); the first valid action ends the episode,
+  8 dial positions (:data:`VAULT_ACTIONS`, marked by symbols); the first valid action ends the episode,
   with reward 1 if it is the code.  Each position is the code of exactly one seen and exactly one
   unseen context (:data:`VAULT_CODES`), so a uniformly random policy *and any constant policy*
   succeed on exactly 1/8 of the tasks of each split.  Chance rate: 1/8 = 0.125.
@@ -78,14 +78,14 @@ CONTEXT_NAMES: tuple[str, ...] = (
 )
 
 #: the dial positions of ``diag-vault``, in the order the observation lists them
-VAULT_ACTIONS: tuple[str, ...] = ("red", "orange", "yellow", "green", "blue", "purple", "black", "white")
+VAULT_ACTIONS: tuple[str, ...] = ("anchor", "bell", "crown", "feather", "key", "lamp", "moon", "star")
 
 #: the secret code of each context of ``diag-vault`` (by context index).  The first eight (seen
 #: contexts) and the last eight (unseen contexts) are each a permutation of :data:`VAULT_ACTIONS`, and
 #: no context has the code of the context eight places before or after it.
 VAULT_CODES: tuple[str, ...] = (
-    "blue", "red", "black", "yellow", "white", "purple", "orange", "green",
-    "yellow", "purple", "red", "white", "green", "orange", "blue", "black",
+    "key", "anchor", "moon", "crown", "star", "lamp", "bell", "feather",
+    "crown", "lamp", "anchor", "star", "feather", "bell", "key", "moon",
 )
 
 #: the passages of ``diag-corridor``; an env with ``choices=c`` uses the first ``c``
@@ -103,7 +103,7 @@ _WEATHER: tuple[str, ...] = (
 )
 _PEOPLE: tuple[str, ...] = (
     "A guard dozes on a stool by the entrance.",
-    "A clerk is counting keys at a desk.",
+    "A clerk is counting coins at a desk.",
     "Nobody else is about.",
     "A caretaker sweeps the floor and pays you no attention.",
     "Two visitors whisper near the stairs.",
@@ -285,7 +285,7 @@ class DiagEnv(TextEnv):
 
     @abc.abstractmethod
     def _lesson_clause(self, actions: Sequence[str]) -> str:
-        """The instruction of a lesson, e.g. ``"set the dial to blue"``."""
+        """The instruction of a lesson, e.g. ``"turn the dial to the key"``."""
         raise NotImplementedError
 
     # ---- task facts (no reset needed) -------------------------------------------------------------
@@ -310,7 +310,7 @@ class DiagEnv(TextEnv):
     def lesson_for(self, task: int, actions: Sequence[str]) -> str:
         """A one-sentence lesson that tells the agent to play ``actions`` in the context of task id
         ``task``, worded as an experience extractor might write it, e.g. ``"In the Corvane Archive,
-        set the dial to blue."``.  ``actions`` need not be the solution (a wrong lesson is a lesson too).
+        turn the dial to the key."``.  ``actions`` need not be the solution (a wrong lesson is a lesson too).
 
         Raises:
             KeyError: unknown task id.
@@ -378,7 +378,7 @@ class DiagVaultEnv(DiagEnv):
 
     Observation: the goal naming the context ("Open the vault of the Corvane Archive."), two sentences
     of surface text, the dial's number of positions, the feedback of the last step (``Last: ...``) and
-    ``Valid actions: red, orange, yellow, green, blue, purple, black, white``.  The first valid action
+    ``Valid actions: anchor, bell, crown, feather, key, lamp, moon, star``.  The first valid action
     ends the episode: the context's code (:data:`VAULT_CODES`) gives reward 1.0 and success; any other
     position gives reward 0 and a message that does not name the code.  Chance rate 1/8.
 
@@ -389,7 +389,7 @@ class DiagVaultEnv(DiagEnv):
 
     env_id: ClassVar[str] = "diag-vault"
     system_prompt: ClassVar[str] = (
-        "You are opening vaults. Each vault has a dial with 8 positions named by colours, and exactly "
+        "You are opening vaults. Each vault has a dial with 8 positions marked by symbols, and exactly "
         "one position opens it. The right position of a vault never changes, but nothing you see tells "
         "you which it is. You get one try: a wrong position jams the lock.\n"
         "Reply with exactly one position inside answer tags: <answer>POSITION</answer>."
@@ -408,12 +408,12 @@ class DiagVaultEnv(DiagEnv):
         return f"The vault's dial has {len(self._actions)} positions; one of them opens it."
 
     def _lesson_clause(self, actions: Sequence[str]) -> str:
-        return "set the dial to " + ", then ".join(actions)
+        return "turn the dial to the " + ", then the ".join(actions)
 
     def _apply(self, action: str) -> tuple[float, bool, bool, str]:
         if action == VAULT_CODES[self._context]:
-            return 1.0, True, True, f"You turn the dial to {action}. The vault opens."
-        return 0.0, True, False, f"You turn the dial to {action}. The lock jams and the vault stays shut."
+            return 1.0, True, True, f"You turn the dial to the {action}. The vault opens."
+        return 0.0, True, False, f"You turn the dial to the {action}. The lock jams and the vault stays shut."
 
     def chance_success_rate(self) -> float:
         """1/8: one try, one right position among 8."""

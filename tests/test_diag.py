@@ -57,9 +57,9 @@ def env(request):
 
 # ---- tables --------------------------------------------------------------------------------------------
 def test_vault_codes_are_pinned_and_balanced():
-    assert VAULT_ACTIONS == ("red", "orange", "yellow", "green", "blue", "purple", "black", "white")
-    assert VAULT_CODES == ("blue", "red", "black", "yellow", "white", "purple", "orange", "green",
-                           "yellow", "purple", "red", "white", "green", "orange", "blue", "black")
+    assert VAULT_ACTIONS == ("anchor", "bell", "crown", "feather", "key", "lamp", "moon", "star")
+    assert VAULT_CODES == ("key", "anchor", "moon", "crown", "star", "lamp", "bell", "feather",
+                           "crown", "lamp", "anchor", "star", "feather", "bell", "key", "moon")
     # each action is the code of exactly one seen and exactly one unseen context
     assert sorted(VAULT_CODES[:8]) == sorted(VAULT_ACTIONS)
     assert sorted(VAULT_CODES[8:]) == sorted(VAULT_ACTIONS)
@@ -295,7 +295,7 @@ def test_invalid_replies_are_invalid_actions_not_crashes(env):
         assert feedback_of(obs).startswith("Invalid action")
     env = DiagVaultEnv(max_steps=2) if isinstance(env, DiagVaultEnv) else DiagCorridorEnv(length=2, max_steps=2)
     env.reset(options={"task": 3})
-    wrong_set = "<answer>left</answer>" if isinstance(env, DiagVaultEnv) else "<answer>red</answer>"
+    wrong_set = "<answer>left</answer>" if isinstance(env, DiagVaultEnv) else "<answer>anchor</answer>"
     env.step(wrong_set)                             # the other env's action is not valid here
     _, _, terminated, truncated, info = env.step("<answer></answer>")
     assert truncated and not terminated and info["invalid_actions"] == 2 and not info["success"]
@@ -359,7 +359,7 @@ def test_lesson_names_exactly_the_actions_and_the_context(env):
 
 
 def test_lesson_wording():
-    assert DiagVaultEnv().lesson_for(0, ["blue"]) == "In the Corvane Archive, set the dial to blue."
+    assert DiagVaultEnv().lesson_for(0, ["key"]) == "In the Corvane Archive, turn the dial to the key."
     assert DiagCorridorEnv().lesson_for(1, ["middle", "left", "right"]) == \
         "In the Haldel Observatory, take middle, then left, then right."
 
@@ -417,10 +417,10 @@ def test_grade_lesson_reads_contexts_and_solutions():
     assert vault.grade_lesson(vault.lesson_for(0, [code])) == {"contexts": [name], "actions": [code], "correct": True}
     assert vault.grade_lesson(vault.lesson_for(0, [other]))["correct"] is False
     assert vault.grade_lesson(f"Always pick {code}.")["correct"] is False          # no context named
-    elsewhere = f"In the {CONTEXT_NAMES[1]}, set the dial to {code}."
+    elsewhere = f"In the {CONTEXT_NAMES[1]}, turn the dial to the {code}."
     assert vault.grade_lesson(elsewhere)["correct"] is (VAULT_CODES[1] == code)
     assert vault.grade_lesson(f"{name.upper()}: {code.upper()}!")["correct"] is True
-    assert vault.grade_lesson(f"In the {name}, the reddish dial")["actions"] == []   # whole words only
+    assert vault.grade_lesson(f"In the {name}, the keys of the dial")["actions"] == []   # whole words only
     corridor = DiagCorridorEnv()
     sol = corridor.solution(0)
     assert corridor.grade_lesson(corridor.lesson_for(0, sol))["correct"] is True
@@ -432,7 +432,7 @@ def test_grade_lesson_for_a_given_context():
     from crl_bench.envs.diag import CONTEXT_NAMES, VAULT_CODES, DiagVaultEnv
 
     vault = DiagVaultEnv()
-    text = f"In the {CONTEXT_NAMES[0]}, set the dial to {VAULT_CODES[1]}. In the {CONTEXT_NAMES[1]}, too."
+    text = f"In the {CONTEXT_NAMES[0]}, turn the dial to the {VAULT_CODES[1]}. In the {CONTEXT_NAMES[1]}, too."
     assert vault.grade_lesson(text)["correct"] is True                          # right for context 1
     assert vault.grade_lesson(text, context=CONTEXT_NAMES[1])["correct"] is True
     assert vault.grade_lesson(text, context=CONTEXT_NAMES[0])["correct"] is False

@@ -112,7 +112,7 @@ def test_a_later_eval_on_another_split_is_a_row_of_its_own_protocol(tmp_path):
 
 
 # ---- the trainer's evaluation modes on the diagnostic ------------------------------------------------
-ADD = "<op>ADD</op><title>Vault</title><content>Set the dial to blue.</content>"
+ADD = "<op>ADD</op><title>Vault</title><content>Turn the dial to the key.</content>"
 
 
 def _diag_trainer(tokenizer, tiny_model, method="complementary", **extra):

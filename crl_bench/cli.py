@@ -39,7 +39,7 @@ def _add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> No
     if with_method:
         p.add_argument("--method", default="grpo", help="training method (grpo; see docs)")
     p.add_argument("--mix", help="env id, mixture name (3task, 6task), mixture YAML or id:w,id:w")
-    p.add_argument("--preset", default="default", help="preset: default, smoke, cpu, paper")
+    p.add_argument("--preset", default="default", help="preset: default, smoke, cpu, diag, paper")
     p.add_argument("--config", help="YAML file with the same sections as a run's config.yaml")
     p.add_argument("--model", help="actor model: smollm2-135m-instruct (default) or a HF path/name")
     p.add_argument("--extractor-model", help="experience extractor model (default: same as the actor, "

@@ -13,6 +13,7 @@ for the experience methods, ``experience.sqlite``, and writes into ``out_dir``:
 ``invalid_actions.png``    invalid-action rate vs step per method
 ``entropy.png``            the entropy of the actor's reply choice (``reply_entropy``) vs step per
                            method: a policy collapsing to one reply per state falls towards 0
+``lesson_follow.png``      ``lesson_follow`` (right, wrong and no lesson) vs step per method
 ``report.html``            one self-contained page: the runs, their learning alarms (the ``alerts``
                            of metrics.jsonl), the plots (embedded as base64 data URIs), the
                            leaderboard table if given, each bank's 10 most used entries
@@ -56,6 +57,7 @@ PLOT_FILES = {
     "bank": "bank.png",
     "invalid": "invalid_actions.png",
     "entropy": "entropy.png",
+    "lesson_follow": "lesson_follow.png",
 }
 """File name of each plot ``make_report`` writes (key: plot)."""
 
@@ -522,6 +524,36 @@ def _plot_per_method(runs: Sequence[RunData], path: Path, key: str, ylabel: str,
     return None
 
 
+def _plot_lesson_follow(runs: Sequence[RunData], path: Path) -> str | None:
+    """Per method: ``lesson_follow`` (solid), ``lesson_follow_wrong`` (dotted) and
+    ``lesson_follow_none`` (dashed) vs step, and chance (1/8)."""
+    groups = _group(runs)
+    colours = _colours(groups)
+    curves = []
+    for m, rs in groups.items():
+        for key, style in (("lesson_follow", "-"), ("lesson_follow_wrong", ":"), ("lesson_follow_none", "--")):
+            per_run = [_series(r, lambda row, k=key: row.get(k)) for r in rs]
+            agg = _aggregate(per_run)
+            if agg is not None:
+                curves.append((m, key, style, sum(1 for d in per_run if d), agg))
+    if not curves:
+        return "no run logged lesson_follow (eval.lesson_follow: 0)"
+    fig, axes = _new_figure(1, 1, w=7.0, h=3.6)
+    ax = axes[0]
+    for m, key, style, n, agg in curves:
+        label = {"lesson_follow": "right lesson", "lesson_follow_wrong": "wrong lesson",
+                 "lesson_follow_none": "no lesson"}[key]
+        _draw(ax, agg, colours[m], f"{m}: {label} (n={n})", linestyle=style)
+    ax.axhline(1 / 8, color="grey", linewidth=0.8, linestyle="-.", label="chance (1/8)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("P(named action)")
+    ax.grid(alpha=0.3)
+    _legend(fig, axes)
+    fig.suptitle("Does the actor follow a lesson? (diag-vault probes)", fontsize=11)
+    _save(fig, path)
+    return None
+
+
 def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
     """Plot 4: bank size per method; cumulative applied operations per kind (colour) and method (style)."""
     groups = _group(runs)
@@ -721,6 +753,11 @@ _CAPTIONS = {
                 "applied; with a closed action set its mean estimates the action choice's entropy, at most "
                 "ln(number of actions)) vs step, per method. A "
                 "policy collapsing to one action per state falls towards 0. "),
+    "lesson_follow": ("Lesson following (docs/diagnostics.md): the probability that the actor takes the symbol "
+                      "a shown lesson names on fixed diag-vault probe states, measured before each step's "
+                      "rollout; solid: the lesson names the right symbol, dotted: a wrong one, dashed: the "
+                      "right symbol with no lesson shown. Above the dashed line and chance: the actor acts on "
+                      "what it is shown. "),
 }
 
 
@@ -777,6 +814,7 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
             runs, p, "reply_entropy", "entropy of the reply choice (nats)",
             "Actor entropy (reply choice, sampled)", None,
             "no run logged reply_entropy (the transformers engine reports it; vLLM does not)"),
+        "lesson_follow": lambda p: _plot_lesson_follow(runs, p),
     }
     for key, job in jobs.items():
         target = out / PLOT_FILES[key]

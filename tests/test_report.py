@@ -47,6 +47,8 @@ def write_run(root: Path, method: str, seed: int, mix: str = ",".join(ENVS), ste
         base = min(1.0, 0.1 * step + rng.uniform(0, 0.1))
         row = {"step": step, "success_rate": base, "invalid_action_rate": max(0.0, 0.5 - 0.07 * step),
                "reply_entropy": 1.2 - 0.1 * step + 0.05 * seed,
+               "lesson_follow": 0.1 + 0.03 * step, "lesson_follow_wrong": 0.1 + 0.02 * step,
+               "lesson_follow_none": 0.12,
                "steps_mean": 9.0 - step * 0.5, "reward_mean": base}
         if len(envs) > 1:
             row.update({f"success_rate/{e}": min(1.0, base + 0.05 * i) for i, e in enumerate(envs)})
@@ -283,9 +285,9 @@ def test_grpo_only_runs_skip_experience_plots_with_a_note(tmp_path):
     for key in ("guided_free", "extractor", "bank"):
         assert not (tmp_path / "out" / rep.PLOT_FILES[key]).exists()
         assert f"{rep.PLOT_FILES[key]} not drawn" in page
-    for key in ("success", "invalid", "entropy"):
+    for key in ("success", "invalid", "entropy", "lesson_follow"):
         _check_image(tmp_path / "out" / rep.PLOT_FILES[key])
-    assert page.count("data:image/png;base64,") == 3
+    assert page.count("data:image/png;base64,") == 4
     assert "No run has an experience bank" in page
     assert "Leaderboard" not in page
 

@@ -285,8 +285,10 @@ def test_with_perfect_lessons_the_actor_learns_to_follow_them():
     (``lesson_follow`` above its start and above chance, for wrong lessons too: it reads the lesson,
     it did not memorise the codes), guided evaluation beats chance and the shuffled control.
 
-    Sizes chosen from a measured run (docs/diagnostics.md "The loop with perfect lessons"):
-    lesson_follow went from 0.11 to 0.23 in 7 steps."""
+    Sizes chosen from measured runs (docs/diagnostics.md "The loop with perfect lessons"): lesson_follow
+    went from 0.11 to 0.23 in 7 steps; this test's 8 steps gave 0.109 -> 0.221 (wrong lessons 0.207,
+    none 0.127) and guided 0.250 against shuffled 0.078 on the 64 eval tasks (2-core AMD EPYC with
+    AVX512-BF16); the thresholds leave room for other CPUs' numerics."""
     from tests_helpers import OracleExtractorEngine
 
     from crl_bench.config import build_config, preset_data
@@ -315,7 +317,7 @@ def test_with_perfect_lessons_the_actor_learns_to_follow_them():
           f"none {final['lesson_follow_none']:.3f}); eval guided {guided:.3f} shuffled {shuffled:.3f}")
     assert final["lesson_follow"] > start + 0.05 and final["lesson_follow"] > 0.125 + 0.04
     assert final["lesson_follow_wrong"] > 0.125 + 0.03            # follows what it is shown
-    assert guided > 0.125 + 0.1 and guided > shuffled + 0.1
+    assert guided > 0.125 + 0.07 and guided > shuffled + 0.08
 
 
 def test_report_shows_the_controls_of_the_final_eval(tmp_path):

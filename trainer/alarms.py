@@ -110,6 +110,18 @@ class LearningAlarms:
                 out.append(alert)
         return out
 
+    def _streak(self, name: str, holds: bool, step: int) -> tuple[int, int | None]:
+        """Extend ``name``'s streak of steps (from ``step`` on, if it starts here) when its condition
+        ``holds``, else end it; returns ``(streak length, its first step or None)``."""
+        if holds:
+            if self.streaks[name] == 0:
+                self.streak_start[name] = step
+            self.streaks[name] += 1
+        else:
+            self.streaks[name] = 0
+            self.streak_start[name] = None
+        return self.streaks[name], self.streak_start[name]
+
     def _transition(self, name: str, holds: bool) -> bool:
         """Record whether ``name``'s condition holds now; True when it just started to hold."""
         fire = holds and not self.active[name]
@@ -122,17 +134,10 @@ class LearningAlarms:
         groups, adv = _num(row, "groups_with_signal"), _num(row, "adv_abs_mean")
         if groups is None and adv is None:
             return None
-        if groups == 0 or adv == 0:
-            if self.streaks["no_signal"] == 0:
-                self.streak_start["no_signal"] = step
-            self.streaks["no_signal"] += 1
-        else:
-            self.streaks["no_signal"] = 0
-            self.streak_start["no_signal"] = None
-        n, need = self.streaks["no_signal"], self.cfg.no_signal_steps
+        n, first = self._streak("no_signal", groups == 0 or adv == 0, step)
+        need = self.cfg.no_signal_steps
         if not self._transition("no_signal", n >= need):
             return None
-        first = self.streak_start["no_signal"]
         return {"alarm": "no_signal", "step": step,
                 "message": (f"no learning signal for {n} steps running (steps {first}-{step}): every group's "
                             "episodes got the same reward, so every advantage is 0 and the update has no "
@@ -199,17 +204,10 @@ class LearningAlarms:
         if g is None or f is None or not ng or not nf or row.get("warmup"):
             return None
         se = math.sqrt(max(g * (1 - g), 0.0) / ng + max(f * (1 - f), 0.0) / nf)
-        if abs(g - f) <= self.cfg.noise_z * se:
-            if self.streaks["guided_equals_free"] == 0:
-                self.streak_start["guided_equals_free"] = step
-            self.streaks["guided_equals_free"] += 1
-        else:
-            self.streaks["guided_equals_free"] = 0
-            self.streak_start["guided_equals_free"] = None
-        n, need = self.streaks["guided_equals_free"], self.cfg.guided_free_steps
+        n, first = self._streak("guided_equals_free", abs(g - f) <= self.cfg.noise_z * se, step)
+        need = self.cfg.guided_free_steps
         if not self._transition("guided_equals_free", n >= need):
             return None
-        first = self.streak_start["guided_equals_free"]
         return {"alarm": "guided_equals_free", "step": step,
                 "message": (f"guided and free training success equal within noise for {n} steps running "
                             f"(steps {first}-{step}; now guided {g:.3f} over {int(ng)}, free {f:.3f} over "

@@ -16,9 +16,11 @@ for seed in ${SEEDS:-0 1 2}; do
     [ -f "$run/checkpoint-eval_unseen-split.json" ] && continue
     rm -rf "$run"                         # an unfinished run starts over (the preset keeps no checkpoints)
     t0=$(date +%s)
-    "$bin" run --method "$method" --preset diag --seed "$seed" --output-dir "$here/runs" --run-id "$id" --quiet
+    # relative to the project root, so config.yaml names no folder of this machine
+    "$bin" run --method "$method" --preset diag --seed "$seed" --output-dir results/sweeps/diag-vault/runs \
+      --run-id "$id" --quiet
     t1=$(date +%s)
-    "$bin" eval --run "$run" --split eval_unseen --episodes all --quiet > /dev/null
+    "$bin" eval --run "results/sweeps/diag-vault/runs/$id" --split eval_unseen --episodes all --quiet > /dev/null
     t2=$(date +%s)
     rm -rf "$run/checkpoint"
     printf '%s\t%s\t%s\t%s\t%s\n' "$id" "$((t1 - t0))" "$((t2 - t1))" "$(nproc)" "$bf16" >> "$here/wall.tsv"

@@ -271,22 +271,18 @@ class DiagEnv(TextEnv):
     @abc.abstractmethod
     def _solution_of(self, context: int) -> tuple[str, ...]:
         """The winning action sequence of context index ``context``."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     def _goal(self, name: str) -> str:
         """The goal sentence naming context ``name`` (first observation line and task prompt)."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     def _status(self) -> str:
         """The line of the observation that describes the current state."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     def _lesson_clause(self, actions: Sequence[str]) -> str:
         """The instruction of a lesson, e.g. ``"turn the dial to the key"``."""
-        raise NotImplementedError
 
     # ---- task facts (no reset needed) -------------------------------------------------------------
     def context_index(self, task: int) -> int:
@@ -348,7 +344,6 @@ class DiagEnv(TextEnv):
     @abc.abstractmethod
     def chance_success_rate(self) -> float:
         """Success rate of a policy choosing uniformly among the valid actions at every step (exact)."""
-        raise NotImplementedError
 
     # ---- TextEnv hooks ----------------------------------------------------------------------------
     def admissible_actions(self) -> list[str]:

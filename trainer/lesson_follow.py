@@ -33,6 +33,7 @@ contexts) has ``lesson_follow_none`` high and ``lesson_follow_wrong`` low.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -162,7 +163,7 @@ def action_probabilities(model: Any, tokenizer: Any, prompt_ids: list[list[int]]
         probs = []
         for r in ids:
             total = sum(logp[(b, tuple(r[:k]))][r[k]] for k in range(len(r)) if (b, tuple(r[:k])) in logp)
-            probs.append(float(torch.tensor(total).exp()))
+            probs.append(math.exp(total))
         out.append(probs)
     return out
 

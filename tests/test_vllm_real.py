@@ -223,3 +223,48 @@ def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_sample
     finally:
         tr.close()
     assert tr.engine.llm is None                        # closed with the trainer
+
+
+def test_the_extractor_generates_through_vllm_and_its_engine_follows_its_updates(hf):
+    """``extractor.engine: vllm``: the extractor writes its extractions through a vLLM engine of its own
+    (out of process, beside the actor's), and after a CISPO update of the extractor that engine serves
+    the updated extractor's log-probs."""
+    from tests_helpers import CoinEnv, coin_config
+
+    from crl_bench.env_api import register_env
+    from crl_bench.experience.embedding import HashEmbedder
+    from crl_bench.trainer.loop import Trainer
+
+    register_env("test-coin", CoinEnv)
+    cfg = coin_config("complementary", generation={"engine": "vllm", "vllm_gpu_memory_utilization": 0.3},
+                      model={"dtype": "float32", "gradient_checkpointing": False},
+                      train={"groups_per_step": 2, "group_size": 4, "lr": 1e-4, "seed": 3},
+                      extractor={"engine": "vllm", "batch_size": 2, "max_new_tokens": 24, "lr": 1e-4},
+                      experience={"warmup_steps": 0, "warmup_train_steps": 0, "actor_critic": False})
+    tr = Trainer(cfg, embedder=HashEmbedder(64))
+    track = tr.experience
+    x_engine = track.engine
+    try:
+        assert isinstance(x_engine, VLLMEngine) and not x_engine.in_process
+        ids = _prompt(tr.tokenizer, "Write one lesson about calling a coin.")
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=8, stop=())
+        updated = False
+        for _ in range(5):
+            before = copy.deepcopy(track.model).eval()
+            m = tr.train_step().metrics
+            if m.get("extractor_update"):
+                updated = True
+                break
+        assert track.manager.extractor.engine is x_engine
+        stats = track.manager.stats()
+        assert stats["extractions_parsed"] + stats["extractions_failed"] > 0, stats
+        assert updated, m                   # credited extractions reached the extractor's batch
+        if updated:
+            track.model.eval()
+            (g,) = x_engine.generate([ids], greedy)
+            got = torch.tensor(g.logprobs)
+            assert (_hf_logprobs(track.model, ids, g.response_ids) - got).abs().max().item() < LOGPROB_TOL
+            assert (_hf_logprobs(before, ids, g.response_ids) - got).abs().max().item() > 1e-3
+    finally:
+        tr.close()
+    assert x_engine.llm is None

@@ -1,6 +1,10 @@
 """``crl-bench bench rollout``: generated tokens/s of one batched rollout over N envs against the same N
 episodes rolled out one env at a time (with and without the prefix cache), same model, tasks, seeds and
-sampling."""
+sampling; with ``--engine vllm``, the same batched rollout through vLLM against the transformers engine.
+
+``--engine vllm`` (:func:`bench_engines`) measures what a training step sees: the trainer's constrained
+replies and prompts, prefix caching on in both engines, and for vLLM the weight sync that follows every
+actor update (timed, and counted in a second ratio)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any
 
 from crl_bench.bench.options import add_model_and_env, first_env
 
-__all__ = ["ARMS", "HELP", "add_parser", "bench_rollout", "run"]
+__all__ = ["ARMS", "ENGINE_ARMS", "HELP", "add_parser", "bench_engines", "bench_rollout", "run"]
 
 HELP = "batched vs sequential"
 
@@ -77,12 +81,101 @@ def bench_rollout(model: str, env_id: str, n_envs: int, max_steps: int, repeats:
     return out
 
 
+ENGINE_ARMS = ("transformers", "vllm")
+
+
+def bench_engines(model: str, env_id: str, n_envs: int, max_steps: int, repeats: int = 2,
+                  threads: int = 0, dtype: str = "auto") -> dict[str, Any]:
+    """Batched rollout through vLLM against the transformers engine: same model, tasks, prompts and
+    sampling (constrained replies, temperature 1, 16 new tokens), both with their prefix cache.
+
+    Each repeat rolls the ``n_envs`` train tasks out once per engine (the order alternates); before each
+    vLLM rollout the model's weights are synced into vLLM, as after every actor update, and timed.
+    One warm-up rollout per engine is not counted.
+
+    Args:
+        model: model name or folder (the default model unless the command line names another).
+        env_id: env whose first ``n_envs`` train tasks are rolled out.
+        n_envs: episodes in the batch; max_steps: actions per episode.
+        repeats: rollouts per engine; threads: torch threads (0: the cores available).
+        dtype: ``model.dtype`` of both engines (``auto``: bf16 where the CPU or GPU has bf16 units).
+
+    Returns:
+        ``{"transformers": arm, "vllm": arm, "sync_s": ..., "tokens_per_s_ratio": vllm / transformers,
+        "tokens_per_s_ratio_with_sync": ...}`` where an arm holds ``tokens``, ``generate_s``,
+        ``wall_s`` and ``tokens_per_s`` (tokens / generate seconds), and ``sync_s`` is the mean seconds
+        of one weight sync.
+
+    Raises:
+        ImportError: vLLM is not installed.
+    """
+    import time
+
+    import torch
+
+    from crl_bench.config import GenerationConfig, ModelConfig
+    from crl_bench.llm.base import SamplingParams
+    from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
+    from crl_bench.llm.precision import DTYPES, resolve_dtype
+    from crl_bench.llm.vllm_engine import VLLMEngine, vllm_on_cpu
+    from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner
+    from crl_bench.trainer.loop import set_threads
+
+    set_threads(threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    policy, tok = load_model_and_tokenizer(model, dtype="float32", device=device)
+    name = resolve_dtype(dtype, device)
+    vllm = VLLMEngine.from_model(policy, tok, ModelConfig(name=model, dtype=name), GenerationConfig(), seed=0)
+    engines = {"transformers": HFEngine(policy, tok, batch_size=max(n_envs, 1), prefix_cache=True,
+                                        compute_dtype=DTYPES[name]),
+               "vllm": vllm}
+    pool = EnvPool(max_steps=max_steps)
+    specs = [EpisodeSpec(env_id, task) for task in range(n_envs)]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=16)
+    runners = {k: RolloutRunner(e, PromptBuilder(tok), pool, sampling, constrained=True) for k, e in engines.items()}
+    for runner in runners.values():
+        runner.collect(specs)                 # warm-up (vLLM's first requests, the HF kernels)
+    arms = {k: {"tokens": 0, "generate_s": 0.0, "wall_s": 0.0} for k in ENGINE_ARMS}
+    syncs = []
+    try:
+        for r in range(repeats):
+            for k in (ENGINE_ARMS if r % 2 == 0 else ENGINE_ARMS[::-1]):
+                torch.manual_seed(1234 + r)
+                if k == "vllm":
+                    t0 = time.perf_counter()
+                    vllm.sync_weights(policy)
+                    syncs.append(time.perf_counter() - t0)
+                runners[k].collect(specs)
+                st = runners[k].last_stats
+                arms[k]["tokens"] += st.generated_tokens
+                arms[k]["generate_s"] += st.generate_s
+                arms[k]["wall_s"] += st.wall_s
+    finally:
+        pool.close()
+        vllm.close()
+    out: dict[str, Any] = {"env": env_id, "envs": n_envs, "max_steps": max_steps, "repeats": repeats,
+                           "threads": torch.get_num_threads(), "dtype": name, "device": device,
+                           "vllm_backend": "cpu" if vllm_on_cpu() else "gpu"}
+    for k, a in arms.items():
+        out[k] = {**a, "tokens_per_s": a["tokens"] / a["generate_s"] if a["generate_s"] else 0.0}
+    out["sync_s"] = sum(syncs) / len(syncs) if syncs else 0.0
+    hf_rate = max(out["transformers"]["tokens_per_s"], 1e-9)
+    out["tokens_per_s_ratio"] = out["vllm"]["tokens_per_s"] / hf_rate
+    with_sync = out["vllm"]["tokens"] / max(out["vllm"]["generate_s"] + sum(syncs), 1e-9)
+    out["tokens_per_s_ratio_with_sync"] = with_sync / hf_rate
+    return out
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``rollout`` (this benchmark and its options) to the ``bench`` subcommands; returns its parser."""
     p = subparsers.add_parser("rollout", help=HELP, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     add_model_and_env(p, "env id (default minihack-room)")
     p.add_argument("--envs", type=int, default=8, help="episodes in the batch")
     p.add_argument("--max-steps", type=int, default=4, help="actions per episode")
+    p.add_argument("--engine", choices=["transformers", "vllm"], default="transformers",
+                   help="vllm: the batched rollout through vLLM against the transformers engine")
+    p.add_argument("--repeats", type=int, default=2, help="rollouts per arm (--engine vllm)")
+    p.add_argument("--dtype", default="auto", help="model.dtype of both engines (--engine vllm)")
     return p
 
 
@@ -90,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``crl-bench bench rollout`` with the options of :func:`add_parser` and print its table;
     returns 0."""
     env_id = first_env(args)
+    if getattr(args, "engine", "transformers") == "vllm":
+        return _run_engines(args, env_id)
     res = bench_rollout(args.model, env_id, args.envs, args.max_steps)
     print(f"rollout bench: {env_id}, {res['envs']} episodes x up to {res['max_steps']} actions, "
           f"{res['threads']} torch threads, compute dtype {res['dtype']}")
@@ -100,4 +195,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"tokens/s ratio, batched / one env at a time (same engine): {res['tokens_per_s_ratio']:.2f}x")
     print(f"tokens/s ratio, batched / naive one env at a time (no prefix cache): "
           f"{res['tokens_per_s_ratio_vs_naive']:.2f}x")
+    return 0
+
+
+def _run_engines(args: argparse.Namespace, env_id: str) -> int:
+    import os
+
+    from crl_bench.llm.precision import cpu_bf16_units
+
+    res = bench_engines(args.model, env_id, args.envs, args.max_steps, repeats=args.repeats, dtype=args.dtype)
+    print(f"rollout bench, engines: {env_id}, {res['envs']} episodes x up to {res['max_steps']} actions, "
+          f"constrained replies, {res['repeats']} rollouts per engine, device {res['device']} "
+          f"(vLLM's {res['vllm_backend']} backend), {res['threads']} torch threads, dtype {res['dtype']}")
+    if res["device"] == "cpu":
+        units = cpu_bf16_units()
+        print(f"CPU: {os.cpu_count()} cores, bf16 units: {', '.join(units) if units else 'none (AVX2 or older)'}")
+    print(f"{'engine':14s} {'tokens':>8s} {'generate s':>11s} {'wall s':>8s} {'tok/s':>8s}")
+    for name in ENGINE_ARMS:
+        a = res[name]
+        print(f"{name:14s} {a['tokens']:8d} {a['generate_s']:11.2f} {a['wall_s']:8.2f} {a['tokens_per_s']:8.2f}")
+    print(f"weight sync into vLLM: {res['sync_s']:.2f} s each")
+    print(f"tokens/s ratio, vllm / transformers: {res['tokens_per_s_ratio']:.2f}x "
+          f"({res['tokens_per_s_ratio_with_sync']:.2f}x counting one weight sync per rollout)")
     return 0

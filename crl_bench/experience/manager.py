@@ -592,7 +592,8 @@ class ExperienceManager:
         return s
 
     def close(self, drain_timeout: float | None = 0.0) -> None:
-        """Stop the threads (after waiting up to ``drain_timeout`` s for queued distillation)."""
+        """Stop the threads (after waiting up to ``drain_timeout`` s for queued distillation) and shut
+        the extractor's engine down where it runs a process of its own (``extractor.engine: vllm``)."""
         if self._closed:
             return
         if drain_timeout:
@@ -611,6 +612,9 @@ class ExperienceManager:
                 pass
             self._distill.put(None)
             self._worker.join(timeout=60)
+        close_engine = getattr(getattr(self.extractor, "engine", None), "close", None)
+        if close_engine is not None:           # vLLM's engine core process (extractor.engine: vllm)
+            close_engine()
 
 
 def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any, *, compute_dtype: Any,
@@ -620,9 +624,10 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     retriever (seeded with ``train.seed``) and, unless ``read_only`` or ``extractor_model`` is
     ``None``, the extractor generating with ``extractor_model`` through its own
     :class:`~crl_bench.llm.hf_engine.HFEngine` in ``compute_dtype`` (bf16 where the CPU has the units;
-    background work of ``gate``).  The parts are reachable as ``manager.bank``, ``.retriever`` and
-    ``.extractor``.  Used by the experience track in the trainer's process and by the Ray backend's
-    manager actor (crl_bench/ray_backend.py) alike.
+    background work of ``gate``), or with ``extractor.engine: vllm`` its own
+    :class:`~crl_bench.llm.vllm_engine.VLLMEngine`, out of process.  The parts are reachable as
+    ``manager.bank``, ``.retriever`` and ``.extractor``.  Used by the experience track in the trainer's
+    process and by the Ray backend's manager actor (crl_bench/ray_backend.py) alike.
 
     Args:
         cfg: the :class:`~crl_bench.config.RunConfig`.
@@ -651,8 +656,20 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     extractor = None
     if not read_only and extractor_model is not None:
         g = cfg.generation
-        engine = HFEngine(extractor_model, tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
-                          compute_dtype=compute_dtype, cache_mb=g.cache_mb, gate=gate, background=gate is not None)
+        if cfg.extractor.engine == "vllm":
+            import dataclasses
+
+            from crl_bench.llm.vllm_engine import VLLMEngine
+
+            # out of process: a second vLLM engine beside the actor's, with its own engine core
+            name = cfg.model.name if cfg.extractor.model == "same" else cfg.extractor.model
+            engine = VLLMEngine.from_model(extractor_model, tokenizer, dataclasses.replace(cfg.model, name=name,
+                                                                                            lora=False),
+                                           gen_cfg=g, seed=cfg.train.seed, in_process=False)
+        else:
+            engine = HFEngine(extractor_model, tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
+                              compute_dtype=compute_dtype, cache_mb=g.cache_mb, gate=gate,
+                              background=gate is not None)
         extractor = extractor_for(cfg.extractor, engine, tokenizer)
     return ExperienceManager(bank, retriever, extractor, search_workers=exp_cfg.search_workers,
                              query_batch=exp_cfg.query_batch, query_timeout_ms=exp_cfg.query_timeout_ms)

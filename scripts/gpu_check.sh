@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# GPU check: what this project can only show on an NVIDIA GPU, in one bounded script (under 10 minutes
+# on one H100 with the default model). Run from the project root, in the environment install.sh made
+# (or any Python with crl-bench and its dependencies): `bash scripts/gpu_check.sh [OUT_DIR]`
+# (PYTHON, CRL_BENCH and PYTEST name the interpreter and the commands when they are not on PATH).
+#
+#   1. the machine: GPU, driver, torch and its CUDA, bf16 support, vLLM's version (or its absence);
+#   2. with vLLM: the real-vLLM tests on CUDA (generation, masked/raw log-probs, a weight sync compared
+#      with a transformers forward of the synced weights, the out-of-process engine, grpo and
+#      complementary steps whose next rollout samples from the updated weights);
+#   3. a paper-shaped smoke: `grpo` with the `paper` preset (multi-turn prompts, free replies, bf16,
+#      logprob recomputation) on Sokoban, 2 steps of 4 groups x 8, with vLLM where it is installed;
+#   4. a throughput line: `crl-bench bench rollout` (--engine vllm where vLLM is installed: vLLM against
+#      the transformers engine on the same batch, weight sync included).
+# Each part is bounded by `timeout`; a part that fails is reported and the rest still run. The exit
+# status is the number of failed parts. Logs and the smoke's metrics go to OUT_DIR (default $OUT, else
+# ./gpu-check-out).
+set -uo pipefail
+out=${1:-${OUT:-gpu-check-out}}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+read -r -a crl <<< "${CRL_BENCH:-crl-bench}"
+failed=0
+part() {   # part NAME SECONDS COMMAND...: run, log to $out/NAME.log, report status and wall time
+  local name=$1 limit=$2; shift 2
+  local t0; t0=$(date +%s)
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc, $(( $(date +%s) - t0 )) s"
+  [ "$rc" = 0 ] || { failed=$((failed + 1)); tail -n 15 "$out/$name.log"; }
+}
+
+echo "== machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || failed=$((failed + 1))
+"$py" - <<'PY'
+import torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available {torch.cuda.is_available()}, "
+      f"bf16 {torch.cuda.is_available() and torch.cuda.is_bf16_supported()}")
+try:
+    import vllm
+    print(f"vllm {vllm.__version__}")
+except Exception as e:  # noqa: BLE001
+    print(f"vllm: not importable ({type(e).__name__}: {str(e)[:120]})")
+PY
+if "$py" -c "import vllm" > /dev/null 2>&1; then engine=vllm; else engine=transformers; fi
+echo "== generation engine for the smoke: $engine"
+
+if [ "$engine" = vllm ]; then
+  part vllm-tests 300 env CRL_BENCH_REQUIRE_VLLM=1 "${PYTEST:-pytest}" -q -p no:cacheprovider tests/test_vllm_real.py
+fi
+
+run_dir=$(mktemp -d)
+part paper-smoke 300 "${crl[@]}" run --method grpo --preset paper --mix sokoban --quiet \
+  --output-dir "$run_dir" --run-id gpu-check \
+  --set train.steps=2 --set train.groups_per_step=4 --set train.group_size=8 \
+  --set train.save_checkpoint=false --set train.checkpoint_every=0 --set rollout.max_steps=8 \
+  --set generation.max_new_tokens=128 --set eval.episodes=4 --set generation.engine=$engine
+if [ -f "$run_dir/gpu-check/metrics.jsonl" ]; then
+  cp "$run_dir/gpu-check/metrics.jsonl" "$out/paper-smoke-metrics.jsonl"
+  "$py" - "$run_dir/gpu-check/metrics.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if "step" in m and "tokens_per_s" in m:
+        print(f"   step {m['step']}: success {m.get('success_rate', 0):.2f}, {m['tokens_per_s']:.0f} tok/s, "
+              f"{m.get('time_step_s', 0):.1f} s, optimiser steps {m.get('optimizer_steps', 0):.0f}, "
+              f"drift {m.get('behaviour_logprob_abs_diff', float('nan')):.2e}")
+PY
+fi
+rm -rf "$run_dir"
+
+if [ "$engine" = vllm ]; then
+  part throughput 240 "${crl[@]}" bench rollout --engine vllm --env sokoban --envs 64 --max-steps 4 --dtype bfloat16
+else
+  part throughput 240 "${crl[@]}" bench rollout --env sokoban --envs 64 --max-steps 4
+fi
+grep -E "tok/s|ratio|^(transformers|vllm|batched|sequential)" "$out/throughput.log" || true
+echo "== failed parts: $failed"
+exit "$failed"

@@ -75,6 +75,18 @@ def test_rollout_overhead_step_pass_their_options_and_print(monkeypatch, capsys)
     assert out[-2:] == ["tokens/s ratio, batched / one env at a time (same engine): 1.50x",
                         "tokens/s ratio, batched / naive one env at a time (no prefix cache): 2.50x"]
 
+    monkeypatch.setattr(rollout, "bench_engines", lambda *a, **k: seen.setdefault("engines", (a, k)) and {
+        "envs": 3, "max_steps": 2, "repeats": 2, "threads": 2, "dtype": "bfloat16", "device": "cuda",
+        "vllm_backend": "gpu", "sync_s": 0.25, "tokens_per_s_ratio": 3.0, "tokens_per_s_ratio_with_sync": 2.5,
+        **{n: arm for n in rollout.ENGINE_ARMS}})
+    assert main(["bench", "rollout", "--engine", "vllm", "--env", "sokoban", "--envs", "3", "--max-steps", "2",
+                 "--dtype", "bfloat16"]) == 0
+    assert seen["engines"] == (("smollm2-135m-instruct", "sokoban", 3, 2), {"repeats": 2, "dtype": "bfloat16"})
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["engine", "tokens", "generate", "s", "wall", "s", "tok/s"]
+    assert out[-2:] == ["weight sync into vLLM: 0.25 s each",
+                        "tokens/s ratio, vllm / transformers: 3.00x (2.50x counting one weight sync per rollout)"]
+
     monkeypatch.setattr(overhead, "bench_overhead", lambda *a, **k: seen.setdefault("overhead", (a, k)) and {
         "episodes_per_round": 4, "rounds": 2, "max_steps": 3, "bank_size": 7,
         "wall_s": {"grpo": 1.0, "complementary": 1.2, "complementary+distill": 1.5}, "ratio": 1.2,

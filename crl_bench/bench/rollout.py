@@ -9,6 +9,7 @@ actor update (timed, and counted in a second ratio)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from crl_bench.bench.options import add_model_and_env, first_env
@@ -188,14 +189,19 @@ def run(args: argparse.Namespace) -> int:
     res = bench_rollout(args.model, env_id, args.envs, args.max_steps)
     print(f"rollout bench: {env_id}, {res['envs']} episodes x up to {res['max_steps']} actions, "
           f"{res['threads']} torch threads, compute dtype {res['dtype']}")
-    print(f"{'arm':20s} {'tokens':>8s} {'generate s':>11s} {'wall s':>8s} {'tok/s':>8s}")
-    for name in ARMS:
-        a = res[name]
-        print(f"{name:20s} {a['tokens']:8d} {a['generate_s']:11.2f} {a['wall_s']:8.2f} {a['tokens_per_s']:8.2f}")
+    _print_arms(res, "arm", ARMS, 20)
     print(f"tokens/s ratio, batched / one env at a time (same engine): {res['tokens_per_s_ratio']:.2f}x")
     print(f"tokens/s ratio, batched / naive one env at a time (no prefix cache): "
           f"{res['tokens_per_s_ratio_vs_naive']:.2f}x")
     return 0
+
+
+def _print_arms(res: dict[str, Any], head: str, names: Sequence[str], width: int) -> None:
+    """One table row per arm: tokens, generate seconds, wall seconds, tokens/s."""
+    print(f"{head:{width}s} {'tokens':>8s} {'generate s':>11s} {'wall s':>8s} {'tok/s':>8s}")
+    for name in names:
+        a = res[name]
+        print(f"{name:{width}s} {a['tokens']:8d} {a['generate_s']:11.2f} {a['wall_s']:8.2f} {a['tokens_per_s']:8.2f}")
 
 
 def _run_engines(args: argparse.Namespace, env_id: str) -> int:
@@ -210,10 +216,7 @@ def _run_engines(args: argparse.Namespace, env_id: str) -> int:
     if res["device"] == "cpu":
         units = cpu_bf16_units()
         print(f"CPU: {os.cpu_count()} cores, bf16 units: {', '.join(units) if units else 'none (AVX2 or older)'}")
-    print(f"{'engine':14s} {'tokens':>8s} {'generate s':>11s} {'wall s':>8s} {'tok/s':>8s}")
-    for name in ENGINE_ARMS:
-        a = res[name]
-        print(f"{name:14s} {a['tokens']:8d} {a['generate_s']:11.2f} {a['wall_s']:8.2f} {a['tokens_per_s']:8.2f}")
+    _print_arms(res, "engine", ENGINE_ARMS, 14)
     print(f"weight sync into vLLM: {res['sync_s']:.2f} s each")
     print(f"tokens/s ratio, vllm / transformers: {res['tokens_per_s_ratio']:.2f}x "
           f"({res['tokens_per_s_ratio_with_sync']:.2f}x counting one weight sync per rollout)")

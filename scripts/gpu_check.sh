@@ -10,7 +10,9 @@
 #      complementary steps whose next rollout samples from the updated weights);
 #   3. a paper-shaped smoke: `grpo` with the `paper` preset (multi-turn prompts, free replies, bf16,
 #      logprob recomputation) on Sokoban, 2 steps of 4 groups x 8, with vLLM where it is installed;
-#   4. a throughput line: `crl-bench bench rollout` (--engine vllm where vLLM is installed: vLLM against
+#   4. 3 steps of `grpo` on the one-action diagnostic (`diag` preset, bf16) that take optimiser steps
+#      and sync the engine after each;
+#   5. a throughput line: `crl-bench bench rollout` (--engine vllm where vLLM is installed: vLLM against
 #      the transformers engine on the same batch, weight sync included).
 # Each part is bounded by `timeout`; a part that fails is reported and the rest still run. The exit
 # status is the number of failed parts. Logs and the smoke's metrics go to OUT_DIR (default $OUT, else
@@ -30,6 +32,18 @@ part() {   # part NAME SECONDS COMMAND...: run, log to $out/NAME.log, report sta
   local rc=$?
   echo "== $name: exit $rc, $(( $(date +%s) - t0 )) s"
   [ "$rc" = 0 ] || { failed=$((failed + 1)); tail -n 15 "$out/$name.log"; }
+}
+
+summarise() {   # one line per training step of a metrics.jsonl
+  "$py" - "$1" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if "step" in m and "tokens_per_s" in m:
+        print(f"   step {m['step']}: success {m.get('success_rate', 0):.2f}, {m['tokens_per_s']:.0f} tok/s, "
+              f"{m.get('time_step_s', 0):.1f} s, optimiser steps {m.get('optimizer_steps', 0):.0f}, "
+              f"drift {m.get('behaviour_logprob_abs_diff', float('nan')):.2e}")
+PY
 }
 
 echo "== machine"
@@ -59,15 +73,20 @@ part paper-smoke 300 "${crl[@]}" run --method grpo --preset paper --mix sokoban 
   --set generation.max_new_tokens=128 --set eval.episodes=4 --set generation.engine=$engine
 if [ -f "$run_dir/gpu-check/metrics.jsonl" ]; then
   cp "$run_dir/gpu-check/metrics.jsonl" "$out/paper-smoke-metrics.jsonl"
-  "$py" - "$run_dir/gpu-check/metrics.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    if "step" in m and "tokens_per_s" in m:
-        print(f"   step {m['step']}: success {m.get('success_rate', 0):.2f}, {m['tokens_per_s']:.0f} tok/s, "
-              f"{m.get('time_step_s', 0):.1f} s, optimiser steps {m.get('optimizer_steps', 0):.0f}, "
-              f"drift {m.get('behaviour_logprob_abs_diff', float('nan')):.2e}")
-PY
+  summarise "$run_dir/gpu-check/metrics.jsonl"
+fi
+rm -rf "$run_dir"
+
+# the paper preset's free replies (and Sokoban's smoke runs) rarely give a 135M actor a learning
+# signal; the one-action diagnostic does (chance 1/8, groups of 8): its updates and weight syncs
+run_dir=$(mktemp -d)
+part update-smoke 240 "${crl[@]}" run --method grpo --preset diag --mix diag-vault --quiet \
+  --output-dir "$run_dir" --run-id gpu-update --steps 3 \
+  --set model.dtype=bfloat16 --set train.save_checkpoint=false --set train.checkpoint_every=0 \
+  --set eval.episodes=8 --set eval.at_start=false --set generation.engine=$engine
+if [ -f "$run_dir/gpu-update/metrics.jsonl" ]; then
+  cp "$run_dir/gpu-update/metrics.jsonl" "$out/update-smoke-metrics.jsonl"
+  summarise "$run_dir/gpu-update/metrics.jsonl"
 fi
 rm -rf "$run_dir"
 

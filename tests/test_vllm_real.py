@@ -272,7 +272,9 @@ def test_the_extractor_generates_through_vllm_and_its_engine_follows_its_updates
             (g,) = x_engine.generate([ids], greedy)
             got = torch.tensor(g.logprobs)
             assert (_hf_logprobs(track.model, ids, g.response_ids) - got).abs().max().item() < LOGPROB_TOL
-            assert (_hf_logprobs(before, ids, g.response_ids) - got).abs().max().item() > 1e-3
+            changed = any(not torch.equal(a, b) for a, b in zip(before.parameters(), track.model.parameters()))
+            if changed:                     # an update whose samples all had advantage 0 changes nothing
+                assert (_hf_logprobs(before, ids, g.response_ids) - got).abs().max().item() > 1e-3
     finally:
         tr.close()
     assert x_engine.llm is None

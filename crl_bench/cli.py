@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from crl_bench import bench
-from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
+from crl_bench.config import (
+    ConfigError,
+    RunConfig,
+    build_config,
+    check_name,
+    load_yaml,
+    parse_override,
+    preset_data,
+)
 from crl_bench.data import ChecksumError, DataMissingError, dataset_names
 from crl_bench.env_api import EnvUnavailableError
 from crl_bench.llm.default_model import ModelNotAvailable
@@ -122,6 +130,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume {args.resume!r}: {e}") from None
         print(f"run folder: {path}")
         return 0
+    if args.run_id:
+        check_name(args.run_id, "--run-id")
     args.method = args.method or "grpo"
     args.preset = args.preset or "default"
     extra: dict[str, Any] = {}
@@ -144,6 +154,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError("sweep: --mix is required")
     if args.seed is not None:
         raise ConfigError("sweep: use --seeds (a list), not --seed")
+    if args.name is not None:
+        check_name(args.name, "--name")
     spec = SweepSpec(methods=parse_list(args.methods, str, "methods"), seeds=parse_list(args.seeds, int, "seeds"),
                      mix=args.mix, preset=args.preset, config=args.config, model=args.model, steps=args.steps,
                      sets=list(args.set))
@@ -221,6 +233,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """
     from tqdm import tqdm
 
+    from crl_bench.experience.bank import ExperienceBank, NotABankError
     from crl_bench.methods import get_method
     from crl_bench.trainer.loop import Trainer
 
@@ -249,7 +262,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bank = run_dir / "experience.sqlite"
         if not bank.is_file():
             raise ConfigError(f"--run {args.run!r} is a {cfg.method} run without its experience.sqlite")
-    trainer = Trainer(cfg, writer=None, read_only_bank=bank)
+        try:                            # checked before the models load: a bad bank fails at once
+            ExperienceBank.stored_dim(bank)
+        except NotABankError as e:
+            raise ConfigError(f"--run {args.run!r}: {e}") from None
+    try:
+        trainer = Trainer(cfg, writer=None, read_only_bank=bank)
+    except NotABankError as e:          # unreadable past its header (corrupt pages, bad embeddings)
+        raise ConfigError(f"--run {args.run!r}: {e}") from None
     ev: dict[str, Any] = {"model": cfg.model.name, "method": cfg.method, "run": str(run_dir) if run_dir else None}
     try:
         modes = list(trainer.eval_modes if bank is not None else ["free"]) if args.modes is None else args.modes
@@ -339,18 +359,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _open_bank(run: str):
-    """Open the experience bank of a run folder (or a ``.sqlite`` path) read-only, for inspection.
+    """Open the experience bank of a run folder (or a ``.sqlite`` path) for inspection, with
+    :meth:`ExperienceBank.open_readonly` (nothing written, no model loaded, a file that is not a
+    crl-bench bank refused).
 
-    Nothing is written: not the file, not a ``-wal``/``-shm`` beside a cleanly closed bank. A file that
-    is not a crl-bench bank is refused. A bank is the ``.sqlite`` file with its ``-wal``/``-shm``
-    files: after a crash the entries can sit only in the ``-wal``, so a near-empty ``.sqlite`` without
-    its ``-wal`` gets a warning (it was probably copied without it).
+    A bank is the ``.sqlite`` file with its ``-wal``/``-shm`` files: after a crash the entries can sit
+    only in the ``-wal``, so a near-empty ``.sqlite`` without its ``-wal`` gets a warning (it was
+    probably copied without it).
 
     Raises:
         ConfigError: no bank there, or the file is not a (readable) crl-bench bank.
     """
     from crl_bench.experience.bank import ExperienceBank, NotABankError
-    from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
 
     path = Path(run) / "experience.sqlite" if Path(run).is_dir() else Path(run)
     if not path.is_file():
@@ -359,24 +379,11 @@ def _open_bank(run: str):
     wal = path.with_name(path.name + "-wal")
     hint = (f" Its write-ahead log {wal.name} is missing: a bank that was not closed cleanly keeps its "
             f"entries there; copy {path.name} with its -wal and -shm files." if not wal.exists() else "")
-    cfg_path = path.parent / "config.yaml"
-    embedder_name = "all-minilm-l6-v2"
-    if cfg_path.is_file():
-        try:
-            embedder_name = (load_yaml(cfg_path).get("experience") or {}).get("embedder", embedder_name)
-        except ConfigError:
-            pass                    # the bank records its own dimension; the name is only a preference
     try:
-        embedder = SentenceEmbedder(embedder_name)
-    except Exception:  # noqa: BLE001 - listing needs no embedding; fall back to the stored dimension
-        embedder = HashEmbedder(384)
-    try:
-        bank = ExperienceBank(path, embedder, index="flat", read_only=True)   # exact, no graph to build
+        bank = ExperienceBank.open_readonly(path)
     except NotABankError as e:
         near_empty = path.stat().st_size <= 8192
         raise ConfigError(f"{e}." + (hint if near_empty else "")) from None
-    except ValueError as e:
-        raise ConfigError(f"{path}: {e}") from None
     if len(bank) == 0 and hint:
         print(f"crl-bench: warning: {path} holds no entries.{hint}", file=sys.stderr)
     return bank
@@ -422,7 +429,23 @@ def cmd_swe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shown(text: Any) -> str:
+    """Bank text for the terminal: control characters escaped (an ESC in a lesson cannot drive the
+    terminal), tabs kept and each line after the first indented like the first, so a lesson's
+    newline cannot start what looks like another entry."""
+    from crl_bench.safe_io import printable
+
+    return printable(text).replace("\n", "\n    ")
+
+
 def cmd_bank(args: argparse.Namespace) -> int:
+    """``crl-bench bank show|stats RUN``: list a bank's entries or print its statistics (JSON).
+
+    Raises:
+        ConfigError: no bank, or the file is not a readable crl-bench bank (exit 2, naming it).
+    """
+    import sqlite3
+
     bank = _open_bank(args.run)
     try:
         if args.bank_cmd == "stats":
@@ -435,11 +458,14 @@ def cmd_bank(args: argparse.Namespace) -> int:
         entries.sort(key=keys[args.sort], reverse=True)
         for e in entries[:args.limit]:
             lineage = f"{e.origin}" + (f" of #{', #'.join(map(str, e.parent_ids))}" if e.parent_ids else "")
-            print(f"#{e.id} [{e.env_id}] {e.title}\n    {e.content}\n    retrieved {e.times_retrieved}, "
-                  f"guided {e.times_success} successes / {e.times_failure} failures, votes {e.votes:+d}; "
-                  f"{lineage} at step {e.created_step}, extractor version {e.extractor_version}")
+            print(f"#{e.id} [{_shown(e.env_id)}] {_shown(e.title)}\n    {_shown(e.content)}\n    retrieved "
+                  f"{e.times_retrieved}, guided {e.times_success} successes / {e.times_failure} failures, votes "
+                  f"{e.votes:+d}; {_shown(lineage)} at step {e.created_step}, extractor version "
+                  f"{e.extractor_version}")
         print(f"{len(entries)} entries" + (f" (showing {args.limit})" if len(entries) > args.limit else ""))
         return 0
+    except (sqlite3.Error, ValueError, TypeError) as e:   # rows a crl-bench bank never holds
+        raise ConfigError(f"{bank.path} is not a readable crl-bench experience bank: {e}") from None
     finally:
         bank.close()
 
@@ -593,8 +619,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, KeyError, FileExistsError, DataMissingError, ChecksumError, EnvUnavailableError,
             ModelNotAvailable) as e:
+        from crl_bench.safe_io import printable
+
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"crl-bench: error: {msg}", file=sys.stderr)
+        print(f"crl-bench: error: {printable(msg)}", file=sys.stderr)     # it may quote a file's text
         return 2
 
 

@@ -9,6 +9,7 @@ silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from crl_bench.safe_io import InputFileError, parse_yaml
 
 
 class ConfigError(ValueError):
@@ -516,7 +519,7 @@ class RunConfig:
     backend: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)
     output_dir: str = "results/runs"
-    run_id: str = ""
+    run_id: str = ""                # the run folder's name (check_name's rule); "" = time-method-mix-seed
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (YAML-serialisable)."""
@@ -628,26 +631,63 @@ def list_presets() -> list[str]:
                   if p.name.endswith(".yaml"))
 
 
+#: Largest config or mixture file :func:`load_yaml` reads (bytes).
+CONFIG_MAX_BYTES = 4 * 1024 * 1024
+#: Most alias references (``*name``) in one config file: anchors and aliases are fine in a config,
+#: their expansion is bounded by ``crl_bench.safe_io.MAX_YAML_NODES`` values.
+CONFIG_MAX_ALIASES = 1000
+
+#: The one rule for a name given on the command line or in a config that becomes a folder name
+#: (``--run-id``/``run_id``, ``sweep --name``, ``submission pack --name``): a letter or digit, then
+#: letters, digits, ``.``, ``_``, ``-``; at most 128 characters; no ``..``.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_name(value: Any, what: str) -> str:
+    """Return ``value`` if it is a valid name (:data:`NAME_PATTERN`, no ``..``), so that it names a
+    folder inside the folder it is joined to and never one outside it (no ``/``, no ``..``, not absolute).
+
+    Args:
+        value: the name.
+        what: the flag or key it came from, for the message (``"--run-id"``, ``"run_id"``).
+
+    Raises:
+        ConfigError: naming ``what`` and the rule.
+    """
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or ".." in value:
+        raise ConfigError(f"{what} {value!r}: a name must start with a letter or digit and hold only letters, "
+                          "digits, '.', '_' and '-' (at most 128 characters, no '..'): it names a folder")
+    return value
+
+
 def load_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     """Read a YAML mapping from ``path`` (``what`` names the file in errors, e.g. ``"mixture file"``).
 
+    Parsed with :func:`crl_bench.safe_io.parse_yaml`: at most :data:`CONFIG_MAX_BYTES`, nested at most
+    ``safe_io.MAX_DEPTH`` levels, at most :data:`CONFIG_MAX_ALIASES` aliases and
+    ``safe_io.MAX_YAML_NODES`` values once they are expanded.
+
     Raises:
-        ConfigError: the file is missing or unreadable, not UTF-8 text (a binary file), not valid
-            YAML, or not a mapping at top level (a list, a scalar).
+        ConfigError: the file is missing or unreadable, larger than the limit, not UTF-8 text (a
+            binary file), not valid YAML or over a limit of the parser, or not a mapping at top level
+            (a list, a scalar).
     """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{what} {str(p)!r} does not exist")
     try:
+        if p.stat().st_size > CONFIG_MAX_BYTES:
+            raise ConfigError(f"{what} {str(p)!r} is {p.stat().st_size} bytes, more than the {CONFIG_MAX_BYTES} "
+                              "accepted")
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{what} {str(p)!r} is not a text (UTF-8) YAML file") from None
     except OSError as e:
         raise ConfigError(f"{what} {str(p)!r} cannot be read: {e.strerror or e}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {e}") from None
+        data = parse_yaml(text, p, max_aliases=CONFIG_MAX_ALIASES)
+    except InputFileError as e:
+        raise ConfigError(f"{what} {str(p)!r}: {e.problem}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -674,6 +714,8 @@ def build_config(layers: list[dict[str, Any]]) -> RunConfig:
 
 def validate(cfg: RunConfig) -> None:
     """Check value ranges. Raises :class:`ConfigError` naming the offending key."""
+    if cfg.run_id:
+        check_name(cfg.run_id, "run_id")
     if isinstance(cfg.eval.controls, str):        # --set eval.controls=shuffled,empty
         cfg.eval.controls = [c.strip() for c in cfg.eval.controls.split(",") if c.strip()]
     checks = [

@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from crl_bench.safe_io import load_json, printable
 from crl_bench.summary import SummaryError, build_summary, read_summary, validate_summary
 
 #: eval modes of a summary run: with experience, its memory controls, without; ``initial`` is the
@@ -69,6 +70,7 @@ EVAL_DOC = "docs/evaluation.md"
 
 
 def _warn(warnings: list[str] | None, message: str) -> None:
+    message = printable(message)            # it may quote a hostile file: no control characters
     if warnings is None:
         print(f"warning: {message}", file=sys.stderr)
     else:
@@ -96,7 +98,9 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
     Returns:
         The summaries in walk order (sorted folder names). Unfinished runs (no ``eval.json``),
         invalid summaries and missing paths are skipped with a warning naming the folder and the
-        problem; nothing here raises for bad input.
+        problem; nothing here raises for bad input. Every file is read as untrusted input
+        (crl_bench.safe_io: no symbolic link out of its folder, size and depth limits, UTF-8, finite
+        numbers), so one hostile submission is skipped and the others are still collected.
     """
     out: list[dict[str, Any]] = []
     seen: set[Path] = set()
@@ -106,6 +110,8 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
         if real in seen:
             return
         seen.add(real)
+        # RecursionError: metrics.jsonl lines are parsed by crl_bench.results.iter_metrics without a depth
+        # limit; TypeError/AttributeError: run files of the wrong shapes; each costs only its own run
         try:
             if has_summary:
                 out.append(read_summary(folder / "summary.json"))
@@ -113,16 +119,17 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
                 data = build_summary(folder)
                 validate_summary(data, source=f"{folder} (summarised from its run files)")
                 out.append(data)
-        except SummaryError as e:
+        except (SummaryError, OSError, ValueError, RecursionError, TypeError, AttributeError) as e:
             _warn(warnings, f"skipped {folder}: {e}")
         for extra in sorted(folder.glob("checkpoint-*-split.json")):
             try:
-                if not isinstance(json.loads(extra.read_text()).get("protocol"), dict):
+                head = load_json(extra)
+                if not isinstance(head, dict) or not isinstance(head.get("protocol"), dict):
                     continue                # written before evaluations recorded their protocol
                 data = build_summary(folder, extra.name)
                 validate_summary(data, source=f"{extra} (summarised with its run files)")
                 out.append(data)
-            except (SummaryError, OSError, ValueError, AttributeError) as e:
+            except (SummaryError, OSError, ValueError, RecursionError, TypeError, AttributeError) as e:
                 _warn(warnings, f"skipped {extra}: {e}")
 
     for p in map(Path, paths):

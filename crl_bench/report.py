@@ -24,19 +24,19 @@ each step, the shaded band spans the minimum to the maximum over seeds (drawn wh
 seeds logged that step). A plot whose data no run has (e.g. the bank plots for GRPO-only runs) is
 not written and the page says so.
 
-The bank is opened with a :class:`~crl_bench.experience.embedding.HashEmbedder` of the stored
-dimension: listing entries needs no embedding, so the report never loads a sentence-transformers
-model.
+Each bank is opened with :meth:`~crl_bench.experience.bank.ExperienceBank.open_readonly`: read-only
+(its bytes, journal mode and files are left as they were; a SQLite file that is not a crl-bench bank
+is reported on the page, never turned into one) with a hash embedder of the stored dimension, so the
+report never loads a sentence-transformers model. Text from the banks, configs and summaries reaches
+the page with its control characters escaped (:func:`crl_bench.safe_io.printable`).
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import os
-import sqlite3
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -45,9 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from crl_bench.config import CONFIG_MAX_ALIASES
 from crl_bench.results import iter_metrics
+from crl_bench.safe_io import load_json, load_yaml, printable
 from crl_bench.trainer.alarms import run_alerts
 
 PLOT_FILES = {
@@ -234,16 +235,16 @@ def load_run(path: str | os.PathLike) -> RunData:
     Raises:
         FileNotFoundError: no ``config.yaml`` or no ``metrics.jsonl`` in ``path``.
         ValueError: ``config.yaml`` is not a mapping or names no ``method``; a ``metrics.jsonl`` line
-            is not a JSON object with an integer ``step``; ``eval.json`` is not valid JSON / an object.
+            is not a JSON object with an integer ``step``; ``eval.json`` is not valid JSON / an object;
+            ``config.yaml`` or ``eval.json`` is refused as untrusted input
+            (:class:`crl_bench.safe_io.InputFileError`: a symbolic link out of the folder, too large,
+            not UTF-8, too deep, not finite numbers).
     """
     p = Path(path)
     for name in ("config.yaml", "metrics.jsonl"):
         if not (p / name).is_file():
             raise FileNotFoundError(f"{p} is not a run folder: it has no {name}")
-    try:
-        cfg = yaml.safe_load((p / "config.yaml").read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"{p / 'config.yaml'}: not valid YAML ({e})") from None
+    cfg = load_yaml(p / "config.yaml", max_aliases=CONFIG_MAX_ALIASES)     # InputFileError is a ValueError
     if not isinstance(cfg, dict):
         raise ValueError(f"{p / 'config.yaml'}: must be a mapping, got {type(cfg).__name__}")
     method = cfg.get("method")
@@ -254,10 +255,7 @@ def load_run(path: str | os.PathLike) -> RunData:
     train, evals = _read_metrics(p / "metrics.jsonl")
     final_eval = None
     if (p / "eval.json").is_file():
-        try:
-            raw = json.loads((p / "eval.json").read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p / 'eval.json'}: not valid JSON ({e.msg})") from None
+        raw = load_json(p / "eval.json")
         final_eval = _normalise_eval(raw, str(p / "eval.json"))
     mix = str(rollout.get("mix") or "")
     seed = train_cfg.get("seed")
@@ -602,47 +600,25 @@ def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ banks
-def _stored_dim(path: Path, default: int = 384) -> int:
-    """Embedding dimension recorded in a bank's ``meta`` table (``default`` if none is recorded)."""
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
-        try:
-            row = con.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return default
-    try:
-        return int(row[0]) if row else default
-    except (TypeError, ValueError):
-        return default
-
-
 def read_bank(path: str | os.PathLike, limit: int = TOP_ENTRIES) -> tuple[list, dict]:
     """The ``limit`` most used entries of a bank and its :meth:`ExperienceBank.stats`.
 
     Entries are sorted by ``times_retrieved``, then ``times_success`` (both descending), then id.
-    The bank is opened with a ``HashEmbedder`` of the stored dimension (no model is loaded).
+    The bank is opened with :meth:`ExperienceBank.open_readonly` (nothing is written to it, no model
+    is loaded).
 
     Raises:
         FileNotFoundError: ``path`` is not a file.
         ValueError: ``limit`` < 0.
-        sqlite3.Error / RuntimeError: the file is not a readable experience bank.
+        NotABankError: the file is not a readable crl-bench experience bank.
     """
     from crl_bench.experience.bank import ExperienceBank
-    from crl_bench.experience.embedding import HashEmbedder
 
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"no experience bank at {p}")
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    bank = ExperienceBank(p, HashEmbedder(_stored_dim(p)), index="flat")    # exact; no graph to build
-    try:
+    with ExperienceBank.open_readonly(path) as bank:
         entries = bank.entries()
         stats = bank.stats()
-    finally:
-        bank.close()
     entries.sort(key=lambda e: (-e.times_retrieved, -e.times_success, e.id))
     return entries[:limit], stats
 
@@ -666,7 +642,9 @@ code{font-size:0.95em}
 
 
 def _e(x: Any) -> str:
-    return html.escape("" if x is None else str(x), quote=True)
+    """``x`` as HTML text: control characters escaped (:func:`crl_bench.safe_io.printable`: a NUL or
+    an ESC from a bank or a config never reaches the page raw), then HTML-escaped."""
+    return html.escape(printable(x), quote=True)
 
 
 def _fmt_rate(ev: dict | None) -> str:
@@ -709,7 +687,7 @@ def _bank_html(run: RunData) -> str:
     try:
         entries, stats = read_bank(run.bank_path)
     except Exception as e:  # noqa: BLE001 - one unreadable bank must not hide the rest of the report
-        warnings.warn(f"report: could not read {run.bank_path}: {e}", stacklevel=2)
+        warnings.warn(printable(f"report: could not read {run.bank_path}: {e}"), stacklevel=2)
         return head + f"<p class='note'>Could not read {_e(run.bank_path)}: {_e(type(e).__name__)}: {_e(e)}</p>"
     applied = ", ".join(f"{k} {v}" for k, v in (stats.get("applied") or {}).items())
     summary = (f"<p class='meta'>{_e(stats.get('count'))} entries; applied operations: {_e(applied)}; "
@@ -830,7 +808,9 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
              "<h2>Learning alarms</h2>", "<p class='meta'>Warnings the trainer raised that a run stopped "
              "learning (docs/learning.md \"Learning alarms\").</p>", _alerts_html(runs)]
     if table is not None:
-        parts += ["<h2>Leaderboard</h2>", table.to_html(escape=True, border=0, na_rep="", index=False)]
+        shown = table.rename(columns=printable).apply(lambda col: col.map(
+            lambda v: printable(v) if isinstance(v, str) else v))
+        parts += ["<h2>Leaderboard</h2>", shown.to_html(escape=True, border=0, na_rep="", index=False)]
     parts.append("<h2>Plots</h2>")
     for key in PLOT_FILES:
         reason = plots[key]

@@ -9,8 +9,6 @@ wrong with a submission folder.
 from __future__ import annotations
 
 import datetime as dt
-import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +16,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from crl_bench.config import ConfigError, check_name
+from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths, printable
 from crl_bench.summary import (
     SCHEMA_VERSION,
     SummaryError,
@@ -32,8 +32,9 @@ from crl_bench.summary import (
 COMPARABLE_KEYS = ("method", "model", "mix", "eval_protocol")
 #: A metadata value that still starts with this is an unfilled template field.
 PLACEHOLDER = "TODO"
-#: Folder names :func:`main_submission_pack` accepts as a submission name.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: Largest ``summary.json`` and ``metadata.yaml`` :func:`check_submission` reads (bytes).
+SUMMARY_MAX_BYTES = 16 * 1024 * 1024
+METADATA_MAX_BYTES = 64 * 1024
 
 
 # ---- checking ----------------------------------------------------------------------------------
@@ -93,6 +94,11 @@ def _submission_rules(data: dict[str, Any]) -> list[str]:
 def check_submission(folder: str | Path) -> list[str]:
     """Everything wrong with a submission folder; an empty list means it is valid.
 
+    Both files are read as untrusted input (crl_bench.safe_io): a symbolic link that leaves the
+    folder, a file over the size limit (:data:`SUMMARY_MAX_BYTES`, :data:`METADATA_MAX_BYTES`), text
+    that is not UTF-8, nesting deeper than 64 levels, YAML aliases, over-long integers and numbers
+    that are not finite (NaN, Infinity) are each one problem, and nothing of a refused file is shown.
+
     Checks ``summary.json`` (present, JSON, the summary schema and cross-field rules:
     crl_bench.summary.summary_problems; kind ``submission``; one run per seed; every evaluated env in
     the mix; ``eval_protocol`` names every env of the mix; every run has a free evaluation of every
@@ -110,28 +116,28 @@ def check_submission(folder: str | Path) -> list[str]:
         return [f"{folder}: not a folder"]
     problems: list[str] = []
     spath = folder / "summary.json"
-    if not spath.is_file():
+    if not spath.is_file() and not spath.is_symlink():
         problems.append(f"{spath}: missing (crl-bench submission pack RUN_DIR ... writes it)")
     else:
         try:
-            data = json.loads(spath.read_text())
-        except json.JSONDecodeError as e:
-            problems.append(f"{spath}: not valid JSON ({e})")
+            data = load_json(spath, root=folder, max_bytes=SUMMARY_MAX_BYTES)
+        except InputFileError as e:
+            problems.append(str(e))
         else:
-            found = schema_problems(data, "summary")
+            found = schema_problems(data, "summary") + [f"{p}: not a finite number" for p in nonfinite_paths(data)]
             if not found:               # the cross-field and submission rules need a well-formed summary
                 found = summary_problems(data) + _submission_rules(data)
             elif isinstance(data, dict) and data.get("kind") == "run":
                 found.append("$.kind: is 'run'; a submission's summary has kind 'submission'")
             problems += [f"{spath}: {p}" for p in found]
     mpath = folder / "metadata.yaml"
-    if not mpath.is_file():
+    if not mpath.is_file() and not mpath.is_symlink():
         problems.append(f"{mpath}: missing (see results/submissions/README.md)")
     else:
         try:
-            meta = yaml.safe_load(mpath.read_text())
-        except yaml.YAMLError as e:
-            problems.append(f"{mpath}: not valid YAML ({e})")
+            meta = load_yaml(mpath, root=folder, max_bytes=METADATA_MAX_BYTES, max_aliases=0, finite=True)
+        except InputFileError as e:
+            problems.append(str(e))
         else:
             meta = _dates_to_text(meta)
             found = schema_problems(meta, "submission_metadata")
@@ -277,8 +283,8 @@ def main_submission_check(folder: str | Path, stdout: TextIO | None = None, stde
         0 when valid, 1 otherwise.
     """
     problems = check_submission(folder)
-    for p in problems:
-        print(p, file=stderr or sys.stderr)
+    for p in problems:                      # the messages quote the files' text: escaped for the terminal
+        print(printable(p), file=stderr or sys.stderr)
     if problems:
         print(f"{folder}: {len(problems)} problem{'s' if len(problems) > 1 else ''}", file=stderr or sys.stderr)
         return 1
@@ -290,14 +296,17 @@ def main_submission_pack(run_dirs: Sequence[str | Path], name: str, out_dir: str
                          root: str | Path = "results/submissions", stdout: TextIO | None = None,
                          stderr: TextIO | None = None) -> int:
     """``crl-bench submission pack RUN... --name N [--out DIR]``: pack into ``out_dir`` or
-    ``<root>/<name>`` (``name`` must then be a plain folder name: letters, digits, ``_ . -``).
+    ``<root>/<name>``; ``name`` must pass :func:`crl_bench.config.check_name` (it names the folder
+    unless ``--out`` is given, and the submission in any case).
 
     Returns:
         0 on success (prints the folder and the next steps), 2 on an error (printed to stderr).
     """
     err = stderr or sys.stderr
-    if out_dir is None and not NAME_RE.match(name or ""):
-        print(f"error: --name {name!r}: use letters, digits, '_', '.', '-' (it names the folder)", file=err)
+    try:
+        check_name(name, "--name")
+    except ConfigError as e:
+        print(f"error: {e}", file=err)
         return 2
     target = Path(out_dir) if out_dir is not None else Path(root) / name
     try:

@@ -43,7 +43,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+from crl_bench.config import CONFIG_MAX_ALIASES
 from crl_bench.results import iter_metrics
+from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths
 
 SCHEMA_VERSION = 1
 #: Keys of one evaluation mode that a summary keeps (``tasks`` and ``wall_s`` are dropped).
@@ -128,14 +130,15 @@ def _message(error: jsonschema.ValidationError) -> str:
 def summary_problems(data: Any) -> list[str]:
     """Schema violations of a summary, then (only if the schema passes) the checks that span fields.
 
-    Semantic checks: ``seeds`` equals the runs' seeds in order; a ``run`` summary has exactly one
+    Every number must be finite (a NaN passes a schema's minimum and maximum). Semantic checks:
+    ``seeds`` equals the runs' seeds in order; a ``run`` summary has exactly one
     run; run ids are unique; a ``submission`` has one run per seed; every env evaluated in any run
     is in ``mix.envs``; ``eval_protocol.max_steps`` and ``tasks_per_env`` name every evaluated env.
 
     Returns:
         ``["<json path>: <message>", ...]``; empty when the summary is valid.
     """
-    problems = schema_problems(data, "summary")
+    problems = schema_problems(data, "summary") + [f"{p}: not a finite number" for p in nonfinite_paths(data)]
     if problems:
         return problems
     runs = data["runs"]
@@ -189,12 +192,14 @@ def validate_summary(data: Any, source: str = "summary.json") -> None:
 
 # ---- reading a run folder ---------------------------------------------------------------------
 def _read_json(path: Path, what: str) -> Any:
+    """``path`` parsed as untrusted JSON (crl_bench.safe_io.load_json: inside its folder, size, depth
+    and finite numbers). Raises :class:`SummaryError` naming the file."""
     if not path.is_file():
         raise SummaryError(f"{path}: missing ({what})")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SummaryError(f"{path}: not valid JSON ({e})") from None
+        return load_json(path)
+    except InputFileError as e:
+        raise SummaryError(str(e)) from None
 
 
 def _get(d: Any, dotted: str, file: Path, default: Any = ..., types: tuple = ()) -> Any:
@@ -326,9 +331,9 @@ def build_summary(run_dir: str | Path, eval_file: str = "eval.json") -> dict[str
     if not cfg_path.is_file():
         raise SummaryError(f"{cfg_path}: missing (not a run folder)")
     try:
-        config = yaml.safe_load(cfg_path.read_text())
-    except yaml.YAMLError as e:
-        raise SummaryError(f"{cfg_path}: not valid YAML ({e})") from None
+        config = load_yaml(cfg_path, max_aliases=CONFIG_MAX_ALIASES)
+    except InputFileError as e:
+        raise SummaryError(str(e)) from None
     if not isinstance(config, dict):
         raise SummaryError(f"{cfg_path}: expected a mapping")
     eval_path = run_dir / eval_file

@@ -11,6 +11,8 @@ import statistics
 import time
 from typing import Any
 
+from crl_bench.bench.options import non_negative_int, positive_int
+
 __all__ = ["HELP", "add_parser", "bench_backend", "run"]
 
 HELP = "training step time, Ray backend vs local"
@@ -94,9 +96,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--method", default="complementary")
     p.add_argument("--mix", default="minihack-room")
     p.add_argument("--preset", default="smoke")
-    p.add_argument("--steps", type=int, default=3, help="steps per backend (interleaved)")
-    p.add_argument("--num-cpus", type=int, default=2, help="logical CPUs of the local Ray")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=positive_int, default=3, help="steps per backend (interleaved)")
+    p.add_argument("--num-cpus", type=positive_int, default=2, help="logical CPUs of the local Ray")
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     return p
 

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from crl_bench.bench.options import DEFAULT_MODEL
+from crl_bench.bench.options import DEFAULT_MODEL, non_negative_int, positive_int
 
 __all__ = ["HELP", "add_parser", "bench_dp", "format_dp", "run", "synthetic_batch"]
 
@@ -173,15 +173,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser("dp", help=HELP, description="One policy update of the same batch in-process "
                               "vs N data-parallel workers (Ray actors, one torch.distributed group).")
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--workers", type=int, default=2, help="data-parallel workers (default 2)")
+    p.add_argument("--workers", type=positive_int, default=2, help="data-parallel workers (default 2)")
     p.add_argument("--sharding", choices=("ddp", "fsdp"), default="ddp")
-    p.add_argument("--groups", type=int, default=4, help="groups (prompts) in the batch")
-    p.add_argument("--group-size", type=int, default=4, help="episodes per group")
-    p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--response-tokens", type=int, default=32)
-    p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3, help="timed updates per arm")
-    p.add_argument("--threads", type=int, default=0, help="torch threads in-process (0: default); "
+    p.add_argument("--groups", type=positive_int, default=4, help="groups (prompts) in the batch")
+    p.add_argument("--group-size", type=positive_int, default=4, help="episodes per group")
+    p.add_argument("--prompt-tokens", type=positive_int, default=256)
+    p.add_argument("--response-tokens", type=positive_int, default=32)
+    p.add_argument("--micro-batch-size", type=positive_int, default=4)
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed updates per arm")
+    p.add_argument("--threads", type=non_negative_int, default=0, help="torch threads in-process (0: default); "
                    "each worker gets threads / workers")
     p.add_argument("--sequential", action="store_true", help="time the in-process arm, free it, then the "
                    "workers (lower peak memory; default: interleaved)")

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from crl_bench.bench import alfworld, webshop
+from crl_bench.bench.options import non_negative_int, positive_int
 from crl_bench.bench.raw import RawSimulator, raw_simulator
 from crl_bench.data import DataMissingError
 from crl_bench.env_api import EnvUnavailableError, TextEnv, list_envs, make_env
@@ -317,13 +318,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                               "simulator; ALFWorld and WebShop: their own benches (when named).")
     p.add_argument("--env", action="append",
                    help=f"env id, repeatable (default: every registered env but {', '.join(OWN_BENCHES)})")
-    p.add_argument("--steps", type=int, default=2000, help="timed steps per path and env")
-    p.add_argument("--workers", type=int, default=2, help="alfworld bench: N worker processes (vs 1)")
-    p.add_argument("--episodes", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=2000, help="timed steps per path and env")
+    p.add_argument("--workers", type=positive_int, default=2, help="alfworld bench: N worker processes (vs 1)")
+    p.add_argument("--episodes", type=positive_int, default=None,
                    help="alfworld episodes per arm (8), webshop scripted episodes (200)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the random legal actions and the task ids")
-    p.add_argument("--chunk", type=int, default=100, help="steps per alternating timing chunk")
-    p.add_argument("--warmup", type=int, default=50, help="untimed steps per path first")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seeds the random legal actions and the task ids")
+    p.add_argument("--chunk", type=positive_int, default=100, help="steps per alternating timing chunk")
+    p.add_argument("--warmup", type=non_negative_int, default=50, help="untimed steps per path first")
     p.add_argument("--json", action="store_true", help="print the text-vs-raw rows as JSON at the end")
     return p
 

@@ -1,4 +1,5 @@
-"""Options shared by the model-driven benchmarks (``rollout``, ``overhead``, ``step``)."""
+"""Options shared by the benchmarks: the model and env of the model-driven ones (``rollout``, ``overhead``,
+``step``) and the argparse types of their counts."""
 
 from __future__ import annotations
 
@@ -20,3 +21,27 @@ def add_model_and_env(p: argparse.ArgumentParser, env_help: str) -> None:
 def first_env(args: argparse.Namespace) -> str:
     """The first ``--env`` of ``args``, or :data:`DEFAULT_ENV` when none was given."""
     return (args.env or [DEFAULT_ENV])[0]
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1 (a size, a number of steps or repeats): a
+    bad value is a usage error (exit 2) instead of a failure deep inside the benchmark."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type of a seed, a thread count (0: the library's default) or a warm-up length."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None

@@ -8,7 +8,7 @@ import dataclasses
 import time
 from typing import Any
 
-from crl_bench.bench.options import add_model_and_env, first_env
+from crl_bench.bench.options import add_model_and_env, first_env, positive_int
 
 __all__ = ["HELP", "add_parser", "bench_overhead", "run"]
 
@@ -85,9 +85,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Add ``overhead`` (this benchmark and its options) to the ``bench`` subcommands; returns its parser."""
     p = subparsers.add_parser("overhead", help=HELP, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     add_model_and_env(p, "env id (default minihack-room)")
-    p.add_argument("--envs", type=int, default=8,
+    p.add_argument("--envs", type=positive_int, default=8,
                    help="episodes per round: 2 groups of max(2, ENVS // 2) episodes")
-    p.add_argument("--max-steps", type=int, default=4, help="actions per episode")
+    p.add_argument("--max-steps", type=positive_int, default=4, help="actions per episode")
     return p
 
 

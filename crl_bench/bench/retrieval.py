@@ -82,6 +82,7 @@ from typing import Any
 
 import numpy as np
 
+from crl_bench.bench.options import non_negative_int, positive_int
 from crl_bench.experience.vector_index import AUTO_THRESHOLD, INDEX_KINDS, AutoShard, omp_threads
 
 HELP = "batched vs single search, latency"
@@ -335,20 +336,21 @@ def target_summary(rows: list[dict[str, Any]], auto_threshold: int = AUTO_THRESH
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``retrieval`` (this benchmark and its options) to the ``bench`` subcommands; returns its parser."""
     p = subparsers.add_parser("retrieval", help=HELP, description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--index", nargs="+", default=["flat", "ivf", "hnsw"], choices=list(INDEX_KINDS),
                    help="auto (the bank's default) is flat or hnsw by size: the summary line says which")
     p.add_argument("--data", nargs="+", default=list(DATA_KINDS), choices=list(DATA_KINDS),
                    help="sentence: sentence-embedding-shaped (representative); gaussian: isotropic worst case")
     p.add_argument("--vectors", default=None, help="a .npy file of real embeddings to use instead of --data")
-    p.add_argument("--queries", type=int, default=64, help="queries of the batched-vs-single timing")
-    p.add_argument("--recall-queries", type=int, default=256, help="queries recall is measured on")
-    p.add_argument("--k", type=int, default=16, help="neighbours asked for (the retriever asks k x oversample = 16)")
-    p.add_argument("--dim", type=int, default=384)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--latency-samples", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--search-threads", type=int, default=1,
+    p.add_argument("--queries", type=positive_int, default=64, help="queries of the batched-vs-single timing")
+    p.add_argument("--recall-queries", type=positive_int, default=256, help="queries recall is measured on")
+    p.add_argument("--k", type=positive_int, default=16,
+                   help="neighbours asked for (the retriever asks k x oversample = 16)")
+    p.add_argument("--dim", type=positive_int, default=384)
+    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--latency-samples", type=positive_int, default=512)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--search-threads", type=non_negative_int, default=1,
                    help="OpenMP threads per search (the bank's search_threads; 0 = FAISS default)")
     return p
 

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from crl_bench.bench.options import add_model_and_env, first_env
+from crl_bench.bench.options import add_model_and_env, first_env, positive_int
 
 __all__ = ["ARMS", "ENGINE_ARMS", "HELP", "add_parser", "bench_engines", "bench_rollout", "run"]
 
@@ -171,11 +171,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Add ``rollout`` (this benchmark and its options) to the ``bench`` subcommands; returns its parser."""
     p = subparsers.add_parser("rollout", help=HELP, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     add_model_and_env(p, "env id (default minihack-room)")
-    p.add_argument("--envs", type=int, default=8, help="episodes in the batch")
-    p.add_argument("--max-steps", type=int, default=4, help="actions per episode")
+    p.add_argument("--envs", type=positive_int, default=8, help="episodes in the batch")
+    p.add_argument("--max-steps", type=positive_int, default=4, help="actions per episode")
     p.add_argument("--engine", choices=["transformers", "vllm"], default="transformers",
                    help="vllm: the batched rollout through vLLM against the transformers engine")
-    p.add_argument("--repeats", type=int, default=2, help="rollouts per arm (--engine vllm)")
+    p.add_argument("--repeats", type=positive_int, default=2, help="rollouts per arm (--engine vllm)")
     p.add_argument("--dtype", default="auto", help="model.dtype of both engines (--engine vllm)")
     return p
 

@@ -10,7 +10,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING, Any
 
-from crl_bench.bench.options import add_model_and_env, first_env
+from crl_bench.bench.options import add_model_and_env, first_env, positive_int
 
 if TYPE_CHECKING:
     import torch
@@ -184,7 +184,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_model_and_env(p, "env id (default minihack-room), the mix when --mix is not given")
     p.add_argument("--mix", default=None, help="env id or mixture (default: --env or minihack-room)")
     p.add_argument("--preset", default="smoke", help="preset (smoke, default, paper)")
-    p.add_argument("--train-steps", type=int, default=2, help="training steps per arm")
+    p.add_argument("--train-steps", type=positive_int, default=2, help="training steps per arm")
     p.add_argument("--no-update-probe", action="store_true",
                    help="skip the same-batch update comparison (costly on big presets)")
     return p

@@ -168,6 +168,57 @@ class NotABankError(ValueError):
     """A file opened as an experience bank is not one (not SQLite, or without the bank's tables)."""
 
 
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that never writes ``path`` or creates files beside it.
+
+    ``mode=ro``: SQLite never writes the file. With a ``-wal`` beside it (a writer has it open, or
+    crashed) its frames are read through the ``-shm`` index, so entries committed before a crash are
+    seen; without one the file is complete and opened ``immutable``, so no ``-wal``/``-shm`` files
+    are created either. ``trusted_schema=OFF``: a file from elsewhere cannot make reads run SQL
+    functions from its schema (views, triggers, defaults). TEXT that is not UTF-8 is decoded with
+    U+FFFD for the bad bytes instead of failing the whole read.
+    """
+    wal = path.with_name(path.name + "-wal").exists()
+    uri = f"{path.resolve().as_uri()}?mode=ro" + ("" if wal else "&immutable=1")
+    c = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None)
+    c.text_factory = lambda b: b.decode("utf-8", "replace")
+    c.execute("PRAGMA busy_timeout=60000")
+    c.execute("PRAGMA trusted_schema=OFF")
+    return c
+
+
+def _check_bank(c: sqlite3.Connection, path: Path) -> int:
+    """The embedding dimension of the bank on connection ``c``, after checking that it is one.
+
+    Raises:
+        NotABankError: not SQLite or corrupt; a table of :data:`BANK_TABLES` missing; ``entries``
+            without the bank's columns; no integer ``dim`` in 1..65536 in table ``meta``.
+    """
+    try:
+        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = [t for t in BANK_TABLES if t not in tables]
+        if missing:
+            raise NotABankError(f"{path} is not a crl-bench experience bank (no table {', '.join(missing)})")
+        cols = {r[1] for r in c.execute("PRAGMA table_info(entries)")}
+        if not {"id", "env_id", "title", "content", "embedding"} <= cols:
+            raise NotABankError(f"{path} is not a crl-bench experience bank (table entries lacks the bank's "
+                                "columns)")
+        row = c.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
+    except sqlite3.DatabaseError as exc:            # not a database, or a corrupt one
+        raise NotABankError(f"{path} is not a readable SQLite experience bank: {exc}") from None
+    if row is None:
+        raise NotABankError(f"{path} is not a crl-bench experience bank (no embedding dimension recorded in "
+                            "table meta)")
+    try:
+        dim = int(row[0])
+    except (TypeError, ValueError):
+        dim = 0
+    if not 1 <= dim <= 65536:
+        raise NotABankError(f"{path} is not a crl-bench experience bank (its recorded embedding dimension "
+                            f"{str(row[0])[:40]!r} is not an integer in 1..65536)")
+    return dim
+
+
 def _op_json(op: Operation) -> str:
     """The operation as JSON for the rejection log; never raises (text that is not valid Unicode, e.g.
     a lone surrogate, is written with ``\\u`` escapes, odd targets as their ``str``)."""
@@ -234,9 +285,9 @@ class ExperienceBank:
             (lowers FAISS's process-wide ``distance_compute_blas_threshold``; 0 = leave it).
         read_only: open an existing bank without writing to it (SQLite ``mode=ro``: no schema, no
             WAL switch, no checkpoint; ``apply`` and the counters raise ``PermissionError``), for
-            ``crl-bench bank show/stats`` and the evaluation of a finished run. Raises
-            ``FileNotFoundError`` when the file does not exist and :class:`NotABankError` when it is
-            not a crl-bench bank.
+            the evaluation of a finished run (tools that only inspect a bank use
+            :meth:`open_readonly`). Raises ``FileNotFoundError`` when the file does not exist and
+            :class:`NotABankError` when it is not a crl-bench bank.
 
     Files: a bank is the ``.sqlite`` file together with its ``-wal`` and ``-shm`` files while a
     writer has it open or after a crash (committed entries may sit only in the ``-wal`` until a
@@ -306,37 +357,76 @@ class ExperienceBank:
             raise ValueError(f"{self.path} holds {row[0]}-dim embeddings, embedder gives {self.dim}")
         self._load_index()
 
+    @classmethod
+    def open_readonly(cls, path: str | Path, embedder: Any = None, **kwargs: Any) -> ExperienceBank:
+        """Open an existing bank only to read it: the one way the tools that inspect a bank someone
+        else wrote (``crl-bench report``, ``bank show``/``stats``, the check of ``eval --run``) open it.
+
+        Nothing is written: not the file, not its journal mode, not a ``-wal``/``-shm`` beside a
+        cleanly closed bank (SQLite ``mode=ro``, ``immutable`` without a ``-wal``); the schema is
+        not migrated and no ``meta`` row is added. The file must be a crl-bench bank
+        (:meth:`stored_dim`). Text that is not UTF-8 is read with U+FFFD in place of the bad bytes.
+
+        Args:
+            path: the ``.sqlite`` file.
+            embedder: the embedder searches use; default a
+                :class:`~crl_bench.experience.embedding.HashEmbedder` of the stored dimension
+                (listing entries and statistics need no embedding, so no model is loaded).
+            **kwargs: other :class:`ExperienceBank` arguments (default ``index="flat"``: exact, no
+                graph to build).
+
+        Returns:
+            The bank, ``read_only``; close it (or use it as a context manager).
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            NotABankError: not SQLite, corrupt, or not a crl-bench bank (the message names the file).
+            ValueError: ``embedder`` gives another dimension than the stored one.
+        """
+        from crl_bench.experience.embedding import HashEmbedder
+
+        dim = cls.stored_dim(path)
+        kwargs.setdefault("index", "flat")
+        return cls(path, embedder if embedder is not None else HashEmbedder(dim), read_only=True, **kwargs)
+
+    @staticmethod
+    def stored_dim(path: str | Path) -> int:
+        """Check that ``path`` is a crl-bench bank, read-only, and return its embedding dimension.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            NotABankError: the file is not SQLite or is corrupt, lacks the bank's tables or columns,
+                or records no valid dimension (an integer in 1..65536) in table ``meta``.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"no experience bank at {p}")
+        c = _connect_read_only(p)
+        try:
+            return _check_bank(c, p)
+        finally:
+            c.close()
+
     def _open_read_only(self) -> None:
         """Open an existing bank for inspection or evaluation without writing a byte to it.
 
         Raises:
             FileNotFoundError: no file at ``path``.
-            NotABankError: the file is not SQLite, or lacks the bank's tables or its ``dim`` record.
+            NotABankError: the file is not SQLite, is corrupt, or lacks the bank's tables, columns,
+                its ``dim`` record or well-formed stored embeddings.
             ValueError: the stored embeddings have another dimension than the embedder's.
         """
         if not self.path.is_file():
             raise FileNotFoundError(f"no experience bank at {self.path}")
+        c = self._conn()
+        stored = _check_bank(c, self.path)
+        if stored != self.dim:
+            raise ValueError(f"{self.path} holds {stored}-dim embeddings, embedder gives {self.dim}")
         try:
-            c = self._conn()
-            tables = {r[0]: r[1] for r in c.execute("SELECT name, sql FROM sqlite_master WHERE type='table'")}
-            missing = [t for t in BANK_TABLES if t not in tables]
-            if missing:
-                raise NotABankError(f"{self.path} is not a crl-bench experience bank (no table "
-                                    f"{', '.join(missing)})")
-            cols = {r[1] for r in c.execute("PRAGMA table_info(entries)")}
-            if not {"id", "env_id", "title", "content", "embedding"} <= cols:
-                raise NotABankError(f"{self.path} is not a crl-bench experience bank (table entries lacks "
-                                    "the bank's columns)")
             self._select_entry = self._entry_select(c)
-            row = c.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
-        except sqlite3.DatabaseError as exc:       # not a database, or a corrupt one
-            raise NotABankError(f"{self.path} is not a readable SQLite experience bank: {exc}") from None
-        if row is None:
-            raise NotABankError(f"{self.path} is not a crl-bench experience bank (no embedding dimension "
-                                "recorded in table meta)")
-        if int(row[0]) != self.dim:
-            raise ValueError(f"{self.path} holds {row[0]}-dim embeddings, embedder gives {self.dim}")
-        self._load_index()
+            self._load_index()
+        except (sqlite3.DatabaseError, ValueError) as exc:   # corrupt pages, embeddings of the wrong size
+            raise NotABankError(f"{self.path} is not a readable crl-bench experience bank: {exc}") from None
 
     @staticmethod
     def _entry_select(c: sqlite3.Connection) -> str:
@@ -357,14 +447,7 @@ class ExperienceBank:
         c = getattr(self._local, "conn", None)
         if c is None:
             if self.read_only:
-                # mode=ro: SQLite never writes the file. With a -wal beside it (a writer has it open,
-                # or crashed) its frames are read through the -shm index, so entries committed before
-                # a crash are seen; without one the file is complete and opened immutable, so no
-                # -wal/-shm files are created beside it either.
-                wal = self.path.with_name(self.path.name + "-wal").exists()
-                uri = f"{self.path.resolve().as_uri()}?mode=ro" + ("" if wal else "&immutable=1")
-                c = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None)
-                c.execute("PRAGMA busy_timeout=60000")
+                c = _connect_read_only(self.path)
             else:
                 c = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
                 c.execute("PRAGMA synchronous=NORMAL")

@@ -41,6 +41,7 @@ from crl_bench.config import (
 from crl_bench.data import ChecksumError, DataMissingError, dataset_names
 from crl_bench.env_api import EnvUnavailableError
 from crl_bench.llm.default_model import ModelNotAvailable
+from crl_bench.results import RunFolderError, is_storage_error
 
 
 def _add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> None:
@@ -125,11 +126,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         from crl_bench.trainer.checkpoint import CheckpointError
 
         try:
-            path = resume_training(args.resume, quiet=args.quiet)
+            path = resume_training(args.resume, quiet=args.quiet, start_over=args.start_over,
+                                   allow_config_change=args.allow_config_change)
         except CheckpointError as e:
             raise ConfigError(f"--resume {args.resume!r}: {e}") from None
         print(f"run folder: {path}")
         return 0
+    for flag, value in (("--start-over", args.start_over), ("--allow-config-change", args.allow_config_change)):
+        if value:
+            raise ConfigError(f"{flag} only applies with --resume RUN_DIR")
     if args.run_id:
         check_name(args.run_id, "--run-id")
     args.method = args.method or "grpo"
@@ -496,7 +501,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(method=None, preset=None)        # defaults applied in cmd_run, so --resume can refuse them
     _add_backend_args(r)
     r.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped or killed run from its newest "
-                                                        "checkpoint (its own config.yaml; no other flags)")
+                                                        "usable checkpoint (its own config.yaml; no other "
+                                                        "flags but the two below)")
+    r.add_argument("--start-over", action="store_true",
+                   help="with --resume: when the run's checkpoint folders are all unusable, train it again "
+                        "from step 0 (they are kept aside) instead of refusing")
+    r.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: continue although config.yaml differs from the checkpoint's")
     r.add_argument("--steps", type=int, help="training steps")
     r.add_argument("--output-dir", help="runs folder (default results/runs)")
     r.add_argument("--run-id", help="run folder name (default: time-method-mix-seed)")
@@ -618,12 +629,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ConfigError, KeyError, FileExistsError, DataMissingError, ChecksumError, EnvUnavailableError,
-            ModelNotAvailable) as e:
+            ModelNotAvailable, RunFolderError) as e:
         from crl_bench.safe_io import printable
 
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"crl-bench: error: {printable(msg)}", file=sys.stderr)     # it may quote a file's text
         return 2
+    except OSError as e:
+        if not is_storage_error(e):
+            raise
+        # the disk filled up or cannot be written: one message, no chained tracebacks
+        print(f"crl-bench: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

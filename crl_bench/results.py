@@ -16,11 +16,16 @@ Layout of a run folder::
                      trained extractor of a complementary run
     checkpoints/     resumable checkpoints ``step-<N>/`` (trainer/checkpoint.py; ``crl-bench run --resume``)
     experience.sqlite  the experience bank (methods with one)
+    .lock            while a process writes the folder (``run``, ``run --resume``, a sweep cell): its PID
+                     (:class:`RunLock`); removed when it exits
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
 import platform
 import re
 import subprocess
@@ -126,6 +131,124 @@ def make_run_id(method: str, mix: str, seed: int) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{method}-{safe_mix}-s{seed}"
 
 
+class StorageError(OSError):
+    """A file of a run could not be written (full disk, read-only or failing file system); the message
+    names the file and the free space, the underlying error is chained. The CLI prints it and exits 1."""
+
+
+#: errno values of a disk that is full, read-only or failing
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a :class:`StorageError` or an OSError
+    of a full, read-only or failing disk (:data:`STORAGE_ERRNOS`)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, StorageError) or (isinstance(e, OSError) and e.errno in STORAGE_ERRNOS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+class RunFolderError(ValueError):
+    """A run folder cannot be used as asked: another process holds it, or ``--resume`` finds nothing
+    it can safely continue from. The CLI prints the message and exits 2 (crl_bench/cli.py)."""
+
+
+class RunInUseError(RunFolderError):
+    """Another live process holds the run folder's lock (:class:`RunLock`); ``pid`` is that process
+    (``None`` when it could not be read)."""
+
+    def __init__(self, run_dir: Path, pid: int | None) -> None:
+        self.run_dir, self.pid = run_dir, pid
+        who = f"PID {pid}" if pid is not None else "another process"
+        super().__init__(f"run folder {str(run_dir)!r} is in use by {who} (a run, a --resume or a sweep "
+                         f"cell writing it); wait for it to end, or stop it first")
+
+
+class RunLock:
+    """An exclusive lock on one run folder, held while a process writes it.
+
+    The lock is a POSIX ``flock`` on ``<run_dir>/.lock``, which holds the owner's PID for the error
+    message. The kernel drops a ``flock`` when its process dies (kill -9 included), so a lock left by
+    a dead process is detected as stale and taken over; the file itself is removed on release. After
+    taking the lock the file is checked to still be the one at the path (a release that removed it
+    in between makes the taker retry), so two processes never both hold a folder.
+
+    Use as a context manager (``with RunLock(run_dir): ...``) or with :meth:`acquire` /
+    :meth:`release`. Linux and macOS only (``fcntl``).
+
+    Raises:
+        RunInUseError: from :meth:`acquire`, when a live process holds the lock.
+        FileNotFoundError: from :meth:`acquire`, when ``run_dir`` does not exist.
+    """
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / self.NAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> RunLock:
+        """Take the lock without waiting; returns ``self``. Re-entrant calls on a held lock are no-ops."""
+        if self._fd is not None:
+            return self
+        if not self.run_dir.is_dir():
+            raise FileNotFoundError(f"no run folder {str(self.run_dir)!r}")
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise RunInUseError(self.run_dir, self.owner()) from None
+                raise
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)                # released and removed by its holder meanwhile: take the new file
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def owner(self) -> int | None:
+        """The PID written in the lock file (of the holder, or of the last one), or ``None``."""
+        try:
+            return int(self.path.read_text().strip() or "x")
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (idempotent; a removed run folder is fine)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        os.close(fd)
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class RunWriter:
     """Creates and fills one run folder.
 
@@ -156,17 +279,26 @@ class RunWriter:
         self.trackers = None
         return self
 
-    def record_resume(self, from_step: int) -> None:
-        """Append ``{time, from_step, git_commit}`` to the ``resumed`` list of versions.json (the
-        code that continued a run may differ from the code that started it)."""
+    def record_resume(self, from_step: int, skipped: list[dict[str, str]] | None = None,
+                      config_changed: bool = False) -> None:
+        """Append ``{time, from_step, git_commit, git_dirty}`` to the ``resumed`` list of versions.json
+        (the code that continued a run may differ from the code that started it), with ``skipped``
+        (``{checkpoint, reason}`` of each unusable newer checkpoint) and ``config_changed: true``
+        (config.yaml was edited since the checkpoint) when they apply."""
         path = self.dir / "versions.json"
         try:
             info = json.loads(path.read_text()) if path.is_file() else {}
         except ValueError:
             info = {}
-        info.setdefault("resumed", []).append({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                               "from_step": int(from_step), "git_commit": _git_commit(),
-                                               "git_dirty": _git_dirty()})
+        if not isinstance(info, dict):
+            info = {}
+        entry: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": int(from_step),
+                                 "git_commit": _git_commit(), "git_dirty": _git_dirty()}
+        if skipped:
+            entry["skipped"] = skipped
+        if config_changed:
+            entry["config_changed"] = True
+        info.setdefault("resumed", []).append(entry)
         self.write_json("versions.json", info)
 
     def attach_trackers(self, trackers: Any) -> None:
@@ -270,15 +402,22 @@ def iter_jsonl(path: str | Path) -> Any:
     """``(line number, object)`` for each non-empty line of a JSON-lines file such as metrics.jsonl.
 
     Raises:
-        ValueError: ``"<path>:<line>: ..."`` for a line that is not JSON or not a JSON object.
+        ValueError: ``"<path>:<line>: ..."`` for a line that is not JSON, nested too deep to parse, or
+            not a JSON object; ``"<path>: ..."`` for a file that is not UTF-8 text.
     """
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{n}: nested too deep to read") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{n}: expected a JSON object")
         yield n, row

@@ -11,10 +11,13 @@ Each cell runs as its own ``crl-bench run`` process (:func:`run_in_subprocess`).
 
 A cell is finished when its run folder holds ``summary.json`` (written last by ``run_training``).
 Rerunning the same command skips finished cells and continues unfinished ones: a run killed mid-way
-leaves a folder without ``summary.json``; when it holds a complete resumable checkpoint
-(``train.checkpoint_every``, trainer/checkpoint.py) the cell goes on from there with
-``crl-bench run --resume``, otherwise the folder is removed and the cell starts from scratch. So a
-sweep resumes after a kill, losing at most the steps since each cell's last checkpoint. Methods and
+leaves a folder without ``summary.json``; when it holds checkpoint folders
+(``train.checkpoint_every``, trainer/checkpoint.py) or its final eval.json, the cell goes on with
+``crl-bench run --resume`` (which verifies the checkpoint and stops the sweep, exit 2, when none is
+usable, leaving the folder as it is), otherwise the folder is removed and the cell starts from
+scratch. A folder another process holds (its lock, crl_bench/results.py ``RunLock``) is never
+touched: the cell is reported as failed and the others go on. So a sweep resumes after a kill,
+losing at most the steps since each cell's last checkpoint. Methods and
 seeds may be extended on a rerun; the rest of the grid (mix, preset, config, model, steps, overrides)
 must match ``sweep.yaml`` or the sweep refuses to mix them.
 """
@@ -167,15 +170,27 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
         cfg.output_dir, cfg.run_id = str(runs), cell_id(method, seed)
         resume = False
         if run_dir.exists():
-            from crl_bench.trainer.checkpoint import latest_checkpoint
+            from crl_bench.results import RunInUseError, RunLock
+            from crl_bench.trainer.checkpoint import checkpoint_folders
 
-            ckpt = latest_checkpoint(run_dir) if (run_dir / "config.yaml").is_file() else None
-            if ckpt is not None:
-                print_fn(f"{head}: unfinished folder from an interrupted sweep, resuming it from {ckpt.name}")
-                resume = True
-            else:
-                print_fn(f"{head}: unfinished folder from an interrupted sweep without a checkpoint, restarting it")
-                shutil.rmtree(run_dir)
+            try:
+                # held while the folder is inspected (and removed), so a live run is never touched;
+                # released before the cell's own process takes it
+                with RunLock(run_dir):
+                    has_config = (run_dir / "config.yaml").is_file()
+                    folders = checkpoint_folders(run_dir) if has_config else []
+                    if folders or (has_config and (run_dir / "eval.json").is_file()):
+                        what = f"from {folders[0].name}" if folders else "to write its summary"
+                        print_fn(f"{head}: unfinished folder from an interrupted sweep, resuming it {what}")
+                        resume = True
+                    else:
+                        print_fn(f"{head}: unfinished folder from an interrupted sweep without a checkpoint, "
+                                 "restarting it")
+                        shutil.rmtree(run_dir)
+            except RunInUseError as e:
+                failures.append((method, seed, f"{type(e).__name__}: {e}"))
+                print_fn(f"{head}: skipped: {e}")
+                continue
         if not resume:
             print_fn(f"{head}: running ({cfg.train.steps} steps) ...")
         t0 = time.perf_counter()

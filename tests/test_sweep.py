@@ -83,8 +83,9 @@ def test_sweep_resumes_after_a_kill_and_skips_finished_runs(tmp_path):
 
 
 def test_sweep_resumes_a_killed_cell_from_its_checkpoint(tmp_path):
-    """A killed cell with a complete checkpoint goes on with --resume (its folder kept); one whose
-    checkpoint is torn (no meta.json) starts over."""
+    """A killed cell with a checkpoint folder goes on with --resume (its folder kept), also when that
+    folder is torn (no meta.json): --resume verifies it and refuses rather than the sweep deleting it;
+    a cell killed before any checkpoint folder starts over."""
     spec = SweepSpec(methods=["grpo"], seeds=[0, 1], mix="sokoban", preset="smoke")
     first = FakeTrain(die_at=2, checkpoint=True)
     with pytest.raises(KeyboardInterrupt):
@@ -102,7 +103,32 @@ def test_sweep_resumes_a_killed_cell_from_its_checkpoint(tmp_path):
     (tmp_path / "torn" / "runs" / "grpo-s0" / "checkpoints" / "step-000001" / "meta.json").unlink()
     again = FakeTrain()
     run_sweep(spec2, tmp_path, _resolve, name="torn", print_fn=lambda s: None, train=again)
-    assert again.calls == [("grpo", 0)] and again.resumed == []
+    assert again.resumed == [("grpo", 0)] and again.calls == []
+
+    early = FakeTrain(die_at=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec2, tmp_path, _resolve, name="early", print_fn=lambda s: None, train=early)
+    fresh = FakeTrain()
+    run_sweep(spec2, tmp_path, _resolve, name="early", print_fn=lambda s: None, train=fresh)
+    assert fresh.calls == [("grpo", 0)] and fresh.resumed == []
+
+
+def test_sweep_never_touches_a_cell_another_process_holds(tmp_path):
+    """An unfinished cell folder locked by a live process (a run or --resume of it) is neither removed
+    nor run: the cell is reported as failed, the others go on."""
+    from crl_bench.results import RunLock
+
+    spec = SweepSpec(methods=["grpo"], seeds=[0, 1], mix="sokoban", preset="smoke")
+    busy = tmp_path / spec.default_name() / "runs" / "grpo-s0"
+    busy.mkdir(parents=True)
+    (busy / "metrics.jsonl").write_text('{"step": 1}\n')
+    train = FakeTrain()
+    lines: list[str] = []
+    with RunLock(busy):
+        _, failures = run_sweep(spec, tmp_path, _resolve, print_fn=lines.append, train=train)
+    assert [f[:2] for f in failures] == [("grpo", 0)] and "in use by PID" in failures[0][2]
+    assert train.calls == [("grpo", 1)]
+    assert (busy / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
 def test_sweep_failed_cell_does_not_stop_the_others(tmp_path):

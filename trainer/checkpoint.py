@@ -14,14 +14,21 @@ Every ``train.checkpoint_every`` steps, after the final step, and after the step
                            reward, credited extractions waiting for the CISPO update, the CISPO
                            optimiser, the retriever's generators, the manager's counters
         experience.sqlite  a copy of the bank (SQLite's online backup; methods with a bank)
-        meta.json          step, format, the byte length of metrics.jsonl and episodes.jsonl when the
-                           checkpoint was taken; written last
+        meta.json          step, format, method, model, the byte length of metrics.jsonl and
+                           episodes.jsonl when the checkpoint was taken, the size and sha256 of every
+                           other file, and the sha256 of the run's config.yaml; written last
 
 **Atomic.** A checkpoint is written into ``checkpoints/.step-000004.tmp``; every file is fsynced,
-then the folder is renamed to ``step-000004`` and the parent folder fsynced. Only folders named
-``step-<N>`` holding a ``meta.json`` whose step is ``N`` are ever loaded, so a kill at any moment
-leaves either the previous checkpoint or the new one, never a torn one (leftover ``.tmp`` folders
-are removed by the next save or resume).
+then the folder is renamed to ``step-000004`` and the parent folder fsynced. A kill at any moment
+leaves either the previous checkpoint or the new one (leftover ``.tmp`` folders are removed by the
+next save or resume).
+
+**Verified before use.** :func:`verify_checkpoint` accepts a folder only when its meta.json parses,
+names the folder's step and a readable format, and every file it lists has the recorded size and
+sha256; :func:`read_checkpoint` then deserialises the files into memory. A resume
+(:func:`select_checkpoint`, used by ``trainer/loop.py``'s ``resume_training``) tries the checkpoints
+newest first and falls back to the previous complete one, naming why each newer one was skipped;
+nothing in the run folder changes until one of them has been read this way.
 
 **What a resume restores.** :func:`restore_run_files` cuts metrics.jsonl and episodes.jsonl back to
 their length at the checkpoint (no duplicate or torn line survives: the lines of the step that was
@@ -30,7 +37,7 @@ cut short are written again by its replay) and puts the checkpoint's bank copy i
 from its stored embeddings when the bank opens. Bank writes made after the checkpoint (the
 distillation of the step the kill cut short) are rolled back with it and made again by the replay,
 so every entry the checkpoint acknowledged is in the bank exactly once and none is written twice.
-:func:`load_checkpoint` then loads weights, optimisers, generators and counters into a freshly built
+:func:`apply_checkpoint` then loads weights, optimisers, generators and counters into a freshly built
 :class:`~crl_bench.trainer.loop.Trainer`. On the CPU with the same seed, the resumed run's next step
 equals the uninterrupted run's (tests/test_resume.py); a checkpoint clears the engines' prefix
 stores (a cache of the same weights: outputs are unchanged, their float rounding can differ), so both
@@ -41,20 +48,27 @@ Checkpoint files are Python pickles (``torch.save``): load only checkpoints your
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-FORMAT = 1
-"""Checkpoint layout version, stored in meta.json; a resume refuses another."""
+from crl_bench.results import StorageError
+
+FORMAT = 2
+"""Checkpoint layout version written to meta.json (2: with the size and sha256 of every file)."""
+
+READABLE_FORMATS = (1, 2)
+"""Formats a resume reads; format 1 lists no checksums, so its files are only checked to load."""
 
 CHECKPOINTS = "checkpoints"
 _NAME = re.compile(r"^step-(\d+)$")
@@ -70,18 +84,154 @@ def checkpoint_name(step: int) -> str:
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:
-    """meta.json of a complete checkpoint folder, or ``None`` when the folder is not one (no or a
-    torn meta.json, or its step does not match the folder name)."""
+    """meta.json of a checkpoint folder, or ``None`` when the folder is not one (no or a torn
+    meta.json, or its step does not match the folder name). The files are not checked here
+    (:func:`verify_checkpoint` does)."""
+    try:
+        return _meta(path)
+    except CheckpointError:
+        return None
+
+
+def _meta(path: Path) -> dict[str, Any]:
     m = _NAME.match(path.name)
     if m is None or not path.is_dir():
-        return None
+        raise CheckpointError(f"{path} is not a checkpoint folder (step-<N>)")
     try:
         meta = json.loads((path / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} has no meta.json (a save that did not finish?)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}/meta.json cannot be read ({type(e).__name__}: {e})") from None
     if not isinstance(meta, dict) or meta.get("step") != int(m.group(1)):
-        return None
+        step = meta.get("step") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{path}/meta.json names step {step!r}, not the folder's {int(m.group(1))}")
     return meta
+
+
+def checkpoint_folders(run_dir: str | Path) -> list[Path]:
+    """Every ``checkpoints/step-<N>`` folder of a run, complete or not, newest (highest N) first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def config_sha256(run_dir: str | Path) -> str | None:
+    """sha256 of a run folder's config.yaml as data (the parsed mapping, keys sorted, as JSON), so a
+    re-saved file with the same settings has the same hash; ``None`` when there is no config.yaml.
+
+    Raises:
+        CheckpointError: config.yaml exists but is not valid YAML.
+    """
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise CheckpointError(f"{path} cannot be read: {e}") from None
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """Check a checkpoint folder without loading it: meta.json parses and names the folder's step and
+    a format of :data:`READABLE_FORMATS`; every file it lists is there with the recorded size and
+    sha256 (format 1 lists none: ``actor.pt`` and ``trainer.pt`` must exist). Returns meta.json.
+
+    Raises:
+        CheckpointError: saying what is wrong (the file, the size or hash found and expected).
+    """
+    meta = _meta(path)
+    if meta.get("format") not in READABLE_FORMATS:
+        raise CheckpointError(f"{path} has format {meta.get('format')}, this version reads "
+                              f"{', '.join(map(str, READABLE_FORMATS))}")
+    files = meta.get("files")
+    if meta["format"] == 1:
+        files = {name: None for name in ("actor.pt", "trainer.pt")}
+    if not isinstance(files, dict) or "actor.pt" not in files:
+        raise CheckpointError(f"{path}/meta.json lists no files")
+    for name, want in files.items():
+        f = path / name
+        if "/" in name or name.startswith(".") or not f.is_file() or f.is_symlink():
+            raise CheckpointError(f"{f} is missing (or not a plain file)")
+        if want is None:
+            continue
+        size = f.stat().st_size
+        if size != want.get("bytes"):
+            raise CheckpointError(f"{f} has {size} bytes, {want.get('bytes')} when it was saved (truncated?)")
+        if sha256_file(f) != want.get("sha256"):
+            raise CheckpointError(f"{f} does not match the sha256 recorded when it was saved (corrupted)")
+    return meta
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint read into memory by :func:`read_checkpoint`: its folder, meta.json and the
+    deserialised ``actor``, ``trainer`` and (when saved) ``extractor`` and ``experience`` states."""
+
+    path: Path
+    meta: dict[str, Any]
+    states: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+
+def read_checkpoint(path: Path, method: str | None = None, model: str | None = None) -> LoadedCheckpoint:
+    """:func:`verify_checkpoint`, then check it is of ``method`` and ``model`` (when given) and
+    deserialise every state file into memory (``torch.load`` on the CPU). Reads only.
+
+    Raises:
+        CheckpointError: not a complete, verified checkpoint, of another method or model, or a file
+            that does not deserialise (the file and torch's reason are named).
+    """
+    meta = verify_checkpoint(path)
+    if method is not None and meta.get("method") != method:
+        raise CheckpointError(f"{path} was written by method {meta.get('method')!r}, this run is {method!r}")
+    if model is not None and meta.get("model") not in (None, model):
+        raise CheckpointError(f"{path} was written for model {meta.get('model')!r}, this run uses {model!r}")
+    states: dict[str, Any] = {}
+    for key, weights_only in (("actor", True), ("trainer", False), ("extractor", True), ("experience", False)):
+        f = path / f"{key}.pt"
+        if not f.is_file():
+            continue
+        try:
+            states[key] = torch.load(f, map_location="cpu", weights_only=weights_only)
+        except Exception as e:  # noqa: BLE001 - torch reports torn zips and bad pickles in many types
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise CheckpointError(f"{f} cannot be loaded ({type(e).__name__}: {first})") from None
+    if "experience" in states and not (path / "experience.sqlite").is_file():
+        raise CheckpointError(f"{path} has experience.pt but no experience.sqlite")
+    return LoadedCheckpoint(path, meta, states)
+
+
+def select_checkpoint(run_dir: str | Path, method: str | None = None, model: str | None = None
+                      ) -> tuple[LoadedCheckpoint | None, list[tuple[Path, str]]]:
+    """The newest checkpoint of a run folder that :func:`read_checkpoint` accepts and whose logs
+    (:func:`check_logs`) are intact, and every newer folder it skipped with the reason.
+    ``(None, skipped)`` when none is usable (``skipped`` is empty when there are no checkpoint
+    folders at all). Reads only.
+    """
+    skipped: list[tuple[Path, str]] = []
+    for folder in checkpoint_folders(run_dir):
+        try:
+            loaded = read_checkpoint(folder, method, model)
+            check_logs(Path(run_dir), loaded.meta, folder)
+            return loaded, skipped
+        except CheckpointError as e:
+            skipped.append((folder, str(e)))
+    return None, skipped
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -89,8 +239,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [(read_meta(p), p) for p in root.iterdir()]
-    return [p for meta, p in sorted(((m, p) for m, p in found if m is not None), key=lambda x: x[0]["step"])]
+    return [p for p in reversed(checkpoint_folders(run_dir)) if read_meta(p) is not None]
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -168,14 +317,14 @@ def save_checkpoint(trainer: Any, run_dir: str | Path, keep: int = 2) -> Path:
     clears the engines' prefix stores (module docstring). Returns the checkpoint folder.
 
     Raises:
-        OSError: the disk is full or not writable, naming the folder and the free space (torch's
-            own error, a RuntimeError for a full disk, is chained); the temporary folder is removed
-            and earlier checkpoints stay.
+        StorageError: (an OSError) the disk is full or not writable, naming the folder and the free
+            space (torch's own error, a RuntimeError for a full disk, is chained); the temporary
+            folder is removed and earlier checkpoints stay.
     """
     run_dir = Path(run_dir)
     root = run_dir / CHECKPOINTS
     root.mkdir(exist_ok=True)
-    for stale in root.glob(".step-*.tmp"):
+    for stale in [*root.glob(".step-*.tmp"), *root.glob(".step-*.old")]:
         shutil.rmtree(stale, ignore_errors=True)
     step = int(trainer.step)
     final = root / checkpoint_name(step)
@@ -193,28 +342,51 @@ def save_checkpoint(trainer: Any, run_dir: str | Path, keep: int = 2) -> Path:
                 torch.save(trainable_state(track.model), tmp / "extractor.pt")
             torch.save(track.state_dict(), tmp / "experience.pt")
             track.save_bank(tmp / "experience.sqlite")
-        meta = {"format": FORMAT, "step": step, "method": trainer.cfg.method, "model": trainer.cfg.model.name,
-                "metrics_bytes": _size(run_dir / "metrics.jsonl"), "episodes_bytes": _size(run_dir / "episodes.jsonl"),
-                "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         for f in tmp.iterdir():
             _fsync_file(f)
+        files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in sorted(tmp.iterdir())}
+        meta = {"format": FORMAT, "step": step, "method": trainer.cfg.method, "model": trainer.cfg.model.name,
+                "metrics_bytes": _size(run_dir / "metrics.jsonl"), "episodes_bytes": _size(run_dir / "episodes.jsonl"),
+                "config_sha256": config_sha256(run_dir), "files": files,
+                "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        _fsync_file(tmp / "meta.json")
         _fsync_dir(tmp)
-        if final.exists():                  # a checkpoint of this step from before a resume
-            shutil.rmtree(final)
+        old = root / f".{checkpoint_name(step)}.old"
+        if final.exists():                  # a checkpoint of this step from before a resume: moved
+            shutil.rmtree(old, ignore_errors=True)      # aside first, so one of the two is always there
+            final.rename(old)
         tmp.rename(final)
         _fsync_dir(root)
+        shutil.rmtree(old, ignore_errors=True)
     except (OSError, RuntimeError) as exc:   # torch.save reports a full disk as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(root).free / 2**30
-        raise OSError(f"could not write the checkpoint {final} ({free:.1f} GiB free on that disk; "
-                      f"earlier checkpoints are kept): {exc}") from exc
+        raise StorageError(f"could not write the checkpoint {final} ({free:.1f} GiB free on that disk; "
+                           f"earlier checkpoints are kept): {exc}") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(run_dir)[:-max(1, int(keep))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def check_logs(run_dir: Path, meta: dict[str, Any], checkpoint: Path | None = None) -> None:
+    """Check that metrics.jsonl and episodes.jsonl are at least as long as when the checkpoint with
+    ``meta`` was taken (they only grow between checkpoints).
+
+    Raises:
+        CheckpointError: a log is shorter (edited or truncated by hand), or meta.json has no lengths.
+    """
+    for name, key in (("metrics.jsonl", "metrics_bytes"), ("episodes.jsonl", "episodes_bytes")):
+        path = Path(run_dir) / name
+        try:
+            length = int(meta[key])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{checkpoint}/meta.json has no valid {key}") from None
+        if _size(path) < length:
+            raise CheckpointError(f"{path} is shorter ({_size(path)} bytes) than at {checkpoint} ({length})")
 
 
 def restore_run_files(run_dir: str | Path, checkpoint: Path | None, has_bank: bool) -> None:
@@ -224,19 +396,18 @@ def restore_run_files(run_dir: str | Path, checkpoint: Path | None, has_bank: bo
     (killed before its first checkpoint) the run starts over: both files emptied, the bank removed.
 
     Raises:
-        CheckpointError: the checkpoint's format is not :data:`FORMAT`, or a file is shorter than
-            the checkpoint says (the folder was edited by hand).
+        CheckpointError: the checkpoint's meta.json is unreadable or of a format not in
+            :data:`READABLE_FORMATS`, or a log is shorter than the checkpoint says (the folder was
+            edited by hand); nothing is changed then.
     """
     run_dir = Path(run_dir)
-    meta = read_meta(checkpoint) if checkpoint is not None else {"metrics_bytes": 0, "episodes_bytes": 0}
-    if meta is None:
-        raise CheckpointError(f"{checkpoint} is not a complete checkpoint")
-    if checkpoint is not None and meta.get("format") != FORMAT:
-        raise CheckpointError(f"{checkpoint} has format {meta.get('format')}, this version reads {FORMAT}")
+    meta = _meta(checkpoint) if checkpoint is not None else {"metrics_bytes": 0, "episodes_bytes": 0}
+    if checkpoint is not None and meta.get("format") not in READABLE_FORMATS:
+        raise CheckpointError(f"{checkpoint} has format {meta.get('format')}, this version reads "
+                              f"{', '.join(map(str, READABLE_FORMATS))}")
+    check_logs(run_dir, meta, checkpoint)
     for name, key in (("metrics.jsonl", "metrics_bytes"), ("episodes.jsonl", "episodes_bytes")):
         path, length = run_dir / name, int(meta[key])
-        if _size(path) < length:
-            raise CheckpointError(f"{path} is shorter ({_size(path)} bytes) than at {checkpoint} ({length})")
         if path.is_file():
             with open(path, "r+b") as f:
                 f.truncate(length)
@@ -249,28 +420,40 @@ def restore_run_files(run_dir: str | Path, checkpoint: Path | None, has_bank: bo
         shutil.copyfile(checkpoint / "experience.sqlite", bank)
 
 
-def load_checkpoint(trainer: Any, checkpoint: Path) -> dict[str, Any]:
-    """Load ``checkpoint`` into a freshly built ``trainer`` of the same run (after
+def apply_checkpoint(trainer: Any, loaded: LoadedCheckpoint) -> dict[str, Any]:
+    """Load a :class:`LoadedCheckpoint` into a freshly built ``trainer`` of the same run (after
     :func:`restore_run_files`): actor and extractor weights, both optimisers, the scheduler, every
     generator, the task sampler, the step counter, the next step's episodes and the experience
     track's buffers. Returns the checkpoint's meta.json.
 
     Raises:
-        CheckpointError: the checkpoint is of another method or model, or its weights do not fit.
+        CheckpointError: the checkpoint is of another method, lacks a state this trainer needs, or
+            its weights do not fit.
     """
-    meta = read_meta(checkpoint)
-    if meta is None:
-        raise CheckpointError(f"{checkpoint} is not a complete checkpoint")
-    if meta.get("method") != trainer.cfg.method:
-        raise CheckpointError(f"{checkpoint} was written by method {meta.get('method')!r}, "
+    path, states = loaded.path, loaded.states
+    if loaded.meta.get("method") != trainer.cfg.method:
+        raise CheckpointError(f"{path} was written by method {loaded.meta.get('method')!r}, "
                               f"this run is {trainer.cfg.method!r}")
-    load_trainable(trainer.model, torch.load(checkpoint / "actor.pt", map_location="cpu", weights_only=True),
-                   "actor")
-    trainer.load_state_dict(torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=False))
     track = trainer.experience
+    need = ["actor", "trainer"] + (["experience"] if track is not None else []) \
+        + (["extractor"] if track is not None and track.updater is not None else [])
+    missing = [f"{k}.pt" for k in need if k not in states]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}")
+    load_trainable(trainer.model, states["actor"], "actor")
+    trainer.load_state_dict(states["trainer"])
     if track is not None:
         if track.updater is not None:
-            load_trainable(track.model, torch.load(checkpoint / "extractor.pt", map_location="cpu",
-                                                   weights_only=True), "extractor")
-        track.load_state_dict(torch.load(checkpoint / "experience.pt", map_location="cpu", weights_only=False))
-    return meta
+            load_trainable(track.model, states["extractor"], "extractor")
+        track.load_state_dict(states["experience"])
+    return loaded.meta
+
+
+def load_checkpoint(trainer: Any, checkpoint: Path) -> dict[str, Any]:
+    """:func:`read_checkpoint` then :func:`apply_checkpoint` into ``trainer`` (after
+    :func:`restore_run_files`). Returns the checkpoint's meta.json.
+
+    Raises:
+        CheckpointError: as those two functions.
+    """
+    return apply_checkpoint(trainer, read_checkpoint(checkpoint, trainer.cfg.method))

@@ -8,6 +8,7 @@ of the actor on the tokens it generated (docs/method.md).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -27,7 +28,7 @@ from crl_bench.llm.gate import ComputeGate
 from crl_bench.llm.precision import DTYPES, resolve_dtype
 from crl_bench.methods import MethodSpec, get_method
 from crl_bench.mixtures import TaskSampler, resolve_mixture
-from crl_bench.results import RunWriter, make_run_id
+from crl_bench.results import RunLock, RunWriter, make_run_id
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
 from crl_bench.tracking import open_trackers
 from crl_bench.trainer.advantages import grouped_advantages
@@ -840,6 +841,7 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
     preflight(cfg)
     created = [p for p in [Path(cfg.output_dir), *Path(cfg.output_dir).parents] if not p.exists()]
     writer = RunWriter(cfg.output_dir, cfg.run_id)
+    lock = RunLock(writer.dir).acquire()    # held until summary.json is written
     trainer: Trainer | None = None
     try:
         writer.write_config(cfg.to_dict())
@@ -857,19 +859,24 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
             trainer.close()
             trainer = None
         if not started:                 # a run that never started leaves nothing behind
+            lock.release()
             shutil.rmtree(writer.dir, ignore_errors=True)
             for folder in created:      # innermost first: the output folders made for it, if still empty
                 try:
                     folder.rmdir()
                 except OSError:
                     break
+        lock.release()
         raise
     finally:
         writer.close()
         if trainer is not None:
             trainer.close()
     from crl_bench.summary import write_summary
-    write_summary(writer.dir)
+    try:
+        write_summary(writer.dir)
+    finally:
+        lock.release()
     return str(writer.dir)
 
 
@@ -928,7 +935,26 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
                 print(f"eval ({cfg.eval.split}, {mode}): success {e['success_rate']:.3f}  steps {e['steps_mean']:.1f}  "
                       f"invalid {e['invalid_action_rate']:.3f}  over {e['episodes']} episodes", flush=True)
     if cfg.train.save_checkpoint:
-        trainer.save_checkpoint(str(writer.dir / "checkpoint"))
+        save_final_weights(trainer, writer.dir)
+
+
+FINAL_WEIGHTS = "checkpoint"
+"""The run folder's final weights (``save_pretrained``), written whole or not at all."""
+
+
+def save_final_weights(trainer: Trainer, run_dir: Path) -> Path:
+    """``trainer.save_checkpoint`` into ``run_dir/.checkpoint.tmp``, then renamed to
+    ``run_dir/checkpoint``: a kill mid-save leaves no ``checkpoint/`` folder, never a partial one
+    (``resume_training`` then saves again). Returns the folder."""
+    import shutil
+
+    final, tmp = run_dir / FINAL_WEIGHTS, run_dir / f".{FINAL_WEIGHTS}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_checkpoint(str(tmp))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
 
 
 def initial_eval(run_dir: str | Path) -> dict[str, Any] | None:
@@ -944,62 +970,145 @@ def initial_eval(run_dir: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def resume_training(run_dir: str | Path, quiet: bool = False) -> str:
+def run_finished_but_summary(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether a run folder holds everything of a finished run except summary.json: a readable
+    eval.json and, when the run saves them, its final weights (``checkpoint/``, written whole or not
+    at all by :func:`save_final_weights`). A kill during :func:`~crl_bench.summary.write_summary`
+    leaves such a folder; resuming it only writes the summary."""
+    try:
+        ev = json.loads((run_dir / "eval.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(ev, dict):
+        return False
+    return not cfg.train.save_checkpoint or (run_dir / FINAL_WEIGHTS).is_dir()
+
+
+def resume_training(run_dir: str | Path, quiet: bool = False, start_over: bool = False,
+                    allow_config_change: bool = False) -> str:
     """``crl-bench run --resume RUN_DIR``: continue a run that was stopped or killed (kill -9
-    included) from its newest complete checkpoint (trainer/checkpoint.py), with the configuration
-    in its config.yaml, into the same folder; without a checkpoint it starts over there.
+    included) from its newest usable checkpoint (trainer/checkpoint.py), with the configuration in
+    its config.yaml, into the same folder.
+
+    Nothing in the folder changes until the checkpoint it continues from has been verified (sizes and
+    sha256 recorded at save time) and read into memory: a newest checkpoint that fails is skipped with
+    a warning (on stderr and in versions.json) for the previous one, and newer unusable folders are
+    then moved aside to ``checkpoints/.unusable-step-<N>-<time>`` (kept, never deleted). Only then are
+    the logs cut back to the checkpoint, the bank replaced by its copy, and a stale eval.json or
+    partial final save removed. A folder that finished all but its summary.json only gets the summary.
+    A folder without any checkpoint folder starts over. The run holds the folder's lock
+    (:class:`~crl_bench.results.RunLock`) throughout.
 
     The run then finishes as :func:`run_training` would: the remaining steps, the final eval,
     ``checkpoint/`` and summary.json. versions.json gets a ``resumed`` list (time, step resumed
-    from, git commit). Returns the run folder.
+    from, skipped checkpoints, git commit). Returns the run folder.
+
+    Args:
+        start_over: with checkpoint folders of which none is usable, start the run over (logs
+            emptied, bank removed, the unusable folders moved aside) instead of refusing.
+        allow_config_change: accept a config.yaml whose hash differs from the one the checkpoint
+            recorded (the change is recorded in versions.json).
 
     Raises:
         ConfigError: ``run_dir`` is not a run folder (no config.yaml), its config is invalid, or it
             already finished (summary.json is there).
-        CheckpointError: its newest checkpoint cannot be loaded into this run.
+        RunInUseError: another process holds the folder.
+        RunFolderError: checkpoint folders exist but none is usable (without ``start_over``; each
+            reason is listed), config.yaml changed since the checkpoint (without
+            ``allow_config_change``), or its ``train.steps`` is below the checkpoint's step.
+        CheckpointError: the chosen checkpoint does not fit the trainer built from config.yaml.
     """
     import shutil
+    import sys
 
     from crl_bench.config import ConfigError, build_config, load_yaml
     from crl_bench.methods import get_method
+    from crl_bench.results import RunFolderError
     from crl_bench.summary import write_summary
-    from crl_bench.trainer.checkpoint import latest_checkpoint, load_checkpoint, read_meta, restore_run_files
+    from crl_bench.trainer.checkpoint import (
+        apply_checkpoint,
+        config_sha256,
+        restore_run_files,
+        select_checkpoint,
+    )
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"--resume {str(run_dir)!r} is not a run folder (no config.yaml)")
-    if (run_dir / "summary.json").is_file():
-        raise ConfigError(f"--resume {str(run_dir)!r} finished already (summary.json is there); nothing to resume")
-    if quiet:
-        from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()
-    cfg = build_config([load_yaml(run_dir / "config.yaml", "run config")])
-    cfg.output_dir, cfg.run_id = str(run_dir.parent), run_dir.name
-    ckpt = latest_checkpoint(run_dir)
-    restore_run_files(run_dir, ckpt, get_method(cfg.method).uses_experience)
-    for stale in ("eval.json", "checkpoint"):       # a kill during the final eval or its save
-        p = run_dir / stale
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.is_file():
-            p.unlink()
-    writer = RunWriter.reopen(run_dir)
-    writer.record_resume(int(read_meta(ckpt)["step"]) if ckpt else 0)
-    trainer: Trainer | None = None
-    try:
-        writer.attach_trackers(open_trackers(cfg.logging, writer.dir, cfg.run_id, cfg.to_dict()))
-        trainer = Trainer(cfg, writer)
-        if ckpt is not None:
-            load_checkpoint(trainer, ckpt)
-        if not quiet:
-            print(f"resuming {run_dir} at step {trainer.step} of {cfg.train.steps}"
-                  + (f" ({ckpt.name})" if ckpt else " (no checkpoint: starting over)"), flush=True)
-        _train_and_evaluate(cfg, trainer, writer, quiet, initial=initial_eval(run_dir) if ckpt else None)
-    finally:
-        writer.close()
-        if trainer is not None:
-            trainer.close()
-    write_summary(writer.dir)
+    with RunLock(run_dir):
+        if (run_dir / "summary.json").is_file():
+            raise ConfigError(f"--resume {str(run_dir)!r} finished already (summary.json is there); "
+                              "nothing to resume")
+        data = load_yaml(run_dir / "config.yaml", "run config")
+        for key in ("output_dir", "run_id"):     # the folder exists: its own path and name decide
+            data.pop(key, None)
+        cfg = build_config([data])
+        cfg.output_dir, cfg.run_id = str(run_dir.parent), run_dir.name
+        for tmp in run_dir.glob(".*.tmp"):       # a write the kill cut short (the real file is whole or absent)
+            if tmp.is_file():
+                tmp.unlink()
+        if run_finished_but_summary(run_dir, cfg):
+            write_summary(run_dir)
+            if not quiet:
+                print(f"{run_dir} had finished training and evaluation; wrote its summary.json", flush=True)
+            return str(run_dir)
+
+        # ---- choose and read the checkpoint: nothing below this line changes the folder until it is read
+        loaded, skipped = select_checkpoint(run_dir, cfg.method)
+        if loaded is None and skipped and not start_over:
+            reasons = "\n".join(f"  {p.name}: {why}" for p, why in skipped)
+            raise RunFolderError(
+                f"--resume {str(run_dir)!r}: no usable checkpoint; the folder is left as it was\n{reasons}\n"
+                "pass --start-over to train it again from step 0 (the unusable checkpoint folders are "
+                "kept under checkpoints/.unusable-*)")
+        changed = False
+        if loaded is not None:
+            if loaded.step > cfg.train.steps:
+                raise RunFolderError(
+                    f"--resume {str(run_dir)!r}: config.yaml has train.steps {cfg.train.steps}, but the run "
+                    f"is at step {loaded.step} ({loaded.path.name}); set train.steps >= {loaded.step}")
+            want, now = loaded.meta.get("config_sha256"), config_sha256(run_dir)
+            changed = want is not None and want != now
+            if changed and not allow_config_change:
+                raise RunFolderError(
+                    f"--resume {str(run_dir)!r}: config.yaml differs from the one {loaded.path.name} was "
+                    "trained with (its sha256 is recorded in meta.json); restore it, or pass "
+                    "--allow-config-change to continue with the edited settings")
+        for folder, why in skipped:
+            print(f"crl-bench: warning: skipping {folder}: {why}", file=sys.stderr, flush=True)
+
+        # ---- the checkpoint is read: now the folder is put back to how it was when it was taken
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for folder, _ in skipped:
+            folder.rename(folder.with_name(f".unusable-{folder.name}-{stamp}"))
+        restore_run_files(run_dir, loaded.path if loaded else None, get_method(cfg.method).uses_experience)
+        for stale in ("eval.json", FINAL_WEIGHTS, f".{FINAL_WEIGHTS}.tmp"):   # a kill during the final eval or save
+            p = run_dir / stale
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.is_file():
+                p.unlink()
+        writer = RunWriter.reopen(run_dir)
+        writer.record_resume(loaded.step if loaded else 0,
+                             skipped=[{"checkpoint": p.name, "reason": why} for p, why in skipped],
+                             config_changed=changed)
+        trainer: Trainer | None = None
+        try:
+            writer.attach_trackers(open_trackers(cfg.logging, writer.dir, cfg.run_id, cfg.to_dict()))
+            trainer = Trainer(cfg, writer)
+            if loaded is not None:
+                apply_checkpoint(trainer, loaded)
+                loaded.states.clear()           # the trainer holds them now
+            if not quiet:
+                print(f"resuming {run_dir} at step {trainer.step} of {cfg.train.steps}"
+                      + (f" ({loaded.path.name})" if loaded else " (no checkpoint: starting over)"), flush=True)
+            _train_and_evaluate(cfg, trainer, writer, quiet,
+                                initial=initial_eval(run_dir) if loaded else None)
+        finally:
+            writer.close()
+            if trainer is not None:
+                trainer.close()
+        write_summary(writer.dir)
     return str(writer.dir)
 
 

@@ -318,23 +318,25 @@ def test_bank_with_corrupt_embeddings_is_not_a_bank(tmp_path):
         ExperienceBank.open_readonly(path)
 
 
-def test_bank_show_on_invalid_utf8_text(tmp_path, capsys):
+def _tampered_bank(tmp_path, sql: str):
+    """A bank of :func:`_bank` with ``sql`` run on it behind the bank's back."""
     path = _bank(tmp_path / "experience.sqlite")
     con = sqlite3.connect(path)
-    con.execute("UPDATE entries SET content = CAST(x'6869fffe' AS TEXT)")
+    con.execute(sql)
     con.commit()
     con.close()
+    return path
+
+
+def test_bank_show_on_invalid_utf8_text(tmp_path, capsys):
+    path = _tampered_bank(tmp_path, "UPDATE entries SET content = CAST(x'6869fffe' AS TEXT)")
     capsys.readouterr()
     assert main(["bank", "show", str(path)]) == 0
     assert "hi\ufffd\ufffd" in capsys.readouterr().out
 
 
 def test_bank_show_on_rows_a_bank_never_holds(tmp_path, capsys):
-    path = _bank(tmp_path / "experience.sqlite")
-    con = sqlite3.connect(path)
-    con.execute("UPDATE entries SET votes = 'many'")
-    con.commit()
-    con.close()
+    path = _tampered_bank(tmp_path, "UPDATE entries SET votes = 'many'")
     capsys.readouterr()
     assert main(["bank", "show", str(path)]) == 2
     assert "not a readable crl-bench experience bank" in capsys.readouterr().err

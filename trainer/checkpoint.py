@@ -190,7 +190,8 @@ class LoadedCheckpoint:
 
 def read_checkpoint(path: Path, method: str | None = None, model: str | None = None) -> LoadedCheckpoint:
     """:func:`verify_checkpoint`, then check it is of ``method`` and ``model`` (when given) and
-    deserialise every state file into memory (``torch.load`` on the CPU). Reads only.
+    deserialise every state file (``torch.load`` on the CPU, memory-mapped copy-on-write: the
+    tensors are read from the page cache when applied, the file is never written). Reads only.
 
     Raises:
         CheckpointError: not a complete, verified checkpoint, of another method or model, or a file
@@ -207,7 +208,9 @@ def read_checkpoint(path: Path, method: str | None = None, model: str | None = N
         if not f.is_file():
             continue
         try:
-            states[key] = torch.load(f, map_location="cpu", weights_only=weights_only)
+            # memory-mapped (copy-on-write): the states cost page cache, not a second copy in RAM,
+            # while the trainer is built; the sha256 above already checked every byte
+            states[key] = torch.load(f, map_location="cpu", weights_only=weights_only, mmap=True)
         except Exception as e:  # noqa: BLE001 - torch reports torn zips and bad pickles in many types
             first = (str(e).splitlines() or [""])[0][:200]
             raise CheckpointError(f"{f} cannot be loaded ({type(e).__name__}: {first})") from None

@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from crl_bench.data import sha256_file
 from crl_bench.results import StorageError
 
 FORMAT = 2
@@ -116,12 +117,6 @@ def checkpoint_folders(run_dir: str | Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found, reverse=True)]
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def config_sha256(run_dir: str | Path) -> str | None:

@@ -41,7 +41,7 @@ from crl_bench.config import (
 from crl_bench.data import ChecksumError, DataMissingError, dataset_names
 from crl_bench.env_api import EnvUnavailableError
 from crl_bench.llm.default_model import ModelNotAvailable
-from crl_bench.results import RunFolderError, is_storage_error
+from crl_bench.results.run_folder import RunFolderError, is_storage_error
 
 
 def _add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> None:
@@ -112,7 +112,7 @@ def resolve_config(args: argparse.Namespace, extra: dict[str, Any] | None = None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from crl_bench.trainer.loop import resume_training, run_training
+    from crl_bench.trainer.lifecycle import resume_training, run_training
 
     if args.resume:
         given = [flag for flag, value in (("--mix", args.mix), ("--config", args.config), ("--model", args.model),
@@ -179,14 +179,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from crl_bench.leaderboard import main_leaderboard
+    from crl_bench.results.leaderboard import main_leaderboard
 
     return main_leaderboard(args.dirs or ["results"], args.out)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from crl_bench.leaderboard import collect, display_frame, leaderboard_frame
-    from crl_bench.report import make_report
+    from crl_bench.results.leaderboard import collect, display_frame, leaderboard_frame
+    from crl_bench.results.report import make_report
 
     for p in args.paths:
         if not Path(p).is_dir():
@@ -200,14 +200,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"crl-bench report: warning: {w}", file=sys.stderr)
     try:
         path = make_report(args.paths, out, table=table, title=args.title)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:         # no run folder under the paths, or a damaged one
         raise ConfigError(f"report: {e}") from None
     print(f"report: {path}")
     return 0
 
 
 def cmd_submission(args: argparse.Namespace) -> int:
-    from crl_bench.submission import main_submission_check, main_submission_pack
+    from crl_bench.results.submission import main_submission_check, main_submission_pack
 
     if args.submission_cmd == "check":
         return main_submission_check(args.dir)

@@ -244,7 +244,7 @@ class EvalConfig:
 
 @dataclass
 class AlarmConfig:
-    """Learning alarms (:mod:`crl_bench.trainer.alarms`): warnings that a run is not learning, raised
+    """Learning alarms (:mod:`crl_bench.results.alarms`): warnings that a run is not learning, raised
     as a log line and an ``alerts`` list in the metrics row and in summary.json (docs/learning.md
     "Learning alarms").
 
@@ -478,7 +478,7 @@ class RayConfig:
 
 @dataclass
 class LoggingConfig:
-    """Where training metrics go besides the run folder (``crl_bench.tracking``).
+    """Where training metrics go besides the run folder (``crl_bench.results.tracking``).
 
     Attributes:
         backends: trackers to feed, from ``jsonl``, ``tensorboard`` (extra ``[tensorboard]``) and

@@ -125,7 +125,7 @@ def _threads(cpus: float) -> int:
 
 
 def wire_state(model: Any, dtype: str | None = None) -> dict[str, Any]:
-    """``model``'s trainable parameters (:func:`~crl_bench.trainer.checkpoint.trainable_state` names) as
+    """``model``'s trainable parameters (:func:`~crl_bench.llm.weights.trainable_state` names) as
     CPU tensors to send to actors, floating-point ones cast to ``dtype`` where that is narrower.
 
     The actors that receive them (:class:`EngineHost`, :class:`ManagerHost`) generate from a copy cast to
@@ -143,7 +143,7 @@ def wire_state(model: Any, dtype: str | None = None) -> dict[str, Any]:
     import torch
 
     from crl_bench.llm.precision import DTYPES
-    from crl_bench.trainer.checkpoint import trainable_state
+    from crl_bench.llm.weights import trainable_state
 
     to = DTYPES[dtype] if dtype is not None else None
     out = {}
@@ -416,10 +416,10 @@ class EngineHost:
         return self.engine.generate(prompts, params, allowed)
 
     def load_weights(self, state: dict[str, Any]) -> int:
-        """Copy the trainer's trainable parameters (:func:`~crl_bench.trainer.checkpoint.trainable_state`
+        """Copy the trainer's trainable parameters (:func:`~crl_bench.llm.weights.trainable_state`
         names) into the model and refresh the engine; returns how many tensors were loaded.
-        Raises ``CheckpointError`` when the names or shapes do not fit."""
-        from crl_bench.trainer.checkpoint import load_trainable
+        Raises ``WeightsMismatchError`` when the names or shapes do not fit."""
+        from crl_bench.llm.weights import load_trainable
 
         for p in self.model.parameters():       # load_trainable checks the trainable names
             p.requires_grad_(False)
@@ -533,7 +533,7 @@ class ManagerHost:
         self.manager = build_manager(c, bank_path, model, tokenizer, compute_dtype=dtype)
 
     def _load(self, state: dict[str, Any]) -> None:
-        from crl_bench.trainer.checkpoint import load_trainable
+        from crl_bench.llm.weights import load_trainable
 
         names = set(state)
         for n, p in self.model.named_parameters():
@@ -711,8 +711,8 @@ class RayBackend:
         """The manager actor on the driver's node (bank at ``bank_path``), its extractor starting from
         ``initial_extractor``'s trainable parameters when given (the trainer's copy)."""
 
+        from crl_bench.llm.weights import trainable_state
         from crl_bench.methods import get_method
-        from crl_bench.trainer.checkpoint import trainable_state
 
         state = None
         if initial_extractor is not None:

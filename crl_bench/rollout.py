@@ -22,10 +22,14 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crl_bench.env_api import DEFAULT_REPLY_INSTRUCTION, TextEnv, feedback_of, make_env
+from crl_bench.experience.types import RetrievalRecord
 from crl_bench.llm.base import Engine, SamplingParams
+
+if TYPE_CHECKING:
+    from crl_bench.experience.extractor import Extraction
 
 
 @dataclass
@@ -63,7 +67,7 @@ class Turn:
     sampling_entropy: list[float] = field(default_factory=list)
     tool: bool = False
     experience_ids: list[int] = field(default_factory=list)
-    retrieval: Any = None
+    retrieval: RetrievalRecord | None = None
     query: str = ""
 
     @property
@@ -105,13 +109,13 @@ class Guidance:
         text: the experience text put into the actor's prompt ("" shows nothing).
         entry_ids: ids of the bank entries retrieved for the episode (kept even when ``text`` is
             empty, e.g. when the actor rejected them).
-        record: the guide's own record of the retrieval (opaque to the rollout; the experience track
-            keeps there what it needs to credit the entries' writers later).
+        record: what the retrieval gave, recorded when it was made (the experience track credits the
+            entries' writers from it later), or ``None`` when nothing was retrieved.
     """
 
     text: str = ""
     entry_ids: list[int] = field(default_factory=list)
-    record: Any = None
+    record: RetrievalRecord | None = None
 
 
 @dataclass
@@ -123,15 +127,15 @@ class ToolCall:
         query: the question the actor asked.
         answer: the text the tool gave back.
         entry_ids: ids of the bank entries retrieved for the question.
-        record: the tool owner's record of the call (the experience track keeps the extractor's
-            answer call there, to credit it with the episode's outcome).
+        record: the extractor's sample that wrote the answer (the experience track credits it with
+            the episode's outcome), or ``None`` when no extractor sample answered.
     """
 
     turn: int
     query: str
     answer: str
     entry_ids: list[int] = field(default_factory=list)
-    record: Any = None
+    record: Extraction | None = None
 
 
 @dataclass
@@ -177,7 +181,7 @@ class Trajectory:
     experience_ids: list[int] = field(default_factory=list)
     final_obs: str = ""
     query: str = ""
-    retrieval: Any = None
+    retrieval: RetrievalRecord | None = None
     task_prompt: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
 
@@ -421,7 +425,7 @@ class SearchTool:
             an action (released: the tool no longer parses it).
     """
 
-    answer: Callable[[list[tuple[str, str]]], list[tuple[str, list[int], Any]]]
+    answer: Callable[[list[tuple[str, str]]], list[tuple[str, list[int], Extraction | None]]]
     max_uses: int = 2
 
     def instruction(self) -> str:

@@ -3,7 +3,7 @@
 Layout of a sweep folder (``results/sweeps/<name>/`` by default)::
 
     sweep.yaml        the grid: mix, preset, config file, model, steps, --set overrides, methods, seeds
-    runs/<method>-s<seed>/   one ordinary run folder per cell (crl_bench/results.py)
+    runs/<method>-s<seed>/   one ordinary run folder per cell (crl_bench/results/run_folder.py)
     configs/<method>-s<seed>.yaml   the resolved config each cell ran with
     logs/<method>-s<seed>.log       each cell's console output
 
@@ -15,7 +15,7 @@ leaves a folder without ``summary.json``; when it holds checkpoint folders
 (``train.checkpoint_every``, trainer/checkpoint.py) or its final eval.json, the cell goes on with
 ``crl-bench run --resume`` (which verifies the checkpoint and stops the sweep, exit 2, when none is
 usable, leaving the folder as it is), otherwise the folder is removed and the cell starts from
-scratch. A folder another process holds (its lock, crl_bench/results.py ``RunLock``) is never
+scratch. A folder another process holds (its lock, crl_bench/results/run_folder.py ``RunLock``) is never
 touched: the cell is reported as failed and the others go on. So a sweep resumes after a kill,
 losing at most the steps since each cell's last checkpoint. Methods and
 seeds may be extended on a rerun; the rest of the grid (mix, preset, config, model, steps, overrides)
@@ -170,7 +170,7 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
         cfg.output_dir, cfg.run_id = str(runs), cell_id(method, seed)
         resume = False
         if run_dir.exists():
-            from crl_bench.results import RunInUseError, RunLock
+            from crl_bench.results.run_folder import RunInUseError, RunLock
             from crl_bench.trainer.checkpoint import checkpoint_folders
 
             try:

@@ -1,4 +1,4 @@
-"""Learning alarms (trainer/alarms.py): each alarm on synthetic metrics rows, their state across a
+"""Learning alarms (crl_bench/results/alarms.py): each alarm on synthetic metrics rows, their state across a
 resume, the alerts in summary.json and report.html, and one trainer step that raises one."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from crl_bench.config import AlarmConfig
-from crl_bench.summary import build_summary, summary_problems, write_summary
-from crl_bench.trainer.alarms import ALARMS, LearningAlarms, alert_line, run_alerts
+from crl_bench.results.alarms import ALARMS, LearningAlarms, alert_line, run_alerts
+from crl_bench.results.summary import build_summary, summary_problems, write_summary
 
 
 def _row(step: int, **kw) -> dict:
@@ -238,7 +238,7 @@ def test_summary_carries_the_alerts_and_validates(tmp_path):
 def test_report_lists_alerts_escaped_and_no_alarms_otherwise(tmp_path):
     from test_report import write_run
 
-    from crl_bench import report as rep
+    from crl_bench.results import report as rep
 
     root = tmp_path / "runs"
     noisy = write_run(root, "grpo", 0, bank=False)

@@ -248,7 +248,7 @@ def test_read_only_bank_evaluates_a_finished_runs_bank(tmp_path, tokenizer, tiny
     """`crl-bench eval --run`'s trainer: the finished run's bank, opened read-only, guides the eval
     (before, a fresh empty bank was built and the eval still said guided); no extractor is loaded,
     the bank file does not change and training is refused."""
-    from crl_bench.results import RunWriter
+    from crl_bench.results.run_folder import RunWriter
 
     cfg = _cfg("complementary")
     writer = RunWriter(tmp_path, run_id="run")

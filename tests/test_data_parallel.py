@@ -168,7 +168,7 @@ def test_ddp_fewer_micro_batches_than_workers(ray_session, tokenizer, tiny_model
 def test_ddp_resume_from_state_dict(ray_session, tokenizer, tiny_model):
     """A checkpoint of a data-parallel run (the driver's weights, the workers' optimiser, the driver's
     generator) loaded into a fresh data-parallel updater continues exactly like the original."""
-    from crl_bench.trainer.checkpoint import load_trainable, trainable_state
+    from crl_bench.llm.weights import load_trainable, trainable_state
     from crl_bench.trainer.data_parallel import DataParallelUpdater
 
     samples = _batch(tokenizer, tiny_model, n_seq=4)

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from crl_bench.cli import main
-from crl_bench.results import RunInUseError, RunLock
+from crl_bench.results.run_folder import RunInUseError, RunLock
 from crl_bench.trainer.checkpoint import checkpoint_folders, read_meta
 
 pytestmark = pytest.mark.slow      # each test runs the real loop (about 10-40 s on 2 cores)
@@ -51,7 +51,7 @@ if point == "checkpoint":          # after the n-th file torch.save wrote (only 
             die()
     torch.save = save
 elif point == "metrics":           # half of the n-th metrics line written, then killed
-    from crl_bench.results import RunWriter
+    from crl_bench.results.run_folder import RunWriter
     real_log = RunWriter.log_metrics
     def log_metrics(self, row):
         if due():
@@ -63,7 +63,7 @@ elif point == "metrics":           # half of the n-th metrics line written, then
         real_log(self, row)
     RunWriter.log_metrics = log_metrics
 elif point == "summary":           # the summary's temporary file half written, then killed
-    import crl_bench.summary as sm
+    import crl_bench.results.summary as sm
     def write_json_atomic(path, data):
         import json
         from pathlib import Path
@@ -350,7 +350,7 @@ def test_a_run_folder_in_use_is_refused_and_a_dead_holder_is_taken_over(tmp_path
     assert {k: v for k, v in _tree(run).items() if k != RunLock.NAME} == files
     # a holder killed with SIGKILL leaves its .lock file (and PID) behind, but no flock
     child = subprocess.run([sys.executable, "-c",
-                            "import os, signal, sys; from crl_bench.results import RunLock; "
+                            "import os, signal, sys; from crl_bench.results.run_folder import RunLock; "
                             "RunLock(sys.argv[1]).acquire(); os.kill(os.getpid(), signal.SIGKILL)", str(run)])
     assert child.returncode == -9 and (run / RunLock.NAME).is_file()
     assert main(["run", "--resume", str(run), "--quiet"]) == 0

@@ -19,10 +19,10 @@ from crl_bench.config import ConfigError, check_name, load_yaml
 from crl_bench.experience.bank import ExperienceBank, NotABankError
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.types import Operation
-from crl_bench.leaderboard import collect, main_leaderboard
+from crl_bench.results.leaderboard import collect, main_leaderboard
+from crl_bench.results.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
+from crl_bench.results.summary import summary_problems
 from crl_bench.safe_io import InputFileError, load_json, parse_json, parse_yaml, printable, read_text
-from crl_bench.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
-from crl_bench.summary import summary_problems
 
 SECRET = "root:$6$SECRET-HASH:19000:0:99999:7:::"
 HOSTILE_TITLE = "evil \x1b[2J\x1b]0;pwned\x07 title"
@@ -99,7 +99,7 @@ def test_submission_check_refuses_a_symlink_out_of_the_folder_and_shows_nothing_
 
 # ---- 5: report opens banks read-only and never makes a foreign file a bank ------------------------------
 def test_report_leaves_banks_and_foreign_sqlite_files_as_they_were(tmp_path):
-    from crl_bench.report import make_report
+    from crl_bench.results.report import make_report
 
     wal_run = make_run(tmp_path / "runs", "wal", method="complementary")
     _bank(wal_run / "experience.sqlite")                               # WAL mode, closed cleanly
@@ -267,7 +267,7 @@ def test_bank_show_escapes_control_characters(tmp_path, capsys):
 
 
 def test_report_html_has_no_raw_control_characters(tmp_path):
-    from crl_bench.report import make_report
+    from crl_bench.results.report import make_report
 
     run = make_run(tmp_path / "runs", "r", method="complementary")
     _bank(run / "experience.sqlite")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from crl_bench.cli import main
-from crl_bench.results import read_metrics
-from crl_bench.summary import validate_summary
+from crl_bench.results.run_folder import read_metrics
+from crl_bench.results.summary import validate_summary
 
 
 def _check_run_folder(run: Path, steps: int) -> None:

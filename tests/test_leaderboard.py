@@ -12,7 +12,7 @@ import pytest
 import yaml
 from test_summary import make_run
 
-from crl_bench.leaderboard import (
+from crl_bench.results.leaderboard import (
     bootstrap_ci,
     collect,
     leaderboard_frame,
@@ -21,8 +21,8 @@ from crl_bench.leaderboard import (
     protocol_label,
     write_leaderboard,
 )
-from crl_bench.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
-from crl_bench.summary import SummaryError, build_summary, write_summary
+from crl_bench.results.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
+from crl_bench.results.summary import SummaryError, build_summary, write_summary
 
 ENVS = ("sokoban", "minihack-room")
 
@@ -321,7 +321,7 @@ def test_score_and_task_type_columns(tmp_path):
 
 def test_display_frame_matches_the_markdown(tmp_path):
     """The report's table is the markdown's: formatted cells, one row per leaderboard row."""
-    from crl_bench.leaderboard import display_frame
+    from crl_bench.results.leaderboard import display_frame
 
     _three_seeds(tmp_path / "a")
     df = leaderboard_frame(collect([tmp_path]))

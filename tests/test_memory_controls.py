@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from test_summary import _eval_block, make_run
 
-from crl_bench.leaderboard import bootstrap_ci, collect, leaderboard_frame, leaderboard_markdown, lift_frame
-from crl_bench.summary import build_summary, validate_summary
+from crl_bench.results.leaderboard import bootstrap_ci, collect, leaderboard_frame, leaderboard_markdown, lift_frame
+from crl_bench.results.summary import build_summary, validate_summary
 
 ENV = "sokoban"
 
@@ -207,7 +207,7 @@ def test_shuffled_retrieves_with_another_contexts_query(tokenizer, tiny_model):
 
 
 def test_empty_shows_the_header_and_no_entry_without_retrieving(tokenizer, tiny_model):
-    from crl_bench.trainer.complementary import EMPTY_KNOWLEDGE, KNOWLEDGE_HEADER
+    from crl_bench.trainer.experience_track import EMPTY_KNOWLEDGE, KNOWLEDGE_HEADER
 
     tr = _diag_trainer(tokenizer, tiny_model)
     tr.train_step()
@@ -236,7 +236,7 @@ def test_lesson_follow_probes_show_the_guided_prompt(tokenizer):
     from crl_bench.config import RunConfig
     from crl_bench.envs.diag import DiagVaultEnv
     from crl_bench.rollout import PromptBuilder
-    from crl_bench.trainer.complementary import KNOWLEDGE_HEADER
+    from crl_bench.trainer.experience_track import KNOWLEDGE_HEADER
     from crl_bench.trainer.lesson_follow import build_probes
 
     cfg = RunConfig()
@@ -321,7 +321,7 @@ def test_with_perfect_lessons_the_actor_learns_to_follow_them():
 
 
 def test_report_shows_the_controls_of_the_final_eval(tmp_path):
-    from crl_bench.report import make_report
+    from crl_bench.results.report import make_report
 
     d = _run_with_controls(tmp_path / "runs", "r", 0, [1, 1, 0, 1], [0, 1, 0, 0], empty=[0, 0, 0, 1])
     with open(d / "metrics.jsonl", "a") as f:

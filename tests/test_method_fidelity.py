@@ -12,11 +12,11 @@ from crl_bench.config import build_config, preset_data
 from crl_bench.env_api import register_env
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.extractor import Extraction
-from crl_bench.experience.types import ExperienceEntry
+from crl_bench.experience.types import ExperienceEntry, RetrievalRecord
 from crl_bench.llm.base import Generation
 from crl_bench.rollout import EpisodeSpec, PromptBuilder, Trajectory
-from crl_bench.trainer.actor_critic import critic_reward, parse_judgement
-from crl_bench.trainer.complementary import RetrievalRecord, use_reward
+from crl_bench.trainer.actor_critic import parse_judgement
+from crl_bench.trainer.extractor_training import critic_reward, use_reward
 from crl_bench.trainer.loop import Trainer
 
 ADD = "<op>ADD</op><title>Call heads</title><content>Heads wins the coin toss.</content>"

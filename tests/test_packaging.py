@@ -25,7 +25,7 @@ CHECK = (
     "assert dataset_names() == ['alfworld', 'swebench'], dataset_names();"
     "assert len(load_manifest('alfworld')['games']['eval']) == 134;"
     "make_env('sokoban').reset(options={'task': 0});"
-    "from crl_bench.summary import load_schema; load_schema('summary'); load_schema('submission_metadata');"
+    "from crl_bench.results.summary import load_schema; load_schema('summary'); load_schema('submission_metadata');"
     "print(crl_bench.envs.sokoban.__file__)"
 )
 

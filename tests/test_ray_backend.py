@@ -11,7 +11,7 @@ import yaml
 from crl_bench.cli import main
 from crl_bench.config import ConfigError, RayConfig, build_config
 from crl_bench.llm.base import Generation, SamplingParams
-from crl_bench.results import read_metrics
+from crl_bench.results.run_folder import read_metrics
 from crl_bench.rollout import EpisodeSpec, PromptBuilder, RolloutRunner
 
 ray = pytest.importorskip("ray")
@@ -120,8 +120,8 @@ def test_weights_go_to_actors_in_their_compute_dtype(tiny_model):
     for bf16 engines), leaves them as they are when the receivers differ or compute in float32."""
     import torch
 
+    from crl_bench.llm.weights import trainable_state
     from crl_bench.ray_backend import _common_dtype, wire_state
-    from crl_bench.trainer.checkpoint import trainable_state
 
     names = set(trainable_state(tiny_model))
     bf16 = wire_state(tiny_model, "bfloat16")
@@ -141,8 +141,8 @@ def test_sending_the_compute_dtype_changes_nothing_the_engine_generates_from(tin
     import torch
 
     from crl_bench.llm.hf_engine import HFEngine
+    from crl_bench.llm.weights import load_trainable
     from crl_bench.ray_backend import wire_state
-    from crl_bench.trainer.checkpoint import load_trainable
 
     trainer = copy.deepcopy(tiny_model)
     with torch.no_grad():

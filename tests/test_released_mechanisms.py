@@ -334,7 +334,7 @@ def test_search_tool_is_answered_by_the_extractor_and_credited_for_guided_episod
     assert res.metrics["tool_calls/guided"] == 4 and res.metrics["tool_calls/free"] == 4
     import json
 
-    from crl_bench.results import RunWriter
+    from crl_bench.results.run_folder import RunWriter
     writer = RunWriter(tmp_path, run_id="w")
     writer.log_episodes(2, res.trajectories, transcripts=True)
     row = json.loads((writer.dir / "episodes.jsonl").read_text().splitlines()[0])
@@ -370,7 +370,7 @@ def test_repeat_weights_as_released(tokenizer, tiny_model):
     tr = _trainer(tokenizer, tiny_model, extractor={"batch_size": 2})
     track = tr.experience
     assert track.repeat_weight("x", 5) == 1.0                  # never trained
-    from crl_bench.trainer.complementary import _Credit
+    from crl_bench.trainer.experience_track import _Credit
     for eid, total in (("a", 1.0), ("b", -1.0)):
         track._buffer(_Credit(_ext(eid), total, 1))
     up = track.maybe_update_extractor(step=3)
@@ -403,7 +403,7 @@ def test_eval_writes_counters_only_when_asked(tokenizer, tiny_model):
 
 
 def test_periodic_eval_sees_the_bank_after_the_next_steps_merge(tokenizer, tiny_model, tmp_path):
-    from crl_bench.trainer.loop import run_training
+    from crl_bench.trainer.lifecycle import run_training
 
     cfg = coin_config("complementary", train={"steps": 3, "save_checkpoint": False, "checkpoint_every": 0},
                       eval={"every": 2, "episodes": 2}, experience={"merge_every": 2},
@@ -415,8 +415,8 @@ def test_periodic_eval_sees_the_bank_after_the_next_steps_merge(tokenizer, tiny_
         seen.setdefault(self.step, self.experience.manager.stats()["merge_passes"])
         return orig(self, *a, **k)
 
-    import crl_bench.trainer.loop as loop
-    real_trainer = loop.Trainer
+    import crl_bench.trainer.lifecycle as lifecycle
+    real_trainer = lifecycle.Trainer
 
     class Patched(real_trainer):
         def __init__(self, cfg, writer=None, **kw):
@@ -425,11 +425,11 @@ def test_periodic_eval_sees_the_bank_after_the_next_steps_merge(tokenizer, tiny_
             ex = self.experience.extractor
             ex.engine = ByPrompt(tokenizer, _fold_reply(1), ex.prompts.prefill)
     Patched.evaluate = evaluate
-    loop.Trainer = Patched
+    lifecycle.Trainer = Patched
     try:
         run_training(cfg, quiet=True)
     finally:
-        loop.Trainer = real_trainer
+        lifecycle.Trainer = real_trainer
     assert seen[2] == 1            # the eval after step 2 ran after step 3's merge pass (released order)
     import json
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""HTML report (crl_bench/report.py) over synthetic run folders: plots, page content, escaping, Chromium."""
+"""HTML report (crl_bench/results/report.py) over synthetic run folders: plots, page content, escaping, Chromium."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import yaml
 
-from crl_bench import report as rep
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.types import Operation as Op
-from crl_bench.results import RENAMED_METRIC_KEYS, current_metric_keys, read_metrics
+from crl_bench.results import report as rep
+from crl_bench.results.run_folder import RENAMED_METRIC_KEYS, current_metric_keys, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 ENVS = ("sokoban", "webshop")
@@ -209,6 +209,9 @@ def test_bad_config_and_missing_files(tmp_path):
     (d / "metrics.jsonl").unlink()
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         rep.load_run(d)
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):        # a run folder, damaged: named
+        rep.make_report(tmp_path, tmp_path / "out")
+    (d / "config.yaml").unlink()
     with pytest.raises(ValueError, match="no run folder"):
         rep.make_report(tmp_path, tmp_path / "out")
     d2 = write_run(tmp_path / "b", "grpo", 1)

@@ -24,7 +24,7 @@ from crl_bench.cli import main
 from crl_bench.env_api import register_env
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.llm.base import Generation
-from crl_bench.results import RunWriter, read_metrics
+from crl_bench.results.run_folder import RunWriter, read_metrics
 from crl_bench.trainer.checkpoint import (
     CheckpointError,
     latest_checkpoint,

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from crl_bench.summary import (
+from crl_bench.results.summary import (
     SummaryError,
     build_summary,
     load_schema,

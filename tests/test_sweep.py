@@ -116,7 +116,7 @@ def test_sweep_resumes_a_killed_cell_from_its_checkpoint(tmp_path):
 def test_sweep_never_touches_a_cell_another_process_holds(tmp_path):
     """An unfinished cell folder locked by a live process (a run or --resume of it) is neither removed
     nor run: the cell is reported as failed, the others go on."""
-    from crl_bench.results import RunLock
+    from crl_bench.results.run_folder import RunLock
 
     spec = SweepSpec(methods=["grpo"], seeds=[0, 1], mix="sokoban", preset="smoke")
     busy = tmp_path / spec.default_name() / "runs" / "grpo-s0"

@@ -1,4 +1,4 @@
-"""Experiment trackers (crl_bench.tracking) fed by RunWriter, and versions.json."""
+"""Experiment trackers (crl_bench.results.tracking) fed by RunWriter, and versions.json."""
 
 import json
 import sys
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from crl_bench.config import ConfigError, LoggingConfig, build_config
-from crl_bench.results import DEFAULT_MODEL_VARIANT, RunWriter, read_metrics
-from crl_bench.tracking import flatten_scalars, open_trackers
+from crl_bench.results.run_folder import DEFAULT_MODEL_VARIANT, RunWriter, read_metrics
+from crl_bench.results.tracking import flatten_scalars, open_trackers
 
 ROWS = [
     {"step": 1, "success_rate": 0.25, "loss": 0.5, "warmup": True, "env": "sokoban"},

@@ -8,7 +8,7 @@ episodes so far (with their number).  It answers one of three decisions, which d
 episode's prompt shows and what the extraction that wrote the knowledge is rewarded:
 
 =========  =======================================  ================================================
-decision   shown to the actor                       extractor reward (see :func:`critic_reward`)
+decision   shown to the actor                       extractor reward (``critic_reward``)
 =========  =======================================  ================================================
 accept     the retrieved text as it is              the episode's score + 1
 refine     the actor's rewritten text               0.5
@@ -16,8 +16,9 @@ reject     nothing (the entries are still credited) -1
 invalid    nothing                                  the episode's plain score (as without the gate)
 =========  =======================================  ================================================
 
-After an invalid judgement the extractor is not shown the entries when it distils the episode
-(released: the retrieved uids are cleared; trainer/complementary.py).
+``critic_reward`` is in :mod:`crl_bench.trainer.extractor_training`, with the rest of the extractor's
+reward. After an invalid judgement the extractor is not shown the entries when it distils the episode
+(released: the retrieved uids are cleared; trainer/experience_track.py).
 
 The judgement is sampled with the actor's own weights and sampling settings and is not trained.
 The prompts below are this project's own.
@@ -108,22 +109,6 @@ def parse_judgement(reply: str, original: str) -> Judgement:
         return Judgement("refine", " ".join(text.split()), reply)
     except (ValueError, RecursionError, TypeError):
         return Judgement(INVALID, "", reply)
-
-
-def critic_reward(decision: str, score: float) -> float:
-    """The extractor's reward for one use of its knowledge under the gate (released mapping):
-    reject -1, refine 0.5, accept ``score + 1``; ``invalid`` (or no gate) gives the plain ``score``.
-
-    The caller then maps a reward of exactly 0 to -1 (:func:`crl_bench.trainer.extractor_training.binary_reward`),
-    as the released pipeline does after this step.
-    """
-    if decision == "reject":
-        return -1.0
-    if decision == "refine":
-        return 0.5
-    if decision == "accept":
-        return float(score) + 1.0
-    return float(score)
 
 
 class ActorCritic:

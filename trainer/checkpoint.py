@@ -63,7 +63,8 @@ import numpy as np
 import torch
 
 from crl_bench.data import sha256_file
-from crl_bench.results import StorageError
+from crl_bench.llm.weights import WeightsMismatchError, load_trainable, trainable_state
+from crl_bench.results.run_folder import StorageError
 
 FORMAT = 2
 """Checkpoint layout version written to meta.json (2: with the size and sha256 of every file)."""
@@ -259,32 +260,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def trainable_state(model: Any) -> dict[str, torch.Tensor]:
-    """``{name: tensor}`` of the parameters that train (all of them for full fine-tuning, the
-    adapters with LoRA); tied weights appear once (``named_parameters``)."""
-    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-
-
-def load_trainable(model: Any, state: dict[str, torch.Tensor], what: str) -> None:
-    """Copy :func:`trainable_state` output into ``model`` in place (dtype and device of ``model``).
-
-    Raises:
-        CheckpointError: names or shapes differ (``what`` names the model in the message).
-    """
-    params = dict(model.named_parameters())
-    want = {n for n, p in params.items() if p.requires_grad}
-    missing, unexpected = sorted(want - set(state)), sorted(set(state) - want)
-    if missing or unexpected:
-        raise CheckpointError(f"{what} checkpoint does not fit this model: missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]} (another model or LoRA setting?)")
-    with torch.no_grad():
-        for n, t in state.items():
-            if params[n].shape != t.shape:
-                raise CheckpointError(f"{what} checkpoint: {n} has shape {tuple(t.shape)}, "
-                                      f"the model {tuple(params[n].shape)}")
-            params[n].copy_(t)
-
-
 def rng_states() -> dict[str, Any]:
     """The global generators: Python ``random``, NumPy's legacy global, torch CPU and every CUDA device."""
     out: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
@@ -438,11 +413,14 @@ def apply_checkpoint(trainer: Any, loaded: LoadedCheckpoint) -> dict[str, Any]:
     missing = [f"{k}.pt" for k in need if k not in states]
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(missing)}")
-    load_trainable(trainer.model, states["actor"], "actor")
+    try:
+        load_trainable(trainer.model, states["actor"], "actor")
+        if track is not None and track.updater is not None:
+            load_trainable(track.model, states["extractor"], "extractor")
+    except WeightsMismatchError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     trainer.load_state_dict(states["trainer"])
     if track is not None:
-        if track.updater is not None:
-            load_trainable(track.model, states["extractor"], "extractor")
         track.load_state_dict(states["experience"])
     return loaded.meta
 

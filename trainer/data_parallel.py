@@ -684,7 +684,7 @@ class DataParallelUpdater(PolicyUpdater):
         """
         import ray
 
-        from crl_bench.trainer.checkpoint import load_trainable
+        from crl_bench.llm.weights import load_trainable
 
         samples = list(samples)
         fold = self.recompute_old_logprobs and self.epochs == 1 and self.mini_batches == 1

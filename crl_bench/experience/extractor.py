@@ -21,7 +21,7 @@ manager (:mod:`crl_bench.experience.manager`) applies the operations of its samp
 
 The extractor's training belongs to the trainer (nothing here imports it): its reward and advantages
 are in :mod:`crl_bench.trainer.extractor_training`, its CISPO loss is
-:func:`crl_bench.trainer.losses.cispo_loss`, and :mod:`crl_bench.trainer.complementary` credits an
+:func:`crl_bench.trainer.losses.cispo_loss`, and :mod:`crl_bench.trainer.experience_track` credits an
 extraction with the outcomes of the episodes its entries guided.
 """
 

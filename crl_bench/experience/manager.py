@@ -483,7 +483,7 @@ class ExperienceManager:
         return out
 
     # ---- the bank as the experience track sees it -------------------------------------------------
-    # The track (trainer/complementary.py) reads and writes the bank only through these methods, so
+    # The track (trainer/experience_track.py) reads and writes the bank only through these methods, so
     # the manager may live in another process (crl_bench/ray_backend.py: RemoteManager).
     def record_outcomes(self, outcomes: Sequence[tuple[Sequence[int], bool]]) -> None:
         """Count each ``(entry ids shown, success)`` episode outcome on its entries (under the write lock)."""

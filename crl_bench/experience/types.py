@@ -98,3 +98,22 @@ class ApplyResult:
     rejected: list[tuple[Operation, str]] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
     deleted_by_vote: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RetrievalRecord:
+    """What one guided episode was given, recorded at retrieval time (credit comes from here, never
+    from the bank later, where an UPDATE or MERGE may have rewritten or removed the entry).
+
+    Attributes:
+        entries: snapshots of the retrieved entries as they were (id, ``source_extraction``: the
+            extraction to credit, title and content).
+        shown: the exact experience text put into the actor's prompt ("" when nothing was shown).
+        judgement: the actor-critic decision (``accept`` / ``refine`` / ``reject`` / ``invalid``), or
+            "" when the gate is off.  After an ``invalid`` judgement the extractor is not shown the
+            entries when it distils the episode (released: the episode's retrieved uids are cleared).
+    """
+
+    entries: list[ExperienceEntry] = field(default_factory=list)
+    shown: str = ""
+    judgement: str = ""

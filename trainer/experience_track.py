@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,21 +44,18 @@ from crl_bench.env_api import feedback_of
 from crl_bench.experience.extractor import EpisodeRecord, Extraction
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.manager import DistillRequest, build_manager
-from crl_bench.experience.types import ExperienceEntry
+from crl_bench.experience.types import RetrievalRecord
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
 from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
 from crl_bench.methods import MethodSpec
 from crl_bench.rollout import Guidance, SearchTool, Trajectory, Turn
-from crl_bench.trainer.actor_critic import INVALID, ActorCritic, critic_reward
+from crl_bench.trainer.actor_critic import INVALID, ActorCritic
 from crl_bench.trainer.advantages import grouped_advantages
-from crl_bench.trainer.extractor_training import (
-    binary_reward,
-    extraction_sample,
-    relative_reward,
-)
+from crl_bench.trainer.extractor_training import answer_reward, extraction_sample, use_reward
 from crl_bench.trainer.losses import cispo_loss
 from crl_bench.trainer.policy import PolicyUpdater
+from crl_bench.trainer.updaters import logprob_temperature, make_updater
 
 KNOWLEDGE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it applies to this task; "
                     "do not follow it blindly.")
@@ -71,25 +68,6 @@ EMPTY_KNOWLEDGE = f"{KNOWLEDGE_HEADER}\n\n(no entries)"
 def knowledge_text(body: str) -> str:
     """The experience block shown to the actor: a header and the numbered entries (``body``)."""
     return f"{KNOWLEDGE_HEADER}\n\n{body}" if body.strip() else ""
-
-
-@dataclass
-class RetrievalRecord:
-    """What one guided episode was given, recorded at retrieval time (credit comes from here, never
-    from the bank later, where an UPDATE or MERGE may have rewritten or removed the entry).
-
-    Attributes:
-        entries: snapshots of the retrieved entries as they were (id, ``source_extraction``: the
-            extraction to credit, title and content).
-        shown: the exact experience text put into the actor's prompt ("" when nothing was shown).
-        judgement: the actor-critic decision (``accept`` / ``refine`` / ``reject`` / ``invalid``), or
-            "" when the gate is off.  After an ``invalid`` judgement the extractor is not shown the
-            entries when it distils the episode (released: the episode's retrieved uids are cleared).
-    """
-
-    entries: list[ExperienceEntry] = field(default_factory=list)
-    shown: str = ""
-    judgement: str = ""
 
 
 @dataclass
@@ -135,27 +113,6 @@ def turn_record(traj: Trajectory, k: int) -> EpisodeRecord:
                          success=traj.success and k + 1 == len(traj.turns), reward=turn.reward, final_obs=nxt,
                          group_id=traj.group_id, source=(traj.group_id, traj.meta.get("rollout"), k),
                          replies=[turn.reply], outcome=f"one step of an episode (step reward {turn.reward:.2f})")
-
-
-def use_reward(traj: Trajectory, free_scores: Sequence[float], kind: str) -> float:
-    """The reward one use of an entry by guided episode ``traj`` gives the extraction that wrote it.
-
-    ``binary`` (released live path, ``_collect_triggered_interactions_to_buffer``): the episode's
-    score (its return), with a score of exactly 0 counted as -1.  ``relative``: +1 / 0 / -1 against the
-    mean score of the group's experience-free episodes (``binary`` when the group has none).  With an
-    actor-critic judgement on the record, :func:`~crl_bench.trainer.actor_critic.critic_reward` applies
-    first (reject -1, refine 0.5, accept score + 1), then the 0 -> -1 rule.
-    """
-    rec = traj.retrieval if isinstance(traj.retrieval, RetrievalRecord) else None
-    if kind == "relative" and free_scores:
-        r = relative_reward(traj.reward, free_scores)
-        if rec is not None and rec.judgement:
-            r = critic_reward(rec.judgement, r)
-        return r
-    score = float(traj.reward)
-    if rec is not None and rec.judgement:
-        score = critic_reward(rec.judgement, score)
-    return binary_reward(score)
 
 
 class ExperienceTrack:
@@ -259,8 +216,6 @@ class ExperienceTrack:
         if method.trains_extractor:
             params = [p for p in self.model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=xc.lr, weight_decay=0.0)
-            from crl_bench.trainer.loop import logprob_temperature, make_updater
-
             self.updater = make_updater(
                 cfg, self.model, opt, pad_id=self.tokenizer.pad_token_id, micro_batch_size=xc.micro_batch_size,
                 max_grad_norm=cfg.train.max_grad_norm,
@@ -350,7 +305,7 @@ class ExperienceTrack:
         """The in-episode search tool over this track's manager (``experience.search_tool``): each
         question is answered by :meth:`ExperienceManager.answer` (retrieval, then the extractor);
         ``record=False`` leaves the bank's counters untouched."""
-        def answer(queries: list[tuple[str, str]]) -> list[tuple[str, list[int], Any]]:
+        def answer(queries: list[tuple[str, str]]) -> list[tuple[str, list[int], Extraction | None]]:
             return [(a.text, [e.id for e in a.entries], a.extraction)
                     for a in self.manager.answer(queries, record=record)]
         return SearchTool(answer, self.cfg.experience.max_tool_uses)
@@ -439,8 +394,7 @@ class ExperienceTrack:
         gate, how often it accepted / refined / rejected the experience or answered invalidly."""
         guided = [t for t in trajs if t.subgroup == "guided"]
         free = [t for t in trajs if t.subgroup == "free"]
-        judged = [t.retrieval.judgement for t in guided if isinstance(t.retrieval, RetrievalRecord)
-                  and t.retrieval.judgement]
+        judged = [t.retrieval.judgement for t in guided if t.retrieval is not None and t.retrieval.judgement]
         out = {
             "success_rate/guided": _rate(guided), "success_rate/free": _rate(free),
             "episodes/guided": len(guided), "episodes/free": len(free),
@@ -473,11 +427,11 @@ class ExperienceTrack:
             for t in members:
                 if t.subgroup == "guided":
                     for call in t.tool_calls:
-                        if isinstance(call.record, Extraction) and call.record.response_ids:
-                            self._add_use(call.record, binary_reward(float(t.reward)))
+                        if call.record is not None and call.record.response_ids:
+                            self._add_use(call.record, answer_reward(t))
                             credited += 1
                 rec = t.retrieval
-                if t.subgroup != "guided" or not isinstance(rec, RetrievalRecord) or not rec.entries:
+                if t.subgroup != "guided" or rec is None or not rec.entries:
                     continue
                 if rec.shown:                       # outcome counters: only experience the actor saw
                     episode_outcomes.append(([e.id for e in rec.entries], t.success))
@@ -507,7 +461,7 @@ class ExperienceTrack:
                 for t in chosen:
                     if not t.turns:
                         continue
-                    rec = t.retrieval if isinstance(t.retrieval, RetrievalRecord) else None
+                    rec = t.retrieval
                     shown = rec.entries if rec is not None and rec.judgement != INVALID else []
                     key = t.query if exp_cfg.key == "query" else ""
                     reqs.append(DistillRequest(episode_record(t), list(shown), t.env_id, step, key))
@@ -516,7 +470,7 @@ class ExperienceTrack:
                     if t.subgroup != "guided":
                         continue
                     for k, turn in enumerate(t.turns):
-                        rec = turn.retrieval if isinstance(turn.retrieval, RetrievalRecord) else None
+                        rec = turn.retrieval
                         key = _turn_query(t, k) if exp_cfg.key == "query" else ""
                         reqs.append(DistillRequest(turn_record(t, k), list(rec.entries) if rec else [], t.env_id,
                                                    step, key))

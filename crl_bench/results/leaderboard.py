@@ -1,7 +1,7 @@
 """``crl-bench leaderboard``: one table of comparable results from run and submission summaries.
 
 Input: folders walked recursively for ``summary.json`` files (runs and submissions,
-crl_bench/summary.py); a finished run folder without one (``config.yaml`` + ``eval.json``) is
+crl_bench/results/summary.py); a finished run folder without one (``config.yaml`` + ``eval.json``) is
 summarised on the fly; an unfinished run (no ``eval.json``) or an invalid summary is skipped with a
 warning.
 
@@ -39,7 +39,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -47,8 +47,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from crl_bench.results.run_folder import is_run_folder
+from crl_bench.results.summary import SummaryError, build_summary, read_summary, validate_summary
 from crl_bench.safe_io import load_json, printable
-from crl_bench.summary import SummaryError, build_summary, read_summary, validate_summary
 
 #: eval modes of a summary run: with experience, its memory controls, without; ``initial`` is the
 #: untrained actor before step 1 (``eval.at_start``).
@@ -78,18 +79,13 @@ def _warn(warnings: list[str] | None, message: str) -> None:
 
 
 # ---- collecting --------------------------------------------------------------------------------
-def _is_run_dir(files: Iterable[str]) -> bool:
-    names = set(files)
-    return "config.yaml" in names and bool(names & {"eval.json", "versions.json", "metrics.jsonl"})
-
-
 def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> list[dict[str, Any]]:
     """Every summary under ``paths``, validated.
 
     Each path is a folder walked recursively (hidden folders, ``checkpoint/`` and ``__pycache__``
     skipped) or a ``summary.json`` file. A folder with ``summary.json`` is read and not walked
     further; a run folder (``config.yaml`` with ``eval.json``/``versions.json``/``metrics.jsonl``)
-    without one is summarised on the fly (crl_bench.summary.build_summary).
+    without one is summarised on the fly (crl_bench.results.summary.build_summary).
 
     Args:
         paths: folders or summary files.
@@ -110,7 +106,7 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
         if real in seen:
             return
         seen.add(real)
-        # RecursionError: metrics.jsonl lines are parsed by crl_bench.results.iter_metrics without a depth
+        # RecursionError: metrics.jsonl lines are parsed by crl_bench.results.run_folder.iter_metrics without a depth
         # limit; TypeError/AttributeError: run files of the wrong shapes; each costs only its own run
         try:
             if has_summary:
@@ -148,7 +144,7 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
             if "summary.json" in filenames:
                 take(folder, True)
                 dirnames[:] = []
-            elif _is_run_dir(filenames):
+            elif is_run_folder(folder, set(filenames)):
                 take(folder, False)
                 dirnames[:] = []
     return out
@@ -243,7 +239,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
     NaN last), then method, model, eval mode, protocol.
 
     Args:
-        summaries: summary dicts (crl_bench.summary; e.g. from :func:`collect`).
+        summaries: summary dicts (crl_bench.results.summary; e.g. from :func:`collect`).
         warnings: duplicate-run and duplicate-seed messages are appended here (stderr if None).
 
     Returns:
@@ -438,7 +434,7 @@ def _cell(text: str) -> str:
 
 
 def _doc_link(out_dir: Path) -> str:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     doc = root / EVAL_DOC
     try:
         out_dir.resolve().relative_to(root)
@@ -472,7 +468,7 @@ def _display_rows(part: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 def display_frame(df: pd.DataFrame) -> pd.DataFrame:
     """The leaderboard as the markdown shows it (strings: ``mean ± std (n)``, CI, ...), one frame
     with a ``mix`` column first and the env columns of every mix (empty where a mix lacks one);
-    for reports (``crl_bench.report``)."""
+    for reports (``crl_bench.results.report``)."""
     frames = []
     for mix, part in df.groupby("mix", sort=False):
         header, body = _display_rows(part)

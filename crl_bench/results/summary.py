@@ -1,6 +1,6 @@
 """``summary.json``: one comparable, validated record of a finished run or of a submission.
 
-A run folder (crl_bench/results.py) holds everything about a run; ``summary.json`` keeps only what
+A run folder (crl_bench/results/run_folder.py) holds everything about a run; ``summary.json`` keeps only what
 makes results comparable across runs, machines and submitters (schema_version 1,
 ``crl_bench/schemas/summary.schema.json``)::
 
@@ -22,10 +22,10 @@ pooled success rate, mean reward, mean steps, invalid-action rate, env errors an
 ``initial`` (runs with ``eval.at_start``) is the untrained actor's evaluation on the same tasks;
 ``shuffled`` and ``empty`` are the memory controls of experience methods (docs/evaluation.md).
 ``alerts`` (only when the run raised any) are the learning alarms of its metrics.jsonl rows, in step
-order (:mod:`crl_bench.trainer.alarms`).
+order (:mod:`crl_bench.results.alarms`).
 
 A run's summary has one entry in ``runs``; a submission's has one per seed
-(crl_bench/submission.py). The leaderboard (crl_bench/leaderboard.py) reads only summaries.
+(crl_bench/results/submission.py). The leaderboard (crl_bench/results/leaderboard.py) reads only summaries.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import jsonschema
 import yaml
 
 from crl_bench.config import CONFIG_MAX_ALIASES
-from crl_bench.results import iter_metrics
+from crl_bench.results.run_folder import iter_metrics
 from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths
 
 SCHEMA_VERSION = 1
@@ -244,7 +244,7 @@ def _train_totals(run_dir: Path, config: dict) -> dict[str, Any]:
 def _alerts(run_dir: Path) -> list[dict[str, Any]]:
     """Every learning alarm of the run (its metrics.jsonl rows' ``alerts``, in step order); ``[]``
     without metrics.jsonl."""
-    from crl_bench.trainer.alarms import run_alerts
+    from crl_bench.results.alarms import run_alerts
 
     path = run_dir / "metrics.jsonl"
     if not path.is_file():

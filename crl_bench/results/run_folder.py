@@ -125,6 +125,29 @@ def _git_commit() -> str | None:
         return None
 
 
+RUN_FOLDER_FILES = ("metrics.jsonl", "eval.json", "versions.json")
+"""Files of which a run folder holds at least one beside ``config.yaml`` (see :func:`is_run_folder`)."""
+
+
+def is_run_folder(folder: str | Path, names: set[str] | None = None) -> bool:
+    """Whether ``folder`` is a run folder: it holds ``config.yaml`` and at least one of
+    :data:`RUN_FOLDER_FILES` (a run writes ``versions.json`` before its first step, ``metrics.jsonl`` at
+    each step and ``eval.json`` when it ends, so a run that stopped at any point is found).
+
+    Args:
+        folder: the folder to test.
+        names: the file names in ``folder`` when the caller already listed them (``os.walk``); the
+            folder is then not read again.
+
+    Returns:
+        ``True`` for a run folder; ``False`` otherwise, also when ``folder`` does not exist.
+    """
+    folder = Path(folder)
+    if names is None:
+        return (folder / "config.yaml").is_file() and any((folder / n).is_file() for n in RUN_FOLDER_FILES)
+    return "config.yaml" in names and any(n in names for n in RUN_FOLDER_FILES)
+
+
 def make_run_id(method: str, mix: str, seed: int) -> str:
     """``YYYYmmdd-HHMMSS-<method>-<mix>-s<seed>`` with the mix made file-name safe."""
     safe_mix = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(mix).stem if mix.endswith((".yaml", ".yml")) else mix)
@@ -303,7 +326,7 @@ class RunWriter:
 
     def attach_trackers(self, trackers: Any) -> None:
         """Forward every later :meth:`log_metrics` row to ``trackers`` (a
-        :class:`crl_bench.tracking.Trackers`, or any object with ``log(row)`` and ``close()``);
+        :class:`crl_bench.results.tracking.Trackers`, or any object with ``log(row)`` and ``close()``);
         :meth:`close` closes them. Replaces trackers attached before (without closing them)."""
         self.trackers = trackers
 

@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 
 from crl_bench.config import CONFIG_MAX_ALIASES
-from crl_bench.results import iter_metrics
+from crl_bench.results.alarms import run_alerts
+from crl_bench.results.run_folder import is_run_folder, iter_metrics
 from crl_bench.safe_io import load_json, load_yaml, printable
-from crl_bench.trainer.alarms import run_alerts
 
 PLOT_FILES = {
     "success": "success_per_env.png",
@@ -93,7 +93,7 @@ class RunData:
             files, one flat EVAL, become ``free``), or None when the run has no ``eval.json``.
         bank_path: ``experience.sqlite`` if the run has one, else None.
         alerts: the learning alarms the run raised (its training rows' ``alerts``, in step order;
-            :mod:`crl_bench.trainer.alarms`).
+            :mod:`crl_bench.results.alarms`).
     """
 
     path: Path
@@ -116,12 +116,8 @@ class RunData:
         return int(self.train[-1]["step"]) if self.train else 0
 
 
-def _is_run_dir(p: Path) -> bool:
-    return (p / "config.yaml").is_file() and (p / "metrics.jsonl").is_file()
-
-
 def find_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
-    """Run folders (holding both ``config.yaml`` and ``metrics.jsonl``) at or under ``paths``.
+    """Run folders (:func:`~crl_bench.results.run_folder.is_run_folder`) at or under ``paths``.
 
     Args:
         paths: one path or several; each is a run folder, a sweep folder (``sweep.yaml`` +
@@ -145,12 +141,12 @@ def find_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Pa
         if not root.is_dir():
             raise NotADirectoryError(f"report: {str(root)!r} is not a folder (give a run or sweep folder)")
         found: list[Path] = []
-        if _is_run_dir(root):
+        if is_run_folder(root):
             found.append(root)
         else:
             for dirpath, dirnames, _ in os.walk(root):
                 here = Path(dirpath)
-                if here != root and _is_run_dir(here):
+                if here != root and is_run_folder(here):
                     found.append(here)
                     dirnames.clear()
                     continue
@@ -241,9 +237,11 @@ def load_run(path: str | os.PathLike) -> RunData:
             not UTF-8, too deep, not finite numbers).
     """
     p = Path(path)
-    for name in ("config.yaml", "metrics.jsonl"):
-        if not (p / name).is_file():
-            raise FileNotFoundError(f"{p} is not a run folder: it has no {name}")
+    if not (p / "config.yaml").is_file():
+        raise FileNotFoundError(f"{p} is not a run folder: it has no config.yaml")
+    if not (p / "metrics.jsonl").is_file():
+        raise FileNotFoundError(f"{p} has no metrics.jsonl (the run stopped before its first step, or the "
+                                "file was removed): nothing to plot")
     cfg = load_yaml(p / "config.yaml", max_aliases=CONFIG_MAX_ALIASES)     # InputFileError is a ValueError
     if not isinstance(cfg, dict):
         raise ValueError(f"{p / 'config.yaml'}: must be a mapping, got {type(cfg).__name__}")
@@ -770,7 +768,8 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
     run_dirs = find_runs(paths)
     if not run_dirs:
         shown = [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
-        raise ValueError(f"report: no run folder (config.yaml + metrics.jsonl) under {', '.join(shown)}")
+        raise ValueError(f"report: no run folder (config.yaml with metrics.jsonl, eval.json or versions.json) "
+                         f"under {', '.join(shown)}")
     runs = [load_run(p) for p in run_dirs]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Optional experiment trackers fed with the rows of ``metrics.jsonl`` (TensorBoard, Weights & Biases).
 
-``metrics.jsonl`` is always written by :class:`crl_bench.results.RunWriter` and stays the source of
+``metrics.jsonl`` is always written by :class:`crl_bench.results.run_folder.RunWriter` and stays the source of
 truth; the trackers chosen in the ``logging`` config section (:class:`crl_bench.config.LoggingConfig`)
 receive a copy of every row: its numeric scalars, at the row's ``step``, with nested mappings
 flattened into ``/``-joined names (an eval row ``{"step": 4, "eval": {"success_rate": 0.5}}`` logs
@@ -145,7 +145,7 @@ def open_trackers(logging_cfg: LoggingConfig, run_dir: str | Path, run_id: str,
 
     Returns:
         :class:`Trackers` (with no backend when only ``jsonl`` is chosen: ``metrics.jsonl`` is written
-        by the :class:`~crl_bench.results.RunWriter` itself).
+        by the :class:`~crl_bench.results.run_folder.RunWriter` itself).
 
     Raises:
         ConfigError: an unknown backend, or a chosen backend whose package is not installed (the message

@@ -17,8 +17,7 @@ from typing import Any, TextIO
 import yaml
 
 from crl_bench.config import ConfigError, check_name
-from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths, printable
-from crl_bench.summary import (
+from crl_bench.results.summary import (
     SCHEMA_VERSION,
     SummaryError,
     build_summary,
@@ -27,6 +26,7 @@ from crl_bench.summary import (
     validate_summary,
     write_json_atomic,
 )
+from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths, printable
 
 #: Fields of summaries that must be identical for runs to be packed into one submission.
 COMPARABLE_KEYS = ("method", "model", "mix", "eval_protocol")
@@ -100,7 +100,7 @@ def check_submission(folder: str | Path) -> list[str]:
     that are not finite (NaN, Infinity) are each one problem, and nothing of a refused file is shown.
 
     Checks ``summary.json`` (present, JSON, the summary schema and cross-field rules:
-    crl_bench.summary.summary_problems; kind ``submission``; one run per seed; every evaluated env in
+    crl_bench.results.summary.summary_problems; kind ``submission``; one run per seed; every evaluated env in
     the mix; ``eval_protocol`` names every env of the mix; every run has a free evaluation of every
     env) and ``metadata.yaml`` (present, YAML, ``submission_metadata.schema.json``; no ``TODO``
     placeholders left from the template).
@@ -151,7 +151,7 @@ def check_submission(folder: str | Path) -> list[str]:
 def _load_run(run_dir: Path) -> dict[str, Any]:
     spath = run_dir / "summary.json"
     if spath.is_file():
-        from crl_bench.summary import read_summary
+        from crl_bench.results.summary import read_summary
 
         data = read_summary(spath)
     else:

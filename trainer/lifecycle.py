@@ -1,0 +1,371 @@
+"""A run folder's lifecycle: ``crl-bench run`` (:func:`run_training`) and ``crl-bench run --resume``
+(:func:`resume_training`) around the :class:`~crl_bench.trainer.loop.Trainer`.
+
+A new run checks what it can before writing anything (:func:`preflight`), writes config.yaml and
+versions.json, and removes its folder again if it fails before its first step. A resumed run verifies
+and reads a checkpoint before it changes anything in the folder (docs/resume.md). Both then go
+through one body: the step-0 eval, the training steps with periodic evals and checkpoints, the final
+eval, the final weights and summary.json. Each holds the folder's lock throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from crl_bench.config import RunConfig
+from crl_bench.mixtures import resolve_mixture
+from crl_bench.results.alarms import alert_line
+from crl_bench.results.run_folder import RunLock, RunWriter, make_run_id
+from crl_bench.results.tracking import open_trackers
+from crl_bench.trainer.loop import Trainer
+
+
+def data_checksums(trainer: Trainer) -> dict[str, dict[str, str]]:
+    """sha256 of every data file each env of the run reads (``TextEnv.data_files``), per env id."""
+    from crl_bench.data import sha256_file
+
+    return {env_id: {name: sha256_file(path) for name, path in sorted(files.items())}
+            for env_id, files in trainer.data_files.items() if files}
+
+
+def preflight(cfg: RunConfig) -> None:
+    """What can be checked before a run folder is written, so a run that cannot start writes nothing:
+    the mixture resolves, the model names an existing folder or a hub id, and the output folder can be
+    created and written.
+
+    Raises:
+        ModelNotAvailable: a model or extractor folder does not exist.
+        ConfigError: the output folder cannot be created or written (names it and why).
+    """
+    import tempfile
+
+    from crl_bench.config import ConfigError
+    from crl_bench.llm.default_model import check_model_name
+
+    resolve_mixture(cfg.rollout.mix)            # a mixture file that is missing or malformed
+    check_model_name(cfg.model.name)
+    if cfg.extractor.model != "same":
+        check_model_name(cfg.extractor.model)
+    out = Path(cfg.output_dir)
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"output folder {str(out)!r} cannot be created: {str(existing)!r} is a file")
+    try:
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".crl-write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"output folder {str(out)!r} cannot be written ({str(existing)!r}: "
+                          f"{e.strerror or e})") from None
+
+
+def run_training(cfg: RunConfig, quiet: bool = False) -> str:
+    """``crl-bench run``: train for ``cfg.train.steps`` steps, evaluate, write the run folder.
+
+    The folder gets config.yaml, versions.json, seeds.json, data.json (data checksums),
+    metrics.jsonl and episodes.jsonl as the run goes, then eval.json, checkpoint/ and summary.json
+    (crl_bench/results/run_folder.py). A run that fails before its first step is logged (a bad env, missing
+    data or engine, a model that does not load, Ctrl-C) removes its folder again.
+
+    Returns the run folder path.
+    """
+    import shutil
+
+    if quiet:                       # also transformers' own loading/saving progress bars
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+    if not cfg.run_id:
+        cfg.run_id = make_run_id(cfg.method, cfg.rollout.mix, cfg.train.seed)
+    preflight(cfg)
+    created = [p for p in [Path(cfg.output_dir), *Path(cfg.output_dir).parents] if not p.exists()]
+    writer = RunWriter(cfg.output_dir, cfg.run_id)
+    lock = RunLock(writer.dir).acquire()    # held until summary.json is written
+    try:
+        writer.write_config(cfg.to_dict())
+        writer.write_versions(model=cfg.model.name, dtype=cfg.model.dtype)
+        _train_in_folder(cfg, writer, quiet)
+    except BaseException:
+        # the writer and trainer are closed by now (trackers' files may live in the folder removed below)
+        started = writer.metrics_path.is_file() and writer.metrics_path.stat().st_size > 0
+        if not started:                 # a run that never started leaves nothing behind
+            lock.release()
+            shutil.rmtree(writer.dir, ignore_errors=True)
+            for folder in created:      # innermost first: the output folders made for it, if still empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+        lock.release()
+        raise
+    from crl_bench.results.summary import write_summary
+    try:
+        write_summary(writer.dir)
+    finally:
+        lock.release()
+    return str(writer.dir)
+
+
+def _train_in_folder(cfg: RunConfig, writer: RunWriter, quiet: bool, resume: tuple[Any] | None = None) -> None:
+    """The one body of :func:`run_training` and :func:`resume_training`, once the folder is ready:
+    trackers, the trainer, then (resumed) the checkpoint's states or (new) seeds.json and data.json,
+    then :func:`_train_and_evaluate`. The writer and the trainer are closed when it returns or raises.
+
+    Args:
+        resume: ``None`` for a new run; for a resumed one a 1-tuple with the
+            :class:`~crl_bench.trainer.checkpoint.LoadedCheckpoint` to continue from, or ``None``
+            inside when there is none (the run starts over in its folder).
+    """
+    from crl_bench.trainer.checkpoint import apply_checkpoint
+
+    trainer: Trainer | None = None
+    try:
+        writer.attach_trackers(open_trackers(cfg.logging, writer.dir, cfg.run_id, cfg.to_dict()))
+        trainer = Trainer(cfg, writer)
+        initial = None
+        if resume is None:
+            writer.write_json("seeds.json", {"seed": cfg.train.seed, "task_sampler_seed": cfg.train.seed,
+                                             "torch_seed": cfg.train.seed, "torch_threads": trainer.threads})
+            writer.write_json("data.json", {"data_checksums": data_checksums(trainer)})
+        else:
+            loaded = resume[0]
+            if loaded is not None:
+                apply_checkpoint(trainer, loaded)
+                loaded.states.clear()           # the trainer holds them now
+                initial = initial_eval(writer.dir)
+            if not quiet:
+                print(f"resuming {writer.dir} at step {trainer.step} of {cfg.train.steps}"
+                      + (f" ({loaded.path.name})" if loaded else " (no checkpoint: starting over)"), flush=True)
+        _train_and_evaluate(cfg, trainer, writer, quiet, initial=initial)
+    finally:
+        writer.close()
+        if trainer is not None:
+            trainer.close()
+
+
+def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, quiet: bool,
+                        initial: dict[str, Any] | None = None) -> None:
+    """The body of :func:`run_training` and :func:`resume_training`: the step-0 eval, the steps from
+    ``trainer.step`` on with periodic evals and resumable checkpoints, the final eval and checkpoint.
+    ``initial``: the step-0 eval of a resumed run (read back from metrics.jsonl)."""
+    from tqdm import tqdm
+
+    from crl_bench.trainer.checkpoint import save_checkpoint
+
+    def checkpoint() -> None:
+        if cfg.train.checkpoint_every:
+            save_checkpoint(trainer, writer.dir, keep=cfg.train.keep_checkpoints)
+
+    per_step = cfg.train.groups_per_step * cfg.train.group_size
+    if cfg.eval.at_start and trainer.step == 0 and initial is None:
+        # the untrained actor on the same tasks and protocol as the final eval (the step-0 point of
+        # the eval curve); a method with a bank has nothing in it yet, so this is experience-free
+        with tqdm(total=sum(map(len, trainer.eval_task_ids().values())), desc="eval (step 0)",
+                  unit="ep", disable=quiet, leave=False) as bar:
+            initial = trainer.evaluate(progress=bar.update, guided=False)
+        writer.log_metrics({"step": 0, "eval": {"free": initial}})
+        if not quiet:
+            print(f"eval at step 0 ({cfg.eval.split}, free): success {initial['success_rate']:.3f}  "
+                  f"over {initial['episodes']} episodes", flush=True)
+        checkpoint()                    # a kill during step 1 does not cost the step-0 eval again
+    while trainer.step < cfg.train.steps:
+        with tqdm(total=per_step, desc=f"step {trainer.step + 1}/{cfg.train.steps} rollout",
+                  unit="ep", disable=quiet, leave=False) as bar:
+            res = trainer.train_step(progress=bar.update)
+        writer.log_metrics(res.metrics)
+        writer.log_episodes(res.metrics["step"], res.trajectories, cfg.logging.transcripts)
+        if not quiet:
+            print(step_line(res.metrics), flush=True)
+            for alert in res.metrics.get("alerts", ()):
+                print(alert_line(alert), flush=True)
+        if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
+            trainer.prepare_step()      # released order: flush and merge pass, then the evaluation
+            ev = trainer.evaluate()
+            writer.log_metrics({"step": trainer.step, "eval": ev})
+        if cfg.train.checkpoint_every and (trainer.step % cfg.train.checkpoint_every == 0
+                                           or trainer.step == cfg.train.steps):
+            checkpoint()
+    with tqdm(total=trainer.eval_episode_count(), desc="eval", unit="ep", disable=quiet, leave=False) as bar:
+        ev = trainer.evaluate_all(progress=bar.update)
+    if initial is not None:
+        ev["initial"] = {"step": 0, "free": initial}
+    writer.write_json("eval.json", ev)
+    writer.log_to_trackers({"step": trainer.step, "eval": {m: ev[m] for m in trainer.eval_modes if m in ev}})
+    if not quiet:
+        for mode in trainer.eval_modes:
+            if mode in ev:
+                e = ev[mode]
+                print(f"eval ({cfg.eval.split}, {mode}): success {e['success_rate']:.3f}  steps {e['steps_mean']:.1f}  "
+                      f"invalid {e['invalid_action_rate']:.3f}  over {e['episodes']} episodes", flush=True)
+    if cfg.train.save_checkpoint:
+        save_final_weights(trainer, writer.dir)
+
+
+FINAL_WEIGHTS = "checkpoint"
+"""The run folder's final weights (``save_pretrained``), written whole or not at all."""
+
+
+def save_final_weights(trainer: Trainer, run_dir: Path) -> Path:
+    """``trainer.save_checkpoint`` into ``run_dir/.checkpoint.tmp``, then renamed to
+    ``run_dir/checkpoint``: a kill mid-save leaves no ``checkpoint/`` folder, never a partial one
+    (``resume_training`` then saves again). Returns the folder."""
+    import shutil
+
+    final, tmp = run_dir / FINAL_WEIGHTS, run_dir / f".{FINAL_WEIGHTS}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_checkpoint(str(tmp))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def initial_eval(run_dir: str | Path) -> dict[str, Any] | None:
+    """The step-0 eval row's ``free`` block of a run folder's metrics.jsonl, or ``None``."""
+    from crl_bench.results.run_folder import iter_metrics
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    for _, row in iter_metrics(path):
+        if row.get("step") == 0 and isinstance(row.get("eval"), dict) and "free" in row["eval"]:
+            return row["eval"]["free"]
+    return None
+
+
+def run_finished_but_summary(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether a run folder holds everything of a finished run except summary.json: a readable
+    eval.json and, when the run saves them, its final weights (``checkpoint/``, written whole or not
+    at all by :func:`save_final_weights`). A kill during :func:`~crl_bench.results.summary.write_summary`
+    leaves such a folder; resuming it only writes the summary."""
+    try:
+        ev = json.loads((run_dir / "eval.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(ev, dict):
+        return False
+    return not cfg.train.save_checkpoint or (run_dir / FINAL_WEIGHTS).is_dir()
+
+
+def resume_training(run_dir: str | Path, quiet: bool = False, start_over: bool = False,
+                    allow_config_change: bool = False) -> str:
+    """``crl-bench run --resume RUN_DIR``: continue a run that was stopped or killed (kill -9
+    included) from its newest usable checkpoint (trainer/checkpoint.py), with the configuration in
+    its config.yaml, into the same folder.
+
+    Nothing in the folder changes until the checkpoint it continues from has been verified (sizes and
+    sha256 recorded at save time) and read into memory: a newest checkpoint that fails is skipped with
+    a warning (on stderr and in versions.json) for the previous one, and newer unusable folders are
+    then moved aside to ``checkpoints/.unusable-step-<N>-<time>`` (kept, never deleted). Only then are
+    the logs cut back to the checkpoint, the bank replaced by its copy, and a stale eval.json or
+    partial final save removed. A folder that finished all but its summary.json only gets the summary.
+    A folder without any checkpoint folder starts over. The run holds the folder's lock
+    (:class:`~crl_bench.results.run_folder.RunLock`) throughout.
+
+    The run then finishes as :func:`run_training` would: the remaining steps, the final eval,
+    ``checkpoint/`` and summary.json. versions.json gets a ``resumed`` list (time, step resumed
+    from, skipped checkpoints, git commit). Returns the run folder.
+
+    Args:
+        start_over: with checkpoint folders of which none is usable, start the run over (logs
+            emptied, bank removed, the unusable folders moved aside) instead of refusing.
+        allow_config_change: accept a config.yaml whose hash differs from the one the checkpoint
+            recorded (the change is recorded in versions.json).
+
+    Raises:
+        ConfigError: ``run_dir`` is not a run folder (no config.yaml), its config is invalid, or it
+            already finished (summary.json is there).
+        RunInUseError: another process holds the folder.
+        RunFolderError: checkpoint folders exist but none is usable (without ``start_over``; each
+            reason is listed), config.yaml changed since the checkpoint (without
+            ``allow_config_change``), or its ``train.steps`` is below the checkpoint's step.
+        CheckpointError: the chosen checkpoint does not fit the trainer built from config.yaml.
+    """
+    import shutil
+    import sys
+
+    from crl_bench.config import ConfigError, build_config, load_yaml
+    from crl_bench.methods import get_method
+    from crl_bench.results.run_folder import RunFolderError
+    from crl_bench.results.summary import write_summary
+    from crl_bench.trainer.checkpoint import config_sha256, restore_run_files, select_checkpoint
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {str(run_dir)!r} is not a run folder (no config.yaml)")
+    with RunLock(run_dir):
+        if (run_dir / "summary.json").is_file():
+            raise ConfigError(f"--resume {str(run_dir)!r} finished already (summary.json is there); "
+                              "nothing to resume")
+        data = load_yaml(run_dir / "config.yaml", "run config")
+        for key in ("output_dir", "run_id"):     # the folder exists: its own path and name decide
+            data.pop(key, None)
+        cfg = build_config([data])
+        cfg.output_dir, cfg.run_id = str(run_dir.parent), run_dir.name
+        for tmp in run_dir.glob(".*.tmp"):       # a write the kill cut short (the real file is whole or absent)
+            if tmp.is_file():
+                tmp.unlink()
+        if run_finished_but_summary(run_dir, cfg):
+            write_summary(run_dir)
+            if not quiet:
+                print(f"{run_dir} had finished training and evaluation; wrote its summary.json", flush=True)
+            return str(run_dir)
+
+        # ---- choose and read the checkpoint: nothing below this line changes the folder until it is read
+        loaded, skipped = select_checkpoint(run_dir, cfg.method)
+        if loaded is None and skipped and not start_over:
+            reasons = "\n".join(f"  {p.name}: {why}" for p, why in skipped)
+            raise RunFolderError(
+                f"--resume {str(run_dir)!r}: no usable checkpoint; the folder is left as it was\n{reasons}\n"
+                "pass --start-over to train it again from step 0 (the unusable checkpoint folders are "
+                "kept under checkpoints/.unusable-*)")
+        changed = False
+        if loaded is not None:
+            if loaded.step > cfg.train.steps:
+                raise RunFolderError(
+                    f"--resume {str(run_dir)!r}: config.yaml has train.steps {cfg.train.steps}, but the run "
+                    f"is at step {loaded.step} ({loaded.path.name}); set train.steps >= {loaded.step}")
+            want, now = loaded.meta.get("config_sha256"), config_sha256(run_dir)
+            changed = want is not None and want != now
+            if changed and not allow_config_change:
+                raise RunFolderError(
+                    f"--resume {str(run_dir)!r}: config.yaml differs from the one {loaded.path.name} was "
+                    "trained with (its sha256 is recorded in meta.json); restore it, or pass "
+                    "--allow-config-change to continue with the edited settings")
+        for folder, why in skipped:
+            print(f"crl-bench: warning: skipping {folder}: {why}", file=sys.stderr, flush=True)
+
+        # ---- the checkpoint is read: now the folder is put back to how it was when it was taken
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for folder, _ in skipped:
+            folder.rename(folder.with_name(f".unusable-{folder.name}-{stamp}"))
+        restore_run_files(run_dir, loaded.path if loaded else None, get_method(cfg.method).uses_experience)
+        for stale in ("eval.json", FINAL_WEIGHTS, f".{FINAL_WEIGHTS}.tmp"):   # a kill during the final eval or save
+            p = run_dir / stale
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.is_file():
+                p.unlink()
+        writer = RunWriter.reopen(run_dir)
+        writer.record_resume(loaded.step if loaded else 0,
+                             skipped=[{"checkpoint": p.name, "reason": why} for p, why in skipped],
+                             config_changed=changed)
+        _train_in_folder(cfg, writer, quiet, resume=(loaded,))
+        write_summary(writer.dir)
+    return str(writer.dir)
+
+
+def step_line(m: dict[str, Any]) -> str:
+    """One console line for a step's metrics row."""
+    return (f"step {m['step']}{' (warm-up)' if m.get('warmup') else ''}: success {m['success_rate']:.2f}  "
+            f"reward {m['reward_mean']:.2f}  steps {m['steps_mean']:.1f}  invalid {m['invalid_action_rate']:.2f}  "
+            f"loss {m.get('loss', 0.0):.4f}"
+            + (f"  entropy {m['reply_entropy']:.2f}" if "reply_entropy" in m else "")
+            + f"  {m['tokens_per_s']:.1f} tok/s  {m['time_step_s']:.1f}s"
+            + (f"  | guided {m['success_rate/guided']:.2f} free {m['success_rate/free']:.2f}  "
+               f"bank {m['bank_size']}" if "bank_size" in m else "")
+            + (f"  extractor update {m['extractor_update']}: reward {m['extractor_reward_mean']:.2f} "
+               f"loss {m['extractor_loss']:.4f}" if "extractor_update" in m else ""))

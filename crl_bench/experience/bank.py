@@ -275,7 +275,7 @@ class ExperienceBank:
             10,000 vectors scanned).
         hnsw_m, hnsw_ef_construction: HNSW graph degree and build beam width.
         hnsw_ef_search, hnsw_ef_per_k: search beam width ``max(hnsw_ef_search, hnsw_ef_per_k * k, k)``
-            for a k-NN query (``hnsw_ef_search=64, hnsw_ef_per_k=1`` is the rule before issue 13).
+            for a k-NN query.
         hnsw_rebuild_min, hnsw_rebuild_fraction: rebuild a shard when its tombstones exceed
             ``max(hnsw_rebuild_min, hnsw_rebuild_fraction * live)``.
         auto_threshold, auto_index: ``index="auto"``: a shard of more than ``auto_threshold`` entries

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from crl_bench.env_api import EnvUnavailableError
+from crl_bench.envs.swebench.engine import docker_client
 from crl_bench.envs.swebench.env import SWEBenchEnv
-from crl_bench.envs.swebench.sandbox import LABEL, DockerSandbox, ImageUnavailableError, docker_client
+from crl_bench.envs.swebench.sandbox import LABEL, DockerSandbox, ImageUnavailableError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from swe_synthetic import GOLD, INSTANCE_ID, TASK_IMAGE, build_task

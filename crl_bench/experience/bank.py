@@ -8,10 +8,6 @@ eviction and statistics. Two modules beside it hold the rest:
 * :mod:`crl_bench.experience.validation`: the rejection reasons and the checks of one operation
   that need no database.
 
-The names other code imported from this module before the split (``REJECT_*``,
-``REJECTION_REASONS``, ``INDEX_KINDS``, ``APPROX_KINDS``, ``AUTO_THRESHOLD``) still are importable
-from it.
-
 Storage
     One SQLite file in WAL mode. Table ``entries`` holds every :class:`ExperienceEntry` field (column
     ``generation`` holds ``ExperienceEntry.extractor_version``: the column keeps its first name, so
@@ -84,18 +80,10 @@ import numpy as np
 
 from crl_bench.experience.types import OP_KINDS, VOTE_KINDS, WRITE_KINDS, ApplyResult, ExperienceEntry, Operation
 from crl_bench.experience.validation import (
-    REJECT_ADD_TARGETS,
-    REJECT_BAD_TEXT,
     REJECT_EMBED_FAILED,
-    REJECT_EMPTY_TEXT,
-    REJECT_MERGE_TARGETS,
-    REJECT_TOO_LONG,
-    REJECT_UNKNOWN_KIND,
     REJECT_UNKNOWN_TARGET,
-    REJECT_UPDATE_TARGETS,
     REJECT_WRITE_FAILED,
     REJECT_WRONG_ENV,
-    REJECTION_REASONS,
     check_operation,
 )
 from crl_bench.experience.vector_index import (
@@ -110,12 +98,7 @@ from crl_bench.experience.vector_index import (
     searched_kind,
 )
 
-__all__ = [
-    "APPROX_KINDS", "AUTO_THRESHOLD", "BANK_TABLES", "EVICTION_POLICIES", "INDEX_KINDS", "REJECTION_REASONS",
-    "REJECT_ADD_TARGETS", "REJECT_BAD_TEXT", "REJECT_EMBED_FAILED", "REJECT_EMPTY_TEXT", "REJECT_MERGE_TARGETS",
-    "REJECT_TOO_LONG", "REJECT_UNKNOWN_KIND", "REJECT_UNKNOWN_TARGET", "REJECT_UPDATE_TARGETS",
-    "REJECT_WRITE_FAILED", "REJECT_WRONG_ENV", "ExperienceBank", "NotABankError",
-]
+__all__ = ["BANK_TABLES", "EVICTION_POLICIES", "ExperienceBank", "NotABankError"]
 
 BANK_TABLES = ("entries", "rejections", "counters", "meta")    # what makes a SQLite file a bank
 EVICTION_POLICIES = ("fifo", "lru")

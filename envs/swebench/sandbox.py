@@ -60,13 +60,7 @@ from typing import Any
 
 from crl_bench.env_api import EnvUnavailableError
 
-from .engine import (
-    DockerUnavailableError,  # noqa: F401 - re-exported (its home was this module)
-    PodmanUnavailableError,  # noqa: F401 - re-exported
-    container_ulimits,
-    docker_client,
-    engine_of,
-)
+from .engine import container_ulimits, docker_client, engine_of
 from .tools import ToolError
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ eviction and statistics. Two modules beside it hold the rest:
 
 Storage
     One SQLite file in WAL mode. Table ``entries`` holds every :class:`ExperienceEntry` field (column
-    ``generation`` holds ``ExperienceEntry.extractor_version``: the column keeps its first name, so
-    banks written before the attribute was renamed open unchanged; the bank maps one to the other
-    where it reads and writes entries), the unix time of the entry's last write (``updated_at``, used
+    ``generation`` holds ``ExperienceEntry.extractor_version``: every bank file, of any version, uses
+    that column name, so all open unchanged; the bank maps one to the other where it reads and writes
+    entries), the unix time of the entry's last write (``updated_at``, used
     by LRU eviction), the text the entry is keyed by (``key_text``) and that text's embedding as
     float32 bytes.  The key is ``entry.text()``
     unless the writer gives another (the released keying: the retrieval query of the episode the entry

@@ -10,8 +10,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from crl_bench.envs.swebench.engine import docker_client
 from crl_bench.envs.swebench.images import BASE_IMAGE, build_base_image, image_present
-from crl_bench.envs.swebench.sandbox import docker_client
 
 TASK_IMAGE = "crl-bench/swe-synthetic:calc-v1"
 INSTANCE_ID = "crl__calc-1"

@@ -11,7 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from crl_bench.experience.bank import (
+from crl_bench.experience.bank import ExperienceBank
+from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
+from crl_bench.experience.locks import RWLock
+from crl_bench.experience.retrieval import Retriever
+from crl_bench.experience.types import Operation as Op
+from crl_bench.experience.validation import (
     REJECT_ADD_TARGETS,
     REJECT_BAD_TEXT,
     REJECT_EMBED_FAILED,
@@ -21,16 +26,12 @@ from crl_bench.experience.bank import (
     REJECT_UNKNOWN_KIND,
     REJECT_UNKNOWN_TARGET,
     REJECT_UPDATE_TARGETS,
+    REJECT_VOTE_TARGETS,
     REJECT_WRITE_FAILED,
     REJECT_WRONG_ENV,
     REJECTION_REASONS,
-    ExperienceBank,
+    check_operation,
 )
-from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
-from crl_bench.experience.locks import RWLock
-from crl_bench.experience.retrieval import Retriever
-from crl_bench.experience.types import Operation as Op
-from crl_bench.experience.validation import REJECT_VOTE_TARGETS, check_operation
 from crl_bench.experience.vector_index import make_shard, searched_kind
 
 EMB = HashEmbedder(64)

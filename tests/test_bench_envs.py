@@ -203,7 +203,7 @@ def test_registered_adapter_wins_for_subclasses(monkeypatch):
 
 
 def test_cli_bench_env_json(capsys):
-    """``--json`` (formerly of ``python -m crl_bench.bench_envs``) prints the rows after the table."""
+    """``--json`` prints the rows after the table."""
     import json
 
     from crl_bench.cli import main

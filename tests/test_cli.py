@@ -93,7 +93,7 @@ def _bank_files(folder):
 def test_bank_inspection_never_writes(tmp_path, capsys):
     """`bank show/stats` open the bank read-only: a cleanly closed bank gets no -wal/-shm beside it and
     its bytes are unchanged; an unrelated SQLite file is refused (exit 2), not given the bank's tables
-    and switched to WAL as before; a corrupt file is a clear error, not a traceback."""
+    and switched to WAL; a corrupt file is a clear error, not a traceback."""
     import sqlite3
 
     from crl_bench.experience.bank import ExperienceBank
@@ -209,7 +209,9 @@ def _bad_inputs(tmp_path):
 
 
 def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, capsys, monkeypatch):
-    """Each of these was a raw traceback (exit 1) or, for minihack --task -5, silently accepted."""
+    """Each bad input is a one-line ``crl-bench: error:`` naming the problem, exit 2, no traceback and
+    no run folder; a CLI that let them reach the code below would print a traceback (exit 1) or, for
+    minihack --task -5, accept it silently."""
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO(""))

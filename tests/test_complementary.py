@@ -245,9 +245,9 @@ def test_guided_eval_leaves_the_bank_and_its_counters_untouched(tokenizer, tiny_
 
 
 def test_read_only_bank_evaluates_a_finished_runs_bank(tmp_path, tokenizer, tiny_model):
-    """`crl-bench eval --run`'s trainer: the finished run's bank, opened read-only, guides the eval
-    (before, a fresh empty bank was built and the eval still said guided); no extractor is loaded,
-    the bank file does not change and training is refused."""
+    """`crl-bench eval --run`'s trainer: the finished run's bank, opened read-only, guides the eval (an
+    eval that built a fresh empty bank and still reported "guided" would fail this); no extractor is
+    loaded, the bank file does not change and training is refused."""
     from crl_bench.results.run_folder import RunWriter
 
     cfg = _cfg("complementary")

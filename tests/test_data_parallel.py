@@ -254,7 +254,7 @@ class _Holder:
 
 def test_cpus_held_by_a_closing_actor_are_waited_for(ray_session):
     """Ray frees a killed actor's CPUs a moment after ``ray.kill``; a second updater built right after
-    the first closed saw 1 of 2 CPUs free and failed (seen in CI). Held CPUs that come back within the
+    the first closed can see 1 of 2 CPUs free, and without a wait it would fail. Held CPUs that come back within the
     wait are waited for; CPUs that stay held are an error naming what is free after the wait."""
     import threading
 

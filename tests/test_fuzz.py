@@ -20,11 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crl_bench.env_api import AnswerParser
-from crl_bench.experience.bank import REJECTION_REASONS, ExperienceBank
+from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.json_ops import parse_json_operations
 from crl_bench.experience.operations import parse_operations
 from crl_bench.experience.types import OP_KINDS, Operation
+from crl_bench.experience.validation import REJECTION_REASONS
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=150,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

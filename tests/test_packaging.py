@@ -1,7 +1,7 @@
 """`pip install .` and `pip install -e .` both import correctly from outside the repository; the
-metadata carries the license (PEP 639) and the build prints no setuptools warnings (it used to warn
-about ``project.license`` as a TOML table and about presets/, mixtures/ and schemas/ being "absent
-from the packages configuration")."""
+metadata carries the license (PEP 639) and the build prints no setuptools warnings (e.g. about
+``project.license`` as a TOML table, or about presets/, mixtures/ and schemas/ being "absent from the
+packages configuration")."""
 
 import importlib.metadata
 import importlib.resources

@@ -167,8 +167,8 @@ def test_single_env_run_uses_overall_success_and_old_eval_format(tmp_path):
 
 
 def test_metrics_keys_renamed_since_a_run_are_read_under_their_current_names(tmp_path):
-    """Runs written before issue 17's renames (``results/sweeps/cpu`` among them) log ``distill_pending``
-    and ``extractor_generation``; every reader sees ``distill_backlog`` and ``extractor_version``."""
+    """Runs that log the earlier key names ``distill_pending`` and ``extractor_generation``
+    (``results/sweeps/cpu`` among them): every reader sees ``distill_backlog`` and ``extractor_version``."""
     d = write_run(tmp_path, "complementary", 0)
     lines = (d / "metrics.jsonl").read_text().splitlines()
     old = json.loads(lines[1]) | {"distill_pending": 3, "extractor_generation": 2}

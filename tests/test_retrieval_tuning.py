@@ -1,4 +1,4 @@
-"""Retrieval tuning (issue 13): recall of the tuned IVF / HNSW search settings, ``index: auto`` (flat
+"""Retrieval tuning: recall of the tuned IVF / HNSW search settings, ``index: auto`` (flat
 while a shard is small, HNSW above a threshold), the retriever's query-embedding cache, and the
 config settings. No timing is asserted (see ``crl-bench bench retrieval`` for latencies)."""
 
@@ -53,7 +53,7 @@ def test_ivf_tuned_recall_and_old_settings_fail(tmp_path, sentence_20k):
     # nlist = min(2048, n // 39) = 512; nprobe = ceil(512 * max(1/8, 10000 / 20000)) = 256
     assert (shard.ivf.nlist, shard.nprobe()) == (512, 256)
     assert _recall(bank, q, gt, 16) >= 0.95
-    # the settings before issue 13 (nlist 256, nprobe 16): the same data fails the bar by far
+    # a coarse setting (nlist 256, nprobe 16): the same data fails the bar by far
     old = ExperienceBank(tmp_path / "ivf-old.db", _Dim(384), index="ivf", ivf_nlist=256, ivf_nprobe=16)
     old.add_vectors("e", vecs)
     assert old._shards["e"].nprobe() == 16
@@ -69,11 +69,11 @@ def test_hnsw_tuned_recall_and_old_settings_fail(tmp_path, sentence_20k):
     shard = bank._shards["e"]
     assert [shard.ef(k) for k in (1, 16, 32, 64)] == [128, 128, 256, 512]     # max(128, 8k)
     assert _recall(bank, q, gt, 16) >= 0.95
-    # k = 32 (e.g. experience.k 2 x oversample 16): the old efSearch max(64, k) = 64 misses
-    # neighbours; the tuned max(128, 8k) = 256 does not
+    # k = 32 (e.g. experience.k 2 x oversample 16): efSearch max(64, k) = 64 misses neighbours;
+    # the tuned max(128, 8k) = 256 does not
     _, gt32 = _exact(vecs, q, 32)
     assert _recall(bank, q, gt32, 32) >= 0.95
-    shard.ef_search, shard.ef_per_k = 64, 1                                       # the old rule
+    shard.ef_search, shard.ef_per_k = 64, 1                                       # max(64, k)
     assert _recall(bank, q, gt32, 32) < 0.95
     bank.close()
 

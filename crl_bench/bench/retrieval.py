@@ -24,51 +24,26 @@ Data (``--data``)
     in the bank), the hard case; a query repeating a stored key (same task again) is easier.
     ``gaussian`` (the worst case, kept for reference): i.i.d. Gaussian unit vectors, isotropic in
     all ``dim`` dimensions, no cluster structure, queries = bank vectors plus noise (cosine ~0.9 to
-    their source), as in the first version of this benchmark. In 384 dimensions the 2nd..k-th
-    neighbours of such a query are barely closer than any other vector, so an approximate index must
-    look at most of the bank to find them: no setting of IVF or HNSW reaches recall@16 0.95 there in
-    less time than exact search (measured: HNSW needs efSearch 2048, p99 9.9 ms; exact 6-10 ms).
+    their source). In 384 dimensions the 2nd..k-th neighbours of such a query are barely closer
+    than any other vector, so an approximate index must look at most of the bank to find them: no
+    setting of IVF or HNSW reaches recall@16 0.95 there in less time than exact search.
     ``--vectors FILE.npy``: real embeddings (rows, any scale; normalised here): the bank is the
     first ``size`` rows, the queries the last rows (held out).
 
 Why synthetic and not real embeddings of project texts: the default embedder (all-MiniLM-L6-v2 on
-CPU) embeds ~38 texts/s on the 2-core target machine (9,122 env retrieval queries took 238 s), so
-100k real embeddings would take ~45 minutes per run; and the envs' own retrieval queries are
-near-duplicates (MiniHack-Room's first observation is the same for every task: pairwise cosine
-1.000; Sokoban 0.990 +- 0.005), on which recall by id is ill-defined (ties). :class:`SentenceLike`
-is calibrated on real MiniLM embeddings of 120,000 distinct English sentences (docstring sentences
-of installed Python packages, embedded once on a GPU); a shard of 100,000 of them, queried with
-300 held-out ones, is the reference:
-
-===========================================  ================  ====================
-statistic (100k bank, 300 new queries)       MiniLM sentences  ``SentenceLike``
-===========================================  ================  ====================
-norm of the mean vector (anisotropy)         0.29              0.27
-pairwise cosine, mean +- sd                  0.08 +- 0.10      0.07 +- 0.09
-effective dimension (participation ratio)    108               98
-variance in the top 10 / 50 directions       22% / 55%         24% / 49%
-IVF nlist 1024, nprobe 16 / 64 / 128: r@16   0.86/0.94/0.97    0.76/0.89/0.94
-HNSW M 32 efC 80, ef 64 / 128 / 256: r@16    0.98/0.99/0.995   0.96/0.98/0.995
-===========================================  ================  ====================
-
-So the synthetic data is a little *harder* for both indexes than the real sentences (its
-neighbours are less distinct: the median cosine of a new query to its nearest stored vector is 0.47
-against 0.64), i.e. the recall it shows is conservative. The tuned defaults measured directly on
-the real sentence embeddings (``--vectors``, 100k bank, 256 held-out queries, k=16, one thread,
-through the bank): HNSW (efSearch 128) recall@16 0.994, p99 0.68 ms; IVF (nlist 2048, nprobe 256)
-0.978, p99 2.2 ms; flat p99 10 ms.
-
-Measured with the defaults (2-core machine shared with other jobs, one search thread, k=16; see
-:mod:`crl_bench.experience.vector_index` for the search rules): at 100k ``sentence`` entries ivf, hnsw and auto
-(= hnsw there) keep recall@16 >= 0.95 at p99 well under 5 ms; flat is exact but p99 ~10 ms. The
-table of a run is printed; compare rows of the same run only (timings depend on the load).
+CPU) is slow enough that 100k real embeddings would take most of an hour per run on a 2-core CPU,
+and the envs' own retrieval queries are near-duplicates (MiniHack-Room's first observation is the
+same for every task), on which recall by id is ill-defined (ties). :class:`SentenceLike` is
+calibrated on real MiniLM embeddings of 120,000 distinct English sentences; it is a little *harder*
+for both indexes than the real sentences, so the recall it shows is conservative. The calibration
+table, the figures of the tuned defaults on real and synthetic data, and this benchmark's run time
+are in docs/performance.md ("Retrieval benchmark data"). Timings depend on the load: compare rows of
+the same run only.
 
 Run: ``crl-bench bench retrieval [--sizes 1000 10000 100000] [--index flat ivf hnsw auto]
-[--data sentence gaussian] [--vectors FILE.npy] [--k 16]`` (or ``python -m crl_bench.bench retrieval ...``,
-which replaces ``python -m crl_bench.bench_retrieval``). The
-default run (2 data shapes x 3 sizes x 3 indexes) takes ~3-4 minutes on the 2-core machine, most of
-it building the 100k HNSW graphs (30 s sentence, 60 s gaussian) and training the 100k IVF (20 s);
-``--data sentence`` halves it.
+[--data sentence gaussian] [--vectors FILE.npy] [--k 16]`` (or ``python -m crl_bench.bench retrieval
+...``). Most of the default run (2 data shapes x 3 sizes x 3 indexes) builds the 100k HNSW graphs
+and trains the 100k IVF; ``--data sentence`` halves it.
 """
 
 from __future__ import annotations
@@ -107,7 +82,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 class SentenceLike:
-    """Random unit vectors shaped like sentence embeddings (calibration: the module docstring).
+    """Random unit vectors shaped like sentence embeddings (calibration: docs/performance.md).
 
     ``x = normalise(common * mu + c_t + spread * s * z)``, where ``mu`` is one fixed unit direction
     (the anisotropy every sentence-embedding model shows: all vectors lean one way); ``c_t`` is the

@@ -1,5 +1,6 @@
 """``crl-bench bench step``: whole training steps (rollout + update) of a preset and mix, ``before``
-(float32 compute, only the batch-wide prompt head cached: this project's engine before issue 13) against
+(float32 compute, only the batch-wide prompt head cached: no bf16, no per-group heads, no per-episode
+reuse) against
 ``after`` (the defaults: ``model.dtype: auto``, per-group heads, per-episode reuse for multi-turn
 prompts), interleaved step by step; and the share of pure-torch prefill/decode throughput the rollout
 reaches."""
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HELP", "STEP_ARMS", "add_parser", "bench_step", "format_step", "pure_throughput", "run"]
 
-HELP = "training steps before vs after the bf16 / prefix-cache work"
+HELP = "training steps without (before) vs with (after) bf16 and prefix reuse"
 
 
 def pure_throughput(model: Any, dtype: torch.dtype, batch: int = 8, prompt: int = 512, context: int = 300,

@@ -8,15 +8,11 @@ eviction and statistics. Two modules beside it hold the rest:
 * :mod:`crl_bench.experience.validation`: the rejection reasons and the checks of one operation
   that need no database.
 
-The names other code imported from this module before the split (``REJECT_*``,
-``REJECTION_REASONS``, ``INDEX_KINDS``, ``APPROX_KINDS``, ``AUTO_THRESHOLD``) still are importable
-from it.
-
 Storage
     One SQLite file in WAL mode. Table ``entries`` holds every :class:`ExperienceEntry` field (column
-    ``generation`` holds ``ExperienceEntry.extractor_version``: the column keeps its first name, so
-    banks written before the attribute was renamed open unchanged; the bank maps one to the other
-    where it reads and writes entries), the unix time of the entry's last write (``updated_at``, used
+    ``generation`` holds ``ExperienceEntry.extractor_version``: every bank file, of any version, uses
+    that column name, so all open unchanged; the bank maps one to the other where it reads and writes
+    entries), the unix time of the entry's last write (``updated_at``, used
     by LRU eviction), the text the entry is keyed by (``key_text``) and that text's embedding as
     float32 bytes.  The key is ``entry.text()``
     unless the writer gives another (the released keying: the retrieval query of the episode the entry
@@ -84,18 +80,10 @@ import numpy as np
 
 from crl_bench.experience.types import OP_KINDS, VOTE_KINDS, WRITE_KINDS, ApplyResult, ExperienceEntry, Operation
 from crl_bench.experience.validation import (
-    REJECT_ADD_TARGETS,
-    REJECT_BAD_TEXT,
     REJECT_EMBED_FAILED,
-    REJECT_EMPTY_TEXT,
-    REJECT_MERGE_TARGETS,
-    REJECT_TOO_LONG,
-    REJECT_UNKNOWN_KIND,
     REJECT_UNKNOWN_TARGET,
-    REJECT_UPDATE_TARGETS,
     REJECT_WRITE_FAILED,
     REJECT_WRONG_ENV,
-    REJECTION_REASONS,
     check_operation,
 )
 from crl_bench.experience.vector_index import (
@@ -110,12 +98,7 @@ from crl_bench.experience.vector_index import (
     searched_kind,
 )
 
-__all__ = [
-    "APPROX_KINDS", "AUTO_THRESHOLD", "BANK_TABLES", "EVICTION_POLICIES", "INDEX_KINDS", "REJECTION_REASONS",
-    "REJECT_ADD_TARGETS", "REJECT_BAD_TEXT", "REJECT_EMBED_FAILED", "REJECT_EMPTY_TEXT", "REJECT_MERGE_TARGETS",
-    "REJECT_TOO_LONG", "REJECT_UNKNOWN_KIND", "REJECT_UNKNOWN_TARGET", "REJECT_UPDATE_TARGETS",
-    "REJECT_WRITE_FAILED", "REJECT_WRONG_ENV", "ExperienceBank", "NotABankError",
-]
+__all__ = ["BANK_TABLES", "EVICTION_POLICIES", "ExperienceBank", "NotABankError"]
 
 BANK_TABLES = ("entries", "rejections", "counters", "meta")    # what makes a SQLite file a bank
 EVICTION_POLICIES = ("fifo", "lru")
@@ -275,7 +258,7 @@ class ExperienceBank:
             10,000 vectors scanned).
         hnsw_m, hnsw_ef_construction: HNSW graph degree and build beam width.
         hnsw_ef_search, hnsw_ef_per_k: search beam width ``max(hnsw_ef_search, hnsw_ef_per_k * k, k)``
-            for a k-NN query (``hnsw_ef_search=64, hnsw_ef_per_k=1`` is the rule before issue 13).
+            for a k-NN query.
         hnsw_rebuild_min, hnsw_rebuild_fraction: rebuild a shard when its tombstones exceed
             ``max(hnsw_rebuild_min, hnsw_rebuild_fraction * live)``.
         auto_threshold, auto_index: ``index="auto"``: a shard of more than ``auto_threshold`` entries

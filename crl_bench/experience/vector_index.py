@@ -9,13 +9,11 @@ Index kinds
     * ``auto`` (the bank's default, :class:`AutoShard`): exact ``flat`` search while a shard holds
       at most ``auto_threshold`` (:data:`AUTO_THRESHOLD`, 20,000) vectors; when it grows past that,
       the shard is rebuilt once as ``auto_index`` (``hnsw``), and back as flat if it shrinks below
-      half the threshold. Why 20,000: single-query flat p99 through
-      :meth:`~crl_bench.experience.bank.ExperienceBank.search_vectors` (one thread, 384-dim, 2-core
-      machine under load) measured 0.5 ms at 10k, 0.8 ms at 15k, 1.7 ms at 20k, 1.9 ms at 30k,
-      3.5 ms at 50k and 8-13 ms at 100k: 20k is where exact search leaves the ~1-2 ms budget (HNSW
-      at 20k: p99 0.4 ms, recall@16 0.99). HNSW rather than IVF because at 100k it kept equal or
-      better recall at half IVF's p99 (table below), needs no retraining as the shard grows, and the
-      switch is one graph build (~4 s at 20k with 2 threads, under the write lock). The switch is
+      half the threshold. Why 20,000: up to about that size single-query exact search stays within a
+      ~1-2 ms p99 budget on a 2-core CPU, beyond it HNSW is several times faster at recall@16 ~0.99
+      (docs/performance.md, "Retrieval: exact-search threshold and index settings"). HNSW rather than
+      IVF because at 100k it kept equal or better recall at half IVF's p99, needs no retraining as the
+      shard grows, and the switch is one graph build (under the write lock). The switch is
       decided once a write is complete (after capacity eviction: the bank calls
       :meth:`AutoShard.settle`), so the ``paper`` preset's 20,000-entry cap keeps every shard exact.
     * ``flat`` (:class:`FlatShard`): ``IndexIDMap2(IndexFlatIP)``, ids = entry ids. Exact.
@@ -28,8 +26,8 @@ Index kinds
       (> 0), else ``ceil(nlist * max(ivf_nprobe_fraction, ivf_min_scan / n))`` with the current
       shard size ``n`` (defaults 1/8 and 10,000), i.e. about ``max(n / 8, 10000)`` vectors scanned:
       recall at a fixed fraction of lists falls as shards get smaller, so small shards scan a larger
-      share (a shard of <= 10,000 is scanned whole; flat is cheaper there). Training the 100k shard
-      takes ~20 s (2048 lists). Not k-dependent (measured k = 16 and 32).
+      share (a shard of <= 10,000 is scanned whole; flat is cheaper there). The rule does not depend
+      on ``k``.
     * ``hnsw`` (:class:`HNSWShard`): ``IndexHNSWFlat`` (inner product, ``hnsw_m`` 32,
       ``hnsw_ef_construction`` 80). efSearch of a k-NN query = ``max(hnsw_ef_search, hnsw_ef_per_k
       * k, k)`` (defaults 128 and 8: 128 up to k = 16, 256 at k = 32). HNSW cannot remove vectors,
@@ -39,44 +37,28 @@ Index kinds
       from its live vectors when tombstones exceed ``max(hnsw_rebuild_min, hnsw_rebuild_fraction *
       live)``. Internal labels map to entry ids through an array kept beside the index.
 
-    Tuning (``crl-bench bench retrieval``, single-query search through the bank, one
-    thread, k = 16 = the retriever's ``k * oversample``). On sentence-embedding-shaped data (the
-    benchmark's ``sentence`` data, calibrated on real all-MiniLM-L6-v2 embeddings, new queries),
-    100k entries, recall@16 / p99:
-
-    ==========================================  ===============  ==============
-    setting                                     recall@16        p99 ms
-    ==========================================  ===============  ==============
-    flat                                        1.000            8-13
-    ivf before (nlist 256, nprobe 16)           0.69             1.1
-    ivf now (nlist 2048, nprobe 256)            0.98             1.4
-    hnsw before (efSearch 64)                   0.96             0.4
-    hnsw now (efSearch 128)                     0.98             0.7
-    ==========================================  ===============  ==============
-
-    On 100k real MiniLM sentence embeddings (held-out sentences as queries) HNSW efSearch 128 gave
-    0.994 (p99 0.7 ms) and IVF 2048/256 0.978 (p99 2.2 ms). On isotropic Gaussian vectors (the
-    worst case: no structure) nothing approximate reaches 0.95 under 5 ms: now ivf 0.45, hnsw 0.41
-    at p99 0.9-1.6 ms (HNSW needs efSearch ~2048, p99 ~10 ms, slower than exact search); those rows
-    are kept in the benchmark as the worst case.
+    The defaults (IVF nlist 2048 / adaptive nprobe, HNSW efSearch ``max(128, 8k)``) keep recall@16
+    >= 0.95 at 100k sentence-shaped entries with p99 well under 5 ms; the recall and latency of these
+    and of other settings are in docs/performance.md ("Retrieval: exact-search threshold and index
+    settings", measured with ``crl-bench bench retrieval``).
 
     GPU FAISS is not used (faiss-cpu here); the flat index is the one that would benefit.
 
 Threads (:func:`omp_threads`, :func:`lower_blas_threshold`)
     OpenMP: the bank runs searches with ``search_threads`` OpenMP threads (default 1), set for the
     calling thread only (OpenMP's thread count is a per-thread setting) and restored after the call.
-    On the 2-core target with a trainer busy beside it, FAISS's default 2 threads made a
-    single-query flat search over 10k vectors ~100x slower (36 ms vs 0.3 ms p50) because its threads
-    wait on a barrier for a descheduled sibling; parallelism across queries comes from the manager's
+    On a 2-core CPU with a trainer busy beside it, FAISS's default 2 threads make a single-query
+    search many times slower (docs/performance.md) because its threads wait on a barrier for a
+    descheduled sibling; parallelism across queries comes from the manager's
     search threads and from batching. ``search_threads=0`` leaves OpenMP as it is (e.g. on a
     many-core machine).
 
     BLAS for batched exact search: FAISS computes exact inner products with BLAS only when
     ``n_queries * dim >= faiss.cvar.distance_compute_blas_threshold`` (128000 by default, i.e.
-    >= 334 queries at dim 384), so a 64-query batch ran the same per-query SIMD scan as 64 single
-    searches (measured 1.1x). The bank lowers that process-wide threshold to
-    ``flat_blas_min_queries * dim`` (default 8 queries; it only ever lowers it): a 64-query batch
-    over 100k vectors then took 72 ms instead of 370 ms with one thread, single queries unchanged.
+    >= 334 queries at dim 384), so a 64-query batch would run the same per-query SIMD scan as 64
+    single searches. The bank lowers that process-wide threshold to ``flat_blas_min_queries * dim``
+    (default 8 queries; it only ever lowers it), so such a batch runs as one BLAS product, several
+    times faster (docs/performance.md); single queries are unchanged.
     ``flat_blas_min_queries=0`` leaves FAISS's threshold alone.
 
 Thread-safety: a shard is not locked. ``add`` / ``remove`` / ``settle`` / ``rebuild`` must not

@@ -2,12 +2,12 @@
 
 On a CPU, two threads of one process that run torch operations at the same time each start their own
 team of intra-op threads; with as many threads per team as cores, the cores are oversubscribed and
-both slow down many times over (threads spin at barriers while their partners are descheduled).
-Measured on a 2-core machine: the actor's rollout ran ~2x slower with distillation generating beside
-it.  A :class:`ComputeGate` serialises the two without giving up the overlap that matters: foreground
-work (the actor's generation and updates) holds the gate; background work (the extractor's
-generation) waits for it before starting and between decode steps (:class:`YieldToForeground`), so
-it uses the gaps of the rollout (env steps, retrieval, prompt building) and the time between steps.
+both slow down many times over (threads spin at barriers while their partners are descheduled;
+docs/performance.md, "The compute gate", has the rollout times with and without it).  A
+:class:`ComputeGate` serialises the two without giving up the overlap that matters: foreground work
+(the actor's generation and updates) holds the gate; background work (the extractor's generation)
+waits for it before starting and between decode steps (:class:`YieldToForeground`), so it uses the
+gaps of the rollout (env steps, retrieval, prompt building) and the time between steps.
 """
 
 from __future__ import annotations

@@ -576,8 +576,8 @@ class HFEngine:
         # per generated position t: the token's log-prob under the unprocessed logits at temperature,
         # the entropy (nats) of that unconstrained distribution, and the entropy of the distribution
         # the token was drawn from (allowed-reply mask, temperature, top-k/top-p applied). One (B, V)
-        # step at a time, each step's logits released once read: the (B, T, V) float32 stacks this
-        # replaced held several GB for a 128-reply batch.
+        # step at a time, each step's logits released once read: (B, T, V) float32 stacks of all steps at
+        # once would hold several GB for a 128-reply batch.
         logits, scores = list(out.logits), list(out.scores)
         out.logits = out.scores = None
         n_steps = len(logits)

@@ -3,10 +3,8 @@
 Why: PyTorch on CPU allocates its tensors with the C library's ``malloc``. On glibc, blocks up to the
 dynamic mmap threshold (which rises to 32 MiB after the first large free) come from the main heap,
 which only shrinks from its top; the many KV-cache rows, activations and prefix-store entries of a
-training step leave it fragmented, and the freed pages in the middle stay resident. Measured on the
-``cpu`` preset (static method, 2-core machine): resident memory rose 6.2 -> 10.8 -> 11.3 -> 13.6 ->
-16.7 GB over the first four steps with a 10.3 GB ``[heap]`` mapping, and a complementary run was
-killed by the kernel's OOM killer at 22 GB during its final evaluation on a 24 GB machine.
+training step leave it fragmented, and the freed pages in the middle stay resident, so resident
+memory grows step after step (docs/performance.md, "Memory: handing free pages back", has the figures).
 ``malloc_trim(0)`` (glibc >= 2.8) returns every whole free page of the heap to the kernel
 (``MADV_DONTNEED``), so calling it between phases bounds resident memory by what is live.
 """

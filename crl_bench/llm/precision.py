@@ -11,13 +11,11 @@ keeps a bf16 copy of the weights, refreshed after every update.
 * CUDA: ``torch.cuda.is_bf16_supported()``.
 * x86 CPU: the kernel's CPU flags list ``amx_bf16`` (Intel AMX) or ``avx512_bf16`` (AVX512-BF16,
   Intel Cooper Lake and later, AMD Zen 4 and later).  oneDNN also "supports" bf16 on plain AVX-512
-  CPUs by emulation (``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` is true there), but measured
-  on such a machine (AVX-512 VNNI, no bf16 units) bf16 was ~2.5x *slower* than float32, so only the
-  native units count.
+  CPUs by emulation (``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` is true there), but emulated
+  bf16 is *slower* than float32, so only the native units count.
 * Anything else (other CPUs, macOS, Windows without the flags file): ``float32``.
 
-Measured on a 2-core AMD EPYC with AVX512-BF16 (torch 2.13, 2 threads): a 2048x2048 matmul runs at
-176 GFLOP/s in float32 and 754 GFLOP/s in bfloat16.
+The speeds of float32, native and emulated bf16: docs/performance.md ("Precision").
 """
 
 from __future__ import annotations

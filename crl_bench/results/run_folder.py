@@ -37,10 +37,6 @@ from typing import Any
 
 import yaml
 
-TRACKED_PACKAGES = ("crl-bench", "torch", "transformers", "peft", "gymnasium", "nle", "minihack", "numpy",
-                    "gguf", "vllm", "ray", "sentence-transformers", "faiss-cpu")
-"""The packages versions.json recorded before it recorded every installed distribution (kept for readers)."""
-
 # The default model as shipped (verified on the GGUF with the gguf library: general.file_type 3 =
 # MOSTLY_Q4_1; 210 tensors Q4_1, the token embedding Q8_0, 61 norm/bias tensors F32), then
 # de-quantised by transformers into the fp32 checkpoint in the cache (crl_bench.llm.default_model).
@@ -450,12 +446,12 @@ RENAMED_METRIC_KEYS: dict[str, str] = {
     "distill_pending": "distill_backlog",
     "extractor_generation": "extractor_version",
 }
-"""Old ``metrics.jsonl`` key -> its current name.  Renamed so that each name has one meaning (issue 17,
-item 7): ``distill_pending`` (distillation requests queued or in process, beside the track's
-extractions waiting for reward) is ``distill_backlog``; ``extractor_generation`` (the extractor's
-update count, not an LLM generation) is ``extractor_version``.  Run folders written before keep their
-files (e.g. ``results/sweeps/cpu``); every reader of metrics rows goes through :func:`iter_metrics` or
-:func:`read_metrics`, which rename at read time."""
+"""A ``metrics.jsonl`` key that run folders of earlier versions use -> its current name, so that each
+name has one meaning: ``distill_pending`` (distillation requests queued or in process, beside the
+track's extractions waiting for reward) is ``distill_backlog``; ``extractor_generation`` (the
+extractor's update count, not an LLM generation) is ``extractor_version``.  Such run folders keep
+their files (e.g. ``results/sweeps/cpu``); every reader of metrics rows goes through
+:func:`iter_metrics` or :func:`read_metrics`, which rename at read time."""
 
 
 def current_metric_keys(row: dict[str, Any]) -> dict[str, Any]:

@@ -30,11 +30,11 @@ from typing import Any, ClassVar
 from crl_bench.data import data_dir as resolve_data_dir
 from crl_bench.env_api import ParsedAction, ReplyFormat, TextEnv, data_file_map
 
-from .engine import resolve_engine
+from .engine import docker_client, resolve_engine
 from .grading import GradeResult, grade
 from .images import ensure_image, local_images
 from .instances import SWEInstance, default_instances_path, load_instances, load_task_list, select_instances
-from .sandbox import ContainerWorkspace, DockerSandbox, ImageUnavailableError, docker_client
+from .sandbox import ContainerWorkspace, DockerSandbox, ImageUnavailableError
 from .tools import TOOLS_PROMPT, StrReplaceEditor, ToolCall, ToolCallError, ToolError, parse_tool_call
 
 log = logging.getLogger(__name__)

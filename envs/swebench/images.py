@@ -29,8 +29,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .engine import engine_of, normalize_image_name, qualify_for_pull
-from .sandbox import AGENT_USER, ImageUnavailableError, docker_client
+from .engine import docker_client, engine_of, normalize_image_name, qualify_for_pull
+from .sandbox import AGENT_USER, ImageUnavailableError
 
 log = logging.getLogger(__name__)
 

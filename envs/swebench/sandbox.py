@@ -60,13 +60,7 @@ from typing import Any
 
 from crl_bench.env_api import EnvUnavailableError
 
-from .engine import (
-    DockerUnavailableError,  # noqa: F401 - re-exported (its home was this module)
-    PodmanUnavailableError,  # noqa: F401 - re-exported
-    container_ulimits,
-    docker_client,
-    engine_of,
-)
+from .engine import container_ulimits, docker_client, engine_of
 from .tools import ToolError
 
 log = logging.getLogger(__name__)
@@ -87,7 +81,7 @@ DISK_POLL_S = 2.0                     # seconds between writable-layer size chec
 # (a lower bound: ``kill -1`` does not say whether it reached any). The first signal is sent whatever the
 # first scan found: a scan is slow under a CPU quota shared with a fork bomb, and one that finds only
 # processes that died since its glob (bomb processes die of SIGPIPE once Podman closes the exec's
-# output) while their children, born after it, live on, used to end the clean-up with survivors.
+# output) while their children, born after it, live on, would end the clean-up with survivors.
 _REAP = r"""declare -A seen
 for ((round=0; round<50; round++)); do
   n=0

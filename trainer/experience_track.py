@@ -645,7 +645,7 @@ class ExperienceTrack:
             with self.manager.updating_extractor():       # generation follows the loaded weights
                 self.manager.extractor_updated(self.model, self.extractor_version)
         self.manager.load_state_dict(state["manager"])
-        s = self.manager.stats()            # older checkpoints: counted from the restored counters on
+        s = self.manager.stats()            # a checkpoint without parse_seen: count from the restored counters
         self.parse_seen = tuple(state.get("parse_seen", (s["extractions_parsed"], s["extractions_failed"])))
 
     def save_bank(self, dest: str | Path) -> None:

@@ -718,7 +718,7 @@ class Trainer:
         self.sampler.rng.bit_generator.state = state["sampler_rng"]
         self._next_specs = state["next_specs"]
         self._prepared = state.get("prepared")
-        self.alarms.load_state_dict(state.get("alarms", {}))     # older checkpoints: fresh alarms
+        self.alarms.load_state_dict(state.get("alarms", {}))     # a checkpoint without alarm streaks: start them fresh
         self.engine.sync_weights(self.model)
         set_rng_states(state["rng"])
 

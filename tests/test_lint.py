@@ -26,7 +26,8 @@ def test_ruff_check_passes():
 def test_every_noqa_says_why():
     bare = []
     for path in REPO.glob("**/*.py"):
-        if any(part in {".venv", "build", "results"} or part.startswith(".") for part in path.relative_to(REPO).parts):
+        parts = path.relative_to(REPO).parts
+        if parts[0] == "results" or any(part in {".venv", "build"} or part.startswith(".") for part in parts):
             continue
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if "# noqa" in line and " - " not in line.split("# noqa", 1)[1]:

@@ -5,7 +5,7 @@ The unit tests need nothing. The container tests need Podman (``install.sh`` wit
 Debian's podman and catatonit as root) and skip, with Podman's own error, only when its service cannot
 start here. Their images come from Docker's store when Docker has them (``docker save | podman load``
 through the API), else the base image is built by debootstrap into Podman; the task image is then built
-by Podman's builder from ``tests/swe_synthetic.py``'s recipe.
+by Podman's builder from ``tests/envs/swe_synthetic.py``'s recipe.
 
 ``test_rootless_sandbox_as_a_new_user`` (root only) creates the user ``crl-rootless`` (``useradd``, with
 subordinate UID/GID ranges), loads the task image into that user's store, and runs the sandbox's core

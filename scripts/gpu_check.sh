@@ -62,7 +62,7 @@ if "$py" -c "import vllm" > /dev/null 2>&1; then engine=vllm; else engine=transf
 echo "== generation engine for the smoke: $engine"
 
 if [ "$engine" = vllm ]; then
-  part vllm-tests 300 env CRL_BENCH_REQUIRE_VLLM=1 "${PYTEST:-pytest}" -q -p no:cacheprovider tests/test_vllm_real.py
+  part vllm-tests 300 env CRL_BENCH_REQUIRE_VLLM=1 "${PYTEST:-pytest}" -q -p no:cacheprovider tests/llm/test_vllm_real.py
 fi
 
 run_dir=$(mktemp -d)

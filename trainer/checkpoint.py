@@ -39,7 +39,7 @@ distillation of the step the kill cut short) are rolled back with it and made ag
 so every entry the checkpoint acknowledged is in the bank exactly once and none is written twice.
 :func:`apply_checkpoint` then loads weights, optimisers, generators and counters into a freshly built
 :class:`~crl_bench.trainer.loop.Trainer`. On the CPU with the same seed, the resumed run's next step
-equals the uninterrupted run's (tests/test_resume.py); a checkpoint clears the engines' prefix
+equals the uninterrupted run's (tests/trainer/test_resume.py); a checkpoint clears the engines' prefix
 stores (a cache of the same weights: outputs are unchanged, their float rounding can differ), so both
 runs continue from the same state.
 

@@ -13,7 +13,7 @@ adapter by the env's class: the registered class nearest in its method resolutio
   ``_apply``).
 
 The adapters use the envs' private internals on purpose (the point is to skip the public wrapper): an env
-that renames or changes them must update its adapter here (``tests/test_bench_envs.py`` plays the raw
+that renames or changes them must update its adapter here (``tests/bench/test_bench_envs.py`` plays the raw
 path against the text path). Driving the raw simulator leaves the env's protocol state (step counters,
 last observation) stale: call ``env.reset`` before using ``env.step`` again. An env whose game runs in an
 external simulator registers its adapter with :func:`register_raw_simulator`; classes are named by

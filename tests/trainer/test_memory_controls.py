@@ -1,6 +1,6 @@
 """Memory controls of evaluation (``shuffled``, ``empty``) and the leaderboard's paired memory lift.
 
-The summary and leaderboard tests use synthetic run folders (tests/test_summary.py ``make_run``) whose
+The summary and leaderboard tests use synthetic run folders (tests/results/test_summary.py ``make_run``) whose
 per-task outcomes are set by hand, so the lift and its paired CI are checked against hand
 computation; the trainer tests run the tiny random actor on the ``diag-vault`` diagnostic, whose
 contexts make "another context's task" checkable.

@@ -290,7 +290,7 @@ def test_submission_readme_examples_are_valid(tmp_path):
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "results" / "submissions" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "results" / "submissions" / "README.md").read_text()
     summary = re.search(r"```json\n(.*?)```", readme, re.S).group(1)
     metadata = re.search(r"```yaml\n(.*?)```", readme, re.S).group(1)
     (tmp_path / "summary.json").write_text(summary)

@@ -6,6 +6,7 @@ from tests_helpers import CoinEnv
 
 from crl_bench.config import build_config, preset_data
 from crl_bench.env_api import register_env
+from crl_bench.rollout import Trajectory, Turn
 from crl_bench.trainer.loop import Trainer, summarise
 
 
@@ -100,5 +101,37 @@ def test_learning_signal_makes_the_winning_action_likelier(tokenizer, tiny_model
     tr.close()
 
 
+def _episode(env_id, success, reward, steps, invalid, turns=(), error=""):
+    return Trajectory(env_id, 0, 0, "free", turns=[Turn([1], [2] * len(e), [0.0] * len(e), "up", False, 0.0,
+                                                        entropy=list(e), sampling_entropy=list(s))
+                                                   for e, s in turns],
+                      reward=reward, success=success, steps=steps, invalid_actions=invalid, error=error)
+
+
 def test_summarise_empty_and_mixed():
-    assert summarise([])["episodes"] == 0
+    assert summarise([]) == {"episodes": 0, "success_rate": 0.0, "reward_mean": 0.0, "steps_mean": 0.0,
+                             "invalid_action_rate": 0.0, "env_errors": 0}
+    # mixed: two envs, interleaved; successes and failures in each; one env error; turns with and
+    # without entropies (the last has no sampling entropies: left out of reply_entropy)
+    trajs = [_episode("sokoban", True, 1.0, 3, 1, turns=[([0.5, 1.5], [0.2, 0.4]), ([1.0], [0.3])]),
+             _episode("minihack", False, 0.0, 2, 0, error="env crashed"),
+             _episode("sokoban", False, 0.0, 5, 2, turns=[([2.0], [])]),
+             _episode("minihack", True, 1.0, 2, 1),
+             _episode("minihack", True, 0.5, 3, 0)]
+    assert summarise(trajs) == {
+        "episodes": 5,
+        "success_rate": pytest.approx(3 / 5),
+        "reward_mean": pytest.approx((1.0 + 0.0 + 0.0 + 1.0 + 0.5) / 5),          # 0.5
+        "steps_mean": pytest.approx((3 + 2 + 5 + 2 + 3) / 5),                      # 3.0
+        "invalid_action_rate": pytest.approx((1 + 0 + 2 + 1 + 0) / 15),            # per action, not episode
+        "env_errors": 1,
+        "entropy": pytest.approx((0.5 + 1.5 + 1.0 + 2.0) / 4),                    # per token: 1.25
+        "reply_entropy": pytest.approx(((0.2 + 0.4) + 0.3) / 2),                   # per turn, summed: 0.45
+        "success_rate/minihack": pytest.approx(2 / 3),
+        "success_rate/sokoban": pytest.approx(1 / 2),
+    }
+    # one env: no per-env rates; no entropies reported (vLLM): no entropy keys
+    one = summarise(trajs[2:3])
+    assert one == {"episodes": 1, "success_rate": 0.0, "reward_mean": 0.0, "steps_mean": 5.0,
+                   "invalid_action_rate": pytest.approx(2 / 5), "env_errors": 0, "entropy": 2.0}
+    assert "entropy" not in summarise(trajs[1:2]) and "reply_entropy" not in summarise(trajs[1:2])

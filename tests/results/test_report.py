@@ -19,7 +19,7 @@ from crl_bench.experience.types import Operation as Op
 from crl_bench.results import report as rep
 from crl_bench.results.run_folder import RENAMED_METRIC_KEYS, current_metric_keys, read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENVS = ("sokoban", "webshop")
 STEPS = 6
 EVIL_TITLE = "<script>x</script>"

@@ -577,8 +577,9 @@ class RemoteManager:
 
         return ray.get(self.host.run.remote(name, *args, **kwargs))
 
-    def retrieve(self, queries: list[tuple[str, str]], timeout: float | None = 60.0, record: bool = True) -> list:
-        return self._run("retrieve", queries, timeout=timeout, record=record)
+    def retrieve(self, queries: list[tuple[str, str]], timeout: float | None = 60.0,
+                 count_retrievals: bool = True) -> list:
+        return self._run("retrieve", queries, timeout=timeout, count_retrievals=count_retrievals)
 
     def submit(self, requests: list) -> None:
         self._run("submit", requests)
@@ -607,8 +608,9 @@ class RemoteManager:
     def merge_pass(self, step: int, mode: str = "fold", max_size: int = 5, threshold: float = 0.8) -> None:
         self._run("merge_pass", step, mode, max_size, threshold)
 
-    def answer(self, queries: Sequence[tuple[str, str]], record: bool = True, timeout: float | None = 60.0) -> list:
-        return self._run("answer", [tuple(q) for q in queries], record=record, timeout=timeout)
+    def answer(self, queries: Sequence[tuple[str, str]], count_retrievals: bool = True,
+               timeout: float | None = 60.0) -> list:
+        return self._run("answer", [tuple(q) for q in queries], count_retrievals=count_retrievals, timeout=timeout)
 
     def backup(self, dest: Any) -> None:
         self._run("backup", str(Path(dest).resolve()))

@@ -151,14 +151,14 @@ class Trajectory:
         invalid_actions: replies that did not parse to a legal action.
         terminated / truncated: how the episode ended (truncated = step limit).
         error: set when the env raised and the episode was ended as a failure.
-        task_line: the env's one-line goal.
+        task_prompt: the env's one-line goal.
         guidance: the guidance text the actor's prompts carried ("" for experience-free episodes).
         experience_ids: ids of the experience entries that guided the episode.
         final_obs: the observation after the last action.
         query: the env's retrieval query of the episode (:meth:`TextEnv.retrieval_query`).
         retrieval: the guide's record of the episode's retrieval (:attr:`Guidance.record`), or None.
-        task_prompt: the episode's first prompt as text, system message and first user message
-            (the first observation included, experience left out): what the actor-critic gate is
+        initial_prompt: the episode's first prompt as text, system message and first user message
+            (the first observation included, experience left out): what the actor-critic judge is
             shown as the task (released ``initial_task_prompt``).
         tool_calls: the episode's search-tool calls, in order.
     """
@@ -176,13 +176,13 @@ class Trajectory:
     truncated: bool = False
     error: str = ""
     meta: dict = field(default_factory=dict)
-    task_line: str = ""
+    task_prompt: str = ""
     guidance: str = ""
     experience_ids: list[int] = field(default_factory=list)
     final_obs: str = ""
     query: str = ""
     retrieval: RetrievalRecord | None = None
-    task_prompt: str = ""
+    initial_prompt: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
 
     @property
@@ -229,13 +229,13 @@ class PromptBuilder:
             return f"{system.rstrip()}\n\n{guidance.strip()}" if system else guidance.strip()
         return system
 
-    def user_text(self, task_line: str, history: Sequence[tuple[str, str]], obs: str,
+    def user_text(self, task_prompt: str, history: Sequence[tuple[str, str]], obs: str,
                   guidance: str = "", reply: str = DEFAULT_REPLY_INSTRUCTION) -> str:
         """The user message of a ``window`` turn (and of a ``multiturn`` episode's first turn, with no
         history); guidance appears here only with ``placement="user"``."""
         parts = []
-        if task_line:
-            parts.append(f"Task: {task_line}")
+        if task_prompt:
+            parts.append(f"Task: {task_prompt}")
         if guidance and self.placement == "user":
             parts.append(guidance.strip())
         if history and self.history:
@@ -246,10 +246,10 @@ class PromptBuilder:
         parts.append(reply)
         return "\n\n".join(parts)
 
-    def task_text(self, system: str, task_line: str, obs: str, reply: str = DEFAULT_REPLY_INSTRUCTION) -> str:
+    def task_text(self, system: str, task_prompt: str, obs: str, reply: str = DEFAULT_REPLY_INSTRUCTION) -> str:
         """An episode's first prompt as plain text, without experience: the system message and the first
         user message (released ``initial_task_prompt``: the env's instruction and first observation)."""
-        return f"{system.strip()}\n\n{self.user_text(task_line, (), obs, '', reply)}".strip()
+        return f"{system.strip()}\n\n{self.user_text(task_prompt, (), obs, '', reply)}".strip()
 
     def build(self, system: str, user: str, prefill: str | None = None) -> list[int]:
         """Token ids of ``system`` + ``user`` messages, the generation prompt and the prefill
@@ -262,7 +262,7 @@ class PromptBuilder:
         return self.tokenizer.encode(text + (self.prefill if prefill is None else prefill),
                                      add_special_tokens=False)
 
-    def turn(self, chat: list[dict[str, str]], system: str, task_line: str,
+    def turn(self, chat: list[dict[str, str]], system: str, task_prompt: str,
              history: Sequence[tuple[str, str]], obs: str, guidance: str, instruction: str,
              prefill: str | None = None, turn_guidance: str = "") -> list[int]:
         """Prompt ids of an episode's next turn; ``chat`` is the episode's message list (empty before
@@ -273,10 +273,10 @@ class PromptBuilder:
             obs = f"{turn_guidance.strip()}\n\n{obs.strip()}"
         if self.layout == "window":
             chat[:] = [{"role": "system", "content": self.system_text(system, guidance)},
-                       {"role": "user", "content": self.user_text(task_line, history, obs, guidance, instruction)}]
+                       {"role": "user", "content": self.user_text(task_prompt, history, obs, guidance, instruction)}]
         elif not chat:
             chat += [{"role": "system", "content": self.system_text(system, guidance)},
-                     {"role": "user", "content": self.user_text(task_line, (), obs, guidance, instruction)}]
+                     {"role": "user", "content": self.user_text(task_prompt, (), obs, guidance, instruction)}]
         else:
             chat.append({"role": "user", "content": f"{obs.strip()}\n\n{instruction}"})
         return self.encode(chat, prefill)
@@ -540,10 +540,10 @@ class RolloutRunner:
             self.pool.prefetch(prefetch)
         for i in live:
             env = envs[i]
-            trajs[i].task_line = env.task_prompt()
+            trajs[i].task_prompt = env.task_prompt()
             trajs[i].query = env.retrieval_query(obs[i])
             trajs[i].guidance = specs[i].guidance
-            trajs[i].task_prompt = self.prompts.task_text(env.system_prompt, trajs[i].task_line, obs[i],
+            trajs[i].initial_prompt = self.prompts.task_text(env.system_prompt, trajs[i].task_prompt, obs[i],
                                                           env.reply_format.instruction)
             if has_tool[i]:
                 obs[i] = f"{obs[i].rstrip()}\n\n{tool.instruction()}"
@@ -551,7 +551,7 @@ class RolloutRunner:
         wanted = [i for i in live if specs[i].retrieve]
         if guide is not None and wanted:
             t0 = time.perf_counter()
-            answers = guide([(specs[i].env_id, trajs[i].task_prompt, specs[i].query or trajs[i].query)
+            answers = guide([(specs[i].env_id, trajs[i].initial_prompt, specs[i].query or trajs[i].query)
                              for i in wanted])
             for i, g in zip(wanted, answers):
                 trajs[i].guidance = "\n\n".join(x for x in (specs[i].guidance, g.text) if x)
@@ -565,7 +565,7 @@ class RolloutRunner:
             if turn_guide is not None and asking:
                 t0 = time.perf_counter()
                 queries = [envs[i].retrieval_query(obs[i]) for i in asking]
-                found = turn_guide([(specs[i].env_id, trajs[i].task_prompt, q) for i, q in zip(asking, queries)])
+                found = turn_guide([(specs[i].env_id, trajs[i].initial_prompt, q) for i, q in zip(asking, queries)])
                 turn_found = {i: (q, g) for i, q, g in zip(asking, queries, found)}
                 stats.retrieve_s += time.perf_counter() - t0
             prompt_ids, allowed, prefills = [], [], {}
@@ -575,7 +575,7 @@ class RolloutRunner:
                 fmt = env.reply_format
                 prefills[i] = self.prompts.prefill if fmt.prefill is None else fmt.prefill
                 turn_text = turn_found[i][1].text if i in turn_found else ""
-                prompt_ids.append(self.prompts.turn(chats[i], env.system_prompt, trajs[i].task_line, history[i],
+                prompt_ids.append(self.prompts.turn(chats[i], env.system_prompt, trajs[i].task_prompt, history[i],
                                                     obs[i], trajs[i].guidance, fmt.instruction, prefills[i],
                                                     turn_guidance=turn_text))
                 allowed.append(None if has_tool[i] else self._allowed(env))

@@ -1,4 +1,4 @@
-"""The actor-critic gate: before a guided episode, the actor judges the experience retrieved for it.
+"""The actor-critic judge: before a guided episode, the actor judges the experience retrieved for it.
 
 Complementary RL's released pipeline (``memory_integration_mixin.py``, ``enable_actor_critic``, on by
 default; see docs/method.md) asks the *actor* whether the retrieved knowledge fits the task before the
@@ -13,7 +13,7 @@ decision   shown to the actor                       extractor reward (``critic_r
 accept     the retrieved text as it is              the episode's score + 1
 refine     the actor's rewritten text               0.5
 reject     nothing (the entries are still credited) -1
-invalid    nothing                                  the episode's plain score (as without the gate)
+invalid    nothing                                  the episode's plain score (as without the judge)
 =========  =======================================  ================================================
 
 ``critic_reward`` is in :mod:`crl_bench.trainer.extractor_training`, with the rest of the extractor's
@@ -70,12 +70,12 @@ class Judgement:
 
     Attributes:
         decision: ``accept`` / ``refine`` / ``reject``, or ``invalid`` when the reply did not parse.
-        knowledge: the text to show the actor ("" for reject and invalid; the rewrite for refine).
+        guidance: the text to show the actor ("" for reject and invalid; the rewrite for refine).
         reply: the raw reply (for inspection).
     """
 
     decision: str
-    knowledge: str
+    guidance: str
     reply: str = ""
 
 

@@ -19,7 +19,7 @@ docs/method.md).  Beside the actor's GRPO loop:
    step the merge pass runs (:meth:`ExperienceTrack.before_rollout`; the released fold by default).
 3. Credit: each use of an entry by a guided episode adds a reward to the extraction recorded at
    retrieval time (``binary``: the episode's score, 0 counting -1; ``relative``: +1 / 0 / -1 against
-   the free subgroup's mean; the gate's decision overrides, see :mod:`.actor_critic`), and each
+   the free subgroup's mean; the judge's decision overrides, see :mod:`.actor_critic`), and each
    search-tool answer of a guided episode is credited with the episode's score.  An extraction's
    reward is the mean over its uses: one training sample per extraction call.
 4. When ``extractor.batch_size`` extractions wait, the extractor takes one CISPO update with the
@@ -57,17 +57,17 @@ from crl_bench.trainer.losses import cispo_loss
 from crl_bench.trainer.policy import PolicyUpdater
 from crl_bench.trainer.updaters import logprob_temperature, make_updater
 
-KNOWLEDGE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it applies to this task; "
+GUIDANCE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it applies to this task; "
                     "do not follow it blindly.")
 
 
 #: the ``empty`` memory control's experience block: the header a guided episode sees, and no entry
-EMPTY_KNOWLEDGE = f"{KNOWLEDGE_HEADER}\n\n(no entries)"
+EMPTY_GUIDANCE = f"{GUIDANCE_HEADER}\n\n(no entries)"
 
 
-def knowledge_text(body: str) -> str:
+def guidance_text(body: str) -> str:
     """The experience block shown to the actor: a header and the numbered entries (``body``)."""
-    return f"{KNOWLEDGE_HEADER}\n\n{body}" if body.strip() else ""
+    return f"{GUIDANCE_HEADER}\n\n{body}" if body.strip() else ""
 
 
 @dataclass
@@ -98,7 +98,7 @@ def episode_record(traj: Trajectory) -> EpisodeRecord:
     """The text record of a finished episode that the extractor reads (each step's observation,
     action and feedback, and the actor's whole replies for ``extractor.transcript: full``)."""
     steps = [_step_text(traj, k) for k in range(len(traj.turns))]
-    return EpisodeRecord(env_id=traj.env_id, task_line=traj.task_line, steps=steps, success=traj.success,
+    return EpisodeRecord(env_id=traj.env_id, task_prompt=traj.task_prompt, steps=steps, success=traj.success,
                          reward=traj.reward, final_obs=traj.final_obs, group_id=traj.group_id,
                          source=(traj.group_id, traj.meta.get("rollout")), replies=[t.reply for t in traj.turns])
 
@@ -109,7 +109,7 @@ def turn_record(traj: Trajectory, k: int) -> EpisodeRecord:
     turn: Turn = traj.turns[k]
     obs, action, feedback = _step_text(traj, k)
     nxt = traj.turns[k + 1].observation if k + 1 < len(traj.turns) else traj.final_obs
-    return EpisodeRecord(env_id=traj.env_id, task_line=traj.task_line, steps=[(obs, action, feedback)],
+    return EpisodeRecord(env_id=traj.env_id, task_prompt=traj.task_prompt, steps=[(obs, action, feedback)],
                          success=traj.success and k + 1 == len(traj.turns), reward=turn.reward, final_obs=nxt,
                          group_id=traj.group_id, source=(traj.group_id, traj.meta.get("rollout"), k),
                          replies=[turn.reply], outcome=f"one step of an episode (step reward {turn.reward:.2f})")
@@ -128,7 +128,7 @@ class ExperienceTrack:
         extractor_model: an extractor model to use instead of loading one (tests).
         extractor_tokenizer: its tokenizer (default: the actor's).
         actor_engine, actor_sampling, eval_sampling: the actor's engine and its training and
-            evaluation sampling, for the actor-critic gate.
+            evaluation sampling, for the actor-critic judge.
         gate: the trainer's :class:`~crl_bench.llm.gate.ComputeGate`; the extractor then generates as
             background work, in the gaps of the actor's generation and updates.
         read_only_bank: evaluate with this existing bank (a finished run's ``experience.sqlite``),
@@ -169,7 +169,7 @@ class ExperienceTrack:
         self.extractor_version = 0          # extractor updates so far, stamped on new extractions
         self.updates: list[dict[str, Any]] = []
         # the actor's score per env over every training episode so far: env -> [score sum, episodes]
-        # (released record_actor_performance; the actor-critic gate is shown the average)
+        # (released record_actor_performance; the actor-critic judge is shown the average)
         self.env_scores: dict[str, list[float]] = {}
         # extraction id -> (times trained, last step trained), kept with extractor.repeat_record
         self.trained: dict[str, tuple[int, int]] = {}
@@ -250,38 +250,40 @@ class ExperienceTrack:
         n = self.cfg.experience.free_size
         return group_size // 2 if n < 0 else n
 
-    def guide(self, requests: list[tuple[str, str, str]], record: bool = True,
+    def guide(self, requests: list[tuple[str, str, str]], count_retrievals: bool = True,
               judge_sampling: bool | None = None) -> list[Guidance]:
         """Rollout callback: retrieve for ``(env_id, first task prompt, retrieval query)`` of each guided
         episode.
 
         Returns one :class:`~crl_bench.rollout.Guidance` per request, whose ``record`` is a
-        :class:`RetrievalRecord` (snapshots of the entries, the text shown, the gate's decision).
-        ``record=False`` leaves the bank's counters untouched.  The gate (if on) is shown the first task
-        prompt, the knowledge and the actor's average score on the env over the training episodes so
-        far (released ``actor_critic``); it judges with the training sampling, or with the evaluation
-        sampling when ``judge_sampling`` is false (default: ``record``).
+        :class:`RetrievalRecord` (snapshots of the entries, the text shown, the judge's decision).
+        ``count_retrievals=False`` leaves the bank's counters untouched.  The actor-critic judge (if
+        on) is shown the initial prompt, the guidance and the actor's average score on the env over
+        the training episodes so far (released ``actor_critic``); it judges with the training
+        sampling, or with the evaluation sampling when ``judge_sampling`` is false (default:
+        ``count_retrievals``).
         """
-        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests], record=record)
+        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests],
+                                      count_retrievals=count_retrievals)
         bodies = [format_numbered(entries, empty="") for entries in found]
         decisions = [""] * len(requests)
         if self.critic is not None:
             asked = [i for i, entries in enumerate(found) if entries]
             items = [(requests[i][1], bodies[i], *self.env_score(requests[i][0])) for i in asked]
-            judging = None if (record if judge_sampling is None else judge_sampling) else self._eval_judging
+            judging = None if (count_retrievals if judge_sampling is None else judge_sampling) else self._eval_judging
             for i, j in zip(asked, self.critic.judge(items, judging)):
-                decisions[i], bodies[i] = j.decision, j.knowledge
+                decisions[i], bodies[i] = j.decision, j.guidance
         out = []
         for entries, body, decision in zip(found, bodies, decisions):
-            shown = knowledge_text(body)
+            text = guidance_text(body)
             snap = [replace(e) for e in entries]
-            out.append(Guidance(shown, [e.id for e in entries], RetrievalRecord(snap, shown, decision)))
+            out.append(Guidance(text, [e.id for e in entries], RetrievalRecord(snap, text, decision)))
         return out
 
     def eval_guide(self, requests: list[tuple[str, str, str]]) -> list[Guidance]:
-        """:meth:`guide` for guided evaluation: the evaluation sampling for the gate; the retrievals
+        """:meth:`guide` for guided evaluation: the evaluation sampling for the judge; the retrievals
         are counted on the entries only with ``eval.writes_counters`` (released evaluation)."""
-        return self.guide(requests, record=self.cfg.eval.writes_counters, judge_sampling=False)
+        return self.guide(requests, count_retrievals=self.cfg.eval.writes_counters, judge_sampling=False)
 
     def env_score(self, env_id: str) -> tuple[float, int]:
         """``(average score, episodes)`` of the actor on ``env_id`` over the training episodes so far
@@ -289,25 +291,26 @@ class ExperienceTrack:
         total, n = self.env_scores.get(env_id, (0.0, 0))
         return (total / n if n else 0.0), int(n)
 
-    def turn_guide(self, requests: list[tuple[str, str, str]], record: bool = True) -> list[Guidance]:
+    def turn_guide(self, requests: list[tuple[str, str, str]], count_retrievals: bool = True) -> list[Guidance]:
         """Rollout callback of turn-level retrieval (``experience.integration: turn | both``): the
         ``k`` entries for the current observation's query, recorded on the turn; shown in the turn's
-        prompt only with ``experience.turn_show``.  No gate, and never credited (released: the
+        prompt only with ``experience.turn_show``.  No judgement, and never credited (released: the
         turn-level search discards the extractions that wrote the entries)."""
-        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests], record=record)
+        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests],
+                                      count_retrievals=count_retrievals)
         out = []
         for entries in found:
-            shown = knowledge_text(format_numbered(entries, empty="")) if self.cfg.experience.turn_show else ""
-            out.append(Guidance(shown, [e.id for e in entries], RetrievalRecord([replace(e) for e in entries], shown)))
+            text = guidance_text(format_numbered(entries, empty="")) if self.cfg.experience.turn_show else ""
+            out.append(Guidance(text, [e.id for e in entries], RetrievalRecord([replace(e) for e in entries], text)))
         return out
 
-    def search_tool(self, record: bool = True) -> SearchTool:
+    def search_tool(self, count_retrievals: bool = True) -> SearchTool:
         """The in-episode search tool over this track's manager (``experience.search_tool``): each
         question is answered by :meth:`ExperienceManager.answer` (retrieval, then the extractor);
-        ``record=False`` leaves the bank's counters untouched."""
+        ``count_retrievals=False`` leaves the bank's counters untouched."""
         def answer(queries: list[tuple[str, str]]) -> list[tuple[str, list[int], Extraction | None]]:
             return [(a.text, [e.id for e in a.entries], a.extraction)
-                    for a in self.manager.answer(queries, record=record)]
+                    for a in self.manager.answer(queries, count_retrievals=count_retrievals)]
         return SearchTool(answer, self.cfg.experience.max_tool_uses)
 
     def flush(self) -> None:
@@ -391,7 +394,7 @@ class ExperienceTrack:
         """The step's experience metrics: success rate and mean reward of the guided and free
         subgroups, guided episodes that were shown experience, ``credited`` (from :meth:`credit`),
         ``distill_queued`` (from :meth:`queue_distillation`), ``warmup`` and, with the actor-critic
-        gate, how often it accepted / refined / rejected the experience or answered invalidly."""
+        judge, how often it accepted / refined / rejected the experience or answered invalidly."""
         guided = [t for t in trajs if t.subgroup == "guided"]
         free = [t for t in trajs if t.subgroup == "free"]
         judged = [t.retrieval.judgement for t in guided if t.retrieval is not None and t.retrieval.judgement]
@@ -417,7 +420,7 @@ class ExperienceTrack:
 
     def _credit(self, by_group: dict[int, list[Trajectory]]) -> int:
         """Add each guided episode's use reward to the extractions recorded at its retrieval, and its
-        score (0 counting -1, no gate adjustment: released, only the episode-start retrieval is judged)
+        score (0 counting -1, no judge adjustment: released, only the episode-start retrieval is judged)
         to the extractor's answers to its search-tool calls."""
         kind = self.cfg.extractor.reward
         credited = 0
@@ -433,7 +436,7 @@ class ExperienceTrack:
                 rec = t.retrieval
                 if t.subgroup != "guided" or rec is None or not rec.entries:
                     continue
-                if rec.shown:                       # outcome counters: only experience the actor saw
+                if rec.guidance:                       # outcome counters: only experience the actor saw
                     episode_outcomes.append(([e.id for e in rec.entries], t.success))
                 r = use_reward(t, free_scores, kind)
                 for eid in dict.fromkeys(e.source_extraction for e in rec.entries if e.source_extraction):
@@ -448,7 +451,7 @@ class ExperienceTrack:
 
     def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[DistillRequest]:
         """With trajectory integration, one request per chosen episode with at least one turn, shown
-        the entries it retrieved (none after an ``invalid`` judgement of the gate, as released); with
+        the entries it retrieved (none after an ``invalid`` judgement, as released); with
         turn integration, one request per step of each guided-subgroup episode, shown the entries
         retrieved before that step and keyed by that step's observation query."""
         exp_cfg = self.cfg.experience

@@ -9,7 +9,7 @@ and its advantage is that reward against the batch mean
 
 * The extractor's reward, all of it here: :func:`use_reward` (one use of an entry by a guided
   episode) built from :func:`binary_reward` (the released live reward), :func:`relative_reward` (an
-  option) and :func:`critic_reward` (the actor-critic gate's mapping, :mod:`~crl_bench.trainer.actor_critic`);
+  option) and :func:`critic_reward` (the actor-critic judge's mapping, :mod:`~crl_bench.trainer.actor_critic`);
   :func:`answer_reward` (an answer of the search tool).
 * :func:`extraction_sample`: an extraction as a :class:`~crl_bench.trainer.policy.TokenSample`.
 """
@@ -52,8 +52,8 @@ def binary_reward(score: float) -> float:
 
 
 def critic_reward(decision: str, score: float) -> float:
-    """The extractor's reward for one use of its knowledge under the gate (released mapping):
-    reject -1, refine 0.5, accept ``score + 1``; ``invalid`` (or no gate) gives the plain ``score``.
+    """The extractor's reward for one use of its knowledge under the judge (released mapping):
+    reject -1, refine 0.5, accept ``score + 1``; ``invalid`` (or no judge) gives the plain ``score``.
 
     The caller then maps a reward of exactly 0 to -1 (:func:`binary_reward`), as the released pipeline
     does after this step (:func:`use_reward`).
@@ -90,7 +90,7 @@ def use_reward(traj: Trajectory, free_scores: Sequence[float], kind: str) -> flo
 
 def answer_reward(traj: Trajectory) -> float:
     """The reward of the extractor's answer to a search-tool query of guided episode ``traj``: the
-    episode's :func:`binary_reward` (an answer is not judged by the actor-critic gate, so no
+    episode's :func:`binary_reward` (an answer is not judged by the actor-critic judge, so no
     :func:`critic_reward` applies)."""
     return binary_reward(float(traj.reward))
 

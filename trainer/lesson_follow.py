@@ -73,9 +73,9 @@ class Probe:
 
 def _knowledge(context: str, lesson: str) -> str:
     """The experience block a guided episode would see with one retrieved entry."""
-    from crl_bench.trainer.experience_track import knowledge_text
+    from crl_bench.trainer.experience_track import guidance_text
 
-    return knowledge_text(format_numbered([SimpleNamespace(title=context, content=lesson)], empty=""))
+    return guidance_text(format_numbered([SimpleNamespace(title=context, content=lesson)], empty=""))
 
 
 def build_probes(prompts: PromptBuilder, n: int, env_kwargs: dict[str, Any] | None = None) -> list[Probe]:

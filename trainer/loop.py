@@ -353,7 +353,7 @@ class Trainer:
         self._next_specs = None
         if self.cfg.rollout.prefetch and self.step + 1 < self.cfg.train.steps:
             self._next_specs = self.episode_specs(self.step + 1)
-        hooks = self._rollout_hooks(record=True)
+        hooks = self._rollout_hooks(training=True)
         cache0 = dict(getattr(self.engine, "counters", {}))
         trajs = self.runner.collect(specs, self.sampling, progress=progress, prefetch=self._next_specs, **hooks)
         rs = self.runner.last_stats
@@ -477,22 +477,22 @@ class Trainer:
         now = rss_gb()
         return {"peak_rss_gb": round(peak_rss_gb(), 3), **({"rss_gb": round(now, 3)} if now is not None else {})}
 
-    def _rollout_hooks(self, record: bool, guided: bool = True) -> dict[str, Any]:
+    def _rollout_hooks(self, training: bool, guided: bool = True) -> dict[str, Any]:
         """The experience track's callbacks for :meth:`RolloutRunner.collect` (none without a track):
-        the episode-start guide, the turn-level guide and the search tool. ``record``: training
-        (counters written, the gate samples as in training) or evaluation (``eval.writes_counters``
-        decides, the gate samples as in evaluation); ``guided``: evaluation with the bank (a free
+        the episode-start guide, the turn-level guide and the search tool. ``training``: training
+        (counters written, the judge samples as in training) or evaluation (``eval.writes_counters``
+        decides, the judge samples as in evaluation); ``guided``: evaluation with the bank (a free
         evaluation gets none of them)."""
         track = self.experience
         if track is None or not guided:
             return {}
         exp = self.cfg.experience
-        writes = record or self.cfg.eval.writes_counters
-        hooks: dict[str, Any] = {"guide": track.guide if record else track.eval_guide}
+        writes = training or self.cfg.eval.writes_counters
+        hooks: dict[str, Any] = {"guide": track.guide if training else track.eval_guide}
         if exp.integration in ("turn", "both"):
-            hooks["turn_guide"] = lambda requests: track.turn_guide(requests, record=writes)
+            hooks["turn_guide"] = lambda requests: track.turn_guide(requests, count_retrievals=writes)
         if exp.search_tool != "off":
-            hooks["tool"] = track.search_tool(record=writes)
+            hooks["tool"] = track.search_tool(count_retrievals=writes)
         return hooks
 
     # ---- evaluation -------------------------------------------------------------------------------
@@ -568,9 +568,9 @@ class Trainer:
     def _control_guide(self) -> Any:
         """The ``empty`` control's guide: the knowledge block's header with no entry, no retrieval."""
         from crl_bench.rollout import Guidance
-        from crl_bench.trainer.experience_track import EMPTY_KNOWLEDGE
+        from crl_bench.trainer.experience_track import EMPTY_GUIDANCE
 
-        return lambda requests: [Guidance(EMPTY_KNOWLEDGE) for _ in requests]
+        return lambda requests: [Guidance(EMPTY_GUIDANCE) for _ in requests]
 
     def evaluate(self, episodes: int | str | None = None, progress: Any = None,
                  guided: bool | None = None, mode: str | None = None) -> dict[str, Any]:
@@ -619,7 +619,7 @@ class Trainer:
         t0 = time.perf_counter()
         # evaluation leaves the bank and its usage counters as they were, unless eval.writes_counters
         # (the released evaluation counts its retrievals)
-        hooks = self._rollout_hooks(record=False, guided=mode != "free")
+        hooks = self._rollout_hooks(training=False, guided=mode != "free")
         if mode != "guided":
             hooks = {"guide": self._control_guide()} if mode == "empty" else \
                 {k: v for k, v in hooks.items() if k == "guide"}

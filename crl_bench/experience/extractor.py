@@ -50,7 +50,7 @@ class EpisodeRecord:
 
     Attributes:
         env_id: environment id (e.g. ``"sokoban"``).
-        task_line: the task as told to the actor (``env.task_prompt()``).
+        task_prompt: the task as told to the actor (``env.task_prompt()``).
         steps: one ``(observation, action, feedback)`` per actor decision, in order: the observation
             the action was chosen in, the action text (canonical action, or the raw reply when it was
             invalid) and a short feedback line (e.g. ``"You bumped into a wall"``; may be empty).
@@ -67,7 +67,7 @@ class EpisodeRecord:
     """
 
     env_id: str
-    task_line: str
+    task_prompt: str
     steps: list[tuple[str, str, str]] = field(default_factory=list)
     success: bool = False
     reward: float = 0.0
@@ -303,7 +303,7 @@ Write the operations."""
 
 
 DEMO_RECORD = EpisodeRecord(
-    env_id="maze", task_line="Reach the exit E.",
+    env_id="maze", task_prompt="Reach the exit E.",
     steps=[("#####\n#@..#\n###E#", "left", "You bumped into a wall."),
            ("#####\n#@..#\n###E#", "right", "You moved right."),
            ("#####\n#.@.#\n###E#", "right", "You moved right."),
@@ -381,7 +381,7 @@ class ExtractorPromptBuilder:
 
     def user_text(self, record: EpisodeRecord, entries: Sequence[ExperienceEntry], trajectory: str) -> str:
         """The user message."""
-        return self.user_template.format(env_id=record.env_id, task=" ".join(record.task_line.split()),
+        return self.user_template.format(env_id=record.env_id, task=" ".join(record.task_prompt.split()),
                                          trajectory=trajectory, outcome=outcome_text(record),
                                          entries=self.entry_format(entries))
 

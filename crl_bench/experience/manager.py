@@ -154,12 +154,12 @@ class ManagerStats:
 
 
 class _Query:
-    __slots__ = ("env_id", "text", "record", "future")
+    __slots__ = ("env_id", "text", "count_retrievals", "future")
 
-    def __init__(self, env_id: str, text: str, record: bool = True) -> None:
+    def __init__(self, env_id: str, text: str, count_retrievals: bool = True) -> None:
         self.env_id = env_id
         self.text = text
-        self.record = record
+        self.count_retrievals = count_retrievals
         self.future: Future = Future()
 
 
@@ -203,20 +203,20 @@ class ExperienceManager:
             self._worker.start()
 
     # ---- retrieval ------------------------------------------------------------------------------
-    def retrieve_async(self, env_id: str, text: str, record: bool = True) -> Future:
+    def retrieve_async(self, env_id: str, text: str, count_retrievals: bool = True) -> Future:
         """Queue one query; the future resolves to ``list[ExperienceEntry]`` (best first).
 
-        ``record=False`` (evaluation) leaves the bank's retrieval counters untouched."""
+        ``count_retrievals=False`` (evaluation) leaves the bank's retrieval counters untouched."""
         if self._closed:
             raise RuntimeError("experience manager is closed")
-        q = _Query(env_id, text, record)
+        q = _Query(env_id, text, count_retrievals)
         self._queries.put(q)
         return q.future
 
     def retrieve(self, queries: list[tuple[str, str]], timeout: float | None = 60.0,
-                 record: bool = True) -> list[list[ExperienceEntry]]:
+                 count_retrievals: bool = True) -> list[list[ExperienceEntry]]:
         """Queue ``(env_id, query text)`` pairs together and wait for all answers (in order)."""
-        futures = [self.retrieve_async(env_id, text, record) for env_id, text in queries]
+        futures = [self.retrieve_async(env_id, text, count_retrievals) for env_id, text in queries]
         return [f.result(timeout=timeout) for f in futures]
 
     def _batch_loop(self) -> None:
@@ -245,14 +245,14 @@ class ExperienceManager:
 
     def _serve(self, batch: list[_Query]) -> None:
         t0 = time.perf_counter()
-        for record in (True, False):        # recording and read-only queries are searched apart
-            part = [q for q in batch if q.record == record]
+        for count_retrievals in (True, False):        # counting and read-only queries are searched apart
+            part = [q for q in batch if q.count_retrievals == count_retrievals]
             if not part:
                 continue
             try:
                 with self.lock.read():
                     results = self.retriever.retrieve([q.text for q in part], [q.env_id for q in part],
-                                                      record=record)
+                                                      count_retrievals=count_retrievals)
             except Exception as e:  # noqa: BLE001 - the callers get the error through their futures
                 for q in part:
                     q.future.set_exception(e)
@@ -456,14 +456,14 @@ class ExperienceManager:
             self.submit(reqs)
             self.drain()
 
-    def answer(self, queries: Sequence[tuple[str, str]], record: bool = True,
+    def answer(self, queries: Sequence[tuple[str, str]], count_retrievals: bool = True,
                timeout: float | None = 60.0) -> list[ToolAnswer]:
         """Answer the actor's search-tool questions ``(env_id, question)`` (released ``search_and_ask``):
-        retrieve for each question from its env (``record``: count the retrievals, as training does),
+        retrieve for each question from its env (``count_retrievals``: count the retrievals, as training does),
         then the extractor answers each question that found entries, shown the entries, in one
         batched call.  A question that finds nothing is answered :data:`NO_KNOWLEDGE`; without an
         extractor (a read-only bank) the retrieved knowledge itself is the answer."""
-        found = self.retrieve(list(queries), timeout=timeout, record=record)
+        found = self.retrieve(list(queries), timeout=timeout, count_retrievals=count_retrievals)
         out = [ToolAnswer(NO_KNOWLEDGE, list(entries)) for entries in found]
         asked = [i for i, entries in enumerate(found) if entries]
         if not asked:

@@ -34,7 +34,7 @@ What is implemented (source: the paper and the authors' released code,
 4. The first ``k`` candidates are returned and their retrieval is recorded
    (``bank.record_retrieval(ids, now)``): only returned entries count, not the candidates.
 
-A read-only call (``record=False``, used by evaluation) changes nothing: no counters are written and
+A read-only call (``count_retrievals=False``, used by evaluation) changes nothing: no counters are written and
 its demotion draws come from a separate generator, so evaluating between training steps leaves the
 training retrievals exactly as they would have been.
 
@@ -69,7 +69,7 @@ class Retriever:
         top1_demote_p: probability of demoting a recent top-1 candidate (0.5 released).
         seed: seed of the demotion draws.
         rank_score: ``position`` (released) or ``cosine``; see the module docstring.
-        record: record the retrieval of returned entries in the bank (on by default).
+        count_retrievals: count the returned entries as retrieved in the bank (on by default).
         query_cache: most query embeddings kept in the LRU query cache (0 = no cache).
 
     ``retrieve`` may be called from several threads while no bank write happens (the random draws
@@ -78,7 +78,7 @@ class Retriever:
 
     def __init__(self, bank, k: int = 1, oversample: int = 16, freq_penalty: float = 0.4,
                  recency_window_s: float = 300.0, top1_demote_p: float = 0.5, seed: int = 0, *,
-                 rank_score: str = "position", record: bool = True, query_cache: int = 4096):
+                 rank_score: str = "position", count_retrievals: bool = True, query_cache: int = 4096):
         if rank_score not in RANK_SCORES:
             raise ValueError(f"rank_score must be one of {RANK_SCORES}")
         self.bank = bank
@@ -88,7 +88,7 @@ class Retriever:
         self.recency_window_s = float(recency_window_s)
         self.top1_demote_p = float(top1_demote_p)
         self.rank_score = rank_score
-        self.record = record
+        self.count_retrievals = count_retrievals
         self._rng = random.Random(seed)
         self._readonly_rng = random.Random(seed + 1)
         self._rng_lock = threading.Lock()
@@ -132,13 +132,13 @@ class Retriever:
         return out
 
     def retrieve(self, queries: Sequence[str], env_ids: Sequence[str], now: float | None = None,
-                 record: bool | None = None) -> list[list[ExperienceEntry]]:
+                 count_retrievals: bool | None = None) -> list[list[ExperienceEntry]]:
         """Up to ``k`` entries per query (of that query's env), best first after the re-rank.
 
-        ``record`` (default: the retriever's ``record`` setting) counts the returned entries as
-        retrieved; ``record=False`` is read-only (see the module docstring).
+        ``count_retrievals`` (default: the retriever's ``count_retrievals`` setting) counts the returned entries as
+        retrieved; ``count_retrievals=False`` is read-only (see the module docstring).
         """
-        record = self.record if record is None else record
+        count_retrievals = self.count_retrievals if count_retrievals is None else count_retrievals
         if len(queries) != len(env_ids):
             raise ValueError("queries and env_ids must have the same length")
         now = time.time() if now is None else float(now)
@@ -158,8 +158,8 @@ class Retriever:
         returned: list[int] = []
         for qi, h in enumerate(hits):
             cands = [(by_id[i], s) for i, s in h if i in by_id]   # ids gone since the search are dropped
-            out[qi] = self.rerank(cands, now, None if record else self._readonly_rng)[:self.k]
+            out[qi] = self.rerank(cands, now, None if count_retrievals else self._readonly_rng)[:self.k]
             returned.extend(e.id for e in out[qi])
-        if record and returned:
+        if count_retrievals and returned:
             self.bank.record_retrieval(returned, now)
         return out

@@ -108,12 +108,13 @@ class RetrievalRecord:
     Attributes:
         entries: snapshots of the retrieved entries as they were (id, ``source_extraction``: the
             extraction to credit, title and content).
-        shown: the exact experience text put into the actor's prompt ("" when nothing was shown).
+        guidance: the exact text put into the actor's prompt from these entries ("" when nothing
+            was shown): :attr:`crl_bench.rollout.Guidance.text` of the episode.
         judgement: the actor-critic decision (``accept`` / ``refine`` / ``reject`` / ``invalid``), or
-            "" when the gate is off.  After an ``invalid`` judgement the extractor is not shown the
+            "" when the judge is off.  After an ``invalid`` judgement the extractor is not shown the
             entries when it distils the episode (released: the episode's retrieved uids are cleared).
     """
 
     entries: list[ExperienceEntry] = field(default_factory=list)
-    shown: str = ""
+    guidance: str = ""
     judgement: str = ""

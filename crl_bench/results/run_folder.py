@@ -386,7 +386,7 @@ class RunWriter:
                                           "entry_ids": list(c.entry_ids)} for c in calls]
                 if transcripts:
                     row["transcript"] = {
-                        "task": t.task_line, "guidance": t.guidance,
+                        "task": t.task_prompt, "guidance": t.guidance,
                         "turns": [{"observation": turn.observation, "reply": turn.reply,
                                    "action": turn.action, "invalid": turn.invalid, "reward": turn.reward,
                                    "tool": getattr(turn, "tool", False),

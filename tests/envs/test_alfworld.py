@@ -172,7 +172,7 @@ def test_prefetched_reset_is_used_by_the_next_collect(tokenizer, tiny_model):
         trajs = runner.collect(nxt)
         assert pool.prefetch_hits == 2 and not pool._ready.get(("alfworld", EVAL_OFFSET + 4))
         assert all(t.steps == 1 and not t.error for t in trajs)
-        assert trajs[0].task_line == trajs[1].task_line != ""
+        assert trajs[0].task_prompt == trajs[1].task_prompt != ""
     finally:
         pool.close()
 

@@ -609,13 +609,14 @@ def test_frequency_penalty_changes_order(tmp_path):
     old = 1000.0                                                 # far outside the recency window
     bank.record_retrieval([a] * 20, when=old)
     now = 10_000.0
-    plain = Retriever(bank, k=3, freq_penalty=0.0, record=False).retrieve([q], ["e"], now=now)[0]
+    plain = Retriever(bank, k=3, freq_penalty=0.0, count_retrievals=False).retrieve([q], ["e"], now=now)[0]
     assert [e.id for e in plain] == [a, b, c]
-    pen = Retriever(bank, k=3, freq_penalty=0.4, record=False).retrieve([q], ["e"], now=now)[0]
+    pen = Retriever(bank, k=3, freq_penalty=0.4, count_retrievals=False).retrieve([q], ["e"], now=now)[0]
     # s(a) = 0 - 0.4*log(21) = -1.22 < s(b) = -1
     assert [e.id for e in pen] == [b, a, c]
     assert 0.4 * math.log1p(20) > 1.0
-    cos = Retriever(bank, k=3, freq_penalty=0.4, rank_score="cosine", record=False).retrieve([q], ["e"], now=now)[0]
+    cos = Retriever(bank, k=3, freq_penalty=0.4, rank_score="cosine",
+                    count_retrievals=False).retrieve([q], ["e"], now=now)[0]
     assert cos[0].id == b
 
 
@@ -623,7 +624,7 @@ def test_recency_penalty_and_window(tmp_path):
     bank, q, (a, b, c) = _rank_bank(tmp_path)
     now = 10_000.0
     bank.record_retrieval([a], when=now - 10)                    # recent: -0.28 - 1 < -1
-    r = Retriever(bank, k=1, top1_demote_p=0.0, record=False)
+    r = Retriever(bank, k=1, top1_demote_p=0.0, count_retrievals=False)
     assert r.retrieve([q], ["e"], now=now)[0][0].id == b
     assert r.retrieve([q], ["e"], now=now + 400)[0][0].id == a    # outside the 300 s window: -0.28 > -1
 
@@ -632,14 +633,14 @@ def test_top1_demotion_probability_and_seed(tmp_path):
     bank, q, (a, b, c) = _rank_bank(tmp_path)
     now = 10_000.0
     bank.record_retrieval([a, b, c], when=now - 5)               # all recent, same count: order kept
-    never = Retriever(bank, k=1, top1_demote_p=0.0, record=False)
+    never = Retriever(bank, k=1, top1_demote_p=0.0, count_retrievals=False)
     assert never.retrieve([q], ["e"], now=now)[0][0].id == a
-    always = Retriever(bank, k=3, top1_demote_p=1.0, record=False)
+    always = Retriever(bank, k=3, top1_demote_p=1.0, count_retrievals=False)
     assert [e.id for e in always.retrieve([q], ["e"], now=now)[0]] == [b, c, a]
-    half = Retriever(bank, k=1, top1_demote_p=0.5, seed=7, record=False)
+    half = Retriever(bank, k=1, top1_demote_p=0.5, seed=7, count_retrievals=False)
     picks = [half.retrieve([q], ["e"], now=now)[0][0].id for _ in range(200)]
     assert set(picks) == {a, b} and 60 < picks.count(a) < 140
-    again = Retriever(bank, k=1, top1_demote_p=0.5, seed=7, record=False)
+    again = Retriever(bank, k=1, top1_demote_p=0.5, seed=7, count_retrievals=False)
     assert [again.retrieve([q], ["e"], now=now)[0][0].id for _ in range(200)] == picks
 
 

@@ -293,15 +293,15 @@ def test_retriever_uses_the_query_cache(tmp_path):
     _fill(bank, _texts(10, seed=5))
     n_write_calls = len(emb.calls)
     r = Retriever(bank, k=2, query_cache=16)
-    first = r.retrieve(["w1 w2", "w3 w4"], ["e", "e"], now=1.0, record=False)
-    again = r.retrieve(["w1 w2", "w3 w4"], ["e", "e"], now=1.0, record=False)
+    first = r.retrieve(["w1 w2", "w3 w4"], ["e", "e"], now=1.0, count_retrievals=False)
+    again = r.retrieve(["w1 w2", "w3 w4"], ["e", "e"], now=1.0, count_retrievals=False)
     assert [[e.id for e in x] for x in first] == [[e.id for e in x] for x in again]
     assert len(emb.calls) == n_write_calls + 1                 # the second call embedded nothing
     info = r.cache_info()
     assert (info["hits"], info["misses"], info["hit_rate"]) == (2, 2, 0.5)
     off = Retriever(bank, k=2, query_cache=0)
-    off.retrieve(["w1 w2"], ["e"], record=False)
-    off.retrieve(["w1 w2"], ["e"], record=False)
+    off.retrieve(["w1 w2"], ["e"], count_retrievals=False)
+    off.retrieve(["w1 w2"], ["e"], count_retrievals=False)
     assert off.cache_info()["hits"] == 0 and off.cache_info()["misses"] == 2
     bank.close()
 

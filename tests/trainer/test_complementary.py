@@ -149,7 +149,7 @@ def test_credit_is_recorded_at_retrieval_time(tokenizer, tiny_model):
     expected: dict[str, list[float]] = {}
     for t in guided:
         rec = t.retrieval
-        assert rec.entries and "Heads wins" in rec.shown and rec.shown in t.guidance
+        assert rec.entries and "Heads wins" in rec.guidance and rec.guidance in t.guidance
         r = 1.0 if t.success else -1.0
         for eid in dict.fromkeys(e.source_extraction for e in rec.entries):
             expected.setdefault(eid, []).append(r)

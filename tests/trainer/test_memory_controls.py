@@ -140,9 +140,9 @@ def _recording(tr):
     asked: list[str] = []
     real = tr.experience.manager.retrieve
 
-    def retrieve(requests, record=True):
+    def retrieve(requests, count_retrievals=True):
         asked.extend(q for _, q in requests)
-        return real(requests, record=record)
+        return real(requests, count_retrievals=count_retrievals)
 
     tr.experience.manager.retrieve = retrieve
     return asked
@@ -207,7 +207,7 @@ def test_shuffled_retrieves_with_another_contexts_query(tokenizer, tiny_model):
 
 
 def test_empty_shows_the_header_and_no_entry_without_retrieving(tokenizer, tiny_model):
-    from crl_bench.trainer.experience_track import EMPTY_KNOWLEDGE, KNOWLEDGE_HEADER
+    from crl_bench.trainer.experience_track import EMPTY_GUIDANCE, GUIDANCE_HEADER
 
     tr = _diag_trainer(tokenizer, tiny_model)
     tr.train_step()
@@ -215,7 +215,7 @@ def test_empty_shows_the_header_and_no_entry_without_retrieving(tokenizer, tiny_
     calls = _collected(tr)
     ev = tr.evaluate(mode="empty")
     assert asked == [] and ev["episodes_with_experience"] == 0 and ev["mode"] == "empty"
-    assert all(t.guidance == EMPTY_KNOWLEDGE and KNOWLEDGE_HEADER in t.guidance for t in calls[-1])
+    assert all(t.guidance == EMPTY_GUIDANCE and GUIDANCE_HEADER in t.guidance for t in calls[-1])
     guided = tr.evaluate(mode="guided")
     assert len(asked) == 16 and guided["episodes_with_experience"] > 0
     tr.close()
@@ -236,7 +236,7 @@ def test_lesson_follow_probes_show_the_guided_prompt(tokenizer):
     from crl_bench.config import RunConfig
     from crl_bench.envs.diag import DiagVaultEnv
     from crl_bench.rollout import PromptBuilder
-    from crl_bench.trainer.experience_track import KNOWLEDGE_HEADER
+    from crl_bench.trainer.experience_track import GUIDANCE_HEADER
     from crl_bench.trainer.lesson_follow import build_probes
 
     cfg = RunConfig()
@@ -246,7 +246,7 @@ def test_lesson_follow_probes_show_the_guided_prompt(tokenizer):
     for p in probes:
         assert p.right == env.solution(p.task)[0] and p.wrong != p.right
         right, wrong, none = (tokenizer.decode(p.prompts[c]) for c in ("right", "wrong", "none"))
-        assert KNOWLEDGE_HEADER in right and KNOWLEDGE_HEADER not in none
+        assert GUIDANCE_HEADER in right and GUIDANCE_HEADER not in none
         assert env.lesson_for(p.task, [p.right]) in right and env.lesson_for(p.task, [p.wrong]) in wrong
         assert p.context in none
     assert len({p.wrong for p in probes}) == 8               # wrong lessons name every action once

@@ -122,11 +122,11 @@ def test_static_buffer_is_bounded(tokenizer, tiny_model):
 # ---- the actor-critic gate ---------------------------------------------------------------------
 
 def test_parse_judgement_and_reward_mapping():
-    assert parse_judgement('x <answer>{"function_name": "accept", "parameters": {}}</answer>', "orig").knowledge \
+    assert parse_judgement('x <answer>{"function_name": "accept", "parameters": {}}</answer>', "orig").guidance \
         == "orig"
     j = parse_judgement('<answer>{"function_name": "refine", "parameters": {"knowledge": " go  north "}}</answer>',
                         "orig")
-    assert (j.decision, j.knowledge) == ("refine", "go north")
+    assert (j.decision, j.guidance) == ("refine", "go north")
     assert parse_judgement('<answer>{"function_name": "reject"}</answer>', "orig").decision == "reject"
     for bad in ("", "<answer>nope</answer>", '<answer>{"function_name": "refine", "parameters": {}}</answer>',
                 '<answer>{"function_name": "maybe"}</answer>', '<answer>[1]</answer>', "<answer>" + "[" * 5000,

@@ -84,3 +84,27 @@ class OracleExtractorEngine:
 
     def sync_weights(self, model):
         self.real.sync_weights(model)
+
+
+def run_in_threads(work, threads: int, join_timeout: float) -> list[BaseException]:
+    """Run ``work(seed)`` for seeds ``0 .. threads - 1``, each in its own thread, and return the
+    exceptions they raised (empty when every one finished cleanly). ``join_timeout`` (seconds) bounds
+    a hang; a thread still alive after it is reported as a ``TimeoutError``."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def guarded(seed: int) -> None:
+        try:
+            work(seed)
+        except Exception as exc:  # noqa: BLE001 - a worker thread hands any failure to the test
+            errors.append(exc)
+
+    started = [threading.Thread(target=guarded, args=(s,)) for s in range(threads)]
+    for t in started:
+        t.start()
+    for t in started:
+        t.join(join_timeout)
+    errors += [TimeoutError(f"{t.name} still running after {join_timeout} s") for t in started if t.is_alive()]
+    return errors
+

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from tests_helpers import run_in_threads
 
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder, SentenceEmbedder
@@ -113,23 +114,15 @@ def test_sentence_embedder_cache_lru_and_threads():
     emb.encode(["c", "d"])                                             # evicts "bb" (least recent)
     emb.encode(["bb"])
     assert fake.calls[-1] == ["bb"]
-    errors = []
 
     def worker(seed):
-        try:
-            rng = random.Random(seed)
-            for _ in range(200):
-                t = [rng.choice("abcdefg") * rng.randint(1, 3) for _ in range(3)]
-                v = emb.encode(t)
-                np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-6)
-        except Exception as exc:  # noqa: BLE001 - a worker thread hands any failure to the test
-            errors.append(exc)
+        rng = random.Random(seed)
+        for _ in range(200):
+            t = [rng.choice("abcdefg") * rng.randint(1, 3) for _ in range(3)]
+            v = emb.encode(t)
+            np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-6)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    errors = run_in_threads(worker, 6, join_timeout=10)
     assert not errors and emb.cache_info()["size"] <= 3
 
 

@@ -5,10 +5,10 @@ config settings. No timing is asserted (see ``crl-bench bench retrieval`` for la
 from __future__ import annotations
 
 import random
-import threading
 
 import numpy as np
 import pytest
+from tests_helpers import run_in_threads
 
 from crl_bench.bench.retrieval import SentenceLike, make_data
 from crl_bench.experience.bank import ExperienceBank
@@ -266,22 +266,14 @@ def test_query_cache_off():
 def test_query_cache_threads():
     emb = _Counting()
     cache = QueryCache(emb, capacity=5)
-    errors = []
 
     def worker(seed):
-        try:
-            rng = random.Random(seed)
-            for _ in range(200):
-                t = [rng.choice("abcdefgh") * rng.randint(1, 2) for _ in range(3)]
-                np.testing.assert_array_equal(cache.encode(t), emb.inner.encode(t))
-        except Exception as exc:  # noqa: BLE001 - a worker thread hands any failure to the test
-            errors.append(exc)
+        rng = random.Random(seed)
+        for _ in range(200):
+            t = [rng.choice("abcdefgh") * rng.randint(1, 2) for _ in range(3)]
+            np.testing.assert_array_equal(cache.encode(t), emb.inner.encode(t))
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
+    errors = run_in_threads(worker, 4, join_timeout=20)
     info = cache.info()
     assert not errors and info["size"] <= 5
     assert info["hits"] + info["misses"] == 4 * 200 * 3           # every query is counted once

@@ -68,9 +68,7 @@ from typing import Any
 
 import torch
 
-from crl_bench.trainer.losses import ppo_clip_loss
 from crl_bench.trainer.policy import (
-    LossFn,
     PolicyUpdater,
     TokenSample,
     UpdateStats,
@@ -523,7 +521,9 @@ class DataParallelUpdater(PolicyUpdater):
     once and overwritten with the trained weights after every update that stepped; ``optimizer``: its
     class, constructor defaults, parameter-group hyper-parameters and state are rebuilt on every worker
     over the replica's trainable parameters; ``ref_model``: a module is shipped as a frozen replica,
-    a bound method of ``model`` such as peft's ``disable_adapter`` is rebound on each replica), plus:
+    a bound method of ``model`` such as peft's ``disable_adapter`` is rebound on each replica; every
+    other keyword, ``updater_kwargs``, goes unchanged to the driver's and each worker's
+    :class:`PolicyUpdater`), plus:
 
     Args:
         workers: number of ranks (>= 1; 1 runs one worker actor, useful to measure the overhead).
@@ -555,29 +555,20 @@ class DataParallelUpdater(PolicyUpdater):
         ray.exceptions.RayError: a worker failed while setting up (the actors are then killed).
     """
 
-    def __init__(self, model: Any, optimizer: torch.optim.Optimizer, pad_id: int,
-                 micro_batch_size: int = 8, mini_batches: int = 1, epochs: int = 1,
-                 max_grad_norm: float = 1.0, temperature: float = 1.0, loss_fn: LossFn = ppo_clip_loss,
-                 loss_kwargs: dict | None = None, ref_model: Any = None,
-                 skip_zero_advantage: bool = True, seed: int = 0, loss_agg: str = "token-mean",
-                 recompute_old_logprobs: bool = False, compute_dtype: torch.dtype | None = None,
-                 share_prefix: bool = True, min_shared_prefix: int = 32, scheduler: Any = None, *,
-                 workers: int = 2, sharding: str = "ddp", threads: int | None = None,
+    def __init__(self, model: Any, optimizer: torch.optim.Optimizer, pad_id: int, *, ref_model: Any = None,
+                 scheduler: Any = None, workers: int = 2, sharding: str = "ddp", threads: int | None = None,
                  scheduler_factory: Callable[[torch.optim.Optimizer], Any] | None = None,
                  model_factory: Callable[[], Any] | None = None, num_cpus: float | None = None,
-                 timeout_s: float = 1800.0) -> None:
+                 timeout_s: float = 1800.0, **updater_kwargs: Any) -> None:
         import ray
 
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if sharding not in SHARDINGS:
             raise ValueError(f"sharding must be one of {SHARDINGS}, got {sharding!r}")
-        super().__init__(model, optimizer, pad_id, micro_batch_size=micro_batch_size,
-                         mini_batches=mini_batches, epochs=epochs, max_grad_norm=max_grad_norm,
-                         temperature=temperature, loss_fn=loss_fn, loss_kwargs=loss_kwargs, ref_model=None,
-                         skip_zero_advantage=skip_zero_advantage, seed=seed, loss_agg=loss_agg,
-                         recompute_old_logprobs=recompute_old_logprobs, compute_dtype=compute_dtype,
-                         share_prefix=share_prefix, min_shared_prefix=min_shared_prefix, scheduler=None)
+        # the driver's updater: the same settings, for the shuffling generator and the batch checks;
+        # the reference and the scheduler live on the workers
+        super().__init__(model, optimizer, pad_id, **updater_kwargs, ref_model=None, scheduler=None)
         self.workers = int(workers)
         self.sharding = sharding
         if scheduler is not None and scheduler_factory is None:
@@ -616,13 +607,7 @@ class DataParallelUpdater(PolicyUpdater):
                     "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
                     "scheduler_factory": scheduler_factory, "ref_method": ref_method,
                     "model_factory": model_factory,
-                    "updater": {"pad_id": pad_id, "micro_batch_size": micro_batch_size,
-                                "mini_batches": mini_batches, "epochs": epochs, "max_grad_norm": max_grad_norm,
-                                "temperature": temperature, "loss_fn": loss_fn, "loss_kwargs": loss_kwargs,
-                                "skip_zero_advantage": skip_zero_advantage, "seed": seed, "loss_agg": loss_agg,
-                                "recompute_old_logprobs": recompute_old_logprobs,
-                                "compute_dtype": compute_dtype, "share_prefix": share_prefix,
-                                "min_shared_prefix": min_shared_prefix}}
+                    "updater": {"pad_id": pad_id, **updater_kwargs}}
             if model_factory is not None:
                 model_ref, state_ref = None, ray.put(_to_cpu(model.state_dict()))
             else:

@@ -109,15 +109,16 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
     return str(writer.dir)
 
 
-def _train_in_folder(cfg: RunConfig, writer: RunWriter, quiet: bool, resume: tuple[Any] | None = None) -> None:
+def _train_in_folder(cfg: RunConfig, writer: RunWriter, quiet: bool, resumed: bool = False,
+                     loaded: Any = None) -> None:
     """The one body of :func:`run_training` and :func:`resume_training`, once the folder is ready:
     trackers, the trainer, then (resumed) the checkpoint's states or (new) seeds.json and data.json,
     then :func:`_train_and_evaluate`. The writer and the trainer are closed when it returns or raises.
 
     Args:
-        resume: ``None`` for a new run; for a resumed one a 1-tuple with the
-            :class:`~crl_bench.trainer.checkpoint.LoadedCheckpoint` to continue from, or ``None``
-            inside when there is none (the run starts over in its folder).
+        resumed: the folder is an existing run's (no seeds.json / data.json written again).
+        loaded: the :class:`~crl_bench.trainer.checkpoint.LoadedCheckpoint` a resumed run continues
+            from, or ``None`` (a new run, or a resumed one with no checkpoint: it starts over).
     """
     from crl_bench.trainer.checkpoint import apply_checkpoint
 
@@ -126,12 +127,11 @@ def _train_in_folder(cfg: RunConfig, writer: RunWriter, quiet: bool, resume: tup
         writer.attach_trackers(open_trackers(cfg.logging, writer.dir, cfg.run_id, cfg.to_dict()))
         trainer = Trainer(cfg, writer)
         initial = None
-        if resume is None:
+        if not resumed:
             writer.write_json("seeds.json", {"seed": cfg.train.seed, "task_sampler_seed": cfg.train.seed,
                                              "torch_seed": cfg.train.seed, "torch_threads": trainer.threads})
             writer.write_json("data.json", {"data_checksums": data_checksums(trainer)})
         else:
-            loaded = resume[0]
             if loaded is not None:
                 apply_checkpoint(trainer, loaded)
                 loaded.states.clear()           # the trainer holds them now
@@ -353,7 +353,7 @@ def resume_training(run_dir: str | Path, quiet: bool = False, start_over: bool =
         writer.record_resume(loaded.step if loaded else 0,
                              skipped=[{"checkpoint": p.name, "reason": why} for p, why in skipped],
                              config_changed=changed)
-        _train_in_folder(cfg, writer, quiet, resume=(loaded,))
+        _train_in_folder(cfg, writer, quiet, resumed=True, loaded=loaded)
         write_summary(writer.dir)
     return str(writer.dir)
 

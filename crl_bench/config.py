@@ -148,7 +148,8 @@ class TrainConfig:
         clip_eps: PPO ratio clip.
         kl_coef: coefficient of the k3 KL penalty to the initial model (0 = off, the default).
         adv_std_normalize: divide group-centred rewards by the group std (default: mean-centred only).
-        micro_batch_size: turns per forward/backward (gradient accumulation over the step's turns).
+        micro_batch_size: training sequences per forward/backward (gradient accumulation over the
+            step's sequences: an episode's, or a turn's with ``sequences: turn``).
         ppo_epochs: passes over the step's data; ``mini_batches``: optimiser steps per pass.
         loss_agg: ``seq-mean-token-mean`` (released: each episode, all its actor turns, is one
             sequence; token mean within it, mean over sequences) or ``token-mean`` (every generated
@@ -160,6 +161,12 @@ class TrainConfig:
             actor's, resp. the extractor's, sampling temperature T) or ``raw`` (released ROLL: raw
             logits, whatever T sampled; needs ``recompute_old_logprobs``). Differs only when T != 1
             (the ``cpu`` preset samples at T = 1.5; the released config at 0.99).
+        sequences: ``episode`` (default; released ROLL): an episode whose prompts are append-only (the
+            ``multiturn`` layout) is trained as one sequence, its last prompt and reply with the loss
+            on the actor's tokens of every turn, so each token goes through the update once;
+            episodes whose prompts are not (the ``window`` layout) fall back to one sample per turn,
+            counted as ``turn_sample_episodes`` in the metrics row.  ``turn``: one sample per turn
+            always (the same loss and gradient, each turn's history recomputed).
         share_prefix: compute the prompt prefix a micro-batch's turns share once per update forward
             (trainer/policy.py ``shared_prefix_logprobs``; same gradient; off with gradient
             checkpointing or a KL term).
@@ -196,6 +203,7 @@ class TrainConfig:
     recompute_old_logprobs: bool = True
     logprob_temperature: str = "sampling"
     share_prefix: bool = True
+    sequences: str = "episode"
     seed: int = 0
     save_checkpoint: bool = True
     checkpoint_every: int = 10
@@ -779,6 +787,7 @@ def validate(cfg: RunConfig) -> None:
         ("extractor.top_k", cfg.extractor.top_k >= 0),
         ("generation.top_k", cfg.generation.top_k >= 0),
         ("train.loss_agg", cfg.train.loss_agg in ("seq-mean-token-mean", "token-mean")),
+        ("train.sequences", cfg.train.sequences in ("episode", "turn")),
         ("rollout.prompt", cfg.rollout.prompt in ("window", "multiturn")),
         ("experience.distill", cfg.experience.distill in ("guided", "all")),
         ("experience.key", cfg.experience.key in ("query", "lesson")),

@@ -5,9 +5,12 @@ is stored as its own (prompt ids, response ids) pair, so the actor's loss covers
 generated (the response) and nothing the environment wrote.  Two prompt layouts
 (``rollout.prompt``): ``window`` rebuilds each turn's prompt from the system prompt, the task, the last
 ``history`` actions with their feedback and the current observation; ``multiturn`` (the released
-format) keeps one chat per episode that grows by the actor's reply and the next observation, so each
-turn's prompt extends the previous one.  Retrieved experience (guided episodes) is placed once in the
-system prompt (``placement="system"``, released) or in every user message (``"user"``).
+format) keeps one chat per episode that grows by the actor's reply and the next observation, built
+token-in, token-out: each turn's prompt ids are the previous prompt's ids, the sampled reply's ids and
+the newly encoded template pieces and observation (:meth:`PromptBuilder.turn`), so an episode's prompts
+are append-only and the trainer can train the whole episode as one sequence.  Retrieved experience
+(guided episodes) is placed once in the system prompt (``placement="system"``, released) or in every
+user message (``"user"``).
 
 Two optional hooks of the experience track ride on the same loop: a per-turn retrieval before each
 step of chosen episodes (``turn_guide``; released turn-based integration) and an in-episode search
@@ -264,11 +267,22 @@ class PromptBuilder:
 
     def turn(self, chat: list[dict[str, str]], system: str, task_prompt: str,
              history: Sequence[tuple[str, str]], obs: str, guidance: str, instruction: str,
-             prefill: str | None = None, turn_guidance: str = "") -> list[int]:
+             prefill: str | None = None, turn_guidance: str = "",
+             previous: tuple[Sequence[int], Sequence[int]] | None = None) -> list[int]:
         """Prompt ids of an episode's next turn; ``chat`` is the episode's message list (empty before
         its first turn), extended in place with the user message of this turn (``multiturn``: call
         :meth:`reply` with the actor's reply afterwards).  ``turn_guidance`` (experience retrieved for
-        this turn only) is put before the observation of this turn's user message."""
+        this turn only) is put before the observation of this turn's user message.
+
+        ``previous`` is the (prompt ids, response ids) of the episode's last turn.  With the
+        ``multiturn`` layout the new prompt is built token-in, token-out: those ids unchanged, then the
+        template's close of the actor's message (less what the actor already sampled of it, e.g. its
+        end-of-turn token), the new user message and the generation prompt, newly encoded
+        (:meth:`continuation`).  The actor's earlier replies are never decoded and re-encoded, so the
+        ids it sees later are the ids it sampled and the episode's prompts are append-only.  Only a
+        chat template that does not render a new message as an append (:meth:`continuation` gives
+        ``None``) re-encodes the whole chat.
+        """
         if turn_guidance.strip():
             obs = f"{turn_guidance.strip()}\n\n{obs.strip()}"
         if self.layout == "window":
@@ -278,8 +292,50 @@ class PromptBuilder:
             chat += [{"role": "system", "content": self.system_text(system, guidance)},
                      {"role": "user", "content": self.user_text(task_prompt, (), obs, guidance, instruction)}]
         else:
-            chat.append({"role": "user", "content": f"{obs.strip()}\n\n{instruction}"})
+            user = f"{obs.strip()}\n\n{instruction}"
+            if previous is not None and chat[-1]["role"] == "assistant":
+                ids = self.continuation(chat, user, previous[1], prefill)
+                if ids is not None:
+                    chat.append({"role": "user", "content": user})
+                    return list(previous[0]) + list(previous[1]) + ids
+            chat.append({"role": "user", "content": user})
         return self.encode(chat, prefill)
+
+    #: a private-use character standing in for the actor's reply when the template's own pieces are
+    #: rendered (no chat template alters it)
+    _REPLY_MARK = "\ue000"
+
+    def continuation(self, chat: Sequence[dict[str, str]], user: str, response_ids: Sequence[int],
+                     prefill: str | None = None) -> list[int] | None:
+        """Ids that follow an actor reply ``response_ids`` (the last message of ``chat``, an assistant
+        message) to make the next prompt: the template's close of that message, the user message
+        ``user``, the generation prompt and the prefill.
+
+        The template's pieces are found by rendering the chat with a placeholder reply: ``head`` (up
+        to the generation prompt), ``closed`` (the placeholder reply closed) and ``next`` (plus the new
+        user message and a generation prompt).  The close's leading ids that the reply already ends
+        with (a sampled end-of-turn token) are not repeated.
+
+        Returns ``None`` when the template does not render these as appends (``closed`` not extending
+        ``head`` + placeholder, or ``next`` not extending ``closed``), e.g. templates that rewrite
+        earlier assistant messages: the caller then encodes the whole chat.
+        """
+        before = [dict(m) for m in chat[:-1]]
+        mark = {"role": "assistant", "content": self._REPLY_MARK}
+        render = self.tokenizer.apply_chat_template
+        head = render(before, add_generation_prompt=True, tokenize=False)
+        closed = render(before + [mark], add_generation_prompt=False, tokenize=False)
+        nxt = render(before + [mark, {"role": "user", "content": user}], add_generation_prompt=True, tokenize=False)
+        if not closed.startswith(head + self._REPLY_MARK) or not nxt.startswith(closed):
+            return None
+        close = closed[len(head) + len(self._REPLY_MARK):]
+        close_ids = self.tokenizer.encode(close, add_special_tokens=False) if close else []
+        sampled = list(response_ids)
+        k = min(len(close_ids), len(sampled))
+        while k and sampled[-k:] != close_ids[:k]:
+            k -= 1
+        rest = nxt[len(closed):] + (self.prefill if prefill is None else prefill)
+        return close_ids[k:] + self.tokenizer.encode(rest, add_special_tokens=False)
 
     def reply(self, chat: list[dict[str, str]], reply: str) -> None:
         """Append the actor's reply (prefill included) to a ``multiturn`` chat."""
@@ -575,9 +631,11 @@ class RolloutRunner:
                 fmt = env.reply_format
                 prefills[i] = self.prompts.prefill if fmt.prefill is None else fmt.prefill
                 turn_text = turn_found[i][1].text if i in turn_found else ""
+                last = trajs[i].turns[-1] if trajs[i].turns else None
                 prompt_ids.append(self.prompts.turn(chats[i], env.system_prompt, trajs[i].task_prompt, history[i],
                                                     obs[i], trajs[i].guidance, fmt.instruction, prefills[i],
-                                                    turn_guidance=turn_text))
+                                                    turn_guidance=turn_text,
+                                                    previous=(last.prompt_ids, last.response_ids) if last else None))
                 allowed.append(None if has_tool[i] else self._allowed(env))
                 budget = max(budget, fmt.min_new_tokens)
                 stops += [x for x in fmt.stop if x not in stops]

@@ -54,7 +54,6 @@ Communication Hooks", "torch.distributed.fsdp.fully_shard" (FSDP2: ``set_gradien
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 import os
@@ -73,6 +72,7 @@ from crl_bench.trainer.policy import (
     TokenSample,
     UpdateStats,
     build_batch,
+    recomputed,
 )
 
 __all__ = ["SHARDINGS", "DataParallelUpdater", "MicroBatch", "TrainWorker", "allreduce_sum_hook"]
@@ -302,9 +302,8 @@ class TrainWorker:
         diffs = []
         for c, ids in enumerate(chunks):
             for i, new in zip(ids, got[c]):
-                diffs.append(torch.tensor(new, dtype=torch.float32)
-                             - torch.tensor(samples[i].old_logprobs, dtype=torch.float32))
-                out[i] = dataclasses.replace(samples[i], old_logprobs=new)
+                out[i], d = recomputed(samples[i], torch.tensor(new, dtype=torch.float32))
+                diffs.append(d)
         return out, (PolicyUpdater._drift(torch.cat(diffs)) if diffs else {})
 
     def update(self, samples: list[TokenSample], plan: list[list[MicroBatch]], recompute: bool, fold: bool,

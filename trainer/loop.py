@@ -360,7 +360,8 @@ class Trainer:
         cache = {k: v - cache0.get(k, 0) for k, v in getattr(self.engine, "counters", {}).items()}
         t_roll = time.perf_counter() - t0 - t_flush
         advs = self.advantages(trajs)
-        samples = episode_samples(trajs, advs)
+        layout_counts: dict[str, int] = {}
+        samples = episode_samples(trajs, advs, self.cfg.train.sequences, layout_counts)
         t1 = time.perf_counter()
         if warmup:
             upd = {"loss": 0.0, "optimizer_steps": 0.0}          # warm-up: the actor is not trained
@@ -387,6 +388,7 @@ class Trainer:
             "groups_with_signal": sum(1 for g in {t.group_id for t in trajs}
                                       if len({t.reward for t in trajs if t.group_id == g}) > 1),
             **{k: v for k, v in upd.items()},
+            **layout_counts,
             "generated_tokens": rs.generated_tokens,
             "tokens_per_s": rs.generated_tokens / rs.generate_s if rs.generate_s > 0 else 0.0,
             "time_rollout_s": t_roll, "time_generate_s": rs.generate_s, "time_env_s": rs.env_s,

@@ -33,15 +33,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class TokenSample:
-    """One training sequence.
+    """One training sequence: a context that is never trained, then a trained part.
 
     Attributes:
-        prompt_ids: length P, masked out of the loss.
-        response_ids: length R >= 1, the generated tokens that receive gradient.
-        old_logprobs: length R, behaviour log-probs.
-        advantage: scalar advantage broadcast over the response tokens.
+        prompt_ids: length P, masked out of the loss (a turn's prompt; an episode's first prompt).
+        response_ids: length R >= 1, the tokens after the prompt (a turn's reply; for a whole episode
+            every later token: each reply and, between replies, the tokens the environment and the
+            template added).
+        old_logprobs: length R, behaviour log-probs (any value where ``loss_mask`` is 0).
+        advantage: scalar advantage broadcast over the trained tokens.
         sequence: key of the sequence this sample belongs to for ``seq-mean-token-mean`` (e.g. the
             episode of a turn); ``None``: the sample is a sequence of its own.
+        loss_mask: length R, 1 on the tokens the actor generated (those receive gradient), 0 on the
+            environment's; ``None``: every response token is the actor's.
     """
 
     prompt_ids: list[int]
@@ -49,23 +53,94 @@ class TokenSample:
     old_logprobs: list[float]
     advantage: float
     sequence: Hashable | None = None
+    loss_mask: list[int] | None = None
+
+    @property
+    def trained_tokens(self) -> int:
+        """How many tokens receive gradient (the actor's tokens of the response)."""
+        return sum(self.loss_mask) if self.loss_mask is not None else len(self.response_ids)
 
 
-def episode_samples(trajectories: Sequence[Trajectory], advantages: Sequence[float]) -> list[TokenSample]:
-    """The actor's training sequences of a batch of episodes: one :class:`TokenSample` per turn that
-    generated tokens, carrying its episode's advantage, with ``sequence`` = the episode's index so that
-    ``seq-mean-token-mean`` weighs each episode's turns as one sequence.
+SEQUENCE_LAYOUTS = ("episode", "turn")
+
+
+def append_only(turns: Sequence[Any]) -> bool:
+    """Whether each turn's prompt ids begin with the previous turn's prompt ids and response ids, token
+    for token (the ``multiturn`` prompts of :class:`~crl_bench.rollout.PromptBuilder`; never the
+    ``window`` layout, whose prompts are rebuilt each turn)."""
+    for prev, cur in zip(turns, turns[1:]):
+        n, r = len(prev.prompt_ids), len(prev.response_ids)
+        if len(cur.prompt_ids) < n + r or cur.prompt_ids[:n] != prev.prompt_ids \
+                or cur.prompt_ids[n:n + r] != prev.response_ids:
+            return False
+    return True
+
+
+def episode_sequence(trajectory: Trajectory, advantage: float, sequence: Hashable | None = None) -> TokenSample | None:
+    """A whole episode as one :class:`TokenSample`: its first turn's prompt, then every later token of
+    its last turn's prompt and its last reply, with ``loss_mask`` 1 on each turn's reply and the
+    replies' behaviour log-probs aligned with them (released ROLL: one padded sequence per episode,
+    the environment's tokens masked, ``traj_env_manager.py``).  Under causal attention each reply
+    token sees exactly the context its turn's prompt gave it, so the log-probs, the loss and the
+    gradient equal those of the per-turn samples while each token goes through the model once.
+
+    Returns ``None`` when the episode's prompts are not :func:`append_only` or no turn generated
+    tokens (the caller trains it per turn or not at all).
+    """
+    turns = [t for t in trajectory.turns]
+    if not turns or not any(t.response_ids for t in turns) or not append_only(turns):
+        return None
+    first = len(turns[0].prompt_ids)
+    ids = list(turns[-1].prompt_ids[first:]) + list(turns[-1].response_ids)
+    mask = [0] * len(ids)
+    old = [0.0] * len(ids)
+    for t in turns:
+        start = len(t.prompt_ids) - first
+        r = len(t.response_ids)
+        mask[start:start + r] = [1] * r
+        old[start:start + r] = [float(x) for x in t.logprobs[:r]]
+    return TokenSample(list(turns[0].prompt_ids), ids, old, float(advantage), sequence=sequence, loss_mask=mask)
+
+
+def episode_samples(trajectories: Sequence[Trajectory], advantages: Sequence[float],
+                    layout: str = "episode", counts: dict[str, int] | None = None) -> list[TokenSample]:
+    """The actor's training sequences of a batch of episodes, each carrying its episode's advantage
+    and ``sequence`` = the episode's index (``seq-mean-token-mean`` weighs each episode's tokens as
+    one sequence either way).
+
+    ``layout="episode"``: one :func:`episode_sequence` per episode whose prompts are append-only,
+    else (windowed prompts, a chat template that re-renders the history) one sample per turn that
+    generated tokens; ``"turn"``: always one sample per turn.
 
     Args:
         trajectories: N episodes. advantages: N advantages, one per episode.
+        counts: when given, ``episode_sequences`` and ``turn_sample_episodes`` are added to it: how
+            many episodes were trained as one sequence, and how many per turn although ``layout`` was
+            ``"episode"`` (their prompts were not append-only).
 
     Raises:
-        ValueError: the two lengths differ.
+        ValueError: the two lengths differ, or an unknown ``layout``.
     """
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
-    return [TokenSample(turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv), sequence=k)
-            for k, (tr, adv) in enumerate(zip(trajectories, advantages)) for turn in tr.turns if turn.response_ids]
+    if layout not in SEQUENCE_LAYOUTS:
+        raise ValueError(f"sequence layout must be one of {SEQUENCE_LAYOUTS}, got {layout!r}")
+    out: list[TokenSample] = []
+    whole = fallback = 0
+    for k, (tr, adv) in enumerate(zip(trajectories, advantages)):
+        if layout == "episode":
+            one = episode_sequence(tr, adv, sequence=k)
+            if one is not None:
+                out.append(one)
+                whole += 1
+                continue
+            fallback += any(t.response_ids for t in tr.turns)
+        out += [TokenSample(t.prompt_ids, t.response_ids, t.logprobs, float(adv), sequence=k)
+                for t in tr.turns if t.response_ids]
+    if counts is not None:
+        counts["episode_sequences"] = counts.get("episode_sequences", 0) + whole
+        counts["turn_sample_episodes"] = counts.get("turn_sample_episodes", 0) + fallback
+    return out
 
 
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean")
@@ -76,19 +151,19 @@ def token_weights(samples: Sequence[TokenSample], loss_agg: str) -> list[float]:
     over all their tokens).
 
     ``token-mean``: ``1 / (tokens of all samples)``.  ``seq-mean-token-mean``: ``1 / (S * T_s)`` where
-    ``S`` is the number of distinct sequences and ``T_s`` the response tokens of the sample's sequence
+    ``S`` is the number of distinct sequences and ``T_s`` the trained tokens of the sample's sequence
     (ROLL's ``agg_loss`` mode of that name, with one sequence per episode as in the released
     ``traj_env_manager.py``).  Raises ``ValueError`` for another ``loss_agg``.
     """
     if loss_agg not in LOSS_AGGS:
         raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
     if loss_agg == "token-mean":
-        total = sum(len(s.response_ids) for s in samples)
+        total = sum(s.trained_tokens for s in samples)
         return [1.0 / total if total else 0.0 for _ in samples]
     keys = [s.sequence if s.sequence is not None else ("sample", i) for i, s in enumerate(samples)]
     tokens: dict[Hashable, int] = {}
     for k, s in zip(keys, samples):
-        tokens[k] = tokens.get(k, 0) + len(s.response_ids)
+        tokens[k] = tokens.get(k, 0) + s.trained_tokens
     n = len(tokens)
     return [1.0 / (n * tokens[k]) if tokens[k] else 0.0 for k in keys]
 
@@ -102,7 +177,8 @@ def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.devic
 
     Returns:
         dict with ``input_ids``/``attention_mask``/``position_ids`` ``(B, L)``, ``targets`` ``(B, R)``
-        (the last R tokens), ``mask`` ``(B, R)`` (1 on each row's own response tokens, right-aligned),
+        (the last R tokens), ``mask`` ``(B, R)`` (1 on each row's trained tokens: its response, right-
+        aligned, times its ``loss_mask``),
         ``old_logprobs`` ``(B, R)``, ``advantages`` ``(B,)``, ``keep`` = R + 1 (logits to keep) and,
         with ``weights``, ``token_weights`` ``(B, R)`` (``mask`` times the sample's weight), where ``R``
         is the longest response in the batch.
@@ -112,6 +188,8 @@ def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.devic
     for s in samples:
         if not s.response_ids or len(s.response_ids) != len(s.old_logprobs):
             raise ValueError("each sample needs a non-empty response with one old log-prob per token")
+        if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
+            raise ValueError(f"loss_mask has {len(s.loss_mask)} entries for {len(s.response_ids)} response tokens")
     seqs = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
     width = max(len(x) for x in seqs)
     rmax = max(len(s.response_ids) for s in samples)
@@ -124,7 +202,7 @@ def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.devic
         input_ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
         attention[i, width - len(seq):] = 1
         r = len(s.response_ids)
-        mask[i, rmax - r:] = 1.0
+        mask[i, rmax - r:] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32)
         old[i, rmax - r:] = torch.tensor(s.old_logprobs, dtype=torch.float32)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     extra = {}
@@ -208,6 +286,16 @@ def shared_prefix_logprobs(model: Any, samples: Sequence[TokenSample], shared: i
     return token_logprobs(logits, batch["targets"], temperature), batch
 
 
+def recomputed(sample: TokenSample, logprobs: torch.Tensor) -> tuple[TokenSample, torch.Tensor]:
+    """``sample`` with its old log-probs replaced by ``logprobs`` (length R, float32: the trainer's
+    recomputation), and the differences recomputed minus behaviour on its trained tokens (1-D)."""
+    new = logprobs.float()
+    d = new - torch.tensor(sample.old_logprobs, dtype=torch.float32)
+    if sample.loss_mask is not None:
+        d = d[torch.tensor(sample.loss_mask, dtype=torch.bool)]
+    return dataclasses.replace(sample, old_logprobs=new.tolist()), d
+
+
 LossFn = Callable[..., tuple[torch.Tensor, dict]]
 
 
@@ -245,11 +333,13 @@ class UpdateStats:
         self.tokens = 0
         self.samples = 0
         self.shared_tokens = 0
+        self.input_tokens = 0
         self.diffs: list[torch.Tensor] = []
 
     def add(self, out: dict[str, Any]) -> None:
         """Add one micro-batch's ``micro_backward`` output (``loss``, ``stats``, ``tokens``,
-        ``samples``, ``shared_tokens``, ``diffs``: a 1-D tensor of log-prob differences or ``None``)."""
+        ``samples``, ``shared_tokens``, ``input_tokens``, ``diffs``: a 1-D tensor of log-prob differences
+        or ``None``)."""
         self.totals["loss"] = self.totals.get("loss", 0.0) + out["loss"]
         for k, v in out["stats"].items():
             self.totals[k] = self.totals.get(k, 0.0) + v
@@ -259,6 +349,7 @@ class UpdateStats:
         self.tokens += out["tokens"]
         self.samples += out["samples"]
         self.shared_tokens += out["shared_tokens"]
+        self.input_tokens += out.get("input_tokens", 0)
 
     def result(self, steps: int, grad_norm: float, lr: float, drift: dict[str, float]) -> dict[str, float]:
         """The update's row (keys as :meth:`PolicyUpdater.update` documents): statistics averaged
@@ -271,7 +362,9 @@ class UpdateStats:
         if self.count:
             out["loss"] = self.totals["loss"] / max(steps, 1)
         out.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(steps), trained_tokens=float(self.tokens),
-                   trained_samples=float(self.samples), shared_prefix_tokens=float(self.shared_tokens), **drift)
+                   trained_samples=float(self.samples), shared_prefix_tokens=float(self.shared_tokens),
+                   update_input_tokens=float(self.input_tokens),
+                   update_tokens_per_trained=self.input_tokens / self.tokens if self.tokens else 0.0, **drift)
         for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl"):
             out.setdefault(k, 0.0)
         return out
@@ -374,10 +467,8 @@ class PolicyUpdater:
                 batch = build_batch([samples[i] for i in part], self.pad_id, self.device)
                 lp = self._logprobs(self.model, batch).float().cpu()
                 for row, i in enumerate(part):
-                    r = len(samples[i].response_ids)
-                    new = lp[row, lp.shape[1] - r:]
-                    diffs.append(new - torch.tensor(samples[i].old_logprobs, dtype=torch.float32))
-                    out[i] = dataclasses.replace(samples[i], old_logprobs=new.tolist())
+                    out[i], d = recomputed(samples[i], lp[row, lp.shape[1] - len(samples[i].response_ids):])
+                    diffs.append(d)
         if not diffs:
             return out, {}
         return out, self._drift(torch.cat(diffs))
@@ -451,7 +542,8 @@ class PolicyUpdater:
 
         Returns:
             ``loss`` (this micro-batch's partial sum of the step loss), ``stats`` (the loss function's),
-            ``tokens`` and ``samples`` trained, ``shared_tokens`` (prompt tokens not recomputed) and
+            ``tokens`` and ``samples`` trained, ``shared_tokens`` (prompt tokens not recomputed),
+            ``input_tokens`` (tokens put through the forward, padding excluded, a shared prefix once) and
             ``diffs`` (recomputed minus behaviour log-probs of its response tokens, or ``None``).
         """
         samples = list(samples)
@@ -479,7 +571,7 @@ class PolicyUpdater:
         loss.backward()
         return {"loss": float(loss.detach()), "stats": stats, "tokens": int(batch["mask"].sum()),
                 "samples": len(samples), "shared_tokens": shared * (len(samples) - 1) if shared else 0,
-                "diffs": diffs}
+                "input_tokens": int(batch["attention_mask"].sum()) + shared, "diffs": diffs}
 
     def update(self, samples: Sequence[TokenSample]) -> dict[str, float]:
         """Optimise on ``samples``; returns mean loss statistics over micro-batches.
@@ -487,7 +579,10 @@ class PolicyUpdater:
         Returns a dict with ``loss``, ``grad_norm`` (pre-clip, last optimiser step), ``clip_frac``,
         ``ratio_mean``, ``approx_kl``, ``kl``, ``optimizer_steps``, ``trained_tokens``,
         ``trained_samples``, ``shared_prefix_tokens`` (prompt tokens not recomputed thanks to
-        ``share_prefix``) and, with ``recompute_old_logprobs``, ``behaviour_logprob_abs_diff`` and
+        ``share_prefix``), ``update_input_tokens`` (tokens put through the training forwards, padding
+        excluded) and ``update_tokens_per_trained`` (their ratio to ``trained_tokens``: about 1 + the
+        environment's share when each episode is one sequence, far more when every turn repeats the
+        episode's history) and, with ``recompute_old_logprobs``, ``behaviour_logprob_abs_diff`` and
         ``behaviour_ratio_std`` / ``_min`` / ``_max``.  With no sample carrying a learning signal it
         returns zeros and makes no optimiser step.
         """

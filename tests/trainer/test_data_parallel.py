@@ -140,6 +140,31 @@ def test_ddp_sums_gradients_sgd_several_steps(ray_session, tokenizer, tiny_model
 
 
 @pytest.mark.slow
+def test_ddp_whole_episode_sequences_equal_single_process(ray_session, tokenizer, tiny_model):
+    """Multi-turn episodes trained as one sequence each (the environment's tokens masked), 2 mini-
+    batches so the old log-probs are recomputed apart (split over the ranks, gathered): the workers
+    take the one-process update, and the drift is measured on the actor's tokens only."""
+    from crl_bench.llm.base import SamplingParams
+    from crl_bench.llm.hf_engine import HFEngine
+    from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner
+    from crl_bench.trainer.policy import episode_samples
+
+    runner = RolloutRunner(HFEngine(tiny_model, tokenizer), PromptBuilder(tokenizer, layout="multiturn"),
+                           EnvPool(max_steps=3), SamplingParams(temperature=1.0, max_new_tokens=6),
+                           constrained=False)
+    torch.manual_seed(0)
+    trajs = runner.collect([EpisodeSpec("sokoban", t, group_id=t) for t in range(4)])
+    counts: dict[str, int] = {}
+    samples = episode_samples(trajs, [1.0, -1.0, 0.5, -0.5], counts=counts)
+    assert counts["episode_sequences"] == 4 and all(s.loss_mask is not None for s in samples)
+    s1, _, dp, _ = _compare(tokenizer, tiny_model, samples, micro_batch_size=1, mini_batches=2,
+                            recompute_old_logprobs=True, loss_agg="seq-mean-token-mean")
+    dp.close()
+    assert s1["trained_tokens"] == sum(t.response_tokens for t in trajs)
+    assert s1["behaviour_logprob_abs_diff"] < 1e-3        # the sampler's log-probs, actor tokens only
+
+
+@pytest.mark.slow
 def test_ddp_fewer_micro_batches_than_workers(ray_session, tokenizer, tiny_model):
     """One micro-batch per step: rank 1 joins the gradient sum with a zero-weight dummy; the warm-up
     scheduler built on the driver's optimiser (as Trainer builds it) is rebuilt on the workers (lr

@@ -82,7 +82,7 @@ def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, 
 
     from crl_bench.config import build_config, preset_data
     from crl_bench.trainer.loop import Trainer, set_threads
-    from crl_bench.trainer.policy import episode_samples
+    from crl_bench.trainer.policy import SEQUENCE_LAYOUTS, episode_samples
 
     set_threads(threads)
     base = {"rollout": {"mix": mix}, "train": {"seed": seed, "steps": steps + 1},
@@ -108,18 +108,25 @@ def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, 
                 if name == "after":
                     last = res.trajectories
         # one update of each arm on the same batch (the last rollout of "after", advantages +-1 by
-        # episode), so update times compare even when the steps above had no learning signal
-        samples = episode_samples(last or [], [1.0 if k % 2 else -1.0 for k in range(len(last or []))]) \
-            if update_probe else []
+        # episode) per sequence layout: per-turn samples, then one sequence per episode where the
+        # prompts are append-only; update times compare even when the steps above had no signal
+        advs = [1.0 if k % 2 else -1.0 for k in range(len(last or []))]
         for name in names:
-            t0 = time.perf_counter()
-            upd = trainers[name].updater.update(samples) if samples else {}
-            sums[name]["update_probe_s"] = time.perf_counter() - t0
-            sums[name]["update_probe_tokens"] = int(upd.get("trained_tokens", 0))
-            for k in ("behaviour_logprob_abs_diff", "behaviour_ratio_std", "behaviour_ratio_min",
-                      "behaviour_ratio_max"):
-                if k in upd:
-                    sums[name][k] = upd[k]
+            for layout in (SEQUENCE_LAYOUTS if update_probe and last else ()):
+                counts: dict[str, int] = {}
+                samples = episode_samples(last, advs, layout, counts)
+                t0 = time.perf_counter()
+                upd = trainers[name].updater.update(samples) if samples else {}
+                probe = {"update_s": time.perf_counter() - t0,
+                         "trained_tokens": int(upd.get("trained_tokens", 0)),
+                         "input_tokens": int(upd.get("update_input_tokens", 0)),
+                         "episode_sequences": counts.get("episode_sequences", 0), "samples": len(samples)}
+                probe["tokens_per_trained"] = probe["input_tokens"] / max(probe["trained_tokens"], 1)
+                sums[name][f"probe_{layout}"] = probe
+                for k in ("behaviour_logprob_abs_diff", "behaviour_ratio_std", "behaviour_ratio_min",
+                          "behaviour_ratio_max"):
+                    if k in upd and layout == "turn":
+                        sums[name][k] = upd[k]
         pure = pure_throughput(trainers["after"].engine.generator, trainers["after"].compute_dtype)
         dtypes = {n: str(t.compute_dtype).replace("torch.", "") for n, t in trainers.items()}
     finally:
@@ -141,13 +148,17 @@ def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, 
         "step_s": b["step_s_mean"] / max(f["step_s_mean"], 1e-9),
         "rollout_s": b["rollout_s_mean"] / max(f["rollout_s_mean"], 1e-9),
     }
-    if update_probe:
-        out["ratios"]["update_same_batch"] = b["update_probe_s"] / max(f["update_probe_s"], 1e-9)
+    if update_probe and "probe_turn" in b:
+        out["ratios"]["update_same_batch"] = b["probe_turn"]["update_s"] / max(f["probe_turn"]["update_s"], 1e-9)
+        for name in names:
+            t, e = out[name]["probe_turn"], out[name]["probe_episode"]
+            out["ratios"][f"{name}_episode_vs_turn_update"] = t["update_s"] / max(e["update_s"], 1e-9)
     return out
 
 
 def format_step(res: dict[str, Any]) -> str:
-    """The ``bench step`` table."""
+    """The ``bench step`` table: per arm the steps' rollout and update, then the same-batch update
+    probe per sequence layout (tokens put through the update per trained token, update seconds)."""
     lines = [f"step bench: {res['mix']} / preset {res['preset']}, {res['steps']} steps per arm, "
              f"{res['threads']} torch threads; compute dtype before={res['dtype']['before']} "
              f"after={res['dtype']['after']}",
@@ -166,9 +177,19 @@ def format_step(res: dict[str, Any]) -> str:
     lines.append(f"after / before: rollout tok/s {r['tokens_per_s']:.2f}x, step time {r['step_s']:.2f}x faster, "
                  f"rollout time {r['rollout_s']:.2f}x faster")
     if "update_same_batch" in r:
-        lines.append(f"one update on the same batch ({res['before']['update_probe_tokens']} trained tokens, "
-                     f"recomputed old log-probs): before {res['before']['update_probe_s']:.1f} s, after "
-                     f"{res['after']['update_probe_s']:.1f} s: {r['update_same_batch']:.2f}x faster")
+        b, f = res["before"]["probe_turn"], res["after"]["probe_turn"]
+        lines.append(f"one update on the same batch ({b['trained_tokens']} trained tokens, recomputed old "
+                     f"log-probs), per-turn samples: before {b['update_s']:.1f} s, after {f['update_s']:.1f} s: "
+                     f"{r['update_same_batch']:.2f}x faster")
+        lines.append(f"{'arm':8s} {'sequences':9s} {'samples':>7s} {'whole eps':>9s} {'input tok':>9s} "
+                     f"{'trained':>8s} {'tok/trained':>11s} {'update s':>8s}")
+        for name in STEP_ARMS:
+            for layout in ("turn", "episode"):
+                q = res[name][f"probe_{layout}"]
+                lines.append(f"{name:8s} {'per-' + layout:9s} {q['samples']:7d} {q['episode_sequences']:9d} "
+                             f"{q['input_tokens']:9d} {q['trained_tokens']:8d} {q['tokens_per_trained']:11.1f} "
+                             f"{q['update_s']:8.1f}")
+            lines.append(f"{name}: per-episode update {r[name + '_episode_vs_turn_update']:.2f}x faster than per-turn")
     for name in STEP_ARMS:
         a = res[name]
         if "behaviour_logprob_abs_diff" in a:
@@ -188,12 +209,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--train-steps", type=positive_int, default=2, help="training steps per arm")
     p.add_argument("--no-update-probe", action="store_true",
                    help="skip the same-batch update comparison (costly on big presets)")
+    p.add_argument("--prompt", choices=("window", "multiturn"), default=None,
+                   help="rollout.prompt (default: the preset's); multiturn episodes are append-only, "
+                        "so the update probe compares per-turn samples with one sequence per episode")
+    p.add_argument("--max-actions", type=positive_int, default=None,
+                   help="rollout.max_steps, actions per episode (default: the preset's)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``crl-bench bench step`` with the options of :func:`add_parser` and print :func:`format_step`'s
     table; returns 0."""
+    rollout = {k: v for k, v in (("prompt", args.prompt), ("max_steps", args.max_actions)) if v is not None}
     print(format_step(bench_step(args.model, args.mix or first_env(args), args.preset, args.train_steps,
+                                 overrides={"rollout": rollout} if rollout else None,
                                  update_probe=not args.no_update_probe)))
     return 0

@@ -102,8 +102,12 @@ def test_rollout_overhead_step_pass_their_options_and_print(monkeypatch, capsys)
     monkeypatch.setattr(step, "bench_step", lambda *a, **k: seen.setdefault("step", (a, k)) and {})
     monkeypatch.setattr(step, "format_step", lambda res: "step table")
     assert main(["bench", "step", "--env", "sokoban", "--train-steps", "3", "--no-update-probe"]) == 0
-    assert seen["step"] == (("smollm2-135m-instruct", "sokoban", "smoke", 3), {"update_probe": False})
+    assert seen["step"] == (("smollm2-135m-instruct", "sokoban", "smoke", 3),
+                            {"overrides": None, "update_probe": False})
     assert capsys.readouterr().out == "step table\n"
+    seen.clear()
+    assert main(["bench", "step", "--env", "sokoban", "--prompt", "multiturn", "--max-actions", "12"]) == 0
+    assert seen["step"][1] == {"overrides": {"rollout": {"prompt": "multiturn", "max_steps": 12}}, "update_probe": True}
 
 
 def test_env_bench_runs_the_own_benches_of_named_envs(monkeypatch, capsys):

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import json
 import os
 import tempfile
@@ -187,16 +188,20 @@ def _fetch(name: str, urls: list[str], dest: Path, check: Callable[[Path], None]
 
     Raises:
         the one error when there is one URL; else ChecksumError if some source gave other content,
-        ValueError if some gave an unreadable file, urllib.error.URLError if none could be reached.
+        ValueError if some gave an unreadable file, urllib.error.URLError if none could be reached (a
+        connection that breaks off is reported as URLError too).
     """
     errors: list[tuple[str, Exception]] = []
     for url in urls:
         try:
-            download_url(url, dest, expected_size=expected_size, expected_sha256=expected_sha256,
-                         progress=progress)
+            try:
+                download_url(url, dest, expected_size=expected_size, expected_sha256=expected_sha256,
+                             progress=progress)
+            except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
+                raise urllib.error.URLError(f"{url}: {e!r}") from e
             check(dest)
             return
-        except (OSError, ValueError, ChecksumError) as e:
+        except (urllib.error.URLError, ValueError, ChecksumError) as e:
             errors.append((url, e))
             if dest.exists():
                 dest.unlink()

@@ -25,6 +25,10 @@
 # Data: ALFWorld and WebShop read their data from the data dir ($CRL_BENCH_DATA, else
 # ~/.cache/crl-bench/data). When neither has it and this checkout has the offline copies beside it
 # (../shared/data, the layout of this project's CI), the cache's data dir is linked to that folder.
+# Otherwise the data sets of the installed alfworld / webshop extras that the data dir lacks are
+# fetched from their public sources and verified (`crl-bench data download alfworld webshop`);
+# CRL_DATA_DOWNLOAD=0 skips that (a run then stops with an error naming the command). A failed
+# download is a warning, not a failed install.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${CRL_VENV:-.venv}
@@ -149,6 +153,36 @@ if [ -z "${CRL_BENCH_DATA:-}" ] && [ ! -e "$cache_data" ] && [ -d ../shared/data
   mkdir -p "$(dirname "$cache_data")"
   ln -s "$(cd ../shared/data && pwd)" "$cache_data"
   echo "install.sh: data dir $cache_data -> $(cd ../shared/data && pwd) (the offline copies beside this checkout)"
+fi
+data_root="${CRL_BENCH_DATA:-$cache_data}"
+missing=""
+case ",$extras," in
+  *,alfworld,*)
+    # the two task lists and the games, unpacked or packed (envs/alfworld/data.py)
+    if [ ! -f "$data_root/alfworld/splits/train_1466.jsonl" ] || [ ! -f "$data_root/alfworld/splits/eval_134.jsonl" ] \
+        || { [ ! -d "$data_root/alfworld/json_2.1.1" ] && [ ! -f "$data_root/alfworld/json_2.1.1.tar.xz" ]; }; then
+      missing="$missing alfworld"
+    fi
+    ;;
+esac
+case ",$extras," in
+  *,webshop,*)
+    for f in items_shuffle_1000.json items_ins_v2_1000.json items_human_ins.json; do
+      if [ ! -f "$data_root/webshop/$f" ]; then missing="$missing webshop"; break; fi
+    done
+    ;;
+esac
+if [ -n "$missing" ]; then
+  if [ "${CRL_DATA_DOWNLOAD:-1}" = 0 ]; then
+    echo "install.sh: $data_root lacks$missing (CRL_DATA_DOWNLOAD=0: not fetched); run: crl-bench data download$missing"
+  else
+    echo "install.sh: fetching$missing into $data_root (crl-bench data download$missing)"
+    # shellcheck disable=SC2086
+    if ! crl-bench data download $missing; then
+      echo "install.sh: warning: could not fetch$missing; run \`crl-bench data download$missing\` once the" \
+           "sources can be reached" >&2
+    fi
+  fi
 fi
 case ",$extras," in
   *,test,*)

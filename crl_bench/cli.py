@@ -13,7 +13,7 @@ Commands::
     crl-bench bench env | rollout | retrieval | overhead | step [--mix M --preset P --train-steps N]
     crl-bench bank show RUN | crl-bench bank stats RUN
     crl-bench model prepare
-    crl-bench data download alfworld|swebench [--data-dir DIR] [--source FILE]
+    crl-bench data list | crl-bench data download alfworld|webshop|swebench ... [--data-dir DIR] [--source S]
     crl-bench swe filter --model M --k 16 --low 0 --high 0.8 [--tasks FILE] [--out FILE]
     crl-bench swe base-image
 """
@@ -503,11 +503,29 @@ def cmd_bank(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from crl_bench.data import data_dir, downloader
+    import urllib.error
 
+    from crl_bench.data import data_dir, downloader
+    from crl_bench.safe_io import printable
+
+    if args.data_cmd == "list":
+        for name in dataset_names():
+            print(name)
+        return 0
+    if args.source and len(args.dataset) > 1:
+        raise ConfigError("--source names the copy of one data set; download one data set at a time with it")
     root = data_dir(args.data_dir)
-    out = downloader(args.dataset)(root, source=args.source, verify=not args.no_verify)
-    print(f"{args.dataset}: ready in {out} (use it with CRL_BENCH_DATA={root})")
+    for name in dict.fromkeys(args.dataset):
+        try:
+            out = downloader(name)(root, source=args.source, verify=not args.no_verify)
+        except urllib.error.URLError as e:
+            print(f"crl-bench: error: {name}: a source cannot be reached ({printable(str(e.reason))}); check the "
+                  f"network, or give a local copy with --source", file=sys.stderr)
+            return 2
+        except ValueError as e:                  # a fetched file that is not what the data set holds
+            print(f"crl-bench: error: {name}: {printable(str(e))}", file=sys.stderr)
+            return 2
+        print(f"{name}: ready in {out} (use it with CRL_BENCH_DATA={root})")
     return 0
 
 
@@ -610,10 +628,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="download benchmark data into the data dir ($CRL_BENCH_DATA)")
     ds = d.add_subparsers(dest="data_cmd", required=True)
+    ds.add_parser("list", help="the data sets that `data download` knows (entry points of crl_bench.datasets)")
     dl = ds.add_parser("download", help="fetch a data set from its original public source and verify it")
-    dl.add_argument("dataset", choices=dataset_names())
+    dl.add_argument("dataset", nargs="+", choices=dataset_names(), help="one or more data sets, in order")
     dl.add_argument("--data-dir", help="data root (default: $CRL_BENCH_DATA or ~/.cache/crl-bench/data)")
-    dl.add_argument("--source", help="a local archive of the data set to use instead of downloading it")
+    dl.add_argument("--source", help="a local copy of one data set to use instead of the public sources "
+                                     "(alfworld: an archive of the games; swebench: the parquet file; webshop: "
+                                     "a folder or base URL holding its three JSON files)")
     dl.add_argument("--no-verify", action="store_true",
                     help="skip the checksum checks (only for a trusted mirror whose files differ)")
     d.set_defaults(func=cmd_data)

@@ -108,3 +108,38 @@ def run_in_threads(work, threads: int, join_timeout: float) -> list[BaseExceptio
     errors += [TimeoutError(f"{t.name} still running after {join_timeout} s") for t in started if t.is_alive()]
     return errors
 
+
+
+class FolderServer:
+    """Serves the files of ``root`` over HTTP on 127.0.0.1 (a stand-in for a data set's public source)
+    and records the paths it was asked for in ``requests``. ``url`` is its base URL; ``close()`` stops it.
+    Also a context manager."""
+
+    def __init__(self, root):
+        import http.server
+        import threading
+
+        server = self
+        self.requests: list[str] = []
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a, **k):
+                super().__init__(*a, directory=str(root), **k)
+
+            def log_message(self, *a, **k):
+                server.requests.append(self.path)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

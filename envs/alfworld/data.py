@@ -80,8 +80,9 @@ def alfworld_dir(override: str | os.PathLike | None = None) -> Path:
 def _missing(what: str, where: Path) -> DataMissingError:
     return DataMissingError(
         f"ALFWorld {what} not found in {where}. Run `crl-bench data download alfworld` (downloads the "
-        f"games and task lists into the data dir), or point CRL_BENCH_DATA at a folder that has "
-        f"alfworld/ (e.g. ../shared/data in this repository's CI).")
+        f"games and task lists into the data dir and verifies them), or point CRL_BENCH_DATA (or the "
+        f"env's data_dir) at a folder whose alfworld/ holds splits/{ALFWORLD_SPLIT_FILES['train']}, "
+        f"splits/{ALFWORLD_SPLIT_FILES['eval']} and {ALFWORLD_ROOT}/ (or {ALFWORLD_ARCHIVE}).")
 
 
 def alfworld_tasks(split: str, override: str | os.PathLike | None = None) -> list[AlfWorldTask]:

@@ -11,6 +11,7 @@ prices, and the goals' price limits derived from them, are reproducible.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -133,15 +134,73 @@ def webshop_dir(data_root: str | os.PathLike | None = None) -> Path:
     return data_dir(data_root) / "webshop"
 
 
+def missing_data_error(folder: Path, name: str) -> DataMissingError:
+    """The error for a WebShop file ``name`` absent from ``folder``: it names the download command and
+    the three files."""
+    return DataMissingError(
+        f"WebShop data file {name} not found in {folder}. Run `crl-bench data download webshop` (fetches "
+        f"{PRODUCTS_FILE}, {ATTRIBUTES_FILE} and {HUMAN_FILE} into the data dir and verifies them), or "
+        f"point CRL_BENCH_DATA (or the env's data_dir) at a folder whose webshop/ holds those three files.")
+
+
 def _read_json(folder: Path, name: str):
     path = folder / name
     if not path.is_file():
-        raise DataMissingError(
-            f"WebShop data file {name} not found in {folder}. Point CRL_BENCH_DATA (or the env's data_dir) at "
-            f"a folder whose webshop/ holds {PRODUCTS_FILE}, {ATTRIBUTES_FILE} and {HUMAN_FILE} "
-            f"(e.g. ../shared/data in this repository's CI).")
+        raise missing_data_error(folder, name)
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def kept_products(raw: list[dict]) -> list[dict]:
+    """The entries of a products list that the catalogue keeps, in file order: those whose asin is not
+    ``'nan'``, at most 10 characters long and not seen before (``engine.py::load_products``).
+
+    Raises:
+        KeyError: an entry has no ``asin``. TypeError: an entry is not a dict.
+    """
+    seen: set[str] = set()
+    out = []
+    for p in raw:
+        asin = p["asin"]
+        if asin == "nan" or len(asin) > 10 or asin in seen:
+            continue
+        seen.add(asin)
+        out.append(p)
+    return out
+
+
+def clean_product(p: dict) -> Product:
+    """One products-file entry cleaned as ``engine.py::load_products`` does: the fields that come from
+    the products file; ``attributes`` is left empty and the instruction fields unset (they come from
+    the attribute and human files).
+
+    Raises:
+        KeyError: a field the catalogue needs is absent (``name``, ``full_description``,
+            ``small_description``, ``customization_options``, ``category``, ``query``,
+            ``product_category``). IndexError / decimal.InvalidOperation: see :func:`parse_pricing`.
+    """
+    pricing, price_text = parse_pricing(p.get("pricing"))
+    bullets = p["small_description"]
+    return Product(
+        asin=p["asin"], title=p["name"], name=p["name"], description=p["full_description"],
+        bullet_points=bullets if isinstance(bullets, list) else [bullets],
+        options=parse_options(p["customization_options"]), price_text=price_text, pricing=pricing,
+        attributes=[], category=p["category"], query=p["query"].lower().strip(),
+        product_category=p["product_category"])
+
+
+#: The :class:`Product` fields that come from the products file (what :func:`product_digest` covers).
+PRODUCT_FILE_FIELDS = ("asin", "title", "name", "description", "bullet_points", "options", "price_text",
+                       "pricing", "category", "query", "product_category")
+
+
+def product_digest(prod: Product) -> str:
+    """Hex sha256 of the products-file part of a cleaned product (:data:`PRODUCT_FILE_FIELDS`) as
+    canonical JSON (sorted keys, no spaces, UTF-8, floats as Python's repr). Raw entries that the
+    catalogue cleans to the same product have the same digest, whatever their raw bytes."""
+    record = {k: getattr(prod, k) for k in PRODUCT_FILE_FIELDS}
+    text = json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def load_catalogue(data_root: Path | None = None, num_products: int | None = 1000, price_seed: int = 0,
@@ -166,19 +225,11 @@ def load_catalogue(data_root: Path | None = None, num_products: int | None = 100
     rng = random.Random(price_seed)
     products: list[Product] = []
     by_asin: dict[str, Product] = {}
-    for p in raw:
+    for p in kept_products(raw):
         asin = p["asin"]
-        if asin == "nan" or len(asin) > 10 or asin in by_asin:
-            continue
-        pricing, price_text = parse_pricing(p.get("pricing"))
-        bullets = p["small_description"]
+        prod = clean_product(p)
         entry = attrs.get(asin, {})
-        prod = Product(
-            asin=asin, title=p["name"], name=p["name"], description=p["full_description"],
-            bullet_points=bullets if isinstance(bullets, list) else [bullets],
-            options=parse_options(p["customization_options"]), price_text=price_text, pricing=pricing,
-            attributes=entry["attributes"] if "attributes" in entry else ["DUMMY_ATTR"],
-            category=p["category"], query=p["query"].lower().strip(), product_category=p["product_category"])
+        prod.attributes = entry["attributes"] if "attributes" in entry else ["DUMMY_ATTR"]
         if human_goals:
             prod.human_instructions = human.get(asin)
         elif asin not in attrs:

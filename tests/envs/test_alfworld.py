@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import json
 import os
 import signal
 import tarfile
-import threading
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tests_helpers import FolderServer
 
 from crl_bench.data import ChecksumError, DataMissingError
 from crl_bench.env_api import make_env
@@ -190,19 +188,6 @@ def test_missing_data_names_the_download_command(tmp_path, monkeypatch, capsys):
 
 # ---- download: the network path against a local server, with the real checksums ----------------
 
-class _Server:
-    def __init__(self, root: Path):
-        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.httpd.RequestHandlerClass.log_message = lambda *a, **k: None
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self):
-        self.httpd.shutdown()
-
-
 def _shared() -> Path:
     return Path(os.environ["CRL_BENCH_DATA"]) / "alfworld"
 
@@ -216,7 +201,7 @@ def _manifest_for(server_url: str, archive_name: str, size: int) -> dict:
 
 
 def test_download_fetches_verifies_and_unpacks(tmp_path, monkeypatch):
-    server = _Server(_shared())
+    server = FolderServer(_shared())
     archive = _shared() / "json_2.1.1.tar.xz"
     man = _manifest_for(server.url, archive.name, archive.stat().st_size)
     monkeypatch.setattr(data_mod, "load_manifest", lambda name: man)
@@ -232,7 +217,7 @@ def test_download_fetches_verifies_and_unpacks(tmp_path, monkeypatch):
 
 
 def test_download_rejects_a_wrong_size_or_checksum(tmp_path, monkeypatch):
-    server = _Server(_shared())
+    server = FolderServer(_shared())
     archive = _shared() / "json_2.1.1.tar.xz"
     man = _manifest_for(server.url, archive.name, archive.stat().st_size + 1)
     monkeypatch.setattr(data_mod, "load_manifest", lambda name: man)

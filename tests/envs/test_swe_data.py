@@ -7,12 +7,11 @@ The real data set comes from the data dir (``$CRL_BENCH_DATA``, ../shared/data i
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
+from tests_helpers import FolderServer
 
 from crl_bench.cli import main
 from crl_bench.data import ChecksumError, DataMissingError, dataset_names, downloader, load_manifest
@@ -270,37 +269,13 @@ def test_select_instances_names_unknown_ids(real):
 
 # ---- download: a local HTTP server with the real checksums ----------------------------------------
 
-class _Server:
-    """Serves ``root`` over HTTP on 127.0.0.1 and counts the requests it gets."""
-
-    def __init__(self, root: Path):
-        counter = self
-        self.requests: list[str] = []
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *a, **k):
-                super().__init__(*a, directory=str(root), **k)
-
-            def log_message(self, *a, **k):
-                counter.requests.append(self.path)
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture()
 def serve(monkeypatch):
     """``serve(folder, name)``: start a server on ``folder`` and point the manifest's url at ``name``."""
     servers = []
 
-    def start(folder: Path, name: str) -> _Server:
-        s = _Server(folder)
+    def start(folder: Path, name: str) -> FolderServer:
+        s = FolderServer(folder)
         servers.append(s)
         man = json.loads(json.dumps(load_manifest("swebench")))
         man["verified"]["url"] = f"{s.url}/{name}"

@@ -103,6 +103,11 @@ def download_url(url: str, dest: Path, expected_size: int | None = None,
             got = sha256_file(tmp)
             if got != expected_sha256:
                 raise ChecksumError(f"{url}: sha256 {got}, expected {expected_sha256}")
+        # mkstemp makes the file private (0600); a data set is read by others (env workers under
+        # another user, a shared cache), so it gets the mode a plain new file would have
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, dest)
         return dest
     finally:

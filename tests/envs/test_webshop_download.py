@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -108,6 +109,7 @@ def test_download_from_server_verifies_and_the_env_loads(copy, tmp_path, serve):
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["webshop"]
     for n in FILES:
         assert _sha(root / n) == _sha(webshop_dir() / n)
+        assert (root / n).stat().st_mode & 0o044 == 0o044 or os.umask(os.umask(0)) & 0o044  # readable by others
     assert sorted(server.requests) == sorted(f"/{n}" for n in FILES)
     cat = load_catalogue(tmp_path / "data", human_goals=True)
     assert len(cat.products) == 1000 and sum(p.human_instructions is not None for p in cat.products) == 13

@@ -1,5 +1,6 @@
 """``crl-bench bench overhead``: rollout-collection wall time of ``complementary`` against ``grpo`` (same
-tasks, seeds and batch, one process), and of ``complementary`` while distillation runs beside it."""
+tasks, seeds and batch, one process), and of ``complementary`` while distillation runs beside it, split
+into what any guided prompt costs and what the experience mechanism costs."""
 
 from __future__ import annotations
 
@@ -19,14 +20,22 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
                    threads: int = 0, seed: int = 0) -> dict[str, Any]:
     """Rollout-collection wall time of complementary vs grpo: same tasks, seeds and batch, one process.
 
-    One actor is shared by both arms.  A warm-up round fills the bank.  Each round then times, on the
+    One actor is shared by the arms.  A warm-up round fills the bank.  Each round then times, on the
     same episode specs: ``grpo`` (plain collection, nothing in the background), ``complementary``
-    (guided episodes retrieve through the manager; the distillation queue is empty) and
-    ``complementary+distill`` (the same while the previous round's episodes are being distilled in the
-    background, as in training).  Only ``collect`` is timed.
+    (guided episodes retrieve through the manager; the distillation queue is empty),
+    ``grpo+guidance`` (the grpo runner given, as fixed text, the guidance each episode of the
+    ``complementary`` arm retrieved: the same prompts, hence with the same seed the same replies,
+    without retrieval) and ``complementary+distill`` (``complementary`` while the previous round's
+    episodes are being distilled in the background, as in training).  Only ``collect`` is timed.
+
+    The ratios split the overhead: ``prompt_ratio = grpo+guidance / grpo`` is what any guided prompt
+    costs (the experience text's extra prefill, and any change of the replies it causes), whatever
+    produced the text; ``mechanism_ratio = complementary+distill / grpo+guidance`` is what the
+    paper's claim of a cheap experience track is about (retrieval latency, the distillation queue, the
+    actor's waits for the background extractor and the CPU it takes).
 
     Returns:
-        dict with per-arm wall seconds and the ratios to ``grpo``.
+        dict with per-arm wall seconds, the ratios to ``grpo`` and the two split ratios.
     """
     import torch
 
@@ -42,7 +51,7 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
                                  {"method": "complementary", "experience": {"warmup_steps": 0}}]),
                    model=grpo.model, tokenizer=grpo.tokenizer)
     track = comp.experience
-    arms = {"grpo": 0.0, "complementary": 0.0, "complementary+distill": 0.0}
+    arms = {"grpo": 0.0, "complementary": 0.0, "grpo+guidance": 0.0, "complementary+distill": 0.0}
     gate_wait = {"actor_waited_s": 0.0, "distill_waited_s": 0.0}
     try:
         specs = comp.episode_specs()
@@ -60,6 +69,11 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             t0 = time.perf_counter()
             trajs = comp.runner.collect(specs, guide=track.guide)
             arms["complementary"] += time.perf_counter() - t0
+            texts = [dataclasses.replace(s, retrieve=False, guidance=t.guidance) for s, t in zip(specs, trajs)]
+            torch.manual_seed(seed + r)
+            t0 = time.perf_counter()
+            grpo.runner.collect(texts)
+            arms["grpo+guidance"] += time.perf_counter() - t0
             track.after_rollout(trajs, r + 1)                             # distillation starts now
             torch.manual_seed(seed + r)
             w0, b0 = comp.gate.foreground_wait_s, comp.gate.background_wait_s
@@ -78,7 +92,9 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             "max_steps": max_steps, "wall_s": arms, "bank_size": stats["bank_size"],
             "distill_backlog_after_last_round": backlog, "gate": gate_wait,
             "ratio": arms["complementary"] / max(arms["grpo"], 1e-9),
-            "ratio_with_distill": arms["complementary+distill"] / max(arms["grpo"], 1e-9)}
+            "ratio_with_distill": arms["complementary+distill"] / max(arms["grpo"], 1e-9),
+            "prompt_ratio": arms["grpo+guidance"] / max(arms["grpo"], 1e-9),
+            "mechanism_ratio": arms["complementary+distill"] / max(arms["grpo+guidance"], 1e-9)}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -106,4 +122,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"  (the actor waited {res['gate']['actor_waited_s']:.2f} s for running distillation steps; "
           f"distillation waited {res['gate']['distill_waited_s']:.2f} s for the actor; "
           f"{res['distill_backlog_after_last_round']} requests still queued after the last round)")
+    print(f"split: guided prompts (grpo+guidance / grpo) {res['prompt_ratio']:.3f}; experience mechanism "
+          f"(complementary+distill / grpo+guidance: retrieval, queueing, waits) {res['mechanism_ratio']:.3f}")
     return 0

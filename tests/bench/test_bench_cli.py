@@ -89,15 +89,17 @@ def test_rollout_overhead_step_pass_their_options_and_print(monkeypatch, capsys)
 
     monkeypatch.setattr(overhead, "bench_overhead", lambda *a, **k: seen.setdefault("overhead", (a, k)) and {
         "episodes_per_round": 4, "rounds": 2, "max_steps": 3, "bank_size": 7,
-        "wall_s": {"grpo": 1.0, "complementary": 1.2, "complementary+distill": 1.5}, "ratio": 1.2,
-        "ratio_with_distill": 1.5, "gate": {"actor_waited_s": 0.1, "distill_waited_s": 0.2},
-        "distill_backlog_after_last_round": 0})
+        "wall_s": {"grpo": 1.0, "complementary": 1.2, "grpo+guidance": 1.1, "complementary+distill": 1.5},
+        "ratio": 1.2, "ratio_with_distill": 1.5, "gate": {"actor_waited_s": 0.1, "distill_waited_s": 0.2},
+        "distill_backlog_after_last_round": 0, "prompt_ratio": 1.1, "mechanism_ratio": 1.5 / 1.1})
     assert main(["bench", "overhead", "--envs", "5", "--max-steps", "3"]) == 0
     assert seen["overhead"] == (("smollm2-135m-instruct", "minihack-room"),
                                 {"groups": 2, "group_size": 2, "max_steps": 3})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "overhead bench: minihack-room, 4 episodes x up to 3 actions, 2 rounds, bank of 7 entries"
-    assert out[4] == "ratio complementary / grpo: 1.200 (retrieval + guided prompts)"
+    assert out[5] == "ratio complementary / grpo: 1.200 (retrieval + guided prompts)"
+    assert out[-1] == ("split: guided prompts (grpo+guidance / grpo) 1.100; experience mechanism "
+                       "(complementary+distill / grpo+guidance: retrieval, queueing, waits) 1.364")
 
     monkeypatch.setattr(step, "bench_step", lambda *a, **k: seen.setdefault("step", (a, k)) and {})
     monkeypatch.setattr(step, "format_step", lambda res: "step table")

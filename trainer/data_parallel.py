@@ -73,6 +73,7 @@ from crl_bench.trainer.policy import (
     UpdateStats,
     build_batch,
     recomputed,
+    response_logprobs,
 )
 
 __all__ = ["SHARDINGS", "DataParallelUpdater", "MicroBatch", "TrainWorker", "allreduce_sum_hook"]
@@ -293,7 +294,7 @@ class TrainWorker:
                 c, ids = part
                 batch = build_batch([samples[i] for i in ids], up.pad_id, up.device)
                 lp = up._logprobs(model, batch).float().cpu()
-                mine[c] = [lp[row, lp.shape[1] - len(samples[i].response_ids):].tolist()
+                mine[c] = [response_logprobs(lp, batch, row, len(samples[i].response_ids)).tolist()
                            for row, i in enumerate(ids)]
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, mine)

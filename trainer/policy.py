@@ -181,7 +181,11 @@ def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.devic
         aligned, times its ``loss_mask``),
         ``old_logprobs`` ``(B, R)``, ``advantages`` ``(B,)``, ``keep`` = R + 1 (logits to keep) and,
         with ``weights``, ``token_weights`` ``(B, R)`` (``mask`` times the sample's weight), where ``R``
-        is the longest response in the batch.
+        is the longest response in the batch.  When a sample has a ``loss_mask`` (a whole episode),
+        only the K columns of the response region where some row has a trained token are kept:
+        ``targets``, ``mask``, ``old_logprobs`` and ``token_weights`` are ``(B, K)``, ``keep`` is the
+        1-D tensor of the K positions whose logits predict them and ``cols`` their columns in ``R``
+        (else ``None``); ``width`` is ``R``.
     """
     if not samples:
         raise ValueError("empty batch")
@@ -207,14 +211,38 @@ def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.devic
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     extra = {}
     if weights is not None:
-        extra["token_weights"] = (mask * torch.tensor(list(weights), dtype=torch.float32)[:, None]).to(device)
+        extra["token_weights"] = mask * torch.tensor(list(weights), dtype=torch.float32)[:, None]
+    targets = input_ids[:, width - rmax:]
+    keep: int | torch.Tensor = rmax + 1
+    cols = None
+    if any(s.loss_mask is not None for s in samples):
+        # whole-episode rows: most of the response region is the environment's text, so logits are
+        # kept only where some row has a trained token (the position before it predicts it)
+        cols = mask.sum(0).nonzero().squeeze(-1)
+        keep = cols + (width - rmax - 1)
+        targets, mask, old = targets[:, cols], mask[:, cols], old[:, cols]
+        if "token_weights" in extra:
+            extra["token_weights"] = extra["token_weights"][:, cols]
+    extra = {k: v.to(device) for k, v in extra.items()}
     return {**extra,
         "input_ids": input_ids.to(device), "attention_mask": attention.to(device),
-        "position_ids": position_ids.to(device), "targets": input_ids[:, width - rmax:].to(device),
+        "position_ids": position_ids.to(device), "targets": targets.to(device),
         "mask": mask.to(device), "old_logprobs": old.to(device),
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
-        "keep": rmax + 1,
+        "keep": keep.to(device) if isinstance(keep, torch.Tensor) else keep, "cols": cols, "width": rmax,
     }
+
+
+def response_logprobs(logprobs: torch.Tensor, batch: dict, row: int, length: int) -> torch.Tensor:
+    """The log-probs of row ``row``'s last ``length`` response tokens from ``logprobs`` (as
+    :func:`sequence_logprobs` returns them for ``batch``), with 0 where no logit was kept (the
+    environment's tokens of a whole-episode row)."""
+    cols = batch.get("cols")
+    if cols is None:
+        return logprobs[row, logprobs.shape[1] - length:]
+    full = torch.zeros(batch["width"], dtype=logprobs.dtype)
+    full[cols.cpu()] = logprobs[row].cpu()
+    return full[batch["width"] - length:]
 
 
 def sequence_logprobs(model: Any, batch: dict, temperature: float = 1.0,
@@ -225,7 +253,9 @@ def sequence_logprobs(model: Any, batch: dict, temperature: float = 1.0,
     with autocast(batch["input_ids"].device, compute_dtype or torch.float32):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     position_ids=batch["position_ids"], logits_to_keep=batch["keep"], use_cache=False)
-    logits = out.logits[:, :-1, :]                       # predicts the last R tokens
+    # an int ``keep`` holds one logit more than R (the last position predicts nothing); a tensor
+    # ``keep`` holds exactly the predicting positions
+    logits = out.logits if batch.get("cols") is not None else out.logits[:, :-1, :]
     return token_logprobs(logits, batch["targets"], temperature)
 
 
@@ -282,7 +312,7 @@ def shared_prefix_logprobs(model: Any, samples: Sequence[TokenSample], shared: i
                     attention_mask=torch.cat([ones, batch["attention_mask"]], dim=1),
                     position_ids=batch["position_ids"] + shared, past_key_values=cache,
                     logits_to_keep=batch["keep"], use_cache=True)
-    logits = out.logits[:, :-1, :]
+    logits = out.logits if batch.get("cols") is not None else out.logits[:, :-1, :]
     return token_logprobs(logits, batch["targets"], temperature), batch
 
 
@@ -467,7 +497,7 @@ class PolicyUpdater:
                 batch = build_batch([samples[i] for i in part], self.pad_id, self.device)
                 lp = self._logprobs(self.model, batch).float().cpu()
                 for row, i in enumerate(part):
-                    out[i], d = recomputed(samples[i], lp[row, lp.shape[1] - len(samples[i].response_ids):])
+                    out[i], d = recomputed(samples[i], response_logprobs(lp, batch, row, len(samples[i].response_ids)))
                     diffs.append(d)
         if not diffs:
             return out, {}

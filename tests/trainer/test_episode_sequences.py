@@ -11,6 +11,7 @@ from crl_bench.llm.base import Generation, SamplingParams
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory, Turn
 from crl_bench.trainer.policy import (
     PolicyUpdater,
+    TokenSample,
     append_only,
     episode_samples,
     episode_sequence,
@@ -162,3 +163,23 @@ def test_whole_episode_loss_and_gradient_equal_the_per_turn_samples(default_mode
     for n in g_t:
         torch.testing.assert_close(g_w[n], g_t[n], rtol=1e-3, atol=1e-4 * scale, msg=lambda m, n=n: f"{n}: {m}")
     assert out_w["input_tokens"] < 0.6 * out_t["input_tokens"]
+
+
+def test_whole_episode_batch_keeps_logits_only_where_the_actor_wrote(tokenizer, tiny_model):
+    """The environment's tokens of a whole-episode row get no logits (a (B, R, vocab) tensor over a
+    whole episode would dwarf the model); the kept log-probs are those of the full computation."""
+    from crl_bench.trainer.policy import build_batch, response_logprobs, sequence_logprobs
+
+    ep = TokenSample([5, 6, 7], [10, 11, 4, 5, 12, 6, 13, 14], [0.0] * 8, 1.0, loss_mask=[1, 1, 0, 0, 1, 0, 1, 1])
+    turn = TokenSample([5, 6, 7, 8], [20, 21], [0.0, 0.0], -1.0)
+    batch = build_batch([ep, turn], tokenizer.pad_token_id, weights=[0.1, 0.2])
+    assert batch["targets"].shape == (2, 5) and batch["cols"].tolist() == [0, 1, 4, 6, 7]
+    assert batch["mask"].tolist() == [[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
+    unmasked = TokenSample(ep.prompt_ids, ep.response_ids, ep.old_logprobs, 1.0)
+    full = build_batch([unmasked, turn], tokenizer.pad_token_id)
+    with torch.no_grad():
+        kept, every = sequence_logprobs(tiny_model, batch), sequence_logprobs(tiny_model, full)
+    assert kept.shape == (2, 5) and every.shape == (2, 8)
+    torch.testing.assert_close(kept, every[:, [0, 1, 4, 6, 7]])
+    torch.testing.assert_close(response_logprobs(kept, batch, 0, 8), every[0] * torch.tensor(ep.loss_mask))
+    torch.testing.assert_close(response_logprobs(kept, batch, 1, 2), every[1, -2:])

@@ -171,9 +171,12 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
             print(f"eval at step 0 ({cfg.eval.split}, free): success {initial['success_rate']:.3f}  "
                   f"over {initial['episodes']} episodes", flush=True)
         checkpoint()                    # a kill during step 1 does not cost the step-0 eval again
+    walls: list[float] = []             # wall seconds of this process's steps (evals, checkpoints in)
     while trainer.step < cfg.train.steps:
-        with tqdm(total=per_step, desc=f"step {trainer.step + 1}/{cfg.train.steps} rollout",
-                  unit="ep", disable=quiet, leave=False) as bar:
+        t_step = time.perf_counter()
+        with tqdm(total=per_step, desc=f"step {trainer.step + 1}/{cfg.train.steps} rollout"
+                  + progress_note(walls, cfg.train.steps - trainer.step), unit="ep", disable=quiet,
+                  leave=False) as bar:
             res = trainer.train_step(progress=bar.update)
         writer.log_metrics(res.metrics)
         writer.log_episodes(res.metrics["step"], res.trajectories, cfg.logging.transcripts)
@@ -188,6 +191,9 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
         if cfg.train.checkpoint_every and (trainer.step % cfg.train.checkpoint_every == 0
                                            or trainer.step == cfg.train.steps):
             checkpoint()
+        walls.append(time.perf_counter() - t_step)
+        if not quiet and trainer.step < cfg.train.steps:
+            print(f"  {progress_note(walls, cfg.train.steps - trainer.step).strip(' ()')}", flush=True)
     with tqdm(total=trainer.eval_episode_count(), desc="eval", unit="ep", disable=quiet, leave=False) as bar:
         ev = trainer.evaluate_all(progress=bar.update)
     if initial is not None:
@@ -356,6 +362,25 @@ def resume_training(run_dir: str | Path, quiet: bool = False, start_over: bool =
         _train_in_folder(cfg, writer, quiet, resumed=True, loaded=loaded)
         write_summary(writer.dir)
     return str(writer.dir)
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as a short human duration: ``45 s``, ``12 min``, ``3.4 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def progress_note(walls: list[float], remaining: int) -> str:
+    """`` (last step S, ETA T)`` for a progress line: the last step's wall time and the time the
+    ``remaining`` steps take at the mean of ``walls`` (this process's step wall times, evaluations and
+    checkpoints included; the final evaluation is not); ``""`` before the first step."""
+    if not walls:
+        return ""
+    eta = sum(walls) / len(walls) * remaining
+    return f" (last step {format_duration(walls[-1])}, ETA {format_duration(eta)} for {remaining} more)"
 
 
 def step_line(m: dict[str, Any]) -> str:

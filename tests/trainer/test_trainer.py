@@ -135,3 +135,11 @@ def test_summarise_empty_and_mixed():
     assert one == {"episodes": 1, "success_rate": 0.0, "reward_mean": 0.0, "steps_mean": 5.0,
                    "invalid_action_rate": pytest.approx(2 / 5), "env_errors": 0, "entropy": 2.0}
     assert "entropy" not in summarise(trajs[1:2]) and "reply_entropy" not in summarise(trajs[1:2])
+
+
+def test_progress_note_gives_last_step_and_eta():
+    from crl_bench.trainer.lifecycle import format_duration, progress_note
+
+    assert progress_note([], 5) == ""
+    assert progress_note([100.0, 140.0], 98) == " (last step 2 min, ETA 3.3 h for 98 more)"
+    assert [format_duration(x) for x in (45, 600, 12_000)] == ["45 s", "10 min", "3.3 h"]

@@ -150,6 +150,10 @@ class TrainConfig:
         adv_std_normalize: divide group-centred rewards by the group std (default: mean-centred only).
         micro_batch_size: training sequences per forward/backward (gradient accumulation over the
             step's sequences: an episode's, or a turn's with ``sequences: turn``).
+        micro_batch_tokens: at most this many tokens (sequences x the longest) per forward/backward
+            of the actor's and the extractor's updates, 0 = no bound: the update's activations grow
+            with it, so it bounds the update's memory whatever the prompt or episode lengths (the
+            gradient is the same, accumulated over more micro-batches).
         ppo_epochs: passes over the step's data; ``mini_batches``: optimiser steps per pass.
         loss_agg: ``seq-mean-token-mean`` (released: each episode, all its actor turns, is one
             sequence; token mean within it, mean over sequences) or ``token-mean`` (every generated
@@ -197,6 +201,7 @@ class TrainConfig:
     kl_coef: float = 0.0
     adv_std_normalize: bool = False
     micro_batch_size: int = 8
+    micro_batch_tokens: int = 0
     ppo_epochs: int = 1
     mini_batches: int = 1
     loss_agg: str = "seq-mean-token-mean"
@@ -734,6 +739,7 @@ def validate(cfg: RunConfig) -> None:
         ("train.lr_warmup_steps", cfg.train.lr_warmup_steps >= 0),
         ("train.clip_eps", cfg.train.clip_eps > 0),
         ("train.micro_batch_size", cfg.train.micro_batch_size >= 1),
+        ("train.micro_batch_tokens", cfg.train.micro_batch_tokens >= 0),
         ("train.ppo_epochs", cfg.train.ppo_epochs >= 1),
         ("train.mini_batches", cfg.train.mini_batches >= 1),
         ("backend", cfg.backend in ("local", "ray")),

@@ -9,19 +9,19 @@ the driver through the Ray object store) wrapped in PyTorch's own data paralleli
 gradients and optimiser state sharded).  The actors form one process group (``gloo`` on CPU, ``nccl``
 with CUDA; rank 0's address is ``ray.util.get_node_ip_address()`` and a free port it picks).
 
-**Same math as one process.** The driver plans the update exactly as ``PolicyUpdater.update`` does
-(its shuffling generator, sequences kept together, one optimiser step per mini-batch, the token
-weights of :func:`~crl_bench.trainer.policy.token_weights` over the whole mini-batch chunk, micro-batches
-of ``micro_batch_size`` after the prompt sort of the shared-prefix path).  Micro-batch ``p`` of a step
-goes to rank ``p % workers``; each rank back-propagates its micro-batches' partial sums (token weights
-already global) and the gradients are **summed** over ranks: DDP's default hook averages, so a
-communication hook (:func:`allreduce_sum_hook`) all-reduces with ``ReduceOp.SUM`` and no division;
-FSDP2 is told ``set_gradient_divide_factor(1.0)`` with ``set_force_sum_reduction_for_comms(True)``
-(gloo has no ``PREMUL_SUM``) on every sharded module.  Then the global-norm clip over the full
-gradient (``clip_grad_norm_``, which FSDP2's DTensors reduce across shards) and one optimiser step on
-every rank.  Every micro-batch's loss statistics come back to the driver, which adds them up in the
-single-process order, so ``loss``, ``clip_frac``, ``trained_tokens``, ``grad_norm`` ... equal the
-single-process values (to float rounding of the gradient sum order).
+**Same math as one process.** The driver plans the update exactly as ``PolicyUpdater.update`` does (its
+shuffling generator, sequences kept together, one optimiser step per mini-batch, the token weights of
+:func:`~crl_bench.trainer.policy.token_weights` over the whole mini-batch chunk, micro-batches of
+``micro_batch_size`` (and ``micro_batch_tokens``) after the prompt sort of the shared-prefix path).
+Micro-batch ``p`` of a step goes to rank ``p % workers``; each rank back-propagates its micro-batches'
+partial sums (token weights already global) and the gradients are **summed** over ranks: DDP's default
+hook averages, so a communication hook (:func:`allreduce_sum_hook`) all-reduces with ``ReduceOp.SUM`` and
+no division; FSDP2 is told ``set_gradient_divide_factor(1.0)`` with
+``set_force_sum_reduction_for_comms(True)`` (gloo has no ``PREMUL_SUM``) on every sharded module.  Then
+the global-norm clip over the full gradient (``clip_grad_norm_``, which FSDP2's DTensors reduce across
+shards) and one optimiser step on every rank.  Every micro-batch's loss statistics come back to the
+driver, which adds them up in the single-process order, so ``loss``, ``clip_frac``, ``trained_tokens``,
+``grad_norm`` ... equal the single-process values (to float rounding of the gradient sum order).
 
 **Collectives in step.** DDP: every rank accumulates its micro-batches under ``no_sync`` and syncs on
 its last one, so each rank joins exactly one all-reduce per step; a rank with no micro-batch in a step
@@ -280,7 +280,7 @@ class TrainWorker:
 
         up = self.updater
         idx = [i for i, s in enumerate(samples) if up._trains(s)]
-        chunks = [idx[k:k + up.micro_batch_size] for k in range(0, len(idx), up.micro_batch_size)]
+        chunks = up.chunks(samples, idx)
         # DDP: the plain module (no collective in a no-grad forward); FSDP: the sharded one, in rounds
         model = self.inner if self.sharding == "ddp" else self.model
         mine: dict[int, list[list[float]]] = {}

@@ -218,6 +218,7 @@ class ExperienceTrack:
             opt = torch.optim.AdamW(params, lr=xc.lr, weight_decay=0.0)
             self.updater = make_updater(
                 cfg, self.model, opt, pad_id=self.tokenizer.pad_token_id, micro_batch_size=xc.micro_batch_size,
+                micro_batch_tokens=cfg.train.micro_batch_tokens,
                 max_grad_norm=cfg.train.max_grad_norm,
                 temperature=logprob_temperature(cfg, xc.temperature), loss_fn=cispo_loss,
                 loss_kwargs={"eps_low": xc.eps_low if xc.eps_low >= 0 else None, "eps_high": xc.eps_high},

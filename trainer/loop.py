@@ -192,6 +192,7 @@ class Trainer:
         self.updater = make_updater(
             cfg, self.model, self.optimizer, pad_id=tokenizer.pad_token_id,
             micro_batch_size=cfg.train.micro_batch_size, mini_batches=cfg.train.mini_batches,
+            micro_batch_tokens=cfg.train.micro_batch_tokens,
             epochs=cfg.train.ppo_epochs, max_grad_norm=cfg.train.max_grad_norm,
             temperature=logprob_temperature(cfg, g.temperature),
             loss_kwargs={"clip_eps": cfg.train.clip_eps, "kl_coef": cfg.train.kl_coef},

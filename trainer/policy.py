@@ -326,6 +326,25 @@ def recomputed(sample: TokenSample, logprobs: torch.Tensor) -> tuple[TokenSample
     return dataclasses.replace(sample, old_logprobs=new.tolist()), d
 
 
+def micro_chunks(lengths: Sequence[int], size: int, tokens: int = 0) -> list[range]:
+    """Split items of token ``lengths`` (in order) into consecutive micro-batches of at most ``size``
+    items whose padded size (items x the longest, in tokens) is at most ``tokens`` (0: no token
+    bound); an item longer than ``tokens`` is a micro-batch of its own.  The forward/backward's
+    activations grow with that padded size, so the bound caps the update's memory whatever the
+    prompt or episode lengths, while gradient accumulation keeps the step's gradient the same."""
+    out: list[range] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        grown = max(longest, n)
+        if i > start and (i - start >= size or (tokens and (i - start + 1) * grown > tokens)):
+            out.append(range(start, i))
+            start, grown = i, n
+        longest = grown
+    if start < len(lengths):
+        out.append(range(start, len(lengths)))
+    return out
+
+
 LossFn = Callable[..., tuple[torch.Tensor, dict]]
 
 
@@ -408,6 +427,8 @@ class PolicyUpdater:
         optimizer: an optimiser over those parameters.
         pad_id: tokenizer pad id.
         micro_batch_size: samples per forward/backward.
+        micro_batch_tokens: at most this many tokens (samples x the longest) per forward/backward
+            (0: no bound), see :func:`micro_chunks`.
         mini_batches: optimiser steps per epoch (the sequences are split evenly; the turns of one
             sequence stay in one mini-batch).
         epochs: passes over the samples.
@@ -437,7 +458,7 @@ class PolicyUpdater:
     """
 
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, pad_id: int,
-                 micro_batch_size: int = 8, mini_batches: int = 1, epochs: int = 1,
+                 micro_batch_size: int = 8, mini_batches: int = 1, epochs: int = 1, micro_batch_tokens: int = 0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, loss_fn: LossFn = ppo_clip_loss,
                  loss_kwargs: dict | None = None, ref_model: Any = None,
                  skip_zero_advantage: bool = True, seed: int = 0, loss_agg: str = "token-mean",
@@ -450,6 +471,7 @@ class PolicyUpdater:
         self.optimizer = optimizer
         self.pad_id = pad_id
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = max(0, int(micro_batch_tokens))
         self.mini_batches = mini_batches
         self.epochs = epochs
         self.max_grad_norm = max_grad_norm
@@ -492,8 +514,7 @@ class PolicyUpdater:
         idx = [i for i, s in enumerate(samples) if self._trains(s)]
         diffs: list[torch.Tensor] = []
         with torch.no_grad():
-            for start in range(0, len(idx), self.micro_batch_size):
-                part = idx[start:start + self.micro_batch_size]
+            for part in self.chunks(samples, idx):
                 batch = build_batch([samples[i] for i in part], self.pad_id, self.device)
                 lp = self._logprobs(self.model, batch).float().cpu()
                 for row, i in enumerate(part):
@@ -502,6 +523,16 @@ class PolicyUpdater:
         if not diffs:
             return out, {}
         return out, self._drift(torch.cat(diffs))
+
+    @staticmethod
+    def length(s: TokenSample) -> int:
+        """Tokens of a sample's sequence (prompt and response)."""
+        return len(s.prompt_ids) + len(s.response_ids)
+
+    def chunks(self, samples: Sequence[TokenSample], idx: Sequence[int]) -> list[list[int]]:
+        """``idx`` (indices into ``samples``) split into micro-batches (:func:`micro_chunks`)."""
+        return [list(idx[r.start:r.stop]) for r in
+                micro_chunks([self.length(samples[i]) for i in idx], self.micro_batch_size, self.micro_batch_tokens)]
 
     @staticmethod
     def _drift(d: torch.Tensor) -> dict[str, float]:
@@ -551,8 +582,9 @@ class PolicyUpdater:
                 if sharing:
                     work.sort(key=lambda iw: samples[iw[0]].prompt_ids)
                 micros = []
-                for start in range(0, len(work), self.micro_batch_size):
-                    micro = tuple(work[start:start + self.micro_batch_size])
+                for rng in micro_chunks([self.length(samples[i]) for i, _ in work], self.micro_batch_size,
+                                        self.micro_batch_tokens):
+                    micro = tuple(work[rng.start:rng.stop])
                     ss = [samples[i] for i, _ in micro]
                     shared = min(common_prefix_length(ss), min(len(s.prompt_ids) for s in ss) - 1) if sharing else 0
                     micros.append((micro, shared if shared >= self.min_shared_prefix else 0))

@@ -183,3 +183,38 @@ def test_whole_episode_batch_keeps_logits_only_where_the_actor_wrote(tokenizer, 
     torch.testing.assert_close(kept, every[:, [0, 1, 4, 6, 7]])
     torch.testing.assert_close(response_logprobs(kept, batch, 0, 8), every[0] * torch.tensor(ep.loss_mask))
     torch.testing.assert_close(response_logprobs(kept, batch, 1, 2), every[1, -2:])
+
+
+def test_micro_chunks_bound_samples_and_padded_tokens():
+    from crl_bench.trainer.policy import micro_chunks
+
+    assert micro_chunks([5, 5, 5, 5, 5], 2) == [range(0, 2), range(2, 4), range(4, 5)]
+    # 3 x 30 > 80: the third item opens a new micro-batch; an item over the bound stands alone
+    assert micro_chunks([10, 30, 30, 100, 10, 10], 8, tokens=80) == [range(0, 2), range(2, 3), range(3, 4),
+                                                                     range(4, 6)]
+    assert micro_chunks([], 4, 10) == []
+
+
+def test_token_bounded_micro_batches_give_the_same_update(tokenizer, tiny_model):
+    """micro_batch_tokens only changes how the step's sequences are split into forwards: the same
+    weights after the update (gradient accumulation), with more micro-batches."""
+    import copy
+
+    trajs = _rollout(SplitReplyEngine(tokenizer), tokenizer, "multiturn", steps=3, n=4)
+    for k, tr in enumerate(trajs):                  # behaviour log-probs off the model's: ratios != 1
+        for t in tr.turns:
+            t.logprobs = [-0.5 - 0.1 * k] * len(t.logprobs)
+    samples = episode_samples(trajs, [1.0, -1.0, 0.5, -0.5])
+    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    out, models = [], []
+    for tokens in (0, longest):
+        m = copy.deepcopy(tiny_model)
+        upd = PolicyUpdater(m, torch.optim.SGD(m.parameters(), lr=0.5), tokenizer.pad_token_id, micro_batch_size=4,
+                            micro_batch_tokens=tokens, loss_agg="seq-mean-token-mean", share_prefix=False)
+        plan = upd.plan(samples)
+        out.append((upd.update(samples), [len(micros) for micros in plan]))
+        models.append(m)
+    assert out[0][1] == [1] and out[1][1] == [4]
+    assert out[1][0]["loss"] == pytest.approx(out[0][0]["loss"], rel=1e-5)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)

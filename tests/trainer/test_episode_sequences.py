@@ -218,3 +218,32 @@ def test_token_bounded_micro_batches_give_the_same_update(tokenizer, tiny_model)
     assert out[1][0]["loss"] == pytest.approx(out[0][0]["loss"], rel=1e-5)
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+
+
+class RewritingTemplate:
+    """The real tokenizer, but its chat template renders an assistant message unlike the text the actor
+    generated after the generation prompt (as templates that rewrite earlier replies do)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def apply_chat_template(self, messages, **kw):
+        shown = [dict(m, content=f"[{m['content']}]") if m["role"] == "assistant" else m for m in messages]
+        return self.tok.apply_chat_template(shown, **kw)
+
+
+def test_a_template_that_rewrites_replies_falls_back_to_per_turn_samples(tokenizer):
+    tok = RewritingTemplate(tokenizer)
+    pb = PromptBuilder(tok, layout="multiturn")
+    assert pb.continuation([{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                            {"role": "assistant", "content": "<answer>up</answer>"}], "next", [1, 2]) is None
+    runner = RolloutRunner(SplitReplyEngine(tokenizer), pb, EnvPool(max_steps=3),
+                           SamplingParams(temperature=1.0, max_new_tokens=8), constrained=False)
+    trajs = runner.collect([EpisodeSpec("sokoban", 5)])
+    assert "[<answer>up</answer>]" in tokenizer.decode(trajs[0].turns[-1].prompt_ids)   # the whole chat re-encoded
+    counts: dict[str, int] = {}
+    samples = episode_samples(trajs, [1.0], counts=counts)
+    assert counts == {"episode_sequences": 0, "turn_sample_episodes": 1} and len(samples) == 3

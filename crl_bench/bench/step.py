@@ -214,14 +214,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "so the update probe compares per-turn samples with one sequence per episode")
     p.add_argument("--max-actions", type=positive_int, default=None,
                    help="rollout.max_steps, actions per episode (default: the preset's)")
+    p.add_argument("--micro-batch-tokens", type=positive_int, default=None,
+                   help="train.micro_batch_tokens, a bound on each update forward's padded tokens "
+                        "(default: the preset's); bounds the update's memory on long multi-turn episodes")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``crl-bench bench step`` with the options of :func:`add_parser` and print :func:`format_step`'s
     table; returns 0."""
+    overrides: dict[str, dict] = {}
     rollout = {k: v for k, v in (("prompt", args.prompt), ("max_steps", args.max_actions)) if v is not None}
+    if rollout:
+        overrides["rollout"] = rollout
+    if args.micro_batch_tokens:
+        overrides["train"] = {"micro_batch_tokens": args.micro_batch_tokens}
     print(format_step(bench_step(args.model, args.mix or first_env(args), args.preset, args.train_steps,
-                                 overrides={"rollout": rollout} if rollout else None,
-                                 update_probe=not args.no_update_probe)))
+                                 overrides=overrides or None, update_probe=not args.no_update_probe)))
     return 0

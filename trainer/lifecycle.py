@@ -166,7 +166,7 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
         with tqdm(total=sum(map(len, trainer.eval_task_ids().values())), desc="eval (step 0)",
                   unit="ep", disable=quiet, leave=False) as bar:
             initial = trainer.evaluate(progress=bar.update, guided=False)
-        writer.log_metrics({"step": 0, "eval": {"free": initial}})
+        writer.log_metrics({"step": 0, "eval": {"free": initial}, **trainer.peaks.take()})
         if not quiet:
             print(f"eval at step 0 ({cfg.eval.split}, free): success {initial['success_rate']:.3f}  "
                   f"over {initial['episodes']} episodes", flush=True)
@@ -187,7 +187,7 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
         if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
             trainer.prepare_step()      # released order: flush and merge pass, then the evaluation
             ev = trainer.evaluate()
-            writer.log_metrics({"step": trainer.step, "eval": ev})
+            writer.log_metrics({"step": trainer.step, "eval": ev, **trainer.peaks.take()})
         if cfg.train.checkpoint_every and (trainer.step % cfg.train.checkpoint_every == 0
                                            or trainer.step == cfg.train.steps):
             checkpoint()

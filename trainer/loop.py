@@ -24,6 +24,7 @@ import torch
 from crl_bench.config import RunConfig
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
+from crl_bench.llm.memory import PhasePeaks
 from crl_bench.llm.precision import DTYPES, resolve_dtype
 from crl_bench.methods import MethodSpec, get_method
 from crl_bench.mixtures import TaskSampler, resolve_mixture
@@ -175,6 +176,7 @@ class Trainer:
         self.tokenizer = tokenizer
         # the actor's generation and updates come first; distillation runs in their gaps
         self.gate = ComputeGate()
+        self.peaks = PhasePeaks()        # peak resident memory per phase of a step (metrics row)
         self.compute_dtype = DTYPES[resolve_dtype(cfg.model.dtype, next(model.parameters()).device)]
         self.model = self._prepare_model(model)
         self.engine = self._make_engine()
@@ -356,7 +358,9 @@ class Trainer:
             self._next_specs = self.episode_specs(self.step + 1)
         hooks = self._rollout_hooks(training=True)
         cache0 = dict(getattr(self.engine, "counters", {}))
-        trajs = self.runner.collect(specs, self.sampling, progress=progress, prefetch=self._next_specs, **hooks)
+        with self.peaks.phase("rollout"):
+            trajs = self.runner.collect(specs, self.sampling, progress=progress, prefetch=self._next_specs,
+                                        **hooks)
         rs = self.runner.last_stats
         cache = {k: v - cache0.get(k, 0) for k, v in getattr(self.engine, "counters", {}).items()}
         t_roll = time.perf_counter() - t0 - t_flush
@@ -367,7 +371,7 @@ class Trainer:
         if warmup:
             upd = {"loss": 0.0, "optimizer_steps": 0.0}          # warm-up: the actor is not trained
         else:
-            with self.gate.foreground():
+            with self.gate.foreground(), self.peaks.phase("update"):
                 upd = self.updater.update(samples) if samples else {}
         if upd.get("optimizer_steps"):
             self.engine.sync_weights(self.model)
@@ -377,10 +381,11 @@ class Trainer:
         if self.experience is not None:
             t2 = time.perf_counter()
             m.update(pre)
-            m.update(self.experience.after_rollout(trajs, self.step, warmup=warmup))
-            if self.cfg.experience.wait_distill:
-                self.experience.manager.drain()
-            m.update(self.experience.maybe_update_extractor(self.step) or {})
+            with self.peaks.phase("experience"):
+                m.update(self.experience.after_rollout(trajs, self.step, warmup=warmup))
+                if self.cfg.experience.wait_distill:
+                    self.experience.manager.drain()
+                m.update(self.experience.maybe_update_extractor(self.step) or {})
             m.update(self.experience.metrics())
             m["time_experience_s"] = time.perf_counter() - t2
             m["time_retrieve_s"] = rs.retrieve_s
@@ -470,15 +475,17 @@ class Trainer:
             out = self._lesson_probe.measure(self.model)
         return {**out, "time_lesson_follow_s": time.perf_counter() - t0}
 
-    @staticmethod
-    def _memory() -> dict[str, float]:
+    def _memory(self) -> dict[str, float]:
         """Free heap pages handed back (:func:`~crl_bench.llm.memory.trim_heap`), then this process's
-        resident memory now and at its peak so far (GB): ``rss_gb``, ``peak_rss_gb``."""
-        from crl_bench.llm.memory import peak_rss_gb, rss_gb, trim_heap
+        resident memory now and at its peak so far (GB): ``rss_gb``, ``peak_rss_gb``, and the peak of
+        each phase since the last row (``peak_rss_gb/rollout``, ``/update``, ``/experience``,
+        ``/eval``: :class:`~crl_bench.llm.memory.PhasePeaks`)."""
+        from crl_bench.llm.memory import rss_gb, trim_heap
 
         trim_heap()
         now = rss_gb()
-        return {"peak_rss_gb": round(peak_rss_gb(), 3), **({"rss_gb": round(now, 3)} if now is not None else {})}
+        return {"peak_rss_gb": round(self.peaks.lifetime_gb, 3), **self.peaks.take(),
+                **({"rss_gb": round(now, 3)} if now is not None else {})}
 
     def _rollout_hooks(self, training: bool, guided: bool = True) -> dict[str, Any]:
         """The experience track's callbacks for :meth:`RolloutRunner.collect` (none without a track):
@@ -626,7 +633,8 @@ class Trainer:
         if mode != "guided":
             hooks = {"guide": self._control_guide()} if mode == "empty" else \
                 {k: v for k, v in hooks.items() if k == "guide"}
-        trajs = self.runner.collect(specs, self.eval_sampling, progress=progress, **hooks)
+        with self.peaks.phase("eval"):
+            trajs = self.runner.collect(specs, self.eval_sampling, progress=progress, **hooks)
         out = summarise(trajs)
         per_env = {}
         by_env = episodes_by_env(trajs)

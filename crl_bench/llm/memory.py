@@ -11,12 +11,15 @@ memory grows step after step (docs/performance.md, "Memory: handing free pages b
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import os
+import re
 import resource
 import sys
+from collections.abc import Iterator
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,3 +61,67 @@ def peak_rss_gb() -> float:
     """Peak resident memory of this process so far, in GB (``getrusage``; KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak * (1 if sys.platform == "darwin" else 1024) / 1e9
+
+
+def _hwm_gb() -> float | None:
+    """``VmHWM`` of ``/proc/self/status`` (the kernel's peak resident size since the process started or
+    its last reset) in GB; ``None`` where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            m = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 / 1e9 if m else None
+
+
+class PhasePeaks:
+    """Peak resident memory of each phase of a step (rollout, update, ...), in GB.
+
+    Linux resets a process's resident high-water mark when ``5`` is written to
+    ``/proc/self/clear_refs`` (proc(5)); a phase resets it on entry and reads ``VmHWM`` on exit.  The
+    reset also lowers ``getrusage``'s ``ru_maxrss``, so the lifetime peak is kept here
+    (:attr:`lifetime_gb`, the maximum over every reading).  Where the files are missing (non-Linux)
+    phases record nothing and :attr:`lifetime_gb` falls back to :func:`peak_rss_gb`.  Threads share
+    the process's memory: a phase's peak includes what background work (distillation) held meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self.lifetime = 0.0
+        self.last: dict[str, float] = {}
+
+    @property
+    def lifetime_gb(self) -> float:
+        """Peak resident memory of the process so far, in GB."""
+        now = _hwm_gb()
+        if now is None:
+            return peak_rss_gb()
+        self.lifetime = max(self.lifetime, now)
+        return self.lifetime
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Measure the peak resident memory of the enclosed code into ``last[name]`` (GB; the maximum
+        when the same phase runs several times before :meth:`take`)."""
+        before = _hwm_gb()
+        reset = False
+        if before is not None:
+            self.lifetime = max(self.lifetime, before)
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+                reset = True
+            except OSError:
+                pass
+        try:
+            yield
+        finally:
+            after = _hwm_gb()
+            if reset and after is not None:
+                self.lifetime = max(self.lifetime, after)
+                self.last[name] = max(self.last.get(name, 0.0), after)
+
+    def take(self) -> dict[str, float]:
+        """The phase peaks measured since the last call, as ``{"peak_rss_gb/<phase>": GB}``."""
+        out = {f"peak_rss_gb/{k}": round(v, 3) for k, v in self.last.items()}
+        self.last = {}
+        return out

@@ -38,3 +38,23 @@ def test_trim_returns_a_fragmented_heaps_free_pages():
     for b in keep:
         libc.free(b)
     assert before - after > 0.15, (before, after)  # ~280 MB of free pages were resident
+
+
+def test_phase_peaks_measure_each_phase_and_keep_the_lifetime_peak():
+    import numpy as np
+
+    from crl_bench.llm.memory import PhasePeaks, _hwm_gb
+
+    if _hwm_gb() is None:
+        pytest.skip("no /proc/self/status VmHWM on this system")
+    peaks = PhasePeaks()
+    with peaks.phase("big"):
+        a = np.ones(400_000_000 // 8)           # 0.4 GB touched
+        del a
+    with peaks.phase("small"):
+        b = np.ones(1000)
+        del b
+    got = peaks.take()
+    assert got["peak_rss_gb/big"] - got["peak_rss_gb/small"] > 0.3     # the small phase does not see the big one
+    assert peaks.take() == {}
+    assert peaks.lifetime_gb >= got["peak_rss_gb/big"] - 0.001         # (take() rounds to MB)

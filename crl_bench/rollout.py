@@ -311,13 +311,13 @@ class PromptBuilder:
         message) to make the next prompt: the template's close of that message, the user message
         ``user``, the generation prompt and the prefill.
 
-        The template's pieces are found by rendering the chat with a placeholder reply: ``head`` (up
-        to the generation prompt), ``closed`` (the placeholder reply closed) and ``next`` (plus the new
+        The template's pieces are found by rendering the chat with a stand-in reply: ``head`` (up
+        to the generation prompt), ``closed`` (the stand-in reply closed) and ``next`` (plus the new
         user message and a generation prompt).  The close's leading ids that the reply already ends
         with (a sampled end-of-turn token) are not repeated.
 
         Returns ``None`` when the template does not render these as appends (``closed`` not extending
-        ``head`` + placeholder, or ``next`` not extending ``closed``), e.g. templates that rewrite
+        ``head`` + stand-in, or ``next`` not extending ``closed``), e.g. templates that rewrite
         earlier assistant messages: the caller then encodes the whole chat.
         """
         before = [dict(m) for m in chat[:-1]]

@@ -87,7 +87,7 @@ def episode_sequence(trajectory: Trajectory, advantage: float, sequence: Hashabl
     Returns ``None`` when the episode's prompts are not :func:`append_only` or no turn generated
     tokens (the caller trains it per turn or not at all).
     """
-    turns = [t for t in trajectory.turns]
+    turns = list(trajectory.turns)
     if not turns or not any(t.response_ids for t in turns) or not append_only(turns):
         return None
     first = len(turns[0].prompt_ids)

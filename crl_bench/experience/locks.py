@@ -1,8 +1,12 @@
-"""A writer-preferring readers-writer lock for the experience bank.
+"""A phase-fair readers-writer lock for the experience bank.
 
 Bank searches (many threads) take :meth:`RWLock.read`; bank mutations (``apply``, eviction) take
-:meth:`RWLock.write`. Writer preference: once a writer is waiting, new readers wait until it has
-run, so a steady stream of searches cannot starve distillation. Readers already inside finish first.
+:meth:`RWLock.write`. The lock alternates phases so that neither side can starve the other:
+
+- once a writer is waiting, new readers wait (a steady stream of searches cannot starve
+  distillation); readers already inside finish first;
+- when a writer leaves, every reader that was waiting at that moment is admitted before the next
+  writer may enter (a steady stream of writers cannot starve searches).
 
 Not reentrant: a thread holding the read lock must not ask for the write lock (deadlock), and a
 thread must not take ``read()`` again while a writer may be queued behind its first ``read()``.
@@ -16,18 +20,32 @@ from contextlib import contextmanager
 
 
 class RWLock:
-    """Writer-preferring readers-writer lock with ``read()`` / ``write()`` context managers."""
+    """Phase-fair readers-writer lock with ``read()`` / ``write()`` context managers."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._readers = 0            # threads inside read()
         self._writer = False         # a thread is inside write()
         self._writers_waiting = 0
+        self._readers_waiting = 0
+        # Readers admitted ahead of waiting writers by the last release_write. Invariant:
+        # 0 <= _admitted <= _readers_waiting, so every admission is taken by a waiting reader.
+        self._admitted = 0
 
     def acquire_read(self) -> None:
         with self._cond:
-            while self._writer or self._writers_waiting:
-                self._cond.wait()
+            self._readers_waiting += 1
+            try:
+                while True:
+                    if not self._writer and self._admitted:
+                        self._admitted -= 1
+                        break
+                    if not self._writer and not self._writers_waiting:
+                        break
+                    self._cond.wait()
+            finally:
+                self._readers_waiting -= 1
+                self._admitted = min(self._admitted, self._readers_waiting)   # an interrupted wait
             self._readers += 1
 
     def release_read(self) -> None:
@@ -42,7 +60,7 @@ class RWLock:
         with self._cond:
             self._writers_waiting += 1
             try:
-                while self._writer or self._readers:
+                while self._writer or self._readers or self._admitted:
                     self._cond.wait()
             finally:
                 self._writers_waiting -= 1
@@ -53,6 +71,7 @@ class RWLock:
             if not self._writer:
                 raise RuntimeError("release_write without acquire_write")
             self._writer = False
+            self._admitted = self._readers_waiting     # the read phase: everyone who waited goes next
             self._cond.notify_all()
 
     @contextmanager

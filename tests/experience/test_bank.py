@@ -702,6 +702,43 @@ def test_rwlock_writer_preference():
     assert order == ["w", "r"]
 
 
+def _until(pred, what):
+    deadline = time.monotonic() + 20               # bounds a hang only
+    while not pred():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_rwlock_readers_that_waited_go_before_the_next_writer():
+    """Phase fairness: a stream of writers cannot starve readers (a writer-preferring lock did)."""
+    lock = RWLock()
+    order = []
+    lock.acquire_write()
+
+    def reader(name):
+        lock.acquire_read()
+        order.append(name)
+        lock.release_read()
+
+    def writer(name):
+        lock.acquire_write()
+        order.append(name)
+        lock.release_write()
+
+    readers = [threading.Thread(target=reader, args=(f"r{i}",)) for i in range(2)]
+    for t in readers:
+        t.start()
+    _until(lambda: lock._readers_waiting == 2, "readers did not queue")
+    w2 = threading.Thread(target=writer, args=("w2",))
+    w2.start()
+    _until(lambda: lock._writers_waiting == 1, "second writer did not queue")
+    lock.release_write()
+    for t in [*readers, w2]:
+        t.join(20)
+    assert sorted(order[:2]) == ["r0", "r1"] and order[2] == "w2"
+    assert (lock._readers, lock._writer, lock._admitted, lock._readers_waiting) == (0, False, 0, 0)
+
+
 @pytest.mark.parametrize("kind", KINDS + ("auto",))
 def test_concurrent_readers_and_writers(tmp_path, kind):
     target = 400                        # writes and reads done before the threads stop (counted, not timed)

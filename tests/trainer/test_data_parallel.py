@@ -285,15 +285,24 @@ def test_cpus_held_by_a_closing_actor_are_waited_for(ray_session):
 
     from crl_bench.trainer.data_parallel import _wait_for_resources
 
+    # start from a cluster with every CPU free: the previous test's actors may still be handing theirs
+    # back, and one coming back during the 0.5 s wait below would make the first call succeed
+    total = ray.cluster_resources().get("CPU", 0.0)
+    _wait_for_resources({"CPU": total, "GPU": 0.0}, 60.0)
     free = ray.available_resources().get("CPU", 0.0)
+    assert free == total
     holders = [_Holder.remote() for _ in range(int(free) - 1)]
-    ray.get([h.ping.remote() for h in holders])
-    with pytest.raises(RuntimeError, match=r"CPU needs 2, 1 free after waiting 0.5 s"):
-        _wait_for_resources({"CPU": 2.0, "GPU": 0.0}, 0.5)
-    timer = threading.Timer(1.0, lambda: [ray.kill(h) for h in holders])
-    timer.start()
-    _wait_for_resources({"CPU": 2.0, "GPU": 0.0}, 60.0)
-    timer.join()
+    try:
+        ray.get([h.ping.remote() for h in holders])
+        with pytest.raises(RuntimeError, match=r"CPU needs 2, 1 free after waiting 0.5 s"):
+            _wait_for_resources({"CPU": 2.0, "GPU": 0.0}, 0.5)
+        timer = threading.Timer(1.0, lambda: [ray.kill(h) for h in holders])
+        timer.start()
+        _wait_for_resources({"CPU": 2.0, "GPU": 0.0}, 60.0)
+        timer.join()
+    finally:                     # a failure above must not leave CPUs held for the module's later tests
+        for h in holders:
+            ray.kill(h)
     with pytest.raises(RuntimeError, match=r"CPU needs 64, \d+ in the cluster"):
         _wait_for_resources({"CPU": 64.0, "GPU": 0.0}, 60.0)
 

@@ -36,13 +36,10 @@ class RWLock:
         with self._cond:
             self._readers_waiting += 1
             try:
-                while True:
-                    if not self._writer and self._admitted:
-                        self._admitted -= 1
-                        break
-                    if not self._writer and not self._writers_waiting:
-                        break
+                while self._writer or (self._writers_waiting and not self._admitted):
                     self._cond.wait()
+                if self._admitted:
+                    self._admitted -= 1
             finally:
                 self._readers_waiting -= 1
                 self._admitted = min(self._admitted, self._readers_waiting)   # an interrupted wait

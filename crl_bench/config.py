@@ -347,6 +347,10 @@ class ExperienceConfig:
             default: the extractor's token budget bounds a lesson, as released).
         wait_distill: also wait at the end of each step until the step's episodes are distilled
             (deterministic small runs and smoke tests).
+        distill_min_gap_s: in one process, the extractor's background generation starts a step only
+            after the actor's process has had no foreground work (generation, update) for this many
+            seconds, so that it never holds the CPU into the actor's next generate call
+            (:class:`~crl_bench.llm.gate.ComputeGate`; 0 = in every gap).
         eval_guided: evaluation episodes retrieve from the bank (methods with experience); evaluation
             never changes the bank, nor its counters unless ``eval.writes_counters``.
         query_cache: query embeddings kept in the retriever's LRU cache, keyed by the query text (0 =
@@ -384,6 +388,7 @@ class ExperienceConfig:
     actor_critic: bool = True
     max_text_chars: int = 0
     wait_distill: bool = False
+    distill_min_gap_s: float = 0.25
     eval_guided: bool = True
     query_cache: int = 4096
 
@@ -782,6 +787,7 @@ def validate(cfg: RunConfig) -> None:
         ("experience.eviction", cfg.experience.eviction in ("fifo", "lru")),
         ("experience.index", cfg.experience.index in ("auto", "flat", "ivf", "hnsw")),
         ("experience.query_cache", cfg.experience.query_cache >= 0),
+        ("experience.distill_min_gap_s", cfg.experience.distill_min_gap_s >= 0),
         ("experience.capacity", cfg.experience.capacity >= 0),
         ("experience.search_workers", cfg.experience.search_workers >= 1),
         ("experience.query_batch", cfg.experience.query_batch >= 1),

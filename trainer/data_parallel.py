@@ -351,6 +351,7 @@ class TrainWorker:
             if up.scheduler is not None:
                 up.scheduler.step()
             steps.append({"grad_norm": grad_norm, "lr": lr})
+        up.optimizer.zero_grad(set_to_none=True)       # gradients freed between updates
         t1 = time.perf_counter()
         out: dict[str, Any] = {"micro": micro_out, "steps": steps, "drift": drift,
                                "lr": float(up.optimizer.param_groups[0]["lr"])}

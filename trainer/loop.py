@@ -175,7 +175,7 @@ class Trainer:
             model, tokenizer = load_model_and_tokenizer(cfg.model.name, "float32")
         self.tokenizer = tokenizer
         # the actor's generation and updates come first; distillation runs in their gaps
-        self.gate = ComputeGate()
+        self.gate = ComputeGate(min_gap_s=cfg.experience.distill_min_gap_s)
         self.peaks = PhasePeaks()        # peak resident memory per phase of a step (metrics row)
         self.compute_dtype = DTYPES[resolve_dtype(cfg.model.dtype, next(model.parameters()).device)]
         self.model = self._prepare_model(model)
@@ -356,7 +356,7 @@ class Trainer:
         self._next_specs = None
         if self.cfg.rollout.prefetch and self.step + 1 < self.cfg.train.steps:
             self._next_specs = self.episode_specs(self.step + 1)
-        hooks = self._rollout_hooks(training=True)
+        hooks = self.rollout_hooks(training=True)
         cache0 = dict(getattr(self.engine, "counters", {}))
         with self.peaks.phase("rollout"):
             trajs = self.runner.collect(specs, self.sampling, progress=progress, prefetch=self._next_specs,
@@ -487,20 +487,31 @@ class Trainer:
         return {"peak_rss_gb": round(self.peaks.lifetime_gb, 3), **self.peaks.take(),
                 **({"rss_gb": round(now, 3)} if now is not None else {})}
 
-    def _rollout_hooks(self, training: bool, guided: bool = True) -> dict[str, Any]:
+    def rollout_hooks(self, training: bool, guided: bool = True) -> dict[str, Any]:
         """The experience track's callbacks for :meth:`RolloutRunner.collect` (none without a track):
         the episode-start guide, the turn-level guide and the search tool. ``training``: training
         (counters written, the judge samples as in training) or evaluation (``eval.writes_counters``
         decides, the judge samples as in evaluation); ``guided``: evaluation with the bank (a free
-        evaluation gets none of them)."""
+        evaluation gets none of them).  Retrieval (query embedding, search, the judge) is the actor's
+        work: the guides run as foreground sections of the compute gate, so that no distillation step
+        starts while the actor waits for its experience.  The search tool does not (the extractor's
+        answer is itself background work the actor waits for)."""
         track = self.experience
         if track is None or not guided:
             return {}
         exp = self.cfg.experience
         writes = training or self.cfg.eval.writes_counters
-        hooks: dict[str, Any] = {"guide": track.guide if training else track.eval_guide}
+        gate = self.gate
+
+        def foreground(fn: Any) -> Any:
+            def call(requests: Any) -> Any:
+                with gate.foreground():
+                    return fn(requests)
+            return call
+
+        hooks: dict[str, Any] = {"guide": foreground(track.guide if training else track.eval_guide)}
         if exp.integration in ("turn", "both"):
-            hooks["turn_guide"] = lambda requests: track.turn_guide(requests, count_retrievals=writes)
+            hooks["turn_guide"] = foreground(lambda requests: track.turn_guide(requests, count_retrievals=writes))
         if exp.search_tool != "off":
             hooks["tool"] = track.search_tool(count_retrievals=writes)
         return hooks
@@ -629,7 +640,7 @@ class Trainer:
         t0 = time.perf_counter()
         # evaluation leaves the bank and its usage counters as they were, unless eval.writes_counters
         # (the released evaluation counts its retrievals)
-        hooks = self._rollout_hooks(training=False, guided=mode != "free")
+        hooks = self.rollout_hooks(training=False, guided=mode != "free")
         if mode != "guided":
             hooks = {"guide": self._control_guide()} if mode == "empty" else \
                 {k: v for k, v in hooks.items() if k == "guide"}

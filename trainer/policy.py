@@ -677,4 +677,7 @@ class PolicyUpdater:
             if self.scheduler is not None:
                 self.scheduler.step()
             steps += 1
+        # the gradients are not needed until the next update's first backward: free them (one float32
+        # copy of the trainable weights, ~0.54 GB for the default model) instead of keeping them resident
+        self.optimizer.zero_grad(set_to_none=True)
         return acc.result(steps, grad_norm, lr, drift)

@@ -32,7 +32,9 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
     costs (the experience text's extra prefill, and any change of the replies it causes), whatever
     produced the text; ``mechanism_ratio = complementary+distill / grpo+guidance`` is what the
     paper's claim of a cheap experience track is about (retrieval latency, the distillation queue, the
-    actor's waits for the background extractor and the CPU it takes).
+    actor's waits for the background extractor and the CPU it takes).  The distillation the rollout
+    left queued is then drained, timed apart (``gate.drain_after_s``): in training the next step's
+    flush (``experience.flush_before_rollout``) waits for it.
 
     Returns:
         dict with per-arm wall seconds, the ratios to ``grpo`` and the two split ratios.
@@ -52,10 +54,11 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
                    model=grpo.model, tokenizer=grpo.tokenizer)
     track = comp.experience
     arms = {"grpo": 0.0, "complementary": 0.0, "grpo+guidance": 0.0, "complementary+distill": 0.0}
-    gate_wait = {"actor_waited_s": 0.0, "distill_waited_s": 0.0}
+    gate_wait = {"actor_waited_s": 0.0, "distill_waited_s": 0.0, "drain_after_s": 0.0}
     try:
         specs = comp.episode_specs()
-        trajs = comp.runner.collect(specs, guide=track.guide)             # warm-up: fill the bank
+        hooks = comp.rollout_hooks(training=True)                       # as in training
+        trajs = comp.runner.collect(specs, **hooks)                       # warm-up: fill the bank
         track.after_rollout(trajs, 0, warmup=True)
         track.manager.drain()
         for r in range(rounds):
@@ -67,7 +70,7 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             arms["grpo"] += time.perf_counter() - t0
             torch.manual_seed(seed + r)
             t0 = time.perf_counter()
-            trajs = comp.runner.collect(specs, guide=track.guide)
+            trajs = comp.runner.collect(specs, **hooks)
             arms["complementary"] += time.perf_counter() - t0
             texts = [dataclasses.replace(s, retrieve=False, guidance=t.guidance) for s, t in zip(specs, trajs)]
             torch.manual_seed(seed + r)
@@ -78,12 +81,14 @@ def bench_overhead(model: str, env_id: str, groups: int, group_size: int, max_st
             torch.manual_seed(seed + r)
             w0, b0 = comp.gate.foreground_wait_s, comp.gate.background_wait_s
             t0 = time.perf_counter()
-            comp.runner.collect(specs, guide=track.guide)
+            comp.runner.collect(specs, **hooks)
             arms["complementary+distill"] += time.perf_counter() - t0
             gate_wait["actor_waited_s"] += comp.gate.foreground_wait_s - w0
             gate_wait["distill_waited_s"] += comp.gate.background_wait_s - b0
             backlog = track.manager.backlog()
-            track.manager.drain()
+            t0 = time.perf_counter()
+            track.manager.drain()                 # what the rollout left: the next step's flush waits for it
+            gate_wait["drain_after_s"] += time.perf_counter() - t0
         stats = track.manager.stats()
     finally:
         comp.close()
@@ -121,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"ratio complementary / grpo with distillation running beside it: {res['ratio_with_distill']:.3f}")
     print(f"  (the actor waited {res['gate']['actor_waited_s']:.2f} s for running distillation steps; "
           f"distillation waited {res['gate']['distill_waited_s']:.2f} s for the actor; "
-          f"{res['distill_backlog_after_last_round']} requests still queued after the last round)")
+          f"{res['distill_backlog_after_last_round']} requests still queued after the last round; "
+          f"draining what each round left took {res['gate']['drain_after_s']:.2f} s in all, "
+          f"outside the rollout)")
     print(f"split: guided prompts (grpo+guidance / grpo) {res['prompt_ratio']:.3f}; experience mechanism "
           f"(complementary+distill / grpo+guidance: retrieval, queueing, waits) {res['mechanism_ratio']:.3f}")
     return 0

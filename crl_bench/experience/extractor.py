@@ -27,6 +27,7 @@ extraction with the outcomes of the episodes its entries guided.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from collections import Counter
@@ -515,6 +516,15 @@ class Extractor:
                                                                     max_prompt_tokens=prompt_builder.max_prompt_tokens)
         self.parse_fn = parse_fn
 
+    def _background_step(self) -> contextlib.AbstractContextManager[Any]:
+        """A step of background work of the engine's compute gate when the engine generates in the
+        background (:class:`~crl_bench.llm.gate.ComputeGate`), else nothing.  Never held across a
+        ``generate`` call, which opens its own steps."""
+        gate = getattr(self.engine, "gate", None)
+        if gate is None or not getattr(self.engine, "background", False):
+            return contextlib.nullcontext()
+        return gate.background()
+
     def _parse(self, text: str, shown_ids: list[int]) -> ParseResult:
         if self.parse_fn is not None:
             return self.parse_fn(text, shown_ids)
@@ -532,7 +542,8 @@ class Extractor:
             raise ValueError(f"{len(retrieved)} retrieved lists for {len(records)} records")
         if not records:
             return []
-        prepared = [self.prompts.prepare(r, e) for r, e in zip(records, retrieved)]
+        with self._background_step():         # templating and tokenising trajectories is CPU work too
+            prepared = [self.prompts.prepare(r, e) for r, e in zip(records, retrieved)]
         replies = self.engine.generate([p[0] for p in prepared], self.sampling)
         out = []
         for rec, (_ids, shown, _), reply in zip(records, prepared, replies):

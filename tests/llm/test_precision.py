@@ -3,6 +3,7 @@ the compute gate between the actor and background distillation."""
 
 import copy
 import threading
+import time
 
 import pytest
 import torch
@@ -15,16 +16,31 @@ from crl_bench.trainer.policy import PolicyUpdater, TokenSample
 
 
 def test_auto_uses_bf16_only_with_native_units():
-    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "amx_bf16"})) == "bfloat16"
-    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "avx512_bf16"})) == "bfloat16"
+    env = {}                                   # no oneDNN ISA cap, whatever this shell has
+    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "amx_bf16"}), env) == "bfloat16"
+    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "avx512_bf16"}), env) == "bfloat16"
     # AVX-512 VNNI without bf16 units: oneDNN emulates bf16 there, slower than float32
-    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "avx512_vnni"})) == "float32"
-    assert resolve_dtype("auto", "cpu", frozenset()) == "float32"
-    assert resolve_dtype("float32", "cpu", frozenset({"amx_bf16"})) == "float32"
-    assert resolve_dtype("bfloat16", "cpu", frozenset()) == "bfloat16"
-    assert cpu_bf16_units(frozenset({"amx_bf16", "avx512_bf16", "sse"})) == ["amx_bf16", "avx512_bf16"]
+    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "avx512_vnni"}), env) == "float32"
+    assert resolve_dtype("auto", "cpu", frozenset(), env) == "float32"
+    assert resolve_dtype("float32", "cpu", frozenset({"amx_bf16"}), env) == "float32"
+    assert resolve_dtype("bfloat16", "cpu", frozenset(), env) == "bfloat16"
+    assert cpu_bf16_units(frozenset({"amx_bf16", "avx512_bf16", "sse"}), env) == ["amx_bf16", "avx512_bf16"]
     with pytest.raises(ValueError, match="model.dtype"):
         resolve_dtype("bf16", "cpu")
+
+
+def test_auto_is_float32_when_onednn_is_capped_below_its_bf16_kernels():
+    """An AVX2-only CPU emulated on a bf16 one (ONEDNN_MAX_CPU_ISA=AVX2) must compute in float32, as the
+    real CPU would; a cap that keeps the bf16 kernels changes nothing."""
+    units = frozenset({"avx512f", "avx512_bf16"})
+    for cap in ("AVX2", "avx2", "AVX512_CORE", "AVX512_CORE_VNNI"):
+        assert resolve_dtype("auto", "cpu", units, {"ONEDNN_MAX_CPU_ISA": cap}) == "float32", cap
+        assert cpu_bf16_units(units, {"ONEDNN_MAX_CPU_ISA": cap}) == []
+    assert resolve_dtype("auto", "cpu", units, {"DNNL_MAX_CPU_ISA": "AVX2"}) == "float32"
+    for cap in ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "ALL", ""):
+        assert resolve_dtype("auto", "cpu", units, {"ONEDNN_MAX_CPU_ISA": cap}) == "bfloat16", cap
+    # an explicit dtype is never overridden
+    assert resolve_dtype("bfloat16", "cpu", units, {"ONEDNN_MAX_CPU_ISA": "AVX2"}) == "bfloat16"
 
 
 def test_default_config_is_auto_and_bad_dtype_names_the_key():
@@ -158,3 +174,39 @@ def test_background_waits_for_the_foreground_and_yields_at_decode_steps():
     assert started.wait(10)
     t.join(10)
     gate._release_background()
+
+
+def test_background_starts_only_after_the_foreground_has_left_a_long_enough_gap():
+    """``min_gap_s``: no background step in the short gaps between foreground sections; before any
+    foreground section there is no gap to wait for, and the foreground never waits for the rule."""
+    gate = ComputeGate(min_gap_s=0.3)
+    with gate.background():                    # nothing ran in the foreground yet: starts at once
+        pass
+    with gate.foreground():
+        pass
+    left = time.perf_counter()
+    started = []
+    t = threading.Thread(target=lambda: (gate._acquire_background(), started.append(time.perf_counter())))
+    t.start()
+    t.join(10)
+    assert started and started[0] - left >= 0.3
+    gate._release_background()
+
+    # a foreground section that opens during the gap restarts it: the background waits again
+    gate = ComputeGate(min_gap_s=3600)
+    with gate.foreground():
+        pass
+    began = threading.Event()
+    t = threading.Thread(target=lambda: (gate._acquire_background(), began.set()), daemon=True)
+    t.start()
+    assert not began.wait(0.2)
+    with gate.foreground():                    # not held back by the waiting background
+        pass
+    assert not began.wait(0.2)
+    gate.min_gap_s = 0.0
+    with gate.foreground():                    # its exit wakes the waiting background
+        pass
+    assert began.wait(10)
+    gate._release_background()
+    with pytest.raises(ValueError, match="min_gap_s"):
+        ComputeGate(min_gap_s=-1)

@@ -6,6 +6,25 @@ import torch
 from crl_bench.trainer.policy import PolicyUpdater, TokenSample, build_batch, sequence_logprobs
 
 
+class GradSGD(torch.optim.SGD):
+    """SGD at learning rate 0 that keeps a copy of each parameter's gradient at its last step: the
+    updater frees the gradients once the update is done, so the tests read them here."""
+
+    def __init__(self, model):
+        self.names = {p: n for n, p in model.named_parameters()}
+        super().__init__(model.parameters(), lr=0.0)
+        self.grads = {}
+
+    def step(self, closure=None):
+        self.grads = {self.names[p]: p.grad.clone() for g in self.param_groups for p in g["params"]
+                      if p.grad is not None}
+        return super().step(closure)
+
+    def grad(self, param):
+        """The recorded gradient of ``param`` (a tied weight under its first name)."""
+        return self.grads[self.names[param]]
+
+
 def _samples(tokenizer, model, adv=(1.0, -1.0)):
     prompts = [tokenizer.encode("<|im_start|>user\nGo north.<|im_end|>\n<|im_start|>assistant\n<answer>"),
                tokenizer.encode("<|im_start|>user\nA longer prompt about the map.<|im_end|>\n<answer>")]
@@ -73,6 +92,8 @@ def test_update_raises_logprob_of_positive_advantage(tokenizer, tiny_model):
             after.append(sequence_logprobs(tiny_model, build_batch([x], tokenizer.pad_token_id))[0].sum().item())
     assert after[0] > before[0]
     assert after[1] < before[1]
+    # the gradients are freed after the update, not kept resident until the next one
+    assert all(p.grad is None for p in tiny_model.parameters())
 
 
 def test_zero_advantage_makes_no_step(tokenizer, tiny_model):
@@ -92,9 +113,9 @@ def test_micro_batching_equals_full_batch(tokenizer, tiny_model):
     grads = []
     for mbs in (1, 2):
         m = copy.deepcopy(tiny_model)
-        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        opt = GradSGD(m)
         PolicyUpdater(m, opt, tokenizer.pad_token_id, micro_batch_size=mbs, max_grad_norm=0).update(s)
-        grads.append(m.lm_head.weight.grad.clone())
+        grads.append(opt.grad(m.lm_head.weight))
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
     assert grads[0].abs().max() > 1e-3
 
@@ -134,9 +155,10 @@ def test_seq_mean_token_mean_weighs_each_episode_once(tokenizer, tiny_model):
 
     def grad_of(agg):
         m = copy.deepcopy(tiny_model)
-        PolicyUpdater(m, torch.optim.SGD(m.parameters(), lr=0.0), tokenizer.pad_token_id, micro_batch_size=2,
-                      max_grad_norm=0, loss_agg=agg).update(samples)
-        return m.lm_head.weight.grad.clone()
+        opt = GradSGD(m)
+        PolicyUpdater(m, opt, tokenizer.pad_token_id, micro_batch_size=2, max_grad_norm=0,
+                      loss_agg=agg).update(samples)
+        return opt.grad(m.lm_head.weight)
 
     m = copy.deepcopy(tiny_model)
     per_seq = {}
@@ -213,11 +235,11 @@ def test_shared_prefix_forward_equals_full_forward(tokenizer, tiny_model):
     grads, stats = [], []
     for share in (False, True):
         m = copy.deepcopy(tiny_model)
-        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        opt = GradSGD(m)
         st = PolicyUpdater(m, opt, tokenizer.pad_token_id, micro_batch_size=3, max_grad_norm=0,
                            share_prefix=share, min_shared_prefix=8).update(s)
         stats.append(st)
-        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+        grads.append(opt.grads)
     assert stats[0]["shared_prefix_tokens"] == 0 and stats[1]["shared_prefix_tokens"] == 2 * shared
     assert stats[0]["loss"] == pytest.approx(stats[1]["loss"], rel=1e-4)
     assert grads[0].keys() == grads[1].keys()
@@ -241,10 +263,10 @@ def test_shared_prefix_with_identical_prompts(tokenizer, tiny_model):
     grads, stats = [], []
     for share in (False, True):
         m = copy.deepcopy(tiny_model)
-        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        opt = GradSGD(m)
         stats.append(PolicyUpdater(m, opt, tokenizer.pad_token_id, max_grad_norm=0, share_prefix=share,
                                    min_shared_prefix=8).update(s))
-        grads.append(m.lm_head.weight.grad.clone())
+        grads.append(opt.grad(m.lm_head.weight))
     assert stats[1]["shared_prefix_tokens"] == len(base.prompt_ids) - 1
     assert float((grads[0] - grads[1]).norm()) <= 1e-3 * float(grads[0].norm())
 

@@ -47,6 +47,7 @@ from crl_bench.experience.manager import DistillRequest, build_manager
 from crl_bench.experience.types import RetrievalRecord
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
+from crl_bench.llm.memory import trim_heap
 from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
 from crl_bench.methods import MethodSpec
 from crl_bench.rollout import Guidance, SearchTool, Trajectory, Turn
@@ -548,6 +549,7 @@ class ExperienceTrack:
         # released fence (fence_memory_updates_before_async_train): what is queued is distilled with the
         # weights that were current when it was queued, before the update starts
         self.manager.drain()
+        trim_heap()                 # the distillation's freed caches, handed back before the update allocates
         batch = [self.buffer.popitem(last=False)[1] for _ in range(xc.batch_size)]
         raw = [c.reward for c in batch]
         # REINFORCE-style batch baseline as released: the whole batch is one group

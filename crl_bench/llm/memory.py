@@ -101,7 +101,12 @@ class PhasePeaks:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Measure the peak resident memory of the enclosed code into ``last[name]`` (GB; the maximum
-        when the same phase runs several times before :meth:`take`)."""
+        when the same phase runs several times before :meth:`take`).
+
+        The phase starts by handing the heap's free pages back (:func:`trim_heap`): what the previous
+        phase freed (a rollout's KV caches before the update) would otherwise stay resident beside
+        the new phase's allocations, which glibc serves from fresh mappings when they are large."""
+        trim_heap()
         before = _hwm_gb()
         reset = False
         if before is not None:

@@ -16,10 +16,10 @@ def test_rss_and_peak_are_reported():
         assert 0 < now <= peak * 1.01
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not trim_heap(), reason="needs glibc malloc_trim")
-def test_trim_returns_a_fragmented_heaps_free_pages():
+def _fragment_heap():
     """The pattern that grew a training process to 22 GB: many heap blocks freed except a few that pin
-    the heap; their pages stay resident until malloc_trim hands them back."""
+    the heap; their ~280 MB of pages stay resident until malloc_trim hands them back.  Returns the
+    blocks still live (free them with ``_free``)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
@@ -32,12 +32,43 @@ def test_trim_returns_a_fragmented_heaps_free_pages():
     for b in blocks:
         if b not in keep:
             libc.free(b)
+    return keep
+
+
+def _free(blocks):
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.free.argtypes = [ctypes.c_void_p]
+    for b in blocks:
+        libc.free(b)
+
+
+needs_trim = pytest.mark.skipif(not sys.platform.startswith("linux") or not trim_heap(),
+                                reason="needs glibc malloc_trim")
+
+
+@needs_trim
+def test_trim_returns_a_fragmented_heaps_free_pages():
+    keep = _fragment_heap()
     before = rss_gb()
     assert trim_heap()
     after = rss_gb()
-    for b in keep:
-        libc.free(b)
+    _free(keep)
     assert before - after > 0.15, (before, after)  # ~280 MB of free pages were resident
+
+
+@needs_trim
+def test_a_phase_starts_from_what_is_live():
+    """What the previous phase freed is handed back when the next phase starts, so it neither stays
+    resident beside the new phase's allocations nor counts in its peak."""
+    from crl_bench.llm.memory import PhasePeaks
+
+    peaks = PhasePeaks()
+    keep = _fragment_heap()
+    before = rss_gb()
+    with peaks.phase("next"):
+        inside = rss_gb()
+    _free(keep)
+    assert before - inside > 0.15, (before, inside)
 
 
 def test_phase_peaks_measure_each_phase_and_keep_the_lifetime_peak():

@@ -10,8 +10,8 @@ waits for it before starting and between decode steps (:class:`YieldToForeground
 gaps of the rollout (env steps, retrieval, prompt building) and the time between steps.
 
 A background step cannot be interrupted: foreground work that arrives while one runs waits for its
-end.  Most gaps of a rollout are a few milliseconds (MiniHack, 8 episodes x 4 actions: median 8 ms,
-90 % under 31 ms) against a few hundred for one background step on a CPU without bf16 units, so a
+end.  Most gaps of a rollout are a few milliseconds (MiniHack, 8 episodes x 4 actions: median 7-8 ms,
+90 % under ~33 ms) against a few hundred for one background step on a CPU without bf16 units, so a
 step started in such a gap is a wait for the actor.  With ``min_gap_s`` a background step starts
 only once no foreground section has been open for that long: short gaps are left to the actor, long
 ones (env resets, the time between steps, a trainer waiting for distillation) still serve the

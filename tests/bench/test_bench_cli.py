@@ -90,7 +90,8 @@ def test_rollout_overhead_step_pass_their_options_and_print(monkeypatch, capsys)
     monkeypatch.setattr(overhead, "bench_overhead", lambda *a, **k: seen.setdefault("overhead", (a, k)) and {
         "episodes_per_round": 4, "rounds": 2, "max_steps": 3, "bank_size": 7,
         "wall_s": {"grpo": 1.0, "complementary": 1.2, "grpo+guidance": 1.1, "complementary+distill": 1.5},
-        "ratio": 1.2, "ratio_with_distill": 1.5, "gate": {"actor_waited_s": 0.1, "distill_waited_s": 0.2, "drain_after_s": 0.3},
+        "ratio": 1.2, "ratio_with_distill": 1.5,
+        "gate": {"actor_waited_s": 0.1, "distill_waited_s": 0.2, "drain_after_s": 0.3},
         "distill_backlog_after_last_round": 0, "prompt_ratio": 1.1, "mechanism_ratio": 1.5 / 1.1})
     assert main(["bench", "overhead", "--envs", "5", "--max-steps", "3"]) == 0
     assert seen["overhead"] == (("smollm2-135m-instruct", "minihack-room"),

@@ -672,8 +672,6 @@ class Trainer:
                    episodes_with_experience=sum(1 for t in trajs if t.experience_ids))
         if donors:
             out["donors"] = {e: {str(t): d for t, d in m.items()} for e, m in donors.items()}
-        from crl_bench.llm.memory import trim_heap
-        trim_heap()
         return out
 
     def evaluate_all(self, episodes: int | str | None = None, progress: Any = None,

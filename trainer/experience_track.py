@@ -549,7 +549,11 @@ class ExperienceTrack:
         # released fence (fence_memory_updates_before_async_train): what is queued is distilled with the
         # weights that were current when it was queued, before the update starts
         self.manager.drain()
-        trim_heap()                 # the distillation's freed caches, handed back before the update allocates
+        # the update's weight sync drops the extractor engine's cached prefixes anyway: dropped first,
+        # they stay out of the update's resident peak; then the distillation's freed caches are handed
+        # back before the update allocates
+        self.manager.clear_caches()
+        trim_heap()
         batch = [self.buffer.popitem(last=False)[1] for _ in range(xc.batch_size)]
         raw = [c.reward for c in batch]
         # REINFORCE-style batch baseline as released: the whole batch is one group

@@ -194,6 +194,9 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
         walls.append(time.perf_counter() - t_step)
         if not quiet and trainer.step < cfg.train.steps:
             print(f"  {progress_note(walls, cfg.train.steps - trainer.step).strip(' ()')}", flush=True)
+    # training is over and its resumable state is on disk: the final evaluation runs without the
+    # optimisers' moments resident (about 1.1 GB per trainable 135M model)
+    trainer.release_training_state()
     with tqdm(total=trainer.eval_episode_count(), desc="eval", unit="ep", disable=quiet, leave=False) as bar:
         ev = trainer.evaluate_all(progress=bar.update)
     if initial is not None:

@@ -24,7 +24,7 @@ import torch
 from crl_bench.config import RunConfig
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
-from crl_bench.llm.memory import PhasePeaks
+from crl_bench.llm.memory import PhasePeaks, trim_heap
 from crl_bench.llm.precision import DTYPES, resolve_dtype
 from crl_bench.methods import MethodSpec, get_method
 from crl_bench.mixtures import TaskSampler, resolve_mixture
@@ -204,6 +204,7 @@ class Trainer:
             scheduler=linear_warmup(self.optimizer, cfg.train.lr_warmup_steps) if cfg.train.lr_warmup_steps else None)
         self.optimizer = self.updater.optimizer     # with workers: its state lives (and is saved) there
         self.step = 0
+        self.training_state_released = False                # release_training_state: no more steps
         self._next_specs: list[EpisodeSpec] | None = None
         self._prepared: dict[str, Any] | None = None      # the next step's pre-rollout work, when done early
         self.alarms = LearningAlarms(cfg.alarms)           # warnings that the run stopped learning
@@ -344,6 +345,9 @@ class Trainer:
         """
         if self.experience is not None and self.experience.read_only:
             raise RuntimeError("this trainer evaluates a finished run's bank read-only; it cannot train")
+        if self.training_state_released:
+            raise RuntimeError("this trainer's optimiser state was released after its last step "
+                               "(release_training_state); resume the run from its checkpoint to train on")
         follow = self.lesson_follow()         # the actor that plays this step, before its update
         t0 = time.perf_counter()
         warmup = not self.trains()
@@ -371,6 +375,10 @@ class Trainer:
         if warmup:
             upd = {"loss": 0.0, "optimizer_steps": 0.0}          # warm-up: the actor is not trained
         else:
+            if samples:
+                # the update's weight sync drops the cached prefixes of the old weights anyway; dropping
+                # them first keeps them out of the update's resident peak (outputs are unchanged)
+                self.clear_actor_prefix_store()
             with self.gate.foreground(), self.peaks.phase("update"):
                 upd = self.updater.update(samples) if samples else {}
         if upd.get("optimizer_steps"):
@@ -480,7 +488,7 @@ class Trainer:
         resident memory now and at its peak so far (GB): ``rss_gb``, ``peak_rss_gb``, and the peak of
         each phase since the last row (``peak_rss_gb/rollout``, ``/update``, ``/experience``,
         ``/eval``: :class:`~crl_bench.llm.memory.PhasePeaks`)."""
-        from crl_bench.llm.memory import rss_gb, trim_heap
+        from crl_bench.llm.memory import rss_gb
 
         trim_heap()
         now = rss_gb()
@@ -742,12 +750,45 @@ class Trainer:
         self.engine.sync_weights(self.model)
         set_rng_states(state["rng"])
 
-    def clear_prefix_stores(self) -> None:
-        """Drop the cached prompt prefixes of the actor's and the extractor's engines (a checkpoint
-        does, so a resumed run and the uninterrupted one continue from the same engine state)."""
+    def release_training_state(self) -> float:
+        """Free what only further training needs, once the last step is done: the optimiser state
+        (AdamW's two float32 moments per trainable weight) and gradients of the actor and, for a
+        method that trains its extractor, of the extractor; then hand the heap's free pages back.
+        The final evaluation runs after it with the resident size of an untrained run's (for the
+        default 135M models ~1.1 GB per trainable model less; docs/performance.md, "Memory per
+        phase").  The resumable checkpoint written at the last step keeps the state on disk.
+
+        Returns the GB freed (the tensors' sizes).  Afterwards :meth:`train_step` raises
+        ``RuntimeError``.  With ``train.workers`` > 1 the state lives in the data-parallel workers'
+        processes and is left there (it does not count in this process's resident size).
+        """
+        freed = 0
+        optimizers = [self.optimizer]
+        if self.experience is not None and self.experience.updater is not None:
+            optimizers.append(self.experience.updater.optimizer)
+        for opt in optimizers:
+            if not isinstance(opt, torch.optim.Optimizer):
+                continue
+            for state in opt.state.values():
+                freed += sum(v.numel() * v.element_size() for v in state.values()
+                             if isinstance(v, torch.Tensor) and v.dim() > 0)
+            opt.state.clear()
+            opt.zero_grad(set_to_none=True)
+        self.training_state_released = True
+        trim_heap()
+        return freed / 1e9
+
+    def clear_actor_prefix_store(self) -> None:
+        """Drop the actor engine's cached prompt prefixes (outputs are unchanged; the next prompts are
+        computed in full)."""
         clear = getattr(self.engine, "clear_prefix_cache", None)
         if clear is not None:
             clear()
+
+    def clear_prefix_stores(self) -> None:
+        """Drop the cached prompt prefixes of the actor's and the extractor's engines (a checkpoint
+        does, so a resumed run and the uninterrupted one continue from the same engine state)."""
+        self.clear_actor_prefix_store()
         if self.experience is not None:
             self.experience.manager.clear_caches()
 

@@ -4,6 +4,8 @@ A tiny random extractor almost never writes a parseable operation, so these test
 through a scripted engine where they need bank writes; the real-model path is in test_integration.py.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from tests_helpers import CoinEnv, coin_config
@@ -185,6 +187,72 @@ def test_extractor_updates_when_buffer_full_and_static_never(tokenizer, tiny_mod
     assert rows[-1]["bank_size"] >= 1                     # the frozen extractor still writes the bank
     assert torch.equal(w, static.experience.model.lm_head.weight)
     static.close()
+
+
+def test_release_training_state_frees_both_optimisers_before_the_final_eval(tokenizer, tiny_model):
+    comp = _trainer("complementary", tokenizer, tiny_model, scripted=ADD)
+    while not (comp.optimizer.state and comp.experience.updater.optimizer.state):
+        assert comp.step < 6, "neither update ran in 6 steps"
+        comp.train_step()
+    sizes = [sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                 if torch.is_tensor(v) and v.dim() > 0)
+             for opt in (comp.optimizer, comp.experience.updater.optimizer)]
+    weights = {k: v.detach().clone() for k, v in comp.model.state_dict().items()}
+    freed = comp.release_training_state()
+    assert freed == pytest.approx(sum(sizes) / 1e9) and freed > 0
+    assert not comp.optimizer.state and not comp.experience.updater.optimizer.state
+    assert all(p.grad is None for p in comp.model.parameters())
+    assert all(torch.equal(v, comp.model.state_dict()[k]) for k, v in weights.items())
+    assert comp.evaluate(2, mode="guided")["episodes"] == 2      # evaluation still runs
+    with pytest.raises(RuntimeError, match="release_training_state"):
+        comp.train_step()
+    comp.close()
+
+
+class CachingScriptedEngine(ScriptedEngine):
+    """:class:`ScriptedEngine` whose real engine also prefills each prompt (so its prefix store fills
+    as a real extractor's does)."""
+
+    def generate(self, prompts, params, allowed=None):
+        self.real.generate(prompts, dataclasses.replace(params, max_new_tokens=1))
+        return super().generate(prompts, params, allowed)
+
+    def clear_prefix_cache(self):
+        self.real.clear_prefix_cache()
+
+
+def test_updates_start_without_the_old_weights_cached_prefixes(tokenizer, tiny_model):
+    """Each engine's prompt prefixes belong to the weights about to change: they are dropped before
+    the update (out of its resident peak), not only at the weight sync after it."""
+    comp = _trainer("complementary", tokenizer, tiny_model)
+    extractor = comp.experience.manager.extractor
+    real = comp.experience.engine
+    extractor.engine = CachingScriptedEngine(real, ADD, extractor.prompts.prefill)
+    seen = {"actor": [], "extractor": []}
+    filled = []
+
+    def spy(name, update, engine):
+        def wrapped(samples):
+            seen[name].append(len(engine.store))
+            return update(samples)
+        return wrapped
+
+    comp.updater.update = spy("actor", comp.updater.update, comp.engine)
+    comp.experience.updater.update = spy("extractor", comp.experience.updater.update, real)
+    rollout = comp.runner.collect
+
+    def collect(*a, **k):
+        out = rollout(*a, **k)
+        filled.append((len(comp.engine.store), len(real.store)))
+        return out
+
+    comp.runner.collect = collect
+    while not (seen["actor"] and seen["extractor"]):
+        assert comp.step < 6, "neither update ran in 6 steps"
+        comp.train_step()
+    assert max(a for a, _ in filled) > 0 and max(x for _, x in filled) > 0     # the stores did fill
+    assert seen == {"actor": [0] * len(seen["actor"]), "extractor": [0] * len(seen["extractor"])}
+    comp.close()
 
 
 def test_similar_merge_consolidates_similar_entries(tokenizer, tiny_model):

@@ -24,7 +24,7 @@ import torch
 from crl_bench.config import RunConfig
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
-from crl_bench.llm.memory import PhasePeaks, trim_heap
+from crl_bench.llm.memory import PhasePeaks, rss_gb, trim_heap
 from crl_bench.llm.precision import DTYPES, resolve_dtype
 from crl_bench.methods import MethodSpec, get_method
 from crl_bench.mixtures import TaskSampler, resolve_mixture
@@ -488,8 +488,6 @@ class Trainer:
         resident memory now and at its peak so far (GB): ``rss_gb``, ``peak_rss_gb``, and the peak of
         each phase since the last row (``peak_rss_gb/rollout``, ``/update``, ``/experience``,
         ``/eval``: :class:`~crl_bench.llm.memory.PhasePeaks`)."""
-        from crl_bench.llm.memory import rss_gb
-
         trim_heap()
         now = rss_gb()
         return {"peak_rss_gb": round(self.peaks.lifetime_gb, 3), **self.peaks.take(),

@@ -223,7 +223,9 @@ class EvalConfig:
 
     Attributes:
         episodes: eval episodes per env: the first ``episodes`` task ids of the eval split, or
-            ``"all"`` for every task of it (e.g. ALFWorld's 134). docs/evaluation.md.
+            ``"all"`` for every task of it (e.g. ALFWorld's 134). docs/evaluation.md. ``crl-bench
+            run`` needs at least 1 (its summary reports the final evaluation); 0 is for trainers built
+            without one (the benches).
         every: evaluate every N training steps (0 = only at the end); the evaluation after step N runs
             where the released pipeline runs it, at the start of step N + 1 after the flush and the
             merge pass (released ``eval_steps: 1``: every step).

@@ -250,6 +250,8 @@ def _bad_inputs(tmp_path):
         "list --config": (base + ["--mix", "minihack-room", "--config", str(listing)], "must hold a mapping"),
         "--model missing folder": (base + ["--mix", "minihack-room", "--model", str(tmp_path / "nowhere")],
                                    "does not exist"),
+        "no final evaluation": (base + ["--mix", "minihack-room", "--set", "eval.episodes=0"],
+                                "eval.episodes"),
         "--output-dir under a file": (["run", "--method", "grpo", "--preset", "smoke", "--mix", "minihack-room",
                                        "--output-dir", str(a_file / "runs")], "cannot be created"),
         "play sokoban task -5": (["envs", "play", "sokoban", "--task", "-5"], "-5 is not a task id"),

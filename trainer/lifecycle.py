@@ -33,18 +33,24 @@ def data_checksums(trainer: Trainer) -> dict[str, dict[str, str]]:
 
 def preflight(cfg: RunConfig) -> None:
     """What can be checked before a run folder is written, so a run that cannot start writes nothing:
-    the mixture resolves, the model names an existing folder or a hub id, and the output folder can be
-    created and written.
+    the mixture resolves, the model names an existing folder or a hub id, the run has a final
+    evaluation, and the output folder can be created and written.
 
     Raises:
         ModelNotAvailable: a model or extractor folder does not exist.
-        ConfigError: the output folder cannot be created or written (names it and why).
+        ConfigError: ``eval.episodes`` is 0 (a run ends with the evaluation its summary.json reports;
+            ``crl-bench bench step`` measures training alone), or the output folder cannot be created
+            or written (names it and why).
     """
     import tempfile
 
     from crl_bench.config import ConfigError
     from crl_bench.llm.default_model import check_model_name
 
+    if cfg.eval.episodes == 0:
+        raise ConfigError("eval.episodes: 0 leaves the run without the final evaluation its summary.json, "
+                          "sweeps and the leaderboard report; set 1 or more (or 'all'); training alone "
+                          "is timed by `crl-bench bench step`")
     resolve_mixture(cfg.rollout.mix)            # a mixture file that is missing or malformed
     check_model_name(cfg.model.name)
     if cfg.extractor.model != "same":

@@ -238,7 +238,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """
     from tqdm import tqdm
 
-    from crl_bench.experience.bank import ExperienceBank, NotABankError
+    from crl_bench.experience.bank import EmbeddingDimError, ExperienceBank, NotABankError
     from crl_bench.methods import get_method
     from crl_bench.trainer.loop import Trainer
 
@@ -275,6 +275,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         trainer = Trainer(cfg, writer=None, read_only_bank=bank)
     except NotABankError as e:          # unreadable past its header (corrupt pages, bad embeddings)
         raise ConfigError(f"--run {args.run!r}: {e}") from None
+    except EmbeddingDimError as e:      # the bank was filled with another experience.embedder
+        raise ConfigError(f"--run {args.run!r}: {e}; evaluate with the run's own experience.embedder "
+                          f"({cfg.experience.embedder!r} is set here)") from None
     ev: dict[str, Any] = {"model": cfg.model.name, "method": cfg.method, "run": str(run_dir) if run_dir else None}
     try:
         modes = list(trainer.eval_modes if bank is not None else ["free"]) if args.modes is None else args.modes

@@ -16,7 +16,7 @@ from test_summary import make_run
 from crl_bench import safe_io
 from crl_bench.cli import main
 from crl_bench.config import ConfigError, check_name, load_yaml
-from crl_bench.experience.bank import ExperienceBank, NotABankError
+from crl_bench.experience.bank import EmbeddingDimError, ExperienceBank, NotABankError
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.types import Operation
 from crl_bench.results.leaderboard import collect, main_leaderboard
@@ -314,6 +314,33 @@ def test_eval_run_with_a_bad_bank_is_a_clear_error_before_any_model_loads(tmp_pa
     assert main(["eval", "--run", str(run), "--episodes", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("crl-bench: error: --run") and str(run / "experience.sqlite") in err
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "read-write"])
+def test_bank_opened_with_an_embedder_of_another_dimension_says_so(tmp_path, read_only):
+    path = _bank(tmp_path / "experience.sqlite")                 # 384-dim
+    with pytest.raises(EmbeddingDimError, match="holds 384-dim embeddings, embedder gives 16"):
+        ExperienceBank(path, HashEmbedder(16), read_only=read_only)
+
+
+def test_eval_run_with_another_embedder_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    """``eval --run`` with an ``experience.embedder`` of another dimension than the run's bank: one
+    ``crl-bench: error:`` line naming the bank and the setting, not a traceback. The stand-in trainer
+    opens the run's bank as the real one does, with a 16-dim embedder (models are not loaded)."""
+    import crl_bench.trainer.loop as loop
+
+    def trainer_with_a_16_dim_embedder(cfg, writer=None, read_only_bank=None, **_):
+        ExperienceBank(read_only_bank, HashEmbedder(16), read_only=True)
+        raise AssertionError("the bank opened with an embedder of another dimension")
+
+    monkeypatch.setattr(loop, "Trainer", trainer_with_a_16_dim_embedder)
+    run = make_run(tmp_path, "ev", method="complementary")
+    (run / "checkpoint").mkdir()
+    _bank(run / "experience.sqlite")
+    assert main(["eval", "--run", str(run), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("crl-bench: error: --run") and "384-dim" in err and "experience.embedder" in err
+    assert "Traceback" not in err
 
 
 def test_bank_with_corrupt_embeddings_is_not_a_bank(tmp_path):

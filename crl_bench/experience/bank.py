@@ -151,6 +151,11 @@ class NotABankError(ValueError):
     """A file opened as an experience bank is not one (not SQLite, or without the bank's tables)."""
 
 
+class EmbeddingDimError(ValueError):
+    """A bank's stored embeddings have another dimension than the embedder it is opened with (the bank
+    was filled with another ``experience.embedder``)."""
+
+
 def _connect_read_only(path: Path) -> sqlite3.Connection:
     """A connection that never writes ``path`` or creates files beside it.
 
@@ -270,7 +275,8 @@ class ExperienceBank:
             WAL switch, no checkpoint; ``apply`` and the counters raise ``PermissionError``), for
             the evaluation of a finished run (tools that only inspect a bank use
             :meth:`open_readonly`). Raises ``FileNotFoundError`` when the file does not exist and
-            :class:`NotABankError` when it is not a crl-bench bank.
+            :class:`NotABankError` when it is not a crl-bench bank; an existing bank whose stored
+            embeddings have another dimension than ``embedder`` raises :class:`EmbeddingDimError`.
 
     Files: a bank is the ``.sqlite`` file together with its ``-wal`` and ``-shm`` files while a
     writer has it open or after a crash (committed entries may sit only in the ``-wal`` until a
@@ -337,7 +343,7 @@ class ExperienceBank:
         if row is None:
             c.execute("INSERT INTO meta(key, value) VALUES ('dim', ?)", (str(self.dim),))
         elif int(row[0]) != self.dim:
-            raise ValueError(f"{self.path} holds {row[0]}-dim embeddings, embedder gives {self.dim}")
+            raise EmbeddingDimError(f"{self.path} holds {row[0]}-dim embeddings, embedder gives {self.dim}")
         self._load_index()
 
     @classmethod
@@ -397,14 +403,14 @@ class ExperienceBank:
             FileNotFoundError: no file at ``path``.
             NotABankError: the file is not SQLite, is corrupt, or lacks the bank's tables, columns,
                 its ``dim`` record or well-formed stored embeddings.
-            ValueError: the stored embeddings have another dimension than the embedder's.
+            EmbeddingDimError: the stored embeddings have another dimension than the embedder's.
         """
         if not self.path.is_file():
             raise FileNotFoundError(f"no experience bank at {self.path}")
         c = self._conn()
         stored = _check_bank(c, self.path)
         if stored != self.dim:
-            raise ValueError(f"{self.path} holds {stored}-dim embeddings, embedder gives {self.dim}")
+            raise EmbeddingDimError(f"{self.path} holds {stored}-dim embeddings, embedder gives {self.dim}")
         try:
             self._select_entry = self._entry_select(c)
             self._load_index()

@@ -162,11 +162,15 @@ def find_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Pa
 
 def _normalise_eval(ev: Any, where: str) -> dict[str, Any]:
     """``{"free": EVAL, "guided": EVAL | None, ["shuffled": EVAL, "empty": EVAL], ...}`` from the new
-    format or an old flat EVAL."""
+    format or an old flat EVAL, told apart as :func:`crl_bench.results.summary.build_summary` does: a
+    file with ``free`` or ``protocol`` is the new format; an old flat EVAL is the ``guided`` block when
+    its ``guided`` flag is true, else the ``free`` one."""
     if not isinstance(ev, dict):
         raise ValueError(f"{where}: an evaluation must be a JSON object, got {type(ev).__name__}")
-    if "free" in ev or "guided" in ev:
+    if "free" in ev or "protocol" in ev:
         free, guided = ev.get("free"), ev.get("guided")
+    elif ev.get("guided") is True:
+        free, guided = None, ev
     else:
         free, guided = ev, None
     controls = {m: ev.get(m) for m in ("shuffled", "empty") if ev.get(m) is not None}

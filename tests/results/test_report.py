@@ -166,6 +166,27 @@ def test_single_env_run_uses_overall_success_and_old_eval_format(tmp_path):
     assert rep._eval_success(r.final_eval["free"], r, "sokoban") == 0.4
 
 
+@pytest.mark.parametrize("guided", [True, False], ids=["guided", "free"])
+def test_old_flat_eval_is_read_as_the_summary_reads_it(tmp_path, guided):
+    """An old flat eval.json carries a ``guided`` flag: the report puts it in the block the summary
+    (and so the leaderboard) puts it in, instead of refusing the flag as a block or calling a guided
+    evaluation free."""
+    from test_summary import make_run
+
+    from crl_bench.results.summary import build_summary
+
+    rates = {"sokoban": 0.5, "minihack-room": 0.25}
+    d = make_run(tmp_path, "old", method="static", old_format=True, **({"guided": rates} if guided else {}))
+    final = rep.load_run(d).final_eval
+    summary = build_summary(d)["runs"][0]["eval"]
+    for mode in ("free", "guided"):
+        got, want = final[mode], summary[mode]
+        assert (got is None) == (want is None), mode
+        if want is not None:
+            assert got["success_rate"] == pytest.approx(want["success_rate"]) == pytest.approx(0.375)
+    assert (final["guided"] is not None) is guided
+
+
 def test_metrics_keys_renamed_since_a_run_are_read_under_their_current_names(tmp_path):
     """Runs that log the earlier key names ``distill_pending`` and ``extractor_generation``
     (``results/sweeps/cpu`` among them): every reader sees ``distill_backlog`` and ``extractor_version``."""

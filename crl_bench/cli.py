@@ -410,7 +410,7 @@ def _open_bank(run: str):
     path = Path(run) / "experience.sqlite" if Path(run).is_dir() else Path(run)
     if not path.is_file():
         raise ConfigError(f"{run!r} has no experience bank (experience.sqlite); was it run with "
-                          "--method complementary or static?")
+                          "a method with an experience bank (complementary, static, casebank)?")
     wal = path.with_name(path.name + "-wal")
     hint = (f" Its write-ahead log {wal.name} is missing: a bank that was not closed cleanly keeps its "
             f"entries there; copy {path.name} with its -wal and -shm files." if not wal.exists() else "")

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from crl_bench.methods import get_method, list_methods
 from crl_bench.safe_io import InputFileError, parse_yaml
 
 
@@ -357,6 +358,12 @@ class ExperienceConfig:
             never changes the bank, nor its counters unless ``eval.writes_counters``.
         query_cache: query embeddings kept in the retriever's LRU cache, keyed by the query text (0 =
             off; the released code caches query embeddings too).
+        cases: for a method whose bank holds cases (``casebank``): which finished episodes, of both
+            subgroups, become cases: ``successes`` (default, as ExpeL retrieves successful
+            trajectories) or ``all`` (failures too, their outcome stated). ``distill`` and
+            ``distill_per_group`` choose what goes to an extractor and do not apply.
+        case_tokens: token budget of one case's compacted trajectory (actor's tokenizer; the outcome
+            line comes on top). :mod:`crl_bench.experience.cases`.
     """
 
     free_size: int = -1
@@ -393,6 +400,8 @@ class ExperienceConfig:
     distill_min_gap_s: float = 0.25
     eval_guided: bool = True
     query_cache: int = 4096
+    cases: str = "successes"
+    case_tokens: int = 256
 
 
 @dataclass
@@ -804,6 +813,8 @@ def validate(cfg: RunConfig) -> None:
         ("train.sequences", cfg.train.sequences in ("episode", "turn")),
         ("rollout.prompt", cfg.rollout.prompt in ("window", "multiturn")),
         ("experience.distill", cfg.experience.distill in ("guided", "all")),
+        ("experience.cases", cfg.experience.cases in ("successes", "all")),
+        ("experience.case_tokens", cfg.experience.case_tokens >= 16),
         ("experience.key", cfg.experience.key in ("query", "lesson")),
         ("experience.placement", cfg.experience.placement in ("system", "user")),
         ("experience.warmup_steps", cfg.experience.warmup_steps >= 0),
@@ -827,6 +838,11 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.logprob_temperature == "raw" and not cfg.train.recompute_old_logprobs:
         raise ConfigError("train.logprob_temperature=raw needs train.recompute_old_logprobs=true: the behaviour "
                           "log-probs of the sampler are of the tempered distribution, the trainer's of the raw one")
+    if cfg.method in list_methods() and get_method(cfg.method).entries == "cases" \
+            and cfg.experience.integration != "trajectory":
+        raise ConfigError(f"experience.integration={cfg.experience.integration} is not available with method "
+                          f"{cfg.method}: a case is a whole finished episode, so its bank is written and read "
+                          "once per episode (experience.integration: trajectory)")
     if cfg.experience.search_tool != "off" and cfg.generation.constrained:
         raise ConfigError("experience.search_tool needs generation.constrained=false: a search call is free "
                           "text, which decoding restricted to the env's action names cannot write")

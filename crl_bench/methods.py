@@ -9,6 +9,13 @@ methods of the paper (arXiv 2603.17621, docs/method.md) are:
   bank is still written by the untrained extractor and still guides the actor;
 * ``complementary``: actor and extractor co-evolve (GRPO on the actor, CISPO on the extractor).
 
+Beside them, memory baselines of the same loop:
+
+* ``casebank``: no extractor model; finished episodes are written to the bank as compacted
+  trajectories with their outcome (cases), and a guided episode is shown the most similar ones
+  (ExpeL's trajectory retrieval, arXiv 2308.10144, section 4; case-based memory as in Memento,
+  arXiv 2508.16153). docs/method.md, "Case bank".
+
 ``crl-bench run --method NAME`` looks the name up here; :func:`register_method` adds a method from
 outside the package (a plugin), which must also be a configuration of the same loop.
 """
@@ -27,12 +34,28 @@ class MethodSpec:
         description: one line for ``crl-bench run --help`` and the leaderboard.
         uses_experience: retrieve from an experience bank and split groups into guided/free subgroups.
         trains_extractor: update the experience extractor (CISPO).
+        entries: what the bank's entries are: ``lessons`` (an extractor model distils them from
+            finished episodes) or ``cases`` (the episodes themselves, compacted; no extractor model
+            is loaded, there is no merge pass, and the search tool answers with the cases found).
     """
 
     name: str
     description: str
     uses_experience: bool = False
     trains_extractor: bool = False
+    entries: str = "lessons"
+
+    def __post_init__(self) -> None:
+        if self.entries not in ("lessons", "cases"):
+            raise ValueError(f"method {self.name!r}: entries must be 'lessons' or 'cases', got {self.entries!r}")
+        if self.trains_extractor and (not self.uses_experience or self.entries != "lessons"):
+            raise ValueError(f"method {self.name!r}: only a method whose bank holds lessons has an extractor "
+                             "to train")
+
+    @property
+    def uses_extractor(self) -> bool:
+        """Whether the method has an extractor model (a bank of lessons)."""
+        return self.uses_experience and self.entries == "lessons"
 
 
 GRPO = MethodSpec(
@@ -51,7 +74,14 @@ COMPLEMENTARY = MethodSpec(
     trains_extractor=True,
 )
 
-_METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY)}
+CASEBANK = MethodSpec(
+    name="casebank",
+    description="GRPO actor guided by the most similar earlier episodes, stored as cases (no extractor model)",
+    uses_experience=True,
+    entries="cases",
+)
+
+_METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY, CASEBANK)}
 
 
 def register_method(spec: MethodSpec) -> None:

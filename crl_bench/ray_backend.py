@@ -497,7 +497,8 @@ class RemoteEngine:
 class ManagerHost:
     """Ray actor body: the run's :class:`~crl_bench.experience.manager.ExperienceManager` (built by
     :func:`~crl_bench.experience.manager.build_manager`: bank file in the run folder, embedder,
-    retriever and the extractor generating with its own copy of the extractor's weights).
+    retriever and the extractor generating with its own copy of the extractor's weights; for a case
+    bank, the case writer with the actor's tokenizer and no model).
 
     Args:
         cfg: the run configuration as a dict.
@@ -513,12 +514,19 @@ class ManagerHost:
         import torch
 
         from crl_bench.experience.manager import build_manager
-        from crl_bench.llm.hf_engine import load_model_and_tokenizer
+        from crl_bench.llm.hf_engine import load_model_and_tokenizer, load_tokenizer
         from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
+        from crl_bench.methods import get_method
 
         c = build_config([cfg])
         _threads(cpus)
         torch.manual_seed(c.train.seed)
+        self.model = None
+        if get_method(c.method).entries == "cases":     # a case bank: the actor's tokenizer, no model
+            self.dtype = resolve_dtype(c.model.dtype)
+            self.manager = build_manager(c, bank_path, None, load_tokenizer(c.model.name),
+                                         compute_dtype=DTYPES[self.dtype])
+            return
         name = c.model.name if c.extractor.model == "same" else c.extractor.model
         model, tokenizer = load_model_and_tokenizer(name, "float32")
         self.dtype = resolve_dtype(c.model.dtype, next(model.parameters()).device)

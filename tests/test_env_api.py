@@ -206,12 +206,12 @@ def test_reply_format_default_and_the_swe_env_constructor_settings():
     assert fmt.stop == ("</tool_call>",) and fmt.min_new_tokens == 384 and "<tool_call>" in fmt.instruction
 
 
-def test_the_three_methods_are_declared_in_one_place_and_names_are_not_reused():
+def test_the_methods_are_declared_in_one_place_and_names_are_not_reused():
     from crl_bench.methods import COMPLEMENTARY, MethodSpec, get_method, list_methods, register_method
 
-    assert list_methods() == ["complementary", "grpo", "static"]
+    assert list_methods() == ["casebank", "complementary", "grpo", "static"]
     assert get_method("complementary") is COMPLEMENTARY and COMPLEMENTARY.trains_extractor
     with pytest.raises(ValueError, match="already declared"):
         register_method(MethodSpec("grpo", "a different grpo", uses_experience=True))
-    with pytest.raises(KeyError, match="known: complementary, grpo, static"):
+    with pytest.raises(KeyError, match="known: casebank, complementary, grpo, static"):
         get_method("nope")

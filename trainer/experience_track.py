@@ -62,13 +62,18 @@ GUIDANCE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it a
                     "do not follow it blindly.")
 
 
+#: the header of a case bank's block (``casebank``): its entries are whole earlier episodes
+CASES_HEADER = ("Earlier episodes of similar tasks, each with its outcome. Use them where they apply to this "
+                "task; do not copy them blindly.")
+
 #: the ``empty`` memory control's experience block: the header a guided episode sees, and no entry
 EMPTY_GUIDANCE = f"{GUIDANCE_HEADER}\n\n(no entries)"
 
 
-def guidance_text(body: str) -> str:
-    """The experience block shown to the actor: a header and the numbered entries (``body``)."""
-    return f"{GUIDANCE_HEADER}\n\n{body}" if body.strip() else ""
+def guidance_text(body: str, header: str = GUIDANCE_HEADER) -> str:
+    """The experience block shown to the actor: ``header`` (:data:`GUIDANCE_HEADER` for lessons,
+    :data:`CASES_HEADER` for cases) and the numbered entries (``body``); ``""`` without entries."""
+    return f"{header}\n\n{body}" if body.strip() else ""
 
 
 @dataclass
@@ -150,6 +155,7 @@ class ExperienceTrack:
 
         self.cfg = cfg
         self.method = method
+        self.header = CASES_HEADER if method.entries == "cases" else GUIDANCE_HEADER
         exp_cfg, xc = cfg.experience, cfg.extractor
         self.read_only = read_only_bank is not None
         if self.read_only:
@@ -181,7 +187,7 @@ class ExperienceTrack:
         self.model = self.engine = self.extractor = None
         self.tokenizer = tokenizer
         remote = backend is not None and backend.remote
-        if not self.read_only and (not remote or method.trains_extractor):
+        if not self.read_only and method.uses_extractor and (not remote or method.trains_extractor):
             # the extractor's weights: shared with the manager's engine here; with a remote manager only
             # the trainer's copy (the manager actor generates from its own, synced after each update)
             if extractor_model is not None:
@@ -203,7 +209,7 @@ class ExperienceTrack:
             self.bank, self.retriever = self.manager.bank, self.manager.retriever
             self.extractor = self.manager.extractor
             self.embedder = self.bank.embedder
-            self.engine = self.extractor.engine if self.extractor is not None else None
+            self.engine = getattr(self.extractor, "engine", None)          # none for a case bank
         self.critic: ActorCritic | None = None
         if exp_cfg.actor_critic:
             if actor_engine is None:
@@ -213,6 +219,8 @@ class ExperienceTrack:
             self._eval_judging = self.critic.judge_sampling(eval_sampling or actor_sampling or SamplingParams())
         self.updater: PolicyUpdater | None = None
         if self.read_only:
+            return
+        if self.model is None:              # a case bank: no extractor model, nothing to train
             return
         if method.trains_extractor:
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -247,6 +255,11 @@ class ExperienceTrack:
         return model, tok
 
     # ---- rollout side ---------------------------------------------------------------------------
+    @property
+    def empty_guidance(self) -> str:
+        """The ``empty`` memory control's block: this bank's header and no entry."""
+        return f"{self.header}\n\n(no entries)"
+
     def free_size(self, group_size: int) -> int:
         """Experience-free episodes per group (the rest are guided)."""
         n = self.cfg.experience.free_size
@@ -277,7 +290,7 @@ class ExperienceTrack:
                 decisions[i], bodies[i] = j.decision, j.guidance
         out = []
         for entries, body, decision in zip(found, bodies, decisions):
-            text = guidance_text(body)
+            text = guidance_text(body, self.header)
             snap = [replace(e) for e in entries]
             out.append(Guidance(text, [e.id for e in entries], RetrievalRecord(snap, text, decision)))
         return out
@@ -302,7 +315,8 @@ class ExperienceTrack:
                                       count_retrievals=count_retrievals)
         out = []
         for entries in found:
-            text = guidance_text(format_numbered(entries, empty="")) if self.cfg.experience.turn_show else ""
+            text = guidance_text(format_numbered(entries, empty=""), self.header) if self.cfg.experience.turn_show \
+                else ""
             out.append(Guidance(text, [e.id for e in entries], RetrievalRecord([replace(e) for e in entries], text)))
         return out
 
@@ -333,7 +347,7 @@ class ExperienceTrack:
         Raises ``RuntimeError`` on a read-only track."""
         self._check_trainable()
         every = self.cfg.experience.merge_every
-        if not every or step <= 0 or step % every:
+        if not every or step <= 0 or step % every or not self.method.uses_extractor:   # cases are not merged
             return {}
         if self.updated_at_step == step:          # updated at the end of the previous (1-based ``step``) step
             return {"merge_pass": 0, "merge_skipped": 1}
@@ -455,9 +469,17 @@ class ExperienceTrack:
         """With trajectory integration, one request per chosen episode with at least one turn, shown
         the entries it retrieved (none after an ``invalid`` judgement, as released); with
         turn integration, one request per step of each guided-subgroup episode, shown the entries
-        retrieved before that step and keyed by that step's observation query."""
+        retrieved before that step and keyed by that step's observation query.  A case bank takes
+        every episode of both subgroups whose outcome ``experience.cases`` admits (successes by
+        default), whole, keyed as the other methods' entries are."""
         exp_cfg = self.cfg.experience
         reqs = []
+        if self.method.entries == "cases":
+            for t in (t for members in by_group.values() for t in members):
+                if t.turns and (exp_cfg.cases == "all" or t.success):
+                    reqs.append(DistillRequest(episode_record(t), [], t.env_id, step,
+                                               t.query if exp_cfg.key == "query" else ""))
+            return reqs
         for members in by_group.values():
             if exp_cfg.integration in ("trajectory", "both"):
                 chosen = [t for t in members if exp_cfg.distill == "all" or t.subgroup == "guided"]

@@ -595,9 +595,9 @@ class Trainer:
     def _control_guide(self) -> Any:
         """The ``empty`` control's guide: the knowledge block's header with no entry, no retrieval."""
         from crl_bench.rollout import Guidance
-        from crl_bench.trainer.experience_track import EMPTY_GUIDANCE
 
-        return lambda requests: [Guidance(EMPTY_GUIDANCE) for _ in requests]
+        text = self.experience.empty_guidance
+        return lambda requests: [Guidance(text) for _ in requests]
 
     def evaluate(self, episodes: int | str | None = None, progress: Any = None,
                  guided: bool | None = None, mode: str | None = None) -> dict[str, Any]:

@@ -454,8 +454,9 @@ class Extraction:
         reward: set once known (``None`` before).
         shown_ids: ids of the entries the extractor was shown (UPDATE / MERGE may only name these).
         finish_reason: the engine's finish reason (``stop`` / ``eos`` / ``length``).
-        kind: ``distill`` (an episode or a turn), ``merge`` (a call of the merge pass) or ``answer``
-            (an answer to the actor's search-tool query).
+        kind: ``distill`` (an episode or a turn), ``merge`` (a call of the merge pass), ``answer``
+            (an answer to the actor's search-tool query) or ``case`` (an episode a
+            :class:`~crl_bench.experience.cases.CaseWriter` stored: no tokens, never trained).
 
     What the bank made of the operations is not stored here: the experience manager reports it
     beside the extraction (:class:`crl_bench.experience.manager.ExtractionOutcome`).

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_bench.experience.bank import ExperienceBank
+from crl_bench.experience.cases import CaseWriter
 from crl_bench.experience.extractor import EpisodeRecord, Extraction, Extractor, answer_text, fold_items
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.locks import RWLock
@@ -170,14 +171,15 @@ class ExperienceManager:
         bank: the experience bank.
         retriever: a retriever over ``bank``.
         extractor: the extractor that samples operations for the queued episodes and merge groups,
-            or ``None`` (retrieval only: :meth:`submit` raises).
+            a :class:`~crl_bench.experience.cases.CaseWriter` (a case bank: episodes stored as they
+            happened, no merge pass), or ``None`` (retrieval only: :meth:`submit` raises).
         search_workers: parallel search threads.
         query_batch: most queries per search batch.
         query_timeout_ms: longest wait for a batch to fill after its first query.
         distill_batch: most episodes per extractor call.
     """
 
-    def __init__(self, bank: ExperienceBank, retriever: Retriever, extractor: Extractor | None = None, *,
+    def __init__(self, bank: ExperienceBank, retriever: Retriever, extractor: Extractor | CaseWriter | None = None, *,
                  search_workers: int = 2, query_batch: int = 32, query_timeout_ms: float = 5.0,
                  distill_batch: int = 8) -> None:
         self.bank = bank
@@ -440,11 +442,11 @@ class ExperienceManager:
         are reported through :meth:`pop_outcomes`.
 
         Raises:
-            RuntimeError: the manager has no extractor.
+            RuntimeError: the manager has no extractor model (none, or a case bank's writer).
             ValueError: unknown ``mode``.
         """
-        if self.extractor is None:
-            raise RuntimeError("this experience manager has no extractor")
+        if self.extractor is None or isinstance(self.extractor, CaseWriter):
+            raise RuntimeError("this experience manager has no extractor model to merge entries with")
         if mode == "fold":
             reqs: list[Any] = [FoldRequest(step, max_size)]
         elif mode == "similar":
@@ -462,14 +464,14 @@ class ExperienceManager:
         retrieve for each question from its env (``count_retrievals``: count the retrievals, as training does),
         then the extractor answers each question that found entries, shown the entries, in one
         batched call.  A question that finds nothing is answered :data:`NO_KNOWLEDGE`; without an
-        extractor (a read-only bank) the retrieved knowledge itself is the answer."""
+        extractor model (a read-only bank, a case bank) the retrieved knowledge itself is the answer."""
         found = self.retrieve(list(queries), timeout=timeout, count_retrievals=count_retrievals)
         out = [ToolAnswer(NO_KNOWLEDGE, list(entries)) for entries in found]
         asked = [i for i, entries in enumerate(found) if entries]
         if not asked:
             return out
         knowledge = [format_numbered(found[i], empty="") for i in asked]
-        if self.extractor is None:
+        if self.extractor is None or not getattr(self.extractor, "answers", True):
             for i, text in zip(asked, knowledge):
                 out[i].text = text
             return out
@@ -626,7 +628,9 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     :class:`~crl_bench.llm.hf_engine.HFEngine` in ``compute_dtype`` (bf16 where the CPU has the units;
     background work of ``gate``), or with ``extractor.engine: vllm`` its own
     :class:`~crl_bench.llm.vllm_engine.VLLMEngine`, out of process.  The parts are reachable as
-    ``manager.bank``, ``.retriever`` and ``.extractor``.  Used by the experience track in the trainer's
+    ``manager.bank``, ``.retriever`` and ``.extractor``.  For a method whose bank holds cases
+    (``casebank``) the distiller is a :class:`~crl_bench.experience.cases.CaseWriter` measuring with
+    ``tokenizer`` and ``extractor_model`` is not used.  Used by the experience track in the trainer's
     process and by the Ray backend's manager actor (crl_bench/ray_backend.py) alike.
 
     Args:
@@ -645,6 +649,7 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     from crl_bench.experience.embedding import SentenceEmbedder
     from crl_bench.experience.extractor import extractor_for
     from crl_bench.llm.hf_engine import HFEngine
+    from crl_bench.methods import get_method
 
     exp_cfg = cfg.experience
     embedder = embedder or SentenceEmbedder(exp_cfg.embedder)
@@ -653,8 +658,10 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     retriever = Retriever(bank, k=exp_cfg.k, oversample=exp_cfg.oversample, freq_penalty=exp_cfg.freq_penalty,
                           recency_window_s=exp_cfg.recency_window_s, top1_demote_p=exp_cfg.top1_demote_p,
                           seed=cfg.train.seed, query_cache=exp_cfg.query_cache)
-    extractor = None
-    if not read_only and extractor_model is not None:
+    extractor: Any = None
+    if not read_only and get_method(cfg.method).entries == "cases":
+        extractor = CaseWriter(tokenizer, exp_cfg.case_tokens, exp_cfg.cases)
+    elif not read_only and extractor_model is not None:
         g = cfg.generation
         if cfg.extractor.engine == "vllm":
             import dataclasses

@@ -54,6 +54,31 @@ def adapter_base_model(adapter_dir: str | Path) -> str:
     return resolve_model(base)
 
 
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer :func:`load_model_and_tokenizer` returns for ``name``, without the model's weights
+    (a case bank measures its cases with the actor's tokenizer and loads no model).
+
+    Raises:
+        ModelNotAvailable: as :func:`load_model_and_tokenizer`.
+        ValueError: the tokenizer has no chat template.
+    """
+    from transformers import AutoTokenizer
+
+    from crl_bench.llm.default_model import ModelNotAvailable, resolve_model
+
+    path = resolve_model(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as e:      # no such hub id, not cached and offline, or a folder without a tokenizer
+        raise ModelNotAvailable(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
+    if not tok.chat_template:
+        raise ValueError(f"tokenizer of {name!r} has no chat template; crl-bench builds chat prompts")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
 def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | None = None):
     """Load a causal LM and its tokenizer; the default alias is converted from its GGUF once.
 
@@ -79,24 +104,16 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
         ValueError: unknown dtype, the tokenizer has no chat template, or an adapter config names no
             base model.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from crl_bench.llm.default_model import ModelNotAvailable, resolve_model
+    from crl_bench.llm.default_model import resolve_model
     from crl_bench.llm.precision import resolve_dtype
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = resolve_dtype(dtype, device)
     path = resolve_model(name)
     adapter = Path(path).is_dir() and (Path(path) / "adapter_config.json").is_file()
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except OSError as e:      # no such hub id, not cached and offline, or a folder without a tokenizer
-        raise ModelNotAvailable(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
-    if not tok.chat_template:
-        raise ValueError(f"tokenizer of {name!r} has no chat template; crl-bench builds chat prompts")
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
+    tok = load_tokenizer(name)
     if adapter:
         from peft import PeftModel
 

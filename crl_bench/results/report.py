@@ -66,8 +66,8 @@ REPORT_FILE = "report.html"
 TOP_ENTRIES = 10
 OP_KIND_ORDER = ("ADD", "UPDATE", "MERGE", "UPVOTE", "DOWNVOTE", "NONE")
 _SPECIAL_SUCCESS = ("guided", "free")
-_METHOD_COLOURS = {"grpo": "#1f77b4", "static": "#ff7f0e", "complementary": "#2ca02c"}
-_OTHER_COLOURS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+_METHOD_COLOURS = {"grpo": "#1f77b4", "static": "#ff7f0e", "complementary": "#2ca02c", "casebank": "#9467bd"}
+_OTHER_COLOURS = ("#d62728", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 _BAND_NOTE = ("Line: mean over the seeds of a method; shaded band: minimum to maximum over seeds "
               "(where at least two seeds logged that step); n = number of seeds.")
 
@@ -80,7 +80,7 @@ class RunData:
     Attributes:
         path: the run folder.
         run_id: ``config.yaml``'s ``run_id`` (the folder name if absent).
-        method: ``grpo`` | ``static`` | ``complementary`` (or any other method name in the config).
+        method: ``grpo`` | ``static`` | ``complementary`` | ``casebank`` (or any other method name in the config).
         seed: ``train.seed`` (None if absent).
         mix: ``rollout.mix`` as written in the config ('' if absent).
         model: ``model.name`` ('' if absent).
@@ -251,7 +251,7 @@ def load_run(path: str | os.PathLike) -> RunData:
         raise ValueError(f"{p / 'config.yaml'}: must be a mapping, got {type(cfg).__name__}")
     method = cfg.get("method")
     if not isinstance(method, str) or not method:
-        raise ValueError(f"{p / 'config.yaml'}: no 'method' (grpo | static | complementary)")
+        raise ValueError(f"{p / 'config.yaml'}: no 'method' (grpo, static, complementary, casebank, ...)")
     rollout, train_cfg, model = (cfg.get(k) if isinstance(cfg.get(k), dict) else {}
                                  for k in ("rollout", "train", "model"))
     train, evals = _read_metrics(p / "metrics.jsonl")
@@ -480,7 +480,7 @@ def _plot_guided_free(runs: Sequence[RunData], path: Path) -> str | None:
                                          for row in r.train))
             panels.append((m, n, g, f))
     if not panels:
-        return "no run logged guided / free success (only the experience methods static and complementary do)"
+        return "no run logged guided / free success (only the methods with an experience bank do)"
     fig, axes = _new_figure(1, len(panels))
     for ax, (m, n, g, f) in zip(axes, panels):
         if g is not None:
@@ -569,7 +569,7 @@ def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
             if k_agg is not None:
                 ops.append((m, kind, k_agg))
     if not sizes and not ops:
-        return "no run logged bank_size or op_kinds (only the experience methods static and complementary do)"
+        return "no run logged bank_size or op_kinds (only the methods with an experience bank do)"
     fig, axes = _new_figure(1, 2)
     ax = axes[0]
     for m, n, agg in sizes:

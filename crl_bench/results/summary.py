@@ -44,6 +44,7 @@ import jsonschema
 import yaml
 
 from crl_bench.config import CONFIG_MAX_ALIASES
+from crl_bench.methods import get_method, list_methods
 from crl_bench.results.run_folder import iter_metrics
 from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths
 
@@ -403,8 +404,8 @@ def build_summary(run_dir: str | Path, eval_file: str = "eval.json") -> dict[str
         if settings:
             protocol["env_settings"] = settings
     mix = _mix(mix_spec, seen)
-    if method == "grpo":
-        extractor = None
+    if method == "grpo" or method in list_methods() and not get_method(method).uses_extractor:
+        extractor = None                        # no extractor model (grpo, a case bank)
     else:
         extractor = _get(config, "extractor.model", cfg_path, default=None)
         if extractor == "same":

@@ -1,0 +1,108 @@
+"""Cases: finished episodes written to the experience bank as they happened, without an extractor model.
+
+The ``casebank`` method (crl_bench/methods.py; docs/method.md, "Case bank") keeps no lessons: each
+finished episode whose outcome ``experience.cases`` admits becomes one bank entry, its title the task
+as told to the actor and its content the compacted trajectory (:func:`compact_trajectory`: the first
+observation, one line per action with the env's feedback, the last observations) and the outcome.
+A guided episode is shown the entries retrieved for its retrieval query, as every method with a bank
+is: for a case bank, the most similar earlier episodes. This is the trajectory retrieval of ExpeL
+(Zhao et al., arXiv 2308.10144, section 4.1: successful trajectories of similar tasks as in-context
+examples) and the case memory of Memento (arXiv 2508.16153); the compaction, the budget and the
+entry's layout are this project's own choices.
+
+:class:`CaseWriter` stands where the extractor stands in the experience manager's distillation
+worker (:meth:`extract` has the extractor's signature), so queueing, the bank's write lock,
+capacity, eviction and the per-entry use counts are those of the other methods. Its "extractions"
+carry no tokens and are never trained.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from crl_bench.experience.extractor import (
+    EpisodeRecord,
+    Extraction,
+    compact_trajectory,
+    outcome_text,
+    strip_observation,
+)
+from crl_bench.experience.operations import ParseResult
+from crl_bench.experience.types import ExperienceEntry, Operation
+
+CASE_OUTCOMES = ("successes", "all")
+"""Values of ``experience.cases``: which finished episodes become cases."""
+
+
+def case_text(record: EpisodeRecord, tokenizer: Any, max_tokens: int) -> tuple[str, str]:
+    """``(title, content)`` of the case written for ``record``.
+
+    Args:
+        record: the finished episode (:func:`crl_bench.trainer.experience_track.episode_record`).
+        tokenizer: measures the budget (the actor's: the case is shown to the actor).
+        max_tokens: token budget of the trajectory part of the content (the outcome line comes on
+            top, about 15 tokens).
+
+    Returns:
+        The title (the task as told to the actor, or the env id when the env states no task) and
+        the content: ``"Outcome: success (reward 1.00) after 3 steps"``, then the compacted
+        trajectory (``Start:`` observation, ``Step i: action -> feedback`` lines; observations
+        without the ``Valid actions:`` / ``Last:`` lines every observation repeats).
+
+    Raises:
+        ValueError: ``max_tokens`` is below 1.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"a case needs a positive token budget, got {max_tokens}")
+    title = " ".join((record.task_prompt or "").split()) or f"a {record.env_id} task"
+    body = compact_trajectory(record, tokenizer, max_tokens, decode_fn=strip_observation)
+    return title, f"Outcome: {outcome_text(record)}\n{body}"
+
+
+class CaseWriter:
+    """Turns finished episodes into ADD operations of cases; the distiller of a ``casebank`` run.
+
+    Args:
+        tokenizer: the actor's tokenizer (measures :func:`case_text`'s budget).
+        max_tokens: token budget of one case's trajectory (``experience.case_tokens``).
+        outcomes: ``successes`` (default: only episodes that succeeded become cases, as ExpeL
+            retrieves successful trajectories) or ``all`` (failures too; their outcome line says so).
+
+    Raises:
+        ValueError: ``outcomes`` is not one of :data:`CASE_OUTCOMES`, or ``max_tokens`` < 1.
+    """
+
+    answers = False
+    """The search tool gets the retrieved cases themselves as its answer (no model to answer with)."""
+
+    def __init__(self, tokenizer: Any, max_tokens: int = 256, outcomes: str = "successes") -> None:
+        if outcomes not in CASE_OUTCOMES:
+            raise ValueError(f"experience.cases must be one of {', '.join(CASE_OUTCOMES)}, got {outcomes!r}")
+        if max_tokens < 1:
+            raise ValueError(f"experience.case_tokens must be positive, got {max_tokens}")
+        self.tokenizer = tokenizer
+        self.max_tokens = int(max_tokens)
+        self.outcomes = outcomes
+
+    def admits(self, record: EpisodeRecord) -> bool:
+        """Whether ``record`` becomes a case (``outcomes``; an episode without any action never does)."""
+        return bool(record.steps) and (self.outcomes == "all" or bool(record.success))
+
+    def extract(self, records: Sequence[EpisodeRecord],
+                retrieved: Sequence[Sequence[ExperienceEntry]] | None = None) -> list[Extraction]:
+        """One :class:`Extraction` per record: an ADD of its case when :meth:`admits` it, else a
+        NONE (the episode is not stored). ``retrieved`` (what guided the episode) is not used: a case
+        is the episode itself. The extractions have no tokens (``kind: case``)."""
+        out = []
+        for rec in records:
+            if self.admits(rec):
+                title, content = case_text(rec, self.tokenizer, self.max_tokens)
+                op, text = Operation("ADD", title, content), content
+            else:
+                op, text = Operation("NONE"), ""
+            out.append(Extraction(id=uuid.uuid4().hex, env_id=rec.env_id, prompt_ids=[], response_ids=[],
+                                  logprobs=[], text=text, parse=ParseResult(ops=[op], ok=True, blocks=1),
+                                  group_id=rec.group_id, source_episode=rec.source, kind="case"))
+        return out

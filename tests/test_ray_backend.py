@@ -182,3 +182,30 @@ def test_sync_bench_alternates_the_two_wire_dtypes_and_restores_the_run_one(tiny
     assert eng.wire_dtype == "bfloat16" and res["wire_dtype"] == "bfloat16"
     assert res["mb"]["float32"] == pytest.approx(2 * res["mb"]["compute_dtype"])
     assert res["compute_dtype_s"] > 0 and res["float32_s"] > 0
+
+
+def test_case_bank_manager_actor_loads_no_model(tmp_path, monkeypatch):
+    """The manager actor of a ``casebank`` run writes cases with the actor's tokenizer and loads no
+    model weights (the body of the actor, built in this process)."""
+    import torch
+
+    import crl_bench.llm.hf_engine as hf
+    from crl_bench.config import preset_data
+    from crl_bench.experience.cases import CaseWriter
+    from crl_bench.ray_backend import ManagerHost
+
+    def no_model(*a, **k):
+        raise AssertionError("a case bank's manager loads no model")
+
+    monkeypatch.setattr(hf, "load_model_and_tokenizer", no_model)
+    cfg = build_config([preset_data("smoke"), {"method": "casebank", "rollout": {"mix": "minihack-room"}}])
+    threads = torch.get_num_threads()
+    try:
+        host = ManagerHost(cfg.to_dict(), str(tmp_path / "experience.sqlite"), None, False, 1.0)
+    finally:
+        torch.set_num_threads(threads)       # the actor body sets its own thread count
+    try:
+        assert host.model is None and isinstance(host.manager.extractor, CaseWriter)
+        assert host.manager.extractor.tokenizer.chat_template
+    finally:
+        host.close()

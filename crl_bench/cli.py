@@ -489,13 +489,13 @@ def cmd_bank(args: argparse.Namespace) -> int:
         entries = bank.entries(args.env)
         keys = {"id": lambda e: -e.id, "retrieved": lambda e: e.times_retrieved,
                 "success": lambda e: e.times_success, "failure": lambda e: e.times_failure,
-                "votes": lambda e: e.votes}
+                "votes": lambda e: e.votes, "utility": lambda e: e.utility}
         entries.sort(key=keys[args.sort], reverse=True)
         for e in entries[:args.limit]:
             lineage = f"{e.origin}" + (f" of #{', #'.join(map(str, e.parent_ids))}" if e.parent_ids else "")
             print(f"#{e.id} [{_shown(e.env_id)}] {_shown(e.title)}\n    {_shown(e.content)}\n    retrieved "
-                  f"{e.times_retrieved}, guided {e.times_success} successes / {e.times_failure} failures, votes "
-                  f"{e.votes:+d}; {_shown(lineage)} at step {e.created_step}, extractor version "
+                  f"{e.times_retrieved}, guided {e.times_success} successes / {e.times_failure} failures, utility "
+                  f"{e.utility:.3f}, votes {e.votes:+d}; {_shown(lineage)} at step {e.created_step}, extractor version "
                   f"{e.extractor_version}")
         print(f"{len(entries)} entries" + (f" (showing {args.limit})" if len(entries) > args.limit else ""))
         return 0
@@ -670,7 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run", help="run folder (or an experience.sqlite file)")
     show.add_argument("--env", help="only this env's entries")
     show.add_argument("--limit", type=int, default=50)
-    show.add_argument("--sort", choices=["id", "retrieved", "success", "failure", "votes"], default="retrieved")
+    show.add_argument("--sort", choices=["id", "retrieved", "success", "failure", "votes", "utility"],
+                      default="retrieved")
     st = ks.add_parser("stats", help="counts per env, retrievals, outcomes, operations applied and rejected, "
                                      "votes, merge passes, lineage")
     st.add_argument("run")

@@ -364,6 +364,13 @@ class ExperienceConfig:
             ``distill_per_group`` choose what goes to an extractor and do not apply.
         case_tokens: token budget of one case's compacted trajectory (actor's tokenizer; the outcome
             line comes on top). :mod:`crl_bench.experience.cases`.
+        rerank: how retrieval orders the candidates: ``released`` (the diversity re-rank) or
+            ``utility`` (RetroAgent's SimUtil-UCB: similarity, the entry's utility and an
+            exploration bonus; :mod:`crl_bench.experience.retrieval`). Any method with a bank.
+        utility_alpha, utility_ucb, utility_min_sim: the ``utility`` re-rank's weight of similarity
+            (0.7), exploration constant kappa (1.0) and similarity floor (0.4) (RetroAgent, Table 10).
+        utility_beta: step of an entry's utility towards the success (1 or 0) of each guided training
+            episode it was shown to (0.05, RetroAgent); updated whatever ``rerank`` is.
     """
 
     free_size: int = -1
@@ -402,6 +409,11 @@ class ExperienceConfig:
     query_cache: int = 4096
     cases: str = "successes"
     case_tokens: int = 256
+    rerank: str = "released"
+    utility_alpha: float = 0.7
+    utility_ucb: float = 1.0
+    utility_min_sim: float = 0.4
+    utility_beta: float = 0.05
 
 
 @dataclass
@@ -815,6 +827,11 @@ def validate(cfg: RunConfig) -> None:
         ("experience.distill", cfg.experience.distill in ("guided", "all")),
         ("experience.cases", cfg.experience.cases in ("successes", "all")),
         ("experience.case_tokens", cfg.experience.case_tokens >= 16),
+        ("experience.rerank", cfg.experience.rerank in ("released", "utility")),
+        ("experience.utility_alpha", 0 <= cfg.experience.utility_alpha <= 1),
+        ("experience.utility_ucb", cfg.experience.utility_ucb >= 0),
+        ("experience.utility_min_sim", -1 <= cfg.experience.utility_min_sim <= 1),
+        ("experience.utility_beta", 0 <= cfg.experience.utility_beta <= 1),
         ("experience.key", cfg.experience.key in ("query", "lesson")),
         ("experience.placement", cfg.experience.placement in ("system", "user")),
         ("experience.warmup_steps", cfg.experience.warmup_steps >= 0),

@@ -103,12 +103,16 @@ __all__ = ["BANK_TABLES", "EVICTION_POLICIES", "ExperienceBank", "NotABankError"
 BANK_TABLES = ("entries", "rejections", "counters", "meta")    # what makes a SQLite file a bank
 EVICTION_POLICIES = ("fifo", "lru")
 
+UTILITY_INIT = 0.5
+"""An entry's utility before any guided episode used it (RetroAgent, arXiv 2603.08561, section 3.3)."""
+
 _ENTRY_COLS = ("id", "env_id", "title", "content", "created_step", "updated_step", "source_extraction",
                "generation", "times_retrieved", "times_success", "times_failure", "last_retrieved")
 # columns added after the first bank format, with the value an older bank's entries read as
 _LATER_COLS = {"votes": ("INTEGER NOT NULL DEFAULT 0", "0"),
                "parent_ids": ("TEXT NOT NULL DEFAULT ''", "''"),
-               "origin": ("TEXT NOT NULL DEFAULT 'add'", "'add'")}
+               "origin": ("TEXT NOT NULL DEFAULT 'add'", "'add'"),
+               "utility": (f"REAL NOT NULL DEFAULT {UTILITY_INIT}", str(UTILITY_INIT))}
 _SQL_CHUNK = 900
 
 _SCHEMA = """
@@ -520,7 +524,7 @@ class ExperienceBank:
                                updated_step=r[5], source_extraction=r[6], extractor_version=r[7],
                                times_retrieved=r[8], times_success=r[9], times_failure=r[10],
                                last_retrieved=r[11], votes=int(r[12] or 0), parent_ids=_parse_parents(r[13]),
-                               origin=str(r[14] or "add"))
+                               origin=str(r[14] or "add"), utility=float(r[15]))
 
     @staticmethod
     def _bump(c: sqlite3.Connection, name: str, by: int = 1) -> None:
@@ -890,15 +894,36 @@ class ExperienceBank:
                           "last_retrieved = MAX(last_retrieved, ?) WHERE id = ?",
                           [(float(when), int(i)) for i in ids])
 
-    def record_outcome(self, ids: Sequence[int], success: bool) -> None:
-        """Count the outcome of an episode guided by ``ids``. Unknown ids are ignored. Raises
-        ``PermissionError`` on a read-only bank."""
+    def record_outcome(self, ids: Sequence[int], success: bool, utility_beta: float = 0.0) -> None:
+        """Count the outcome of an episode guided by ``ids`` and move each entry's ``utility`` towards
+        it: ``utility <- (1 - utility_beta) * utility + utility_beta * success`` (success 1 or 0;
+        RetroAgent, arXiv 2603.08561, section 3.3; ``utility_beta`` 0 leaves it as it is). An id
+        listed twice counts twice. Unknown ids are ignored.
+
+        Raises:
+            PermissionError: a read-only bank.
+            ValueError: ``utility_beta`` outside [0, 1].
+        """
         self._check_writable()
+        if not 0.0 <= utility_beta <= 1.0:
+            raise ValueError(f"utility_beta must be in [0, 1], got {utility_beta}")
         if not len(ids):
             return
         col = "times_success" if success else "times_failure"
+        target = 1.0 if success else 0.0
         with self._write() as c:
-            c.executemany(f"UPDATE entries SET {col} = {col} + 1 WHERE id = ?", [(int(i),) for i in ids])
+            c.executemany(f"UPDATE entries SET {col} = {col} + 1, utility = (1 - ?) * utility + ? * ? WHERE id = ?",
+                          [(float(utility_beta), float(utility_beta), target, int(i)) for i in ids])
+
+    def total_retrievals(self, env_id: str | None = None) -> int:
+        """Sum of ``times_retrieved`` over the entries (of ``env_id``, or of the whole bank)."""
+        c = self._conn()
+        if env_id is None:
+            row = c.execute("SELECT COALESCE(SUM(times_retrieved), 0) FROM entries").fetchone()
+        else:
+            row = c.execute("SELECT COALESCE(SUM(times_retrieved), 0) FROM entries WHERE env_id = ?",
+                            (env_id,)).fetchone()
+        return int(row[0])
 
     # ------------------------------------------------------------------ reads
     def get(self, ids: Sequence[int]) -> list[ExperienceEntry]:

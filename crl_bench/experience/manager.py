@@ -177,12 +177,15 @@ class ExperienceManager:
         query_batch: most queries per search batch.
         query_timeout_ms: longest wait for a batch to fill after its first query.
         distill_batch: most episodes per extractor call.
+        utility_beta: step of an entry's utility towards the outcome of each guided episode it was
+            shown to (:meth:`record_outcomes`; ``experience.utility_beta``).
     """
 
     def __init__(self, bank: ExperienceBank, retriever: Retriever, extractor: Extractor | CaseWriter | None = None, *,
                  search_workers: int = 2, query_batch: int = 32, query_timeout_ms: float = 5.0,
-                 distill_batch: int = 8) -> None:
+                 distill_batch: int = 8, utility_beta: float = 0.05) -> None:
         self.bank = bank
+        self.utility_beta = float(utility_beta)
         self.retriever = retriever
         self.extractor = extractor
         self.lock = RWLock()
@@ -488,12 +491,13 @@ class ExperienceManager:
     # The track (trainer/experience_track.py) reads and writes the bank only through these methods, so
     # the manager may live in another process (crl_bench/ray_backend.py: RemoteManager).
     def record_outcomes(self, outcomes: Sequence[tuple[Sequence[int], bool]]) -> None:
-        """Count each ``(entry ids shown, success)`` episode outcome on its entries (under the write lock)."""
+        """Count each ``(entry ids shown, success)`` episode outcome on its entries and move their
+        utility towards it by :attr:`utility_beta` (under the write lock)."""
         if not outcomes:
             return
         with self.lock.write():
             for ids, success in outcomes:
-                self.bank.record_outcome(ids, success)
+                self.bank.record_outcome(ids, success, self.utility_beta)
 
     def source_extractions(self) -> set[str]:
         """Ids of the extractions that wrote an entry still in the bank."""
@@ -657,7 +661,9 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
                           index=exp_cfg.index, max_text_chars=exp_cfg.max_text_chars, read_only=read_only)
     retriever = Retriever(bank, k=exp_cfg.k, oversample=exp_cfg.oversample, freq_penalty=exp_cfg.freq_penalty,
                           recency_window_s=exp_cfg.recency_window_s, top1_demote_p=exp_cfg.top1_demote_p,
-                          seed=cfg.train.seed, query_cache=exp_cfg.query_cache)
+                          seed=cfg.train.seed, query_cache=exp_cfg.query_cache, rerank=exp_cfg.rerank,
+                          utility_alpha=exp_cfg.utility_alpha, utility_ucb=exp_cfg.utility_ucb,
+                          utility_min_sim=exp_cfg.utility_min_sim)
     extractor: Any = None
     if not read_only and get_method(cfg.method).entries == "cases":
         extractor = CaseWriter(tokenizer, exp_cfg.case_tokens, exp_cfg.cases)
@@ -679,4 +685,5 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
                               background=gate is not None)
         extractor = extractor_for(cfg.extractor, engine, tokenizer)
     return ExperienceManager(bank, retriever, extractor, search_workers=exp_cfg.search_workers,
-                             query_batch=exp_cfg.query_batch, query_timeout_ms=exp_cfg.query_timeout_ms)
+                             query_batch=exp_cfg.query_batch, query_timeout_ms=exp_cfg.query_timeout_ms,
+                             utility_beta=exp_cfg.utility_beta)

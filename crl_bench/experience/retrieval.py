@@ -34,6 +34,22 @@ What is implemented (source: the paper and the authors' released code,
 4. The first ``k`` candidates are returned and their retrieval is recorded
    (``bank.record_retrieval(ids, now)``): only returned entries count, not the candidates.
 
+**Utility re-rank** (``rerank="utility"``, ``experience.rerank: utility``), instead of steps 2-3: the
+SimUtil-UCB retrieval of RetroAgent (Zhang et al., arXiv 2603.08561, section 3.3, Eqs. 8-10, with the
+values of its Table 10). Candidates whose cosine similarity ``s(m)`` is below ``utility_min_sim``
+(0.4) are dropped; the rest are sorted by::
+
+    S(m) = alpha * s(m) + (1 - alpha) * (u(m) + kappa * sqrt(ln N / max(n(m), 1)))
+
+with ``u(m)`` the entry's utility (:attr:`ExperienceEntry.utility`: 0.5 for a new entry, moved by
+``experience.utility_beta`` towards the success of each guided training episode it was shown to),
+``n(m)`` its ``times_retrieved``, ``N`` the sum of ``times_retrieved`` over the bank (at least 1, so
+an unused bank gives no bonus), ``alpha`` = ``utility_alpha`` (0.7) and ``kappa`` = ``utility_ucb``
+(1.0). Read-only calls (evaluation) leave the exploration bonus out, as the authors' released code
+evaluates (``greedy``: ``alpha * s + (1 - alpha) * u``). Ties keep the similarity order; no demotion.
+The released code of RetroAgent differs from its paper in ``alpha`` (0.6) and in when ``n`` counts;
+crl-bench follows the paper.
+
 A read-only call (``count_retrievals=False``, used by evaluation) changes nothing: no counters are written and
 its demotion draws come from a separate generator, so evaluating between training steps leaves the
 training retrievals exactly as they would have been.
@@ -55,6 +71,7 @@ from crl_bench.experience.embedding import QueryCache
 from crl_bench.experience.types import ExperienceEntry
 
 RANK_SCORES = ("position", "cosine")
+RERANKS = ("released", "utility")
 
 
 class Retriever:
@@ -71,6 +88,12 @@ class Retriever:
         rank_score: ``position`` (released) or ``cosine``; see the module docstring.
         count_retrievals: count the returned entries as retrieved in the bank (on by default).
         query_cache: most query embeddings kept in the LRU query cache (0 = no cache).
+        rerank: ``released`` (the diversity re-rank) or ``utility`` (SimUtil-UCB); see the module
+            docstring. ``utility_alpha``, ``utility_ucb``, ``utility_min_sim``: its alpha, kappa and
+            similarity floor.
+
+    Raises:
+        ValueError: an unknown ``rank_score`` or ``rerank``, or ``utility_alpha`` outside [0, 1].
 
     ``retrieve`` may be called from several threads while no bank write happens (the random draws
     are guarded by a lock; their interleaving across threads is then not deterministic).
@@ -78,9 +101,19 @@ class Retriever:
 
     def __init__(self, bank, k: int = 1, oversample: int = 16, freq_penalty: float = 0.4,
                  recency_window_s: float = 300.0, top1_demote_p: float = 0.5, seed: int = 0, *,
-                 rank_score: str = "position", count_retrievals: bool = True, query_cache: int = 4096):
+                 rank_score: str = "position", count_retrievals: bool = True, query_cache: int = 4096,
+                 rerank: str = "released", utility_alpha: float = 0.7, utility_ucb: float = 1.0,
+                 utility_min_sim: float = 0.4):
         if rank_score not in RANK_SCORES:
             raise ValueError(f"rank_score must be one of {RANK_SCORES}")
+        if rerank not in RERANKS:
+            raise ValueError(f"rerank must be one of {RERANKS}, got {rerank!r}")
+        if not 0.0 <= utility_alpha <= 1.0:
+            raise ValueError(f"utility_alpha must be in [0, 1], got {utility_alpha}")
+        self.rerank_mode = rerank
+        self.utility_alpha = float(utility_alpha)
+        self.utility_ucb = float(utility_ucb)
+        self.utility_min_sim = float(utility_min_sim)
         self.bank = bank
         self.k = int(k)
         self.oversample = max(1, int(oversample))
@@ -131,6 +164,21 @@ class Retriever:
                 out = out[1:] + out[:1]
         return out
 
+    def utility_rank(self, cands: list[tuple[ExperienceEntry, float]], total_retrievals: int,
+                     explore: bool = True) -> list[ExperienceEntry]:
+        """The ``utility`` re-rank of ``(entry, cosine)`` candidates (module docstring): candidates
+        under ``utility_min_sim`` dropped, the rest by ``S(m)`` descending (ties: similarity order);
+        ``explore`` adds the UCB bonus with ``N = max(total_retrievals, 1)``."""
+        log_n = math.log(max(int(total_retrievals), 1))
+        scored = []
+        for r, (e, cos) in enumerate(cands):
+            if cos < self.utility_min_sim:
+                continue
+            u = e.utility + (self.utility_ucb * math.sqrt(log_n / max(e.times_retrieved, 1)) if explore else 0.0)
+            scored.append((self.utility_alpha * float(cos) + (1.0 - self.utility_alpha) * u, r, e))
+        scored.sort(key=lambda x: (-x[0], x[1]))
+        return [e for _, _, e in scored]
+
     def retrieve(self, queries: Sequence[str], env_ids: Sequence[str], now: float | None = None,
                  count_retrievals: bool | None = None) -> list[list[ExperienceEntry]]:
         """Up to ``k`` entries per query (of that query's env), best first after the re-rank.
@@ -155,10 +203,14 @@ class Retriever:
             for i, r in zip(idx, res):
                 hits[i] = r
         by_id = {e.id: e for e in self.bank.get(list({i for h in hits for i, _ in h}))}
+        total = self.bank.total_retrievals() if self.rerank_mode == "utility" and by_id else 0
         returned: list[int] = []
         for qi, h in enumerate(hits):
             cands = [(by_id[i], s) for i, s in h if i in by_id]   # ids gone since the search are dropped
-            out[qi] = self.rerank(cands, now, None if count_retrievals else self._readonly_rng)[:self.k]
+            if self.rerank_mode == "utility":
+                out[qi] = self.utility_rank(cands, total, explore=count_retrievals)[:self.k]
+            else:
+                out[qi] = self.rerank(cands, now, None if count_retrievals else self._readonly_rng)[:self.k]
             returned.extend(e.id for e in out[qi])
         if count_retrievals and returned:
             self.bank.record_retrieval(returned, now)

@@ -59,6 +59,9 @@ class ExperienceEntry:
         parent_ids: ids of the entries this one replaced (UPDATE: one, MERGE and merge pass: several;
             empty for an ADD): lineage for provenance, they are no longer in the bank.
         origin: one of :data:`ORIGINS`.
+        utility: moving average of the success of the guided training episodes it was shown to
+            (starts at 0.5; :meth:`~crl_bench.experience.bank.ExperienceBank.record_outcome`); read by
+            the ``utility`` re-rank.
     """
 
     id: int
@@ -76,6 +79,7 @@ class ExperienceEntry:
     votes: int = 0
     parent_ids: tuple[int, ...] = ()
     origin: str = "add"
+    utility: float = 0.5
 
     def text(self) -> str:
         """The text that is embedded and shown to the actor: ``"title: content"``."""

@@ -41,6 +41,7 @@ import torch
 
 from crl_bench.config import RunConfig
 from crl_bench.env_api import feedback_of
+from crl_bench.experience.cases import admits_case
 from crl_bench.experience.extractor import EpisodeRecord, Extraction
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.manager import DistillRequest, build_manager
@@ -66,8 +67,13 @@ GUIDANCE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it a
 CASES_HEADER = ("Earlier episodes of similar tasks, each with its outcome. Use them where they apply to this "
                 "task; do not copy them blindly.")
 
-#: the ``empty`` memory control's experience block: the header a guided episode sees, and no entry
-EMPTY_GUIDANCE = f"{GUIDANCE_HEADER}\n\n(no entries)"
+def empty_guidance_text(header: str = GUIDANCE_HEADER) -> str:
+    """The ``empty`` memory control's experience block: the header a guided episode sees, no entry."""
+    return f"{header}\n\n(no entries)"
+
+
+#: the ``empty`` control's block of a bank of lessons
+EMPTY_GUIDANCE = empty_guidance_text()
 
 
 def guidance_text(body: str, header: str = GUIDANCE_HEADER) -> str:
@@ -258,7 +264,7 @@ class ExperienceTrack:
     @property
     def empty_guidance(self) -> str:
         """The ``empty`` memory control's block: this bank's header and no entry."""
-        return f"{self.header}\n\n(no entries)"
+        return empty_guidance_text(self.header)
 
     def free_size(self, group_size: int) -> int:
         """Experience-free episodes per group (the rest are guided)."""
@@ -476,7 +482,7 @@ class ExperienceTrack:
         reqs = []
         if self.method.entries == "cases":
             for t in (t for members in by_group.values() for t in members):
-                if t.turns and (exp_cfg.cases == "all" or t.success):
+                if admits_case(bool(t.turns), t.success, exp_cfg.cases):
                     reqs.append(DistillRequest(episode_record(t), [], t.env_id, step,
                                                t.query if exp_cfg.key == "query" else ""))
             return reqs

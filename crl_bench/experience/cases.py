@@ -36,6 +36,12 @@ CASE_OUTCOMES = ("successes", "all")
 """Values of ``experience.cases``: which finished episodes become cases."""
 
 
+def admits_case(has_steps: bool, success: bool, outcomes: str) -> bool:
+    """Whether a finished episode becomes a case under ``experience.cases`` = ``outcomes``: one with
+    at least one action that succeeded, or any with ``all``."""
+    return bool(has_steps) and (outcomes == "all" or bool(success))
+
+
 def case_text(record: EpisodeRecord, tokenizer: Any, max_tokens: int) -> tuple[str, str]:
     """``(title, content)`` of the case written for ``record``.
 
@@ -74,9 +80,6 @@ class CaseWriter:
         ValueError: ``outcomes`` is not one of :data:`CASE_OUTCOMES`, or ``max_tokens`` < 1.
     """
 
-    answers = False
-    """The search tool gets the retrieved cases themselves as its answer (no model to answer with)."""
-
     def __init__(self, tokenizer: Any, max_tokens: int = 256, outcomes: str = "successes") -> None:
         if outcomes not in CASE_OUTCOMES:
             raise ValueError(f"experience.cases must be one of {', '.join(CASE_OUTCOMES)}, got {outcomes!r}")
@@ -88,7 +91,7 @@ class CaseWriter:
 
     def admits(self, record: EpisodeRecord) -> bool:
         """Whether ``record`` becomes a case (``outcomes``; an episode without any action never does)."""
-        return bool(record.steps) and (self.outcomes == "all" or bool(record.success))
+        return admits_case(bool(record.steps), record.success, self.outcomes)
 
     def extract(self, records: Sequence[EpisodeRecord],
                 retrieved: Sequence[Sequence[ExperienceEntry]] | None = None) -> list[Extraction]:

@@ -207,6 +207,12 @@ class ExperienceManager:
             self._worker = threading.Thread(target=self._distill_loop, name="crl-distiller", daemon=True)
             self._worker.start()
 
+    @property
+    def has_model(self) -> bool:
+        """Whether an extractor model writes this bank (not a case bank's writer, not read-only):
+        only then can it merge entries and answer search-tool questions."""
+        return self.extractor is not None and not isinstance(self.extractor, CaseWriter)
+
     # ---- retrieval ------------------------------------------------------------------------------
     def retrieve_async(self, env_id: str, text: str, count_retrievals: bool = True) -> Future:
         """Queue one query; the future resolves to ``list[ExperienceEntry]`` (best first).
@@ -448,7 +454,7 @@ class ExperienceManager:
             RuntimeError: the manager has no extractor model (none, or a case bank's writer).
             ValueError: unknown ``mode``.
         """
-        if self.extractor is None or isinstance(self.extractor, CaseWriter):
+        if not self.has_model:
             raise RuntimeError("this experience manager has no extractor model to merge entries with")
         if mode == "fold":
             reqs: list[Any] = [FoldRequest(step, max_size)]
@@ -474,7 +480,7 @@ class ExperienceManager:
         if not asked:
             return out
         knowledge = [format_numbered(found[i], empty="") for i in asked]
-        if self.extractor is None or not getattr(self.extractor, "answers", True):
+        if not self.has_model:
             for i, text in zip(asked, knowledge):
                 out[i].text = text
             return out

@@ -410,7 +410,7 @@ def _open_bank(run: str):
     path = Path(run) / "experience.sqlite" if Path(run).is_dir() else Path(run)
     if not path.is_file():
         raise ConfigError(f"{run!r} has no experience bank (experience.sqlite); was it run with "
-                          "a method with an experience bank (complementary, static, casebank)?")
+                          "a method with an experience bank (complementary, static, casebank, expel)?")
     wal = path.with_name(path.name + "-wal")
     hint = (f" Its write-ahead log {wal.name} is missing: a bank that was not closed cleanly keeps its "
             f"entries there; copy {path.name} with its -wal and -shm files." if not wal.exists() else "")
@@ -498,6 +498,13 @@ def cmd_bank(args: argparse.Namespace) -> int:
                   f"{e.utility:.3f}, votes {e.votes:+d}; {_shown(lineage)} at step {e.created_step}, extractor version "
                   f"{e.extractor_version}")
         print(f"{len(entries)} entries" + (f" (showing {args.limit})" if len(entries) > args.limit else ""))
+        insights = bank.insights(args.env)
+        if insights:                    # a method with insight lists (expel): most important first, per env
+            print("\ninsights:")
+            for i in insights[:args.limit]:
+                print(f"#{i.id} [{_shown(i.env_id)}] importance {i.importance}, added at step {i.created_step}, "
+                      f"changed at step {i.updated_step}\n    {_shown(i.text)}")
+            print(f"{len(insights)} insights" + (f" (showing {args.limit})" if len(insights) > args.limit else ""))
         return 0
     except (sqlite3.Error, ValueError, TypeError) as e:   # rows a crl-bench bank never holds
         raise ConfigError(f"{bank.path} is not a readable crl-bench experience bank: {e}") from None

@@ -371,6 +371,16 @@ class ExperienceConfig:
             (0.7), exploration constant kappa (1.0) and similarity floor (0.4) (RetroAgent, Table 10).
         utility_beta: step of an entry's utility towards the success (1 or 0) of each guided training
             episode it was shown to (0.05, RetroAgent); updated whatever ``rerank`` is.
+        insight_pairs: for a method with insights (``expel``): comparison calls per group with a
+            success and a failure (each a success against a failure of the group's task), per step.
+            :mod:`crl_bench.experience.insights`.
+        insight_successes: most successes of different tasks in one success-list call (ExpeL's L:
+            4 as for WebShop; 8 for ALFWorld does not fit a small model's prompt); one call per step
+            when at least two tasks had a success (0 = no success-list calls).
+        insight_ops: most operations of one insight reply (4, as released).
+        insights_max: from this many insights of an env on, the extractor is asked to downvote and
+            edit before adding (released prompt; 10 as in the released ALFWorld runs; 0 = never).
+        insight_new_tokens: most tokens of one insight reply.
     """
 
     free_size: int = -1
@@ -414,6 +424,11 @@ class ExperienceConfig:
     utility_ucb: float = 1.0
     utility_min_sim: float = 0.4
     utility_beta: float = 0.05
+    insight_pairs: int = 1
+    insight_successes: int = 4
+    insight_ops: int = 4
+    insights_max: int = 10
+    insight_new_tokens: int = 160
 
 
 @dataclass
@@ -832,6 +847,12 @@ def validate(cfg: RunConfig) -> None:
         ("experience.utility_ucb", cfg.experience.utility_ucb >= 0),
         ("experience.utility_min_sim", -1 <= cfg.experience.utility_min_sim <= 1),
         ("experience.utility_beta", 0 <= cfg.experience.utility_beta <= 1),
+        ("experience.insight_pairs", cfg.experience.insight_pairs >= 0),
+        ("experience.insight_successes", cfg.experience.insight_successes == 0
+         or cfg.experience.insight_successes >= 2),
+        ("experience.insight_ops", cfg.experience.insight_ops >= 1),
+        ("experience.insights_max", cfg.experience.insights_max >= 0),
+        ("experience.insight_new_tokens", cfg.experience.insight_new_tokens >= 8),
         ("experience.key", cfg.experience.key in ("query", "lesson")),
         ("experience.placement", cfg.experience.placement in ("system", "user")),
         ("experience.warmup_steps", cfg.experience.warmup_steps >= 0),

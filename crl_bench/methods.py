@@ -15,6 +15,10 @@ Beside them, memory baselines of the same loop:
   trajectories with their outcome (cases), and a guided episode is shown the most similar ones
   (ExpeL's trajectory retrieval, arXiv 2308.10144, section 4; case-based memory as in Memento,
   arXiv 2508.16153). docs/method.md, "Case bank".
+* ``expel``: ExpeL's insights (arXiv 2308.10144, section 4.2): a frozen extractor compares successful
+  and failed episodes of a task and edits a list of insights per env with ADD / EDIT / UPVOTE /
+  DOWNVOTE; a guided episode is shown its env's insights and the most similar successful case.
+  docs/method.md, "ExpeL insights".
 
 ``crl-bench run --method NAME`` looks the name up here; :func:`register_method` adds a method from
 outside the package (a plugin), which must also be a configuration of the same loop.
@@ -37,6 +41,9 @@ class MethodSpec:
         entries: what the bank's entries are: ``lessons`` (an extractor model distils them from
             finished episodes) or ``cases`` (the episodes themselves, compacted; no extractor model
             is loaded, there is no merge pass, and the search tool answers with the cases found).
+        insights: beside the cases, a frozen extractor model keeps a list of insights per env that
+            every guided episode of the env is shown (ExpeL; :mod:`crl_bench.experience.insights`).
+            Only with ``entries="cases"``; never trained.
     """
 
     name: str
@@ -44,6 +51,7 @@ class MethodSpec:
     uses_experience: bool = False
     trains_extractor: bool = False
     entries: str = "lessons"
+    insights: bool = False
 
     def __post_init__(self) -> None:
         if self.entries not in ("lessons", "cases"):
@@ -51,11 +59,13 @@ class MethodSpec:
         if self.trains_extractor and (not self.uses_experience or self.entries != "lessons"):
             raise ValueError(f"method {self.name!r}: only a method whose bank holds lessons has an extractor "
                              "to train")
+        if self.insights and (not self.uses_experience or self.entries != "cases"):
+            raise ValueError(f"method {self.name!r}: insights come with a bank of cases")
 
     @property
     def uses_extractor(self) -> bool:
-        """Whether the method has an extractor model (a bank of lessons)."""
-        return self.uses_experience and self.entries == "lessons"
+        """Whether the method loads an extractor model (a bank of lessons, or a list of insights)."""
+        return self.uses_experience and (self.entries == "lessons" or self.insights)
 
 
 GRPO = MethodSpec(
@@ -81,7 +91,15 @@ CASEBANK = MethodSpec(
     entries="cases",
 )
 
-_METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY, CASEBANK)}
+EXPEL = MethodSpec(
+    name="expel",
+    description="GRPO actor guided by ExpeL insights of a frozen extractor and the most similar successful case",
+    uses_experience=True,
+    entries="cases",
+    insights=True,
+)
+
+_METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY, CASEBANK, EXPEL)}
 
 
 def register_method(spec: MethodSpec) -> None:

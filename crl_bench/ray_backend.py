@@ -522,7 +522,7 @@ class ManagerHost:
         _threads(cpus)
         torch.manual_seed(c.train.seed)
         self.model = None
-        if get_method(c.method).entries == "cases":     # a case bank: the actor's tokenizer, no model
+        if not get_method(c.method).uses_extractor:     # a case bank: the actor's tokenizer, no model
             self.dtype = resolve_dtype(c.model.dtype)
             self.manager = build_manager(c, bank_path, None, load_tokenizer(c.model.name),
                                          compute_dtype=DTYPES[self.dtype])
@@ -609,6 +609,12 @@ class RemoteManager:
 
     def source_extractions(self) -> set[str]:
         return self._run("source_extractions")
+
+    def insights(self, env_ids: Sequence[str]) -> dict[str, list]:
+        return self._run("insights", list(env_ids))
+
+    def pop_insight_outcomes(self) -> list:
+        return self._run("pop_insight_outcomes")
 
     def similar_groups(self, threshold: float, max_size: int) -> list:
         return self._run("similar_groups", threshold, max_size)

@@ -209,3 +209,29 @@ def test_case_bank_manager_actor_loads_no_model(tmp_path, monkeypatch):
         assert host.manager.extractor.tokenizer.chat_template
     finally:
         host.close()
+
+
+def test_expel_manager_actor_loads_the_frozen_extractor(tmp_path):
+    """The manager actor of an ``expel`` run loads the extractor model (frozen, in the compute
+    dtype) and keeps the insight lists, which the driver's handle reads through ``insights``."""
+    import torch
+
+    from crl_bench.config import preset_data
+    from crl_bench.experience.insights import InsightOp, InsightWriter
+    from crl_bench.ray_backend import ManagerHost
+
+    cfg = build_config([preset_data("smoke"), {"method": "expel", "rollout": {"mix": "minihack-room"}}])
+    threads = torch.get_num_threads()
+    try:
+        host = ManagerHost(cfg.to_dict(), str(tmp_path / "experience.sqlite"), None, False, 1.0)
+    finally:
+        torch.set_num_threads(threads)
+    try:
+        assert isinstance(host.manager.extractor, InsightWriter) and host.model is not None
+        assert not any(p.requires_grad for p in host.model.parameters())
+        host.manager.bank.apply_insights([InsightOp("ADD", 0, "Walk to the stairs.")], [], env_id="minihack-room",
+                                         step=1, call_id="c")
+        got = host.run("insights", ["minihack-room"])
+        assert [i.text for i in got["minihack-room"]] == ["Walk to the stairs."]
+    finally:
+        host.close()

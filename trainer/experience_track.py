@@ -26,6 +26,11 @@ docs/method.md).  Beside the actor's GRPO loop:
    batch mean as baseline (each sample's advantage times its repeat weight, ``extractor.repeat_*``),
    unless the method freezes it: the static-extractor baseline, whose buffer is bounded the same way
    and simply never drained by an update.
+
+The memory baselines are configurations of the same track: a bank of cases (``casebank``) is written
+with the finished episodes themselves instead of step 2's extractor, and ``expel`` also sends each
+step's success/failure pairs and successes to a frozen extractor that edits the env's insight list,
+shown above the cases in every guided prompt (:meth:`ExperienceTrack._insight_requests`).
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ from crl_bench.config import RunConfig
 from crl_bench.env_api import feedback_of
 from crl_bench.experience.cases import admits_case
 from crl_bench.experience.extractor import EpisodeRecord, Extraction
+from crl_bench.experience.insights import Insight, format_insights
 from crl_bench.experience.json_ops import format_numbered
-from crl_bench.experience.manager import DistillRequest, build_manager
+from crl_bench.experience.manager import DistillRequest, InsightRequest, build_manager
 from crl_bench.experience.types import RetrievalRecord
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
@@ -67,9 +73,20 @@ GUIDANCE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it a
 CASES_HEADER = ("Earlier episodes of similar tasks, each with its outcome. Use them where they apply to this "
                 "task; do not copy them blindly.")
 
+#: the header of the insight list of a method with insights (``expel``), shown above its cases
+INSIGHTS_HEADER = ("Insights learned from earlier episodes of this game, most important first. Use them where they "
+                   "apply to this task; do not follow them blindly.")
+
+
 def empty_guidance_text(header: str = GUIDANCE_HEADER) -> str:
     """The ``empty`` memory control's experience block: the header a guided episode sees, no entry."""
     return f"{header}\n\n(no entries)"
+
+
+def insight_block(insights: Sequence[Insight]) -> str:
+    """The insight part of an ``expel`` guided prompt: :data:`INSIGHTS_HEADER` and the numbered
+    insights; ``""`` without insights."""
+    return guidance_text(format_insights(insights, empty=""), INSIGHTS_HEADER)
 
 
 #: the ``empty`` control's block of a bank of lessons
@@ -162,6 +179,7 @@ class ExperienceTrack:
         self.cfg = cfg
         self.method = method
         self.header = CASES_HEADER if method.entries == "cases" else GUIDANCE_HEADER
+        self.insight_seen = (0, 0)          # the manager's (insight_calls, insight_calls_failed) at the last row
         exp_cfg, xc = cfg.experience, cfg.extractor
         self.read_only = read_only_bank is not None
         if self.read_only:
@@ -263,7 +281,10 @@ class ExperienceTrack:
     # ---- rollout side ---------------------------------------------------------------------------
     @property
     def empty_guidance(self) -> str:
-        """The ``empty`` memory control's block: this bank's header and no entry."""
+        """The ``empty`` memory control's block: this bank's header and no entry (with insights: the
+        insight header and no insight, then the case header and no case)."""
+        if self.method.insights:
+            return f"{empty_guidance_text(INSIGHTS_HEADER)}\n\n{empty_guidance_text(self.header)}"
         return empty_guidance_text(self.header)
 
     def free_size(self, group_size: int) -> int:
@@ -278,6 +299,8 @@ class ExperienceTrack:
 
         Returns one :class:`~crl_bench.rollout.Guidance` per request, whose ``record`` is a
         :class:`RetrievalRecord` (snapshots of the entries, the text shown, the judge's decision).
+        With insights (``expel``) the text starts with the env's insight list (:func:`insight_block`),
+        shown whether or not a case was found; the judge sees only the cases.
         ``count_retrievals=False`` leaves the bank's counters untouched.  The actor-critic judge (if
         on) is shown the initial prompt, the guidance and the actor's average score on the env over
         the training episodes so far (released ``actor_critic``); it judges with the training
@@ -294,9 +317,12 @@ class ExperienceTrack:
             judging = None if (count_retrievals if judge_sampling is None else judge_sampling) else self._eval_judging
             for i, j in zip(asked, self.critic.judge(items, judging)):
                 decisions[i], bodies[i] = j.decision, j.guidance
+        lists = self.manager.insights([env_id for env_id, _, _ in requests]) if self.method.insights else {}
         out = []
-        for entries, body, decision in zip(found, bodies, decisions):
+        for (env_id, _, _), entries, body, decision in zip(requests, found, bodies, decisions):
             text = guidance_text(body, self.header)
+            if lists.get(env_id):
+                text = "\n\n".join(p for p in (insight_block(lists[env_id]), text) if p)
             snap = [replace(e) for e in entries]
             out.append(Guidance(text, [e.id for e in entries], RetrievalRecord(snap, text, decision)))
         return out
@@ -353,7 +379,7 @@ class ExperienceTrack:
         Raises ``RuntimeError`` on a read-only track."""
         self._check_trainable()
         every = self.cfg.experience.merge_every
-        if not every or step <= 0 or step % every or not self.method.uses_extractor:   # cases are not merged
+        if not every or step <= 0 or step % every or self.method.entries != "lessons":   # cases are not merged
             return {}
         if self.updated_at_step == step:          # updated at the end of the previous (1-based ``step``) step
             return {"merge_pass": 0, "merge_skipped": 1}
@@ -485,6 +511,8 @@ class ExperienceTrack:
                 if admits_case(bool(t.turns), t.success, exp_cfg.cases):
                     reqs.append(DistillRequest(episode_record(t), [], t.env_id, step,
                                                t.query if exp_cfg.key == "query" else ""))
+            if self.method.insights:
+                reqs += self._insight_requests(by_group, step)
             return reqs
         for members in by_group.values():
             if exp_cfg.integration in ("trajectory", "both"):
@@ -507,6 +535,28 @@ class ExperienceTrack:
                         key = _turn_query(t, k) if exp_cfg.key == "query" else ""
                         reqs.append(DistillRequest(turn_record(t, k), list(rec.entries) if rec else [], t.env_id,
                                                    step, key))
+        return reqs
+
+    def _insight_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[InsightRequest]:
+        """The step's insight calls (:mod:`crl_bench.experience.insights`): for each group (one task)
+        with a success and a failure, ``experience.insight_pairs`` comparisons, the i-th success
+        against the i-th failure (both subgroups); then, per env, the first success of each task in
+        chunks of ``experience.insight_successes`` (ExpeL's L), only chunks of two tasks or more."""
+        exp_cfg = self.cfg.experience
+        reqs: list[InsightRequest] = []
+        firsts: dict[str, list[EpisodeRecord]] = {}
+        for members in by_group.values():
+            wins = [t for t in members if t.success and t.turns]
+            losses = [t for t in members if not t.success and t.turns]
+            for w, loss in list(zip(wins, losses))[:exp_cfg.insight_pairs]:
+                reqs.append(InsightRequest(w.env_id, step, [episode_record(w)], [episode_record(loss)]))
+            if wins:
+                firsts.setdefault(wins[0].env_id, []).append(episode_record(wins[0]))
+        size = exp_cfg.insight_successes
+        for env_id, recs in firsts.items() if size else ():
+            for i in range(0, len(recs), size):
+                if len(recs[i:i + size]) >= 2:
+                    reqs.append(InsightRequest(env_id, step, recs[i:i + size]))
         return reqs
 
     def _collect_extractions(self) -> None:
@@ -621,6 +671,12 @@ class ExperienceTrack:
         self.parse_seen = (s["extractions_parsed"], s["extractions_failed"])
         step_parse = {"extractions_step": parsed + failed,
                       **({"extractions_parse_rate": parsed / (parsed + failed)} if parsed + failed > 0 else {})}
+        if self.method.insights:
+            calls, failed = s["insight_calls"] - self.insight_seen[0], s["insight_calls_failed"] - self.insight_seen[1]
+            self.insight_seen = (s["insight_calls"], s["insight_calls_failed"])
+            step_parse.update(insights=s["insights"], insight_calls=s["insight_calls"],
+                              insight_kinds=s["insight_kinds"], insight_calls_step=calls,
+                              **({"insight_parse_rate": (calls - failed) / calls} if calls else {}))
         return {"bank_size": s["bank_size"], "extractions_parsed": s["extractions_parsed"],
                 "extractions_failed": s["extractions_failed"], "ops_applied": s["ops_applied"],
                 "ops_rejected": s["ops_rejected"], "op_kinds": s["op_kinds"], "merges": s["merges"],
@@ -653,6 +709,7 @@ class ExperienceTrack:
             "dropped": self.dropped, "extractor_version": self.extractor_version, "updates": list(self.updates),
             "env_scores": {k: list(v) for k, v in self.env_scores.items()}, "trained": dict(self.trained),
             "updated_at_step": self.updated_at_step, "parse_seen": list(self.parse_seen),
+            "insight_seen": list(self.insight_seen),
             "optimizer": self.updater.optimizer.state_dict() if self.updater is not None else None,
             "updater_rng": self.updater.rng.getstate() if self.updater is not None else None,
             "manager": self.manager.state_dict(),
@@ -685,6 +742,7 @@ class ExperienceTrack:
         self.manager.load_state_dict(state["manager"])
         s = self.manager.stats()            # a checkpoint without parse_seen: count from the restored counters
         self.parse_seen = tuple(state.get("parse_seen", (s["extractions_parsed"], s["extractions_failed"])))
+        self.insight_seen = tuple(state.get("insight_seen", (s["insight_calls"], s["insight_calls_failed"])))
 
     def save_bank(self, dest: str | Path) -> None:
         """Copy the bank's SQLite file to ``dest`` (:meth:`ExperienceManager.backup`: the manager

@@ -34,6 +34,7 @@ from typing import Any
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.cases import CaseWriter
 from crl_bench.experience.extractor import EpisodeRecord, Extraction, Extractor, answer_text, fold_items
+from crl_bench.experience.insights import Insight, InsightCall, InsightResult, InsightWriter
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.locks import RWLock
 from crl_bench.experience.retrieval import Retriever
@@ -61,6 +62,27 @@ class DistillRequest:
     env_id: str
     step: int
     key_text: str = ""
+
+
+@dataclass
+class InsightRequest:
+    """One insight call for a method with insights (``expel``; :mod:`crl_bench.experience.insights`):
+    a comparison of ``successes[0]`` with ``failures[0]`` (one task), or, without failures, a list of
+    successes of different tasks.  The call is shown ``env_id``'s insight list as it is when the
+    worker takes the request; comparisons of a batch are applied before its success lists."""
+
+    env_id: str
+    step: int
+    successes: list[EpisodeRecord]
+    failures: list[EpisodeRecord] = field(default_factory=list)
+
+
+@dataclass
+class InsightOutcome:
+    """An insight call and what the bank made of its operations (:meth:`ExperienceManager.pop_insight_outcomes`)."""
+
+    call: InsightCall
+    applied: InsightResult
 
 
 @dataclass
@@ -152,6 +174,9 @@ class ManagerStats:
     distill_s: float = 0.0
     last_error: str = ""
     op_kinds: dict = field(default_factory=dict)
+    insight_calls: int = 0
+    insight_calls_failed: int = 0
+    insight_kinds: dict = field(default_factory=dict)
 
 
 class _Query:
@@ -172,7 +197,9 @@ class ExperienceManager:
         retriever: a retriever over ``bank``.
         extractor: the extractor that samples operations for the queued episodes and merge groups,
             a :class:`~crl_bench.experience.cases.CaseWriter` (a case bank: episodes stored as they
-            happened, no merge pass), or ``None`` (retrieval only: :meth:`submit` raises).
+            happened, no merge pass), an :class:`~crl_bench.experience.insights.InsightWriter` (a case
+            bank with insight lists, which also takes :class:`InsightRequest`), or ``None``
+            (retrieval only: :meth:`submit` raises).
         search_workers: parallel search threads.
         query_batch: most queries per search batch.
         query_timeout_ms: longest wait for a batch to fill after its first query.
@@ -196,8 +223,9 @@ class ExperienceManager:
         self._stats = ManagerStats()
         self._mu = threading.Lock()
         self._finished: list[ExtractionOutcome] = []
+        self._insight_outcomes: list[InsightOutcome] = []
         self._queries: queue.Queue[_Query | None] = queue.Queue()
-        self._distill: queue.Queue[DistillRequest | MergeRequest | FoldRequest | None] = queue.Queue()
+        self._distill: queue.Queue[DistillRequest | InsightRequest | MergeRequest | FoldRequest | None] = queue.Queue()
         self._pool = ThreadPoolExecutor(max_workers=search_workers, thread_name_prefix="crl-search")
         self._closed = False
         self._batcher = threading.Thread(target=self._batch_loop, name="crl-query-batcher", daemon=True)
@@ -276,10 +304,17 @@ class ExperienceManager:
             self._stats.search_s += time.perf_counter() - t0
 
     # ---- distillation ---------------------------------------------------------------------------
-    def submit(self, requests: list[DistillRequest | MergeRequest | FoldRequest]) -> None:
-        """Queue finished episodes (or merge requests) for the extractor; returns at once."""
+    def submit(self, requests: list[DistillRequest | InsightRequest | MergeRequest | FoldRequest]) -> None:
+        """Queue finished episodes (or merge or insight requests) for the extractor; returns at once.
+
+        Raises:
+            RuntimeError: no extractor, or an :class:`InsightRequest` for a manager without an
+                :class:`~crl_bench.experience.insights.InsightWriter`.
+        """
         if self.extractor is None:
             raise RuntimeError("this experience manager has no extractor")
+        if not isinstance(self.extractor, InsightWriter) and any(isinstance(r, InsightRequest) for r in requests):
+            raise RuntimeError("this experience manager keeps no insight list")
         for r in requests:
             self._distill.put(r)
 
@@ -332,10 +367,13 @@ class ExperienceManager:
                 for _ in batch:
                     self._distill.task_done()
 
-    def _process(self, batch: list[DistillRequest | MergeRequest | FoldRequest]) -> None:
+    def _process(self, batch: list[DistillRequest | InsightRequest | MergeRequest | FoldRequest]) -> None:
         t0 = time.perf_counter()
         for fold in [r for r in batch if isinstance(r, FoldRequest)]:
             self._fold(fold)
+        insight_reqs = [r for r in batch if isinstance(r, InsightRequest)]
+        for phase in ([r for r in insight_reqs if r.failures], [r for r in insight_reqs if not r.failures]):
+            self._insights(phase)
         episodes = [r for r in batch if isinstance(r, DistillRequest)]
         merges = [r for r in batch if isinstance(r, MergeRequest)]
         done: list[tuple[DistillRequest | MergeRequest, Extraction]] = []
@@ -373,6 +411,41 @@ class ExperienceManager:
                 self._finished.append(ExtractionOutcome(extraction, result))
         with self._mu:
             self._stats.distill_s += time.perf_counter() - t0
+
+    def _insights(self, reqs: list[InsightRequest]) -> None:
+        """One batched extractor call for ``reqs``, each shown its env's insight list as it is now;
+        the replies are applied one after the other (a number names the insight the call was shown,
+        so an insight another reply of the batch removed is ``gone``)."""
+        if not reqs:
+            return
+        with self.lock.read():
+            lists = {env: self.bank.insights(env) for env in {r.env_id for r in reqs}}
+        with self.extractor_lock:
+            calls = self.extractor.insight_calls([(r.env_id, r.successes, r.failures, lists[r.env_id]) for r in reqs])
+        for req, call in zip(reqs, calls):
+            with self.lock.write():
+                result = self.bank.apply_insights(call.parse.ops, call.shown, env_id=req.env_id, step=req.step,
+                                                  call_id=call.id)
+            with self._mu:
+                st = self._stats
+                st.insight_calls += 1
+                st.insight_calls_failed += 0 if call.parse.valid else 1
+                for op, _ in result.applied:
+                    st.insight_kinds[op.kind] = st.insight_kinds.get(op.kind, 0) + 1
+                self._insight_outcomes.append(InsightOutcome(call, result))
+
+    def insights(self, env_ids: Sequence[str]) -> dict[str, list[Insight]]:
+        """The insight list of each env in ``env_ids`` (most important first); empty lists for a bank
+        without insights."""
+        with self.lock.read():
+            return {env: self.bank.insights(env) for env in dict.fromkeys(env_ids)}
+
+    def pop_insight_outcomes(self) -> list[InsightOutcome]:
+        """The insight calls processed since the last call, with what the bank made of each (oldest
+        first); the manager forgets them."""
+        with self._mu:
+            out, self._insight_outcomes = self._insight_outcomes, []
+        return out
 
     def _fold(self, req: FoldRequest) -> None:
         """The released merge pass (``merge_memory`` / ``_merge_single_task``), on the worker thread.
@@ -575,15 +648,19 @@ class ExperienceManager:
         if self.backlog():
             raise RuntimeError(f"{self.backlog()} distillation request(s) still queued; drain before saving")
         with self._mu:
-            stats = ManagerStats(**{**self._stats.__dict__, "op_kinds": dict(self._stats.op_kinds)})
-            return {"stats": stats, "finished": list(self._finished), "retriever": self.retriever.state_dict()}
+            stats = ManagerStats(**{**self._stats.__dict__, "op_kinds": dict(self._stats.op_kinds),
+                                    "insight_kinds": dict(self._stats.insight_kinds)})
+            return {"stats": stats, "finished": list(self._finished), "retriever": self.retriever.state_dict(),
+                    "insight_outcomes": list(self._insight_outcomes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (counters, uncollected outcomes, retriever)."""
         with self._mu:
             st = state["stats"]
-            self._stats = ManagerStats(**{**st.__dict__, "op_kinds": dict(st.op_kinds)})
+            self._stats = ManagerStats(**{**ManagerStats().__dict__, **st.__dict__, "op_kinds": dict(st.op_kinds),
+                                          "insight_kinds": dict(getattr(st, "insight_kinds", {}))})
             self._finished = list(state["finished"])
+            self._insight_outcomes = list(state.get("insight_outcomes", []))
         self.retriever.load_state_dict(state["retriever"])
 
     def stats(self) -> dict[str, Any]:
@@ -594,8 +671,10 @@ class ExperienceManager:
         with self._mu:
             s = dict(self._stats.__dict__)
             s["op_kinds"] = dict(self._stats.op_kinds)
+            s["insight_kinds"] = dict(self._stats.insight_kinds)
         with self.lock.read():
             s["bank_size"] = len(self.bank)
+            s["insights"] = len(self.bank.insights())
             c = self.bank.counters()
         s.update(merge_calls_failed=c.get("merge_pass_calls_failed", 0),
                  merge_entries_in=c.get("merge_pass_removed", 0), merge_entries_out=c.get("merge_pass_written", 0),
@@ -640,8 +719,10 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     :class:`~crl_bench.llm.vllm_engine.VLLMEngine`, out of process.  The parts are reachable as
     ``manager.bank``, ``.retriever`` and ``.extractor``.  For a method whose bank holds cases
     (``casebank``) the distiller is a :class:`~crl_bench.experience.cases.CaseWriter` measuring with
-    ``tokenizer`` and ``extractor_model`` is not used.  Used by the experience track in the trainer's
-    process and by the Ray backend's manager actor (crl_bench/ray_backend.py) alike.
+    ``tokenizer`` and ``extractor_model`` is not used; with insights too (``expel``) it is an
+    :class:`~crl_bench.experience.insights.InsightWriter` generating with ``extractor_model``.  Used
+    by the experience track in the trainer's process and by the Ray backend's manager actor
+    (crl_bench/ray_backend.py) alike.
 
     Args:
         cfg: the :class:`~crl_bench.config.RunConfig`.
@@ -671,7 +752,8 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
                           utility_alpha=exp_cfg.utility_alpha, utility_ucb=exp_cfg.utility_ucb,
                           utility_min_sim=exp_cfg.utility_min_sim)
     extractor: Any = None
-    if not read_only and get_method(cfg.method).entries == "cases":
+    method = get_method(cfg.method)
+    if not read_only and method.entries == "cases" and not method.insights:
         extractor = CaseWriter(tokenizer, exp_cfg.case_tokens, exp_cfg.cases)
     elif not read_only and extractor_model is not None:
         g = cfg.generation
@@ -689,7 +771,12 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
             engine = HFEngine(extractor_model, tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
                               compute_dtype=compute_dtype, cache_mb=g.cache_mb, gate=gate,
                               background=gate is not None)
-        extractor = extractor_for(cfg.extractor, engine, tokenizer)
+        if method.insights:
+            from crl_bench.experience.insights import insight_writer_for
+
+            extractor = insight_writer_for(cfg, engine, tokenizer)
+        else:
+            extractor = extractor_for(cfg.extractor, engine, tokenizer)
     return ExperienceManager(bank, retriever, extractor, search_workers=exp_cfg.search_workers,
                              query_batch=exp_cfg.query_batch, query_timeout_ms=exp_cfg.query_timeout_ms,
                              utility_beta=exp_cfg.utility_beta)

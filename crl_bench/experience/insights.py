@@ -1,0 +1,413 @@
+"""ExpeL insights: a list of general rules per env, edited by a frozen extractor model.
+
+The ``expel`` method (crl_bench/methods.py; docs/method.md, "ExpeL insights") follows ExpeL
+(Zhao et al., arXiv 2308.10144, section 4.2 and Algorithm 2; released code LeapLabTHU/ExpeL,
+``agent/expel.py``):
+
+* The extractor is shown the env's current insights, numbered, and either a successful and a failed
+  episode of the same task (a comparison) or successful episodes of different tasks, and answers with
+  operations on the list, one per line (at most ``max_ops``, 4 as released):
+  ``ADD: <insight>``, ``EDIT <n>: <insight>``, ``UPVOTE <n>``, ``DOWNVOTE <n>`` (the paper's names;
+  the released prompt's ``AGREE`` and ``REMOVE`` are read as ``UPVOTE`` and ``DOWNVOTE``). Each
+  insight may be named by one operation of a reply.
+* Importance counts (section 4.2): an ADD starts at :data:`INSIGHT_INIT` = 2, an EDIT (which
+  replaces the text) and an UPVOTE add 1, a DOWNVOTE takes 1 away, and an insight whose count falls
+  to 0 is removed. As released, an ADD that repeats an existing insight is dropped and an EDIT that
+  leaves the text as it was counts as an UPVOTE; a reply's operations are applied downvotes first,
+  then upvotes, edits and adds (``update_rules``).
+* A guided episode is shown all the insights of its env, most important first (section 4.3), and the
+  most similar successful case (:mod:`crl_bench.experience.cases`).
+* The extractor is not trained (the paper's extractor is a frozen API model).
+
+This project's own choices, where the paper and code leave room or where a training loop differs
+from ExpeL's gather-then-extract protocol: insights are extracted during training, from the episodes
+of each step (a group is G attempts at one task, so a group with a success and a failure gives the
+comparison pair ExpeL gets from Reflexion retries); ``experience.insight_pairs`` pairs per group,
+then one call over the first success of up to ``experience.insight_successes`` different tasks (the
+paper's L), comparisons before success lists as in Algorithm 2; calls batched together see the same
+list. The released code's larger DOWNVOTE on a long list (3 instead of 1) is not followed: the
+paper's arithmetic is. When the list holds ``experience.insights_max`` insights or more, the prompt
+asks for downvotes and edits before new insights (the released prompt's nudge; the paper has no cap).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from crl_bench.experience.cases import CaseWriter
+from crl_bench.experience.extractor import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
+
+INSIGHT_INIT = 2
+"""Importance of a new insight (ExpeL section 4.2)."""
+INSIGHT_KINDS = ("ADD", "EDIT", "UPVOTE", "DOWNVOTE")
+"""Operations on an insight list, in the paper's names."""
+APPLY_ORDER = ("DOWNVOTE", "UPVOTE", "EDIT", "ADD")
+"""The order a reply's operations are applied in (released ``update_rules``)."""
+_ALIASES = {"AGREE": "UPVOTE", "REMOVE": "DOWNVOTE"}
+_OP_LINE = re.compile(r"^\s*(?:[-*]\s*|\d+[.)]\s+)?(ADD|EDIT|UPVOTE|DOWNVOTE|AGREE|REMOVE)\b"
+                      r"\s*(\d+)?\s*[:.\-]?\s*(.*?)\s*$", re.IGNORECASE)
+MIN_INSIGHT_CHARS = 8
+"""Shortest text an ADD or EDIT may write (shorter is not a rule)."""
+
+
+@dataclass(frozen=True)
+class Insight:
+    """One insight of an env's list.
+
+    Attributes:
+        id: bank-assigned id (never reused).
+        env_id: the env whose list it is on.
+        text: the rule.
+        importance: its count (>= 1 while it is on the list).
+        created_step, updated_step: actor steps of its ADD and of its last change.
+        source_call: id of the extractor call that wrote its text.
+    """
+
+    id: int
+    env_id: str
+    text: str
+    importance: int = INSIGHT_INIT
+    created_step: int = 0
+    updated_step: int = 0
+    source_call: str = ""
+
+
+@dataclass(frozen=True)
+class InsightOp:
+    """One operation of an extractor reply.
+
+    Attributes:
+        kind: one of :data:`INSIGHT_KINDS`.
+        number: the 1-based number of the insight it names in the list the extractor was shown
+            (0 for ADD).
+        text: the new text (ADD, EDIT); empty for votes.
+    """
+
+    kind: str
+    number: int = 0
+    text: str = ""
+
+
+@dataclass
+class InsightParse:
+    """What :func:`parse_insight_ops` read from a reply.
+
+    Attributes:
+        ops: the valid operations, in reply order.
+        errors: one readable message per line that was not a valid operation.
+    """
+
+    ops: list[InsightOp] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        """At least one valid operation."""
+        return bool(self.ops)
+
+
+@dataclass
+class InsightResult:
+    """What the bank made of a reply's operations (:meth:`ExperienceBank.apply_insights`).
+
+    Attributes:
+        applied: ``(operation as applied, insight id)``: an EDIT that changed nothing is listed as
+            the UPVOTE it counts as.
+        rejected: ``(operation, reason)`` for each operation refused.
+        removed: ids of the insights a DOWNVOTE took to 0.
+    """
+
+    applied: list[tuple[InsightOp, int]] = field(default_factory=list)
+    rejected: list[tuple[InsightOp, str]] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+
+
+COPY_OVERLAP = 0.6
+"""A rule whose word set overlaps one of the prompt's example rules this much (Jaccard) or more is a
+copy of it (:func:`copies_example`)."""
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def copies_example(text: str, examples: Sequence[str]) -> bool:
+    """Whether ``text`` is one of ``examples`` with a few words changed: the Jaccard overlap of their
+    word sets is at least :data:`COPY_OVERLAP`."""
+    words = _words(text)
+    for ex in examples:
+        other = _words(ex)
+        if words and other and len(words & other) / len(words | other) >= COPY_OVERLAP:
+            return True
+    return False
+
+
+def normalise(text: str) -> str:
+    """``text`` with whitespace collapsed, lower case, without a final full stop: how insights are
+    compared for repeats."""
+    return " ".join(text.split()).lower().rstrip(".")
+
+
+def parse_insight_ops(reply: str, shown: int, max_ops: int = 4,
+                      copies: Sequence[str] | None = None) -> InsightParse:
+    """Read a reply's operation lines.
+
+    Args:
+        reply: the extractor's text.
+        shown: how many insights the extractor was shown (numbers 1..shown may be named).
+        max_ops: most operations kept (later ones are errors).
+        copies: rules a reply can only have copied from the prompt's format lines and worked
+            example (a rule that :func:`copies_example` of one is refused); default
+            :data:`INSIGHT_PROMPT_COPIES`.
+
+    Returns:
+        The valid operations and an error for each non-blank line that is not one: an unknown line,
+        an ADD or EDIT without a rule of at least :data:`MIN_INSIGHT_CHARS` characters or with a
+        rule copied from the prompt, an EDIT or a vote without a shown number, a second operation on
+        the same number, or one past ``max_ops``.
+    """
+    copies = INSIGHT_PROMPT_COPIES if copies is None else copies
+    out = InsightParse()
+    named: set[int] = set()
+    for line in reply.splitlines():
+        if not line.strip():
+            continue
+        m = _OP_LINE.match(line)
+        if m is None:
+            out.errors.append(f"not an operation: {line.strip()[:80]!r}")
+            continue
+        kind = _ALIASES.get(m.group(1).upper(), m.group(1).upper())
+        number = int(m.group(2)) if m.group(2) else 0
+        text = " ".join(m.group(3).split())
+        if kind == "ADD":
+            number = 0
+        elif not 1 <= number <= shown:
+            out.errors.append(f"{kind} needs the number of a shown insight (1..{shown}), got {m.group(2) or 'none'}")
+            continue
+        if kind in ("ADD", "EDIT") and len(text) < MIN_INSIGHT_CHARS:
+            out.errors.append(f"{kind} without a rule: {line.strip()[:80]!r}")
+            continue
+        if kind in ("ADD", "EDIT") and copies_example(text, copies):
+            out.errors.append(f"{kind} copies the prompt's example: {text[:80]!r}")
+            continue
+        if number and number in named:
+            out.errors.append(f"insight {number} named twice")
+            continue
+        if len(out.ops) >= max_ops:
+            out.errors.append(f"more than {max_ops} operations")
+            break
+        named.add(number)
+        out.ops.append(InsightOp(kind, number, text if kind in ("ADD", "EDIT") else ""))
+    return out
+
+
+def format_insights(insights: Sequence[Insight], empty: str = "(none yet)") -> str:
+    """``1. text`` lines, in the order given (the numbering a reply refers to)."""
+    return "\n".join(f"{n}. {' '.join(i.text.split())}" for n, i in enumerate(insights, 1)) or empty
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompt
+
+INSIGHT_SYSTEM_PROMPT = """\
+You keep a short list of insights for an agent that plays a text game: general rules that help it \
+solve new tasks of the game. You are shown the current list and some finished attempts. Improve the \
+list with at most {max_ops} operations, one per line, in exactly this form:
+ADD: a new general rule
+EDIT 2: a better version of insight 2
+UPVOTE 1 (insight 1 is confirmed by the attempts)
+DOWNVOTE 3 (insight 3 is wrong or useless)
+Name each insight at most once. Write only operation lines."""
+
+INSIGHT_FULL_NOTE = ("The list is long: prefer DOWNVOTE and EDIT, and ADD only a rule that is clearly new "
+                     "and important.")
+
+DEMO_SUCCESS = EpisodeRecord(env_id="maze", task_prompt="Reach the exit E.",
+                             steps=[("#####\n#@..#\n###E#", "right", "You moved right."),
+                                    ("#####\n#.@.#\n###E#", "right", "You moved right."),
+                                    ("#####\n#..@#\n###E#", "down", "You reached the exit. You win!")],
+                             success=True, reward=1.0)
+DEMO_FAILURE = EpisodeRecord(env_id="maze", task_prompt="Reach the exit E.",
+                             steps=[("#####\n#@..#\n###E#", "left", "You bumped into a wall."),
+                                    ("#####\n#@..#\n###E#", "left", "You bumped into a wall."),
+                                    ("#####\n#@..#\n###E#", "up", "You bumped into a wall. Time is up.")],
+                             success=False, reward=0.0)
+DEMO_INSIGHTS = [Insight(1, "maze", "Walls block you; a move into a wall wastes a turn.")]
+DEMO_RULE = "Find the exit on the map first and move towards it."
+DEMO_REPLY = f"UPVOTE 1\nADD: {DEMO_RULE}"
+"""The worked example shown as an earlier user/assistant exchange (``demo=True``)."""
+
+INSIGHT_PROMPT_COPIES = ("a new general rule", "a better version of insight 2", DEMO_RULE, DEMO_INSIGHTS[0].text)
+"""Rules a reply can only have copied from the prompt (its format lines and worked example), word
+for word or nearly (:func:`copies_example`); :func:`parse_insight_ops` refuses them, as the merge
+pass drops lessons that repeat its template. Measured with SmolLM2-135M on ``diag-vault`` (smoke
+preset, 4 x 8 episodes, 3 steps): without this, the one insight written in each of two runs was the
+example's rule, exact or with its last word changed."""
+
+
+def _attempt(record: EpisodeRecord, body: str) -> str:
+    return f"Task: {' '.join(record.task_prompt.split())}\n{body}\nOutcome: {outcome_text(record)}"
+
+
+class InsightPromptBuilder:
+    """Builds the extractor's chat prompt for one insight call.
+
+    Args:
+        tokenizer: the extractor's tokenizer (with a chat template).
+        max_prompt_tokens: cap on the prompt; the attempts share what the rest leaves (each at least
+            ``min_attempt_tokens``).
+        max_ops: the operation cap told to the model (the parser's too).
+        full_at: from this many insights on, the prompt adds :data:`INSIGHT_FULL_NOTE`
+            (``experience.insights_max``; 0 = never).
+        demo: show :data:`DEMO_SUCCESS` / :data:`DEMO_FAILURE` -> :data:`DEMO_REPLY` first.
+        min_attempt_tokens: the least budget of one attempt.
+    """
+
+    def __init__(self, tokenizer: Any, max_prompt_tokens: int = 1536, max_ops: int = 4, full_at: int = 10,
+                 demo: bool = True, min_attempt_tokens: int = 48) -> None:
+        self.tokenizer = tokenizer
+        self.max_prompt_tokens = int(max_prompt_tokens)
+        self.max_ops = int(max_ops)
+        self.full_at = int(full_at)
+        self.demo = demo
+        self.min_attempt_tokens = int(min_attempt_tokens)
+
+    def user_text(self, env_id: str, insights: Sequence[Insight], successes: Sequence[str],
+                  failures: Sequence[str]) -> str:
+        """The user message: the game, the numbered insights, the attempts (already rendered)."""
+        parts = [f"Game: {env_id}", "Current insights:\n" + format_insights(insights)]
+        if failures:
+            parts += [f"A successful attempt:\n{s}" for s in successes[:1]]
+            parts += [f"A failed attempt at the same task:\n{f}" for f in failures[:1]]
+        else:
+            parts += [f"Successful attempt {n} (a different task each):\n{s}" for n, s in enumerate(successes, 1)]
+        if self.full_at and len(insights) >= self.full_at:
+            parts.append(INSIGHT_FULL_NOTE)
+        parts.append("Your operations:")
+        return "\n\n".join(parts)
+
+    def _messages(self, env_id: str, insights: Sequence[Insight], successes: Sequence[str],
+                  failures: Sequence[str]) -> list[dict[str, str]]:
+        msgs = [{"role": "system", "content": INSIGHT_SYSTEM_PROMPT.format(max_ops=self.max_ops)}]
+        if self.demo:
+            big = 10_000
+            demo = self.user_text("maze", DEMO_INSIGHTS,
+                                  [_attempt(DEMO_SUCCESS, compact_trajectory(DEMO_SUCCESS, self.tokenizer, big,
+                                                                             strip_observation))],
+                                  [_attempt(DEMO_FAILURE, compact_trajectory(DEMO_FAILURE, self.tokenizer, big,
+                                                                             strip_observation))])
+            msgs += [{"role": "user", "content": demo}, {"role": "assistant", "content": DEMO_REPLY}]
+        msgs.append({"role": "user", "content": self.user_text(env_id, insights, successes, failures)})
+        return msgs
+
+    def _ids(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def build(self, env_id: str, insights: Sequence[Insight], successes: Sequence[EpisodeRecord],
+              failures: Sequence[EpisodeRecord] = ()) -> list[int]:
+        """Prompt token ids of one call: a comparison (``failures`` given: the first success against
+        the first failure) or a list of successes of different tasks.
+
+        Raises:
+            ValueError: no success given.
+        """
+        if not successes:
+            raise ValueError("an insight call needs at least one successful episode")
+        records = [*successes[:1], *failures[:1]] if failures else list(successes)
+        n_succ = 1 if failures else len(records)
+        overhead = len(self._ids(self._messages(env_id, insights, [""] * n_succ, [""] if failures else [])))
+        budget = max(self.min_attempt_tokens, (self.max_prompt_tokens - overhead) // len(records))
+        while True:
+            rendered = [_attempt(r, compact_trajectory(r, self.tokenizer, budget, strip_observation)) for r in records]
+            succ, fail = (rendered[:1], rendered[1:]) if failures else (rendered, [])
+            ids = self._ids(self._messages(env_id, insights, succ, fail))
+            if len(ids) <= self.max_prompt_tokens or budget <= self.min_attempt_tokens:
+                return ids
+            budget = max(self.min_attempt_tokens, budget - max(4, (len(ids) - self.max_prompt_tokens) // len(records)))
+
+
+@dataclass
+class InsightCall:
+    """One extractor call on an insight list (never trained).
+
+    Attributes:
+        id: uuid4 hex (stored as the ``source_call`` of the insights it writes).
+        env_id: the env whose list it edits.
+        kind: ``compare`` (a success and a failure of one task) or ``successes`` (successes of
+            different tasks).
+        shown: the insights the extractor was shown, in the numbering of the prompt.
+        text: the reply.
+        parse: its operations.
+        prompt_tokens, response_tokens: lengths.
+        finish_reason: the engine's.
+    """
+
+    id: str
+    env_id: str
+    kind: str
+    shown: list[Insight]
+    text: str
+    parse: InsightParse
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    finish_reason: str = ""
+
+
+class InsightWriter(CaseWriter):
+    """The distiller of an ``expel`` run: cases as a :class:`CaseWriter` writes them, and insight
+    calls of the frozen extractor model.
+
+    Args:
+        engine: generation engine over the extractor model (``generate(prompts, sampling)``).
+        tokenizer: the extractor's tokenizer (also measures the cases; with ``extractor.model:
+            same`` it is the actor's).
+        prompts: the :class:`InsightPromptBuilder`.
+        sampling: the extractor's sampling for insight replies.
+        case_tokens, cases: as :class:`CaseWriter` (``experience.case_tokens``, ``experience.cases``).
+
+    Raises:
+        ValueError: as :class:`CaseWriter`.
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any, prompts: InsightPromptBuilder, sampling: Any,
+                 case_tokens: int = 256, cases: str = "successes") -> None:
+        super().__init__(tokenizer, case_tokens, cases)
+        self.engine = engine
+        self.prompts = prompts
+        self.sampling = sampling
+        self.extractor_version = 0
+
+    def insight_calls(self, requests: Sequence[tuple[str, Sequence[EpisodeRecord], Sequence[EpisodeRecord],
+                                                     Sequence[Insight]]]) -> list[InsightCall]:
+        """One :class:`InsightCall` per ``(env_id, successes, failures, current insights)``, in one
+        batched ``generate`` call; a request with failures is a comparison."""
+        if not requests:
+            return []
+        prompts = [self.prompts.build(env, ins, succ, fail) for env, succ, fail, ins in requests]
+        replies = self.engine.generate(prompts, self.sampling)
+        out = []
+        for (env, _succ, fail, ins), reply in zip(requests, replies):
+            parse = parse_insight_ops(reply.text, len(ins), self.prompts.max_ops)
+            out.append(InsightCall(uuid.uuid4().hex, env, "compare" if fail else "successes", list(ins), reply.text,
+                                   parse, len(reply.prompt_ids), len(reply.response_ids), reply.finish_reason))
+        return out
+
+
+def insight_writer_for(cfg: Any, engine: Any, tokenizer: Any) -> InsightWriter:
+    """The :class:`InsightWriter` a :class:`~crl_bench.config.RunConfig` describes: prompts capped at
+    ``extractor.max_prompt_tokens``, ``experience.insight_ops`` operations, the long-list note from
+    ``experience.insights_max`` on, replies of at most ``experience.insight_new_tokens`` tokens
+    decoded greedily (ExpeL extracts at temperature 0, paper appendix D.5) and ended by a blank
+    line; cases by ``experience.case_tokens`` and ``experience.cases``."""
+    from crl_bench.llm.base import SamplingParams
+
+    exp_cfg = cfg.experience
+    prompts = InsightPromptBuilder(tokenizer, cfg.extractor.max_prompt_tokens, exp_cfg.insight_ops,
+                                   exp_cfg.insights_max)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=exp_cfg.insight_new_tokens, stop=("\n\n",))
+    return InsightWriter(engine, tokenizer, prompts, sampling, exp_cfg.case_tokens, exp_cfg.cases)

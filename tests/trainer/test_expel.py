@@ -116,3 +116,51 @@ def test_expel_summary_names_the_extractor(tmp_path):
 
     run = make_run(tmp_path, "expel", method="expel")
     assert build_summary(run)["model"]["extractor"] == "smollm2-135m-instruct"
+
+
+def test_a_resumed_expel_run_takes_the_same_next_steps(tmp_path, tokenizer, tiny_model):
+    """Two steps, a checkpoint, two more; a trainer restored from the checkpoint takes the same two
+    steps, and its bank ends with the same cases and the same insight list (counts included)."""
+    import torch
+    from test_resume import _bank_rows, _computed
+
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.results.run_folder import RunWriter
+    from crl_bench.trainer.checkpoint import load_checkpoint, restore_run_files, save_checkpoint
+
+    def make(run_dir):
+        cfg = coin_config("expel", train={"steps": 4, "lr_warmup_steps": 2, "seed": 1}, model={"dtype": "float32"},
+                          experience={"recency_window_s": 0})
+        writer = RunWriter(run_dir.parent, run_dir.name) if not run_dir.exists() else RunWriter.reopen(run_dir)
+        tr = Trainer(cfg, writer=writer, model=copy.deepcopy(tiny_model), tokenizer=tokenizer,
+                     embedder=HashEmbedder(64), extractor_model=copy.deepcopy(tiny_model))
+        tr.experience.extractor.engine = RuleEngine(tokenizer)
+        return tr
+
+    a = make(tmp_path / "a")
+    for _ in range(2):
+        a.train_step()
+    ckpt = save_checkpoint(a, a.writer.dir, keep=2)
+    after = [a.train_step() for _ in range(2)]
+    a.experience.flush()
+    b_dir = tmp_path / "b"
+    b_dir.mkdir()
+    restore_run_files(b_dir, ckpt, has_bank=True)
+    b = make(b_dir)
+    load_checkpoint(b, ckpt)
+    again = [b.train_step() for _ in range(2)]
+    b.experience.flush()
+    for x, y in zip(after, again):
+        assert _computed(x.metrics) == _computed(y.metrics)
+        assert [(t.task, t.subgroup, t.reward, t.guidance) for t in x.trajectories] == \
+               [(t.task, t.subgroup, t.reward, t.guidance) for t in y.trajectories]
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(p, q)
+    a.close()
+    b.close()
+    assert _bank_rows(a.writer.dir / "experience.sqlite") == _bank_rows(b_dir / "experience.sqlite")
+    lists = []
+    for d in (a.writer.dir, b_dir):
+        with ExperienceBank.open_readonly(d / "experience.sqlite") as bank:
+            lists.append([(i.id, i.text, i.importance, i.updated_step) for i in bank.insights()])
+    assert lists[0] == lists[1] and lists[0] and lists[0][0][2] > 2      # upvoted after it was added

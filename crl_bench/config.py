@@ -246,6 +246,12 @@ class EvalConfig:
         lesson_follow: probe states of the ``diag-vault`` diagnostic on which the actor's lesson
             following is measured after every training step (``lesson_follow`` in metrics.jsonl;
             :mod:`crl_bench.trainer.lesson_follow`); 0 = off.
+        trials: attempts per eval task (Reflexion's protocol, arXiv 2303.11366, section 4): attempt
+            k + 1 runs the tasks no earlier attempt solved, and a task counts as solved if any
+            attempt solved it (``success_by_trial`` in each mode's block: the share solved after each
+            attempt). Attempts see what the mode shows (the same retrieval, no memory of the earlier
+            attempts), so with ``temperature`` 0 they repeat the first. More than 1 is part of the
+            protocol (``trials``). docs/evaluation.md, "Repeated trials".
     """
 
     episodes: int | str = 50
@@ -256,6 +262,7 @@ class EvalConfig:
     writes_counters: bool = False
     controls: list[str] = field(default_factory=lambda: ["shuffled", "empty"])
     lesson_follow: int = 8
+    trials: int = 1
 
 
 @dataclass
@@ -810,6 +817,7 @@ def validate(cfg: RunConfig) -> None:
         ("rollout.history", cfg.rollout.history >= 0),
         ("eval.episodes", cfg.eval.episodes == "all" if isinstance(cfg.eval.episodes, str)
          else cfg.eval.episodes >= 0),
+        ("eval.trials", isinstance(cfg.eval.trials, int) and cfg.eval.trials >= 1),
         ("eval.controls", isinstance(cfg.eval.controls, list)
          and all(c in ("shuffled", "empty") for c in cfg.eval.controls)),
         ("eval.lesson_follow", 0 <= cfg.eval.lesson_follow <= 8),          # diag-vault has 8 trained contexts

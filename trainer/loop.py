@@ -545,8 +545,9 @@ class Trainer:
 
     def eval_protocol(self, episodes: int | str | None = None) -> dict[str, Any]:
         """What makes two evaluations comparable (docs/evaluation.md): split, episodes per env (as
-        asked and as run), sampling, each env's step limit and, for envs that have any, their
-        constructor settings (``rollout.env_kwargs``, e.g. a MiniHack variant) as ``env_settings``."""
+        asked and as run), sampling, each env's step limit, for envs that have any, their
+        constructor settings (``rollout.env_kwargs``, e.g. a MiniHack variant) as ``env_settings``,
+        and ``trials`` when ``eval.trials`` is more than 1."""
         tasks = self.eval_task_ids(episodes)
         g = self.cfg.generation
         return {"split": self.cfg.eval.split,
@@ -555,7 +556,8 @@ class Trainer:
                 "temperature": self.cfg.eval.temperature, "top_p": g.top_p, "top_k": g.top_k,
                 "max_new_tokens": g.max_new_tokens, "max_steps": dict(self.max_steps),
                 **({"env_settings": settings} if (settings := {
-                    e: dict(kw) for e, kw in self.cfg.rollout.env_kwargs.items() if e in tasks and kw}) else {})}
+                    e: dict(kw) for e, kw in self.cfg.rollout.env_kwargs.items() if e in tasks and kw}) else {}),
+                **({"trials": self.cfg.eval.trials} if self.cfg.eval.trials > 1 else {})}
 
     def shuffled_donors(self, tasks: dict[str, list[int]]) -> dict[str, dict[int, int]]:
         """For the ``shuffled`` memory control: each eval task's donor, another task of the same
@@ -619,7 +621,10 @@ class Trainer:
         0/1 per task in the order of ``tasks``, and for envs with task types ``per_type``: episodes
         and success rate per type, e.g. ALFWorld's six), ``mode``, ``guided`` (experience in the
         prompt: every mode but ``free``), ``episodes_with_experience``, ``split``, ``temperature``,
-        ``wall_s`` and the task ids used (``tasks``; ``donors`` for ``shuffled``).
+        ``wall_s`` and the task ids used (``tasks``; ``donors`` for ``shuffled``).  With
+        ``eval.trials`` n > 1 each task is attempted until solved, at most n times, and every
+        figure is of each task's best attempt (:meth:`_trials`); the block adds
+        ``success_by_trial`` (share solved after each attempt) and ``attempts`` (episodes run).
 
         Raises:
             ValueError: an unknown mode, or a mode with experience for a method without a bank.
@@ -651,7 +656,7 @@ class Trainer:
             hooks = {"guide": self._control_guide()} if mode == "empty" else \
                 {k: v for k, v in hooks.items() if k == "guide"}
         with self.peaks.phase("eval"):
-            trajs = self.runner.collect(specs, self.eval_sampling, progress=progress, **hooks)
+            trajs, by_trial, attempts = self._trials(specs, progress, hooks)
         out = summarise(trajs)
         per_env = {}
         by_env = episodes_by_env(trajs)
@@ -678,7 +683,31 @@ class Trainer:
                    episodes_with_experience=sum(1 for t in trajs if t.experience_ids))
         if donors:
             out["donors"] = {e: {str(t): d for t, d in m.items()} for e, m in donors.items()}
+        if self.cfg.eval.trials > 1:
+            out.update(success_by_trial=by_trial, attempts=attempts)
         return out
+
+    def _trials(self, specs: list[EpisodeSpec], progress: Any, hooks: dict[str, Any]
+                ) -> tuple[list[Trajectory], list[float], int]:
+        """Run ``specs`` for ``eval.trials`` attempts: attempt k + 1 runs the specs whose task no
+        earlier attempt solved.  Returns one trajectory per spec, in order (the first successful
+        attempt, else the attempt with the highest reward, the earliest on ties), the share of
+        specs solved after each attempt and the number of episodes run."""
+        best: dict[int, Trajectory] = {}
+        by_trial: list[float] = []
+        pending = list(range(len(specs)))
+        attempts = 0
+        for _ in range(self.cfg.eval.trials):
+            if pending:
+                ran = self.runner.collect([specs[i] for i in pending], self.eval_sampling, progress=progress, **hooks)
+                attempts += len(ran)
+                for i, t in zip(pending, ran):
+                    prev = best.get(i)
+                    if prev is None or (not prev.success and (t.success or t.reward > prev.reward)):
+                        best[i] = t
+                pending = [i for i in pending if not best[i].success]
+            by_trial.append(sum(1 for t in best.values() if t.success) / max(len(specs), 1))
+        return [best[i] for i in range(len(specs))], by_trial, attempts
 
     def evaluate_all(self, episodes: int | str | None = None, progress: Any = None,
                      modes: Sequence[str] | None = None) -> dict[str, Any]:
@@ -696,8 +725,9 @@ class Trainer:
         return out
 
     def eval_episode_count(self, episodes: int | str | None = None, modes: Sequence[str] | None = None) -> int:
-        """Episodes :meth:`evaluate_all` runs (for progress bars)."""
-        n = len(self.eval_modes if modes is None else modes)
+        """Episodes :meth:`evaluate_all` runs (for progress bars; with ``eval.trials`` the most it
+        can run, as solved tasks are not attempted again)."""
+        n = len(self.eval_modes if modes is None else modes) * self.cfg.eval.trials
         return n * sum(len(v) for v in self.eval_task_ids(episodes).values())
 
     def save_checkpoint(self, path: str) -> None:

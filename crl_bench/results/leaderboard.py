@@ -11,7 +11,7 @@ Rows: one per (method, model, extractor, mix, eval protocol, eval mode). The eva
 experience methods get up to four rows.  A run folder's later evaluations on other splits
 (``checkpoint-<split>-split.json`` of ``crl-bench eval --run``, with their protocol) are rows of
 their own protocol. Runs with different protocols (split, episodes, tasks per env, temperature, top_p, top_k,
-max_new_tokens, max_steps) are never pooled: the protocol is part of the key.
+max_new_tokens, max_steps, trials) are never pooled: the protocol is part of the key.
 
 Numbers (the header of ``leaderboard.md`` says the same):
 
@@ -163,8 +163,9 @@ def protocol_label(protocol: dict[str, Any]) -> str:
 
     Shows split, episodes per env (``all tasks`` for ``"all"``), the tasks actually run when they
     differ from the episodes asked, temperature, ``top_p`` unless 1, ``top_k`` unless 0/absent,
-    ``max_new_tokens`` when recorded, the step limit (one number if all envs share it) and each env's
-    constructor settings when it has any (e.g. ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``).
+    ``max_new_tokens`` when recorded, the step limit (one number if all envs share it), each env's
+    constructor settings when it has any (e.g. ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``)
+    and the attempts per task when more than one (``3 trials``).
     """
     ep = protocol["episodes"]
     parts = [str(protocol["split"]), "all tasks" if ep == "all" else f"{ep} ep/env"]
@@ -181,6 +182,8 @@ def protocol_label(protocol: dict[str, Any]) -> str:
     parts.append(f"max_steps {_per_env_text(protocol.get('max_steps') or {})}")
     for env, settings in sorted((protocol.get("env_settings") or {}).items()):
         parts.append(f"{env}: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
+    if protocol.get("trials", 1) > 1:
+        parts.append(f"{protocol['trials']} trials")
     return " · ".join(parts)
 
 

@@ -51,6 +51,8 @@ from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_pa
 SCHEMA_VERSION = 1
 #: Keys of one evaluation mode that a summary keeps (``tasks`` and ``wall_s`` are dropped).
 EVAL_KEYS = ("episodes", "success_rate", "reward_mean", "steps_mean", "invalid_action_rate", "env_errors")
+#: Keys of one evaluation mode a summary keeps when the evaluation has them (``eval.trials`` > 1).
+TRIAL_KEYS = ("success_by_trial", "attempts")
 #: Keys of one env's entry in ``per_env`` that a summary keeps (``successes``: 0/1 per eval task, in
 #: the panel's task order, which the paired memory lift of the leaderboard resamples).
 PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate", "score_mean", "per_type",
@@ -60,7 +62,7 @@ PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate",
 EVAL_MODES = ("free", "guided", "shuffled", "empty")
 #: Protocol keys of a new-format ``eval.json`` that a summary keeps.
 PROTOCOL_KEYS = ("split", "episodes", "temperature", "top_p", "top_k", "max_new_tokens", "max_steps",
-                 "tasks_per_env", "env_settings")
+                 "tasks_per_env", "env_settings", "trials")
 
 
 class SummaryError(ValueError):
@@ -265,6 +267,7 @@ def _evals(block: dict, file: Path, where: str) -> dict[str, Any]:
         if key not in block:
             raise SummaryError(f"{file}: missing {where + '.' if where else ''}{key}")
         out[key] = block[key]
+    out.update({k: block[k] for k in TRIAL_KEYS if k in block})
     per_env = block.get("per_env")
     if not isinstance(per_env, dict):
         raise SummaryError(f"{file}: missing {where + '.' if where else ''}per_env")

@@ -410,7 +410,7 @@ def _open_bank(run: str):
     path = Path(run) / "experience.sqlite" if Path(run).is_dir() else Path(run)
     if not path.is_file():
         raise ConfigError(f"{run!r} has no experience bank (experience.sqlite); was it run with "
-                          "a method with an experience bank (complementary, static, casebank, expel)?")
+                          "a method with an experience bank (complementary, static, casebank, expel, reflexion)?")
     wal = path.with_name(path.name + "-wal")
     hint = (f" Its write-ahead log {wal.name} is missing: a bank that was not closed cleanly keeps its "
             f"entries there; copy {path.name} with its -wal and -shm files." if not wal.exists() else "")
@@ -505,6 +505,8 @@ def cmd_bank(args: argparse.Namespace) -> int:
                 print(f"#{i.id} [{_shown(i.env_id)}] importance {i.importance}, added at step {i.created_step}, "
                       f"changed at step {i.updated_step}\n    {_shown(i.text)}")
             print(f"{len(insights)} insights" + (f" (showing {args.limit})" if len(insights) > args.limit else ""))
+        if bank.reflection_count():      # reflexion: reflections per task (bank stats counts them)
+            print(f"{bank.reflection_count()} reflections")
         return 0
     except (sqlite3.Error, ValueError, TypeError) as e:   # rows a crl-bench bank never holds
         raise ConfigError(f"{bank.path} is not a readable crl-bench experience bank: {e}") from None

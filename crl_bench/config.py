@@ -249,9 +249,10 @@ class EvalConfig:
         trials: attempts per eval task (Reflexion's protocol, arXiv 2303.11366, section 4): attempt
             k + 1 runs the tasks no earlier attempt solved, and a task counts as solved if any
             attempt solved it (``success_by_trial`` in each mode's block: the share solved after each
-            attempt). Attempts see what the mode shows (the same retrieval, no memory of the earlier
-            attempts), so with ``temperature`` 0 they repeat the first. More than 1 is part of the
-            protocol (``trials``). docs/evaluation.md, "Repeated trials".
+            attempt). ``reflexion``'s attempts are shown the actor's reflections on the earlier
+            ones; other methods' attempts see what the mode shows and nothing of the earlier ones,
+            so with ``temperature`` 0 they repeat the first. More than 1 is part of the protocol
+            (``trials``). docs/evaluation.md, "Repeated trials".
     """
 
     episodes: int | str = 50
@@ -388,6 +389,10 @@ class ExperienceConfig:
         insights_max: from this many insights of an env on, the extractor is asked to downvote and
             edit before adding (released prompt; 10 as in the released ALFWorld runs; 0 = never).
         insight_new_tokens: most tokens of one insight reply.
+        reflections_shown: for a method with reflections (``reflexion``): the most recent
+            reflections on a task shown to an attempt at it (Reflexion's Omega, 3 as in its ALFWorld
+            and HotpotQA runs). :mod:`crl_bench.experience.reflections`.
+        reflection_tokens: most tokens of one reflection.
     """
 
     free_size: int = -1
@@ -436,6 +441,8 @@ class ExperienceConfig:
     insight_ops: int = 4
     insights_max: int = 10
     insight_new_tokens: int = 160
+    reflections_shown: int = 3
+    reflection_tokens: int = 64
 
 
 @dataclass
@@ -861,6 +868,8 @@ def validate(cfg: RunConfig) -> None:
         ("experience.insight_ops", cfg.experience.insight_ops >= 1),
         ("experience.insights_max", cfg.experience.insights_max >= 0),
         ("experience.insight_new_tokens", cfg.experience.insight_new_tokens >= 8),
+        ("experience.reflections_shown", cfg.experience.reflections_shown >= 1),
+        ("experience.reflection_tokens", cfg.experience.reflection_tokens >= 8),
         ("experience.key", cfg.experience.key in ("query", "lesson")),
         ("experience.placement", cfg.experience.placement in ("system", "user")),
         ("experience.warmup_steps", cfg.experience.warmup_steps >= 0),
@@ -884,11 +893,15 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.logprob_temperature == "raw" and not cfg.train.recompute_old_logprobs:
         raise ConfigError("train.logprob_temperature=raw needs train.recompute_old_logprobs=true: the behaviour "
                           "log-probs of the sampler are of the tempered distribution, the trainer's of the raw one")
-    if cfg.method in list_methods() and get_method(cfg.method).entries == "cases" \
+    if cfg.method in list_methods() and get_method(cfg.method).entries != "lessons" \
             and cfg.experience.integration != "trajectory":
         raise ConfigError(f"experience.integration={cfg.experience.integration} is not available with method "
-                          f"{cfg.method}: a case is a whole finished episode, so its bank is written and read "
-                          "once per episode (experience.integration: trajectory)")
+                          f"{cfg.method}: a case or a reflection is about a whole finished episode, so its bank "
+                          "is written and read once per episode (experience.integration: trajectory)")
+    if cfg.method in list_methods() and get_method(cfg.method).entries == "reflections" \
+            and cfg.experience.search_tool != "off":
+        raise ConfigError(f"experience.search_tool={cfg.experience.search_tool} is not available with method "
+                          f"{cfg.method}: reflections are shown per task, not searched")
     if cfg.experience.search_tool != "off" and cfg.generation.constrained:
         raise ConfigError("experience.search_tool needs generation.constrained=false: a search call is free "
                           "text, which decoding restricted to the env's action names cannot write")

@@ -19,6 +19,9 @@ Beside them, memory baselines of the same loop:
   and failed episodes of a task and edits a list of insights per env with ADD / EDIT / UPVOTE /
   DOWNVOTE; a guided episode is shown its env's insights and the most similar successful case.
   docs/method.md, "ExpeL insights".
+* ``reflexion``: Reflexion's verbal reflections (arXiv 2303.11366): after a failed episode the actor
+  writes what to do differently; later attempts at the same task are shown the task's most recent
+  reflections (in evaluation, the attempts of ``eval.trials``). docs/method.md, "Reflexion".
 
 ``crl-bench run --method NAME`` looks the name up here; :func:`register_method` adds a method from
 outside the package (a plugin), which must also be a configuration of the same loop.
@@ -27,6 +30,9 @@ outside the package (a plugin), which must also be a configuration of the same l
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+ENTRY_KINDS = ("lessons", "cases", "reflections")
+"""What a method's bank can hold (:attr:`MethodSpec.entries`)."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,10 @@ class MethodSpec:
         uses_experience: retrieve from an experience bank and split groups into guided/free subgroups.
         trains_extractor: update the experience extractor (CISPO).
         entries: what the bank's entries are: ``lessons`` (an extractor model distils them from
-            finished episodes) or ``cases`` (the episodes themselves, compacted; no extractor model
-            is loaded, there is no merge pass, and the search tool answers with the cases found).
+            finished episodes), ``cases`` (the episodes themselves, compacted; no extractor model
+            is loaded, there is no merge pass, and the search tool answers with the cases found) or
+            ``reflections`` (the actor's own reflections on its failed attempts, kept per task and
+            shown to later attempts at that task, without retrieval; :mod:`crl_bench.experience.reflections`).
         insights: beside the cases, a frozen extractor model keeps a list of insights per env that
             every guided episode of the env is shown (ExpeL; :mod:`crl_bench.experience.insights`).
             Only with ``entries="cases"``; never trained.
@@ -54,8 +62,9 @@ class MethodSpec:
     insights: bool = False
 
     def __post_init__(self) -> None:
-        if self.entries not in ("lessons", "cases"):
-            raise ValueError(f"method {self.name!r}: entries must be 'lessons' or 'cases', got {self.entries!r}")
+        if self.entries not in ENTRY_KINDS:
+            raise ValueError(f"method {self.name!r}: entries must be one of {', '.join(ENTRY_KINDS)}, "
+                             f"got {self.entries!r}")
         if self.trains_extractor and (not self.uses_experience or self.entries != "lessons"):
             raise ValueError(f"method {self.name!r}: only a method whose bank holds lessons has an extractor "
                              "to train")
@@ -99,7 +108,14 @@ EXPEL = MethodSpec(
     insights=True,
 )
 
-_METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY, CASEBANK, EXPEL)}
+REFLEXION = MethodSpec(
+    name="reflexion",
+    description="GRPO actor shown its own reflections on its earlier failed attempts at the same task",
+    uses_experience=True,
+    entries="reflections",
+)
+
+_METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY, CASEBANK, EXPEL, REFLEXION)}
 
 
 def register_method(spec: MethodSpec) -> None:

@@ -616,6 +616,12 @@ class RemoteManager:
     def pop_insight_outcomes(self) -> list:
         return self._run("pop_insight_outcomes")
 
+    def reflections(self, env_id: str, task: int, limit: int) -> list[str]:
+        return self._run("reflections", env_id, int(task), int(limit))
+
+    def add_reflections(self, rows: Sequence[tuple[str, int, str, int]]) -> None:
+        self._run("add_reflections", [tuple(r) for r in rows])
+
     def similar_groups(self, threshold: float, max_size: int) -> list:
         return self._run("similar_groups", threshold, max_size)
 

@@ -235,3 +235,31 @@ def test_expel_manager_actor_loads_the_frozen_extractor(tmp_path):
         assert [i.text for i in got["minihack-room"]] == ["Walk to the stairs."]
     finally:
         host.close()
+
+
+def test_reflexion_manager_actor_keeps_reflections_per_task(tmp_path, monkeypatch):
+    """The manager actor of a ``reflexion`` run loads no model and stores and serves the reflections
+    the driver's actor writes (the calls the driver's handle makes)."""
+    import torch
+
+    import crl_bench.llm.hf_engine as hf
+    from crl_bench.config import preset_data
+    from crl_bench.ray_backend import ManagerHost
+
+    def no_model(*a, **k):
+        raise AssertionError("a reflexion manager loads no model")
+
+    monkeypatch.setattr(hf, "load_model_and_tokenizer", no_model)
+    cfg = build_config([preset_data("smoke"), {"method": "reflexion", "rollout": {"mix": "minihack-room"}}])
+    threads = torch.get_num_threads()
+    try:
+        host = ManagerHost(cfg.to_dict(), str(tmp_path / "experience.sqlite"), None, False, 1.0)
+    finally:
+        torch.set_num_threads(threads)
+    try:
+        assert host.model is None and host.manager.extractor is None
+        host.run("add_reflections", [("minihack-room", 3, "Go north first.", 1), ("minihack-room", 4, "x y", 1)])
+        assert host.run("reflections", "minihack-room", 3, 3) == ["Go north first."]
+        assert host.run("stats")["reflections"] == 2
+    finally:
+        host.close()

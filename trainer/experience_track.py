@@ -30,7 +30,9 @@ docs/method.md).  Beside the actor's GRPO loop:
 The memory baselines are configurations of the same track: a bank of cases (``casebank``) is written
 with the finished episodes themselves instead of step 2's extractor, and ``expel`` also sends each
 step's success/failure pairs and successes to a frozen extractor that edits the env's insight list,
-shown above the cases in every guided prompt (:meth:`ExperienceTrack._insight_requests`).
+shown above the cases in every guided prompt (:meth:`ExperienceTrack._insight_requests`); for
+``reflexion`` the actor reflects on each failed episode and the reflections are kept per task
+(:meth:`ExperienceTrack.reflection_guidance`), with no retrieval.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from crl_bench.experience.extractor import EpisodeRecord, Extraction
 from crl_bench.experience.insights import Insight, format_insights
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.manager import DistillRequest, InsightRequest, build_manager
+from crl_bench.experience.reflections import REFLECTIONS_HEADER, ReflectionWriter, reflection_block
 from crl_bench.experience.types import RetrievalRecord
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
@@ -178,7 +181,7 @@ class ExperienceTrack:
 
         self.cfg = cfg
         self.method = method
-        self.header = CASES_HEADER if method.entries == "cases" else GUIDANCE_HEADER
+        self.header = {"cases": CASES_HEADER, "reflections": REFLECTIONS_HEADER}.get(method.entries, GUIDANCE_HEADER)
         self.insight_seen = (0, 0)          # the manager's (insight_calls, insight_calls_failed) at the last row
         exp_cfg, xc = cfg.experience, cfg.extractor
         self.read_only = read_only_bank is not None
@@ -241,6 +244,9 @@ class ExperienceTrack:
             self.critic = ActorCritic(actor_engine, tokenizer, actor_sampling or SamplingParams(),
                                       max_new_tokens=max(256, cfg.generation.max_new_tokens))
             self._eval_judging = self.critic.judge_sampling(eval_sampling or actor_sampling or SamplingParams())
+        # reflexion: the actor writes reflections on its failed attempts (in evaluation too)
+        self.reflector = ReflectionWriter(actor_engine, tokenizer, exp_cfg.reflection_tokens) \
+            if method.entries == "reflections" and actor_engine is not None else None
         self.updater: PolicyUpdater | None = None
         if self.read_only:
             return
@@ -286,6 +292,24 @@ class ExperienceTrack:
         if self.method.insights:
             return f"{empty_guidance_text(INSIGHTS_HEADER)}\n\n{empty_guidance_text(self.header)}"
         return empty_guidance_text(self.header)
+
+    def reflection_guidance(self, env_id: str, task: int, later: Sequence[str] = ()) -> str:
+        """``reflexion``: the block an attempt at ``env_id``'s task ``task`` is shown: the task's
+        stored reflections followed by ``later`` ones (an evaluation's earlier attempts), the last
+        ``experience.reflections_shown`` of them (:func:`reflection_block`; ``""`` without any)."""
+        shown = self.cfg.experience.reflections_shown
+        texts = [*self.manager.reflections(env_id, task, shown), *later]
+        return reflection_block(texts[-shown:])
+
+    def reflect(self, trajs: Sequence[Trajectory]) -> list[str]:
+        """``reflexion``: the actor's reflection on each of ``trajs`` (one batched generate call).
+
+        Raises:
+            RuntimeError: the track has no reflection writer (another method, or no actor engine).
+        """
+        if self.reflector is None:
+            raise RuntimeError(f"method {self.method.name!r} writes no reflections")
+        return self.reflector.reflect([episode_record(t) for t in trajs])
 
     def free_size(self, group_size: int) -> int:
         """Experience-free episodes per group (the rest are guided)."""
@@ -430,8 +454,14 @@ class ExperienceTrack:
         once (the background manager distils).  Which episodes go is set by ``experience.distill`` and
         ``distill_per_group``; with ``experience.integration`` ``turn`` or ``both`` every step of a
         guided-subgroup episode goes as well (released ``hook_on_turn_end``).  Returns the number of
-        requests queued.  Raises ``RuntimeError`` on a read-only track."""
+        requests queued.  For ``reflexion`` the actor writes a reflection on every failed episode
+        now, stored per task; returns their number.  Raises ``RuntimeError`` on a read-only track."""
         self._check_trainable()
+        if self.method.entries == "reflections":          # reflexion: the actor reflects on its failures
+            failed = [t for t in trajs if not t.success and t.turns]
+            texts = self.reflect(failed)
+            self.manager.add_reflections([(t.env_id, int(t.task), x, step) for t, x in zip(failed, texts) if x])
+            return len(failed)
         reqs = self._distill_requests(_by_group(trajs), step)
         if reqs:
             self.manager.submit(reqs)
@@ -454,6 +484,8 @@ class ExperienceTrack:
             "guided_with_experience": sum(1 for t in guided if t.experience_ids),
             "extractions_credited": credited, "distill_queued": distill_queued, "warmup": warmup,
         }
+        if self.method.entries == "reflections":
+            out["guided_with_reflections"] = sum(1 for t in guided if t.guidance)
         if any(t.tool_calls for t in trajs):
             out["tool_calls/guided"] = sum(len(t.tool_calls) for t in guided)
             out["tool_calls/free"] = sum(len(t.tool_calls) for t in free)
@@ -671,6 +703,8 @@ class ExperienceTrack:
         self.parse_seen = (s["extractions_parsed"], s["extractions_failed"])
         step_parse = {"extractions_step": parsed + failed,
                       **({"extractions_parse_rate": parsed / (parsed + failed)} if parsed + failed > 0 else {})}
+        if self.method.entries == "reflections":
+            step_parse["reflections"] = s["reflections"]
         if self.method.insights:
             calls, failed = s["insight_calls"] - self.insight_seen[0], s["insight_calls_failed"] - self.insight_seen[1]
             self.insight_seen = (s["insight_calls"], s["insight_calls_failed"])

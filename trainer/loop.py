@@ -14,7 +14,7 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +285,18 @@ class Trainer:
             (exp.warmup_steps + 1 if exp.warmup_steps > 0 else 0)
         return step >= n
 
+    @property
+    def reflexion(self) -> bool:
+        """Whether the method's experience is the actor's reflections per task (``reflexion``)."""
+        return self.experience is not None and self.method.entries == "reflections"
+
+    def _with_reflections(self, specs: list[EpisodeSpec]) -> list[EpisodeSpec]:
+        """``reflexion``: each spec that would retrieve (a guided episode after the warm-up) is shown
+        its task's reflections instead, read when the step runs (after the previous step wrote its
+        reflections, also when the specs were drawn ahead)."""
+        return [replace(s, retrieve=False, guidance=self.experience.reflection_guidance(s.env_id, s.task))
+                if s.retrieve else s for s in specs]
+
     def episode_specs(self, step: int | None = None) -> list[EpisodeSpec]:
         """The episodes of 0-based step ``step`` (default: the next one): ``groups_per_step`` sampled
         tasks x ``group_size`` rollouts each.
@@ -360,6 +372,8 @@ class Trainer:
         self._next_specs = None
         if self.cfg.rollout.prefetch and self.step + 1 < self.cfg.train.steps:
             self._next_specs = self.episode_specs(self.step + 1)
+        if self.reflexion:
+            specs = self._with_reflections(specs)
         hooks = self.rollout_hooks(training=True)
         cache0 = dict(getattr(self.engine, "counters", {}))
         with self.peaks.phase("rollout"):
@@ -655,8 +669,13 @@ class Trainer:
         if mode != "guided":
             hooks = {"guide": self._control_guide()} if mode == "empty" else \
                 {k: v for k, v in hooks.items() if k == "guide"}
+        prepare = learn = None
+        if self.reflexion and mode != "free":
+            prepare, learn = self._reflexion_trials(mode, donors)
+            specs = [replace(s, retrieve=False, turn_retrieve=False, tool=False, query="") for s in specs]
+            hooks = {}
         with self.peaks.phase("eval"):
-            trajs, by_trial, attempts = self._trials(specs, progress, hooks)
+            trajs, by_trial, attempts = self._trials(specs, progress, hooks, prepare, learn)
         out = summarise(trajs)
         per_env = {}
         by_env = episodes_by_env(trajs)
@@ -687,20 +706,52 @@ class Trainer:
             out.update(success_by_trial=by_trial, attempts=attempts)
         return out
 
-    def _trials(self, specs: list[EpisodeSpec], progress: Any, hooks: dict[str, Any]
-                ) -> tuple[list[Trajectory], list[float], int]:
+    def _reflexion_trials(self, mode: str, donors: dict[str, dict[int, int]]) -> tuple[Any, Any]:
+        """``reflexion``'s evaluation attempts: ``(prepare, learn)`` for :meth:`_trials`.
+
+        ``learn`` has the actor reflect on an attempt's failed episodes, kept for this evaluation only
+        (the bank is not written); ``prepare`` shows each attempt its task's reflections (stored in
+        training, then those of this evaluation's earlier attempts): ``guided`` its own task's,
+        ``shuffled`` those of its donor task (another context's, where the env has contexts),
+        ``empty`` the header with no reflection."""
+        track = self.experience
+        memory: dict[tuple[str, int], list[str]] = defaultdict(list)
+
+        def prepare(spec: EpisodeSpec) -> EpisodeSpec:
+            if mode == "empty":
+                return replace(spec, guidance=track.empty_guidance)
+            task = donors.get(spec.env_id, {}).get(spec.task, spec.task) if mode == "shuffled" else spec.task
+            return replace(spec, guidance=track.reflection_guidance(spec.env_id, task, memory[(spec.env_id, task)]))
+
+        def learn(failed: list[Trajectory]) -> None:
+            if mode == "empty" or not failed:
+                return
+            for t, text in zip(failed, track.reflect(failed)):
+                if text:
+                    memory[(t.env_id, int(t.task))].append(text)
+
+        return prepare, learn
+
+    def _trials(self, specs: list[EpisodeSpec], progress: Any, hooks: dict[str, Any], prepare: Any = None,
+                learn: Any = None) -> tuple[list[Trajectory], list[float], int]:
         """Run ``specs`` for ``eval.trials`` attempts: attempt k + 1 runs the specs whose task no
-        earlier attempt solved.  Returns one trajectory per spec, in order (the first successful
+        earlier attempt solved.  ``prepare(spec)``, if given, gives the spec an attempt runs (called
+        before each attempt: what it is shown); ``learn(failed trajectories)`` is called after each
+        attempt but the last.  Returns one trajectory per spec, in order (the first successful
         attempt, else the attempt with the highest reward, the earliest on ties), the share of
         specs solved after each attempt and the number of episodes run."""
         best: dict[int, Trajectory] = {}
         by_trial: list[float] = []
         pending = list(range(len(specs)))
         attempts = 0
-        for _ in range(self.cfg.eval.trials):
+        trials = self.cfg.eval.trials
+        for k in range(trials):
             if pending:
-                ran = self.runner.collect([specs[i] for i in pending], self.eval_sampling, progress=progress, **hooks)
+                run = [prepare(specs[i]) if prepare is not None else specs[i] for i in pending]
+                ran = self.runner.collect(run, self.eval_sampling, progress=progress, **hooks)
                 attempts += len(ran)
+                if learn is not None and k + 1 < trials:
+                    learn([t for t in ran if not t.success])
                 for i, t in zip(pending, ran):
                     prev = best.get(i)
                     if prev is None or (not prev.success and (t.success or t.reward > prev.reward)):

@@ -165,6 +165,14 @@ CREATE TABLE IF NOT EXISTS insights (
     updated_step INTEGER NOT NULL DEFAULT 0,
     source_call TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS reflections (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    env_id TEXT NOT NULL,
+    task INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    step INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS reflections_task ON reflections(env_id, task);
 """
 
 
@@ -904,7 +912,7 @@ class ExperienceBank:
         (the order a guided episode and the extractor see; :mod:`crl_bench.experience.insights`).
         A bank written before insights existed has none."""
         c = self._conn()
-        if c.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='insights'").fetchone() is None:
+        if not self._has_table("insights"):
             return []
         sql = "SELECT id, env_id, text, importance, created_step, updated_step, source_call FROM insights"
         args: tuple = ()
@@ -977,6 +985,36 @@ class ExperienceBank:
                 res.applied.append((op if kind == op.kind else InsightOp(kind, op.number), target.id))
                 self._bump(c, f"insight_{kind}")
         return res
+
+    # ------------------------------------------------------------------ reflections (reflexion)
+    def _has_table(self, name: str) -> bool:
+        return self._conn().execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
+                                    (name,)).fetchone() is not None
+
+    def add_reflections(self, rows: Sequence[tuple[str, int, str, int]]) -> None:
+        """Store ``(env_id, task, text, step)`` reflections (:mod:`crl_bench.experience.reflections`),
+        in order, in one transaction. Raises ``PermissionError`` on a read-only bank."""
+        self._check_writable()
+        if not rows:
+            return
+        with self._write() as c:
+            c.executemany("INSERT INTO reflections(env_id, task, text, step) VALUES (?, ?, ?, ?)",
+                          [(str(e), int(t), str(x), int(s)) for e, t, x, s in rows])
+
+    def reflections(self, env_id: str, task: int, limit: int = 3) -> list[str]:
+        """The most recent ``limit`` reflections on ``env_id``'s task ``task``, oldest first (none in a
+        bank written before reflections existed)."""
+        if limit <= 0 or not self._has_table("reflections"):
+            return []
+        rows = self._conn().execute("SELECT text FROM reflections WHERE env_id = ? AND task = ? ORDER BY id DESC "
+                                    "LIMIT ?", (env_id, int(task), int(limit))).fetchall()
+        return [r[0] for r in reversed(rows)]
+
+    def reflection_count(self) -> int:
+        """Reflections stored, over all tasks."""
+        if not self._has_table("reflections"):
+            return 0
+        return int(self._conn().execute("SELECT COUNT(*) FROM reflections").fetchone()[0])
 
     def _reject_insight(self, c: sqlite3.Connection, res: InsightResult, op: InsightOp, reason: str, env_id: str,
                         step: int, call_id: str) -> None:
@@ -1099,8 +1137,8 @@ class ExperienceBank:
         """Counts per env, retrieval and outcome totals, rejections by reason, applied operations per
         kind, votes (upvotes, downvotes, entries deleted by votes, entries with a non-zero count), the
         merge pass (extractor calls and failed calls, env passes applied and skipped, entries removed
-        and written), lineage (entries per origin, entries that replaced others), evictions, and the
-        insight lists (``insights``: :meth:`_insight_stats`)."""
+        and written), lineage (entries per origin, entries that replaced others), evictions, the
+        insight lists (``insights``: :meth:`_insight_stats`) and the reflections stored."""
         c = self._conn()
         per_env, total, retrieved, succ, fail = {}, 0, 0, 0, 0
         for env, n, r, s, f in c.execute("SELECT env_id, COUNT(*), SUM(times_retrieved), SUM(times_success), "
@@ -1139,6 +1177,7 @@ class ExperienceBank:
                         "with_parents": int(with_parents)},
             "evicted_total": int(counters.get("evicted", 0)),
             "insights": self._insight_stats(counters),
+            "reflections": self.reflection_count(),
             "index": self.index_kind,
             "shard_index": self.shard_kinds(),
             "capacity": self.capacity,

@@ -440,6 +440,16 @@ class ExperienceManager:
         with self.lock.read():
             return {env: self.bank.insights(env) for env in dict.fromkeys(env_ids)}
 
+    def reflections(self, env_id: str, task: int, limit: int) -> list[str]:
+        """The most recent ``limit`` reflections on a task, oldest first (``reflexion``)."""
+        with self.lock.read():
+            return self.bank.reflections(env_id, task, limit)
+
+    def add_reflections(self, rows: Sequence[tuple[str, int, str, int]]) -> None:
+        """Store ``(env_id, task, text, step)`` reflections (under the write lock)."""
+        with self.lock.write():
+            self.bank.add_reflections(rows)
+
     def pop_insight_outcomes(self) -> list[InsightOutcome]:
         """The insight calls processed since the last call, with what the bank made of each (oldest
         first); the manager forgets them."""
@@ -675,6 +685,7 @@ class ExperienceManager:
         with self.lock.read():
             s["bank_size"] = len(self.bank)
             s["insights"] = len(self.bank.insights())
+            s["reflections"] = self.bank.reflection_count()
             c = self.bank.counters()
         s.update(merge_calls_failed=c.get("merge_pass_calls_failed", 0),
                  merge_entries_in=c.get("merge_pass_removed", 0), merge_entries_out=c.get("merge_pass_written", 0),

@@ -67,7 +67,7 @@ TOP_ENTRIES = 10
 OP_KIND_ORDER = ("ADD", "UPDATE", "MERGE", "UPVOTE", "DOWNVOTE", "NONE")
 _SPECIAL_SUCCESS = ("guided", "free")
 _METHOD_COLOURS = {"grpo": "#1f77b4", "static": "#ff7f0e", "complementary": "#2ca02c", "casebank": "#9467bd",
-                    "expel": "#393b79"}
+                    "expel": "#393b79", "reflexion": "#637939"}
 _OTHER_COLOURS = ("#d62728", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 _BAND_NOTE = ("Line: mean over the seeds of a method; shaded band: minimum to maximum over seeds "
               "(where at least two seeds logged that step); n = number of seeds.")

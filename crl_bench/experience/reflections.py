@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from crl_bench.experience.extractor import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
+from crl_bench.experience.insights import copies_example
 
 REFLECTIONS_HEADER = ("Your reflections on your earlier failed attempts at this same task, oldest first. "
                       "Use them to do better this time.")
@@ -91,8 +92,11 @@ class ReflectionWriter:
 
     def reflect(self, records: Sequence[EpisodeRecord]) -> list[str]:
         """One reflection per record, in order (one batched ``generate`` call); whitespace collapsed,
-        ``""`` where the reply was empty."""
+        ``""`` where the reply was empty or repeats the instruction (:func:`copies_example` of
+        :data:`REFLECTION_SYSTEM_PROMPT`: measured with SmolLM2-135M on ``diag-vault``, most of its
+        greedy reflections were the instruction itself), which the callers do not store."""
         if not records:
             return []
         replies = self.engine.generate([self.prompts.build(r) for r in records], self.sampling)
-        return [" ".join(r.text.split()) for r in replies]
+        texts = [" ".join(r.text.split()) for r in replies]
+        return ["" if copies_example(t, [REFLECTION_SYSTEM_PROMPT]) else t for t in texts]

@@ -60,3 +60,8 @@ def test_writer_reflects_greedily_within_its_budget(tokenizer):
     assert w.reflect([_record(1), _record(3)]) == ["I walked into the wall. Next time go north."] * 2
     assert engine.params.temperature == 0.0 and engine.params.max_new_tokens == 40
     assert w.reflect([]) == []
+    # a reply repeating the instruction (the 135M actor's usual greedy reply) is no reflection
+    from crl_bench.experience.reflections import REFLECTION_SYSTEM_PROMPT
+
+    engine.reply = REFLECTION_SYSTEM_PROMPT.replace("\n", " ")
+    assert w.reflect([_record(1)]) == [""]

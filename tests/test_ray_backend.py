@@ -184,26 +184,36 @@ def test_sync_bench_alternates_the_two_wire_dtypes_and_restores_the_run_one(tiny
     assert res["compute_dtype_s"] > 0 and res["float32_s"] > 0
 
 
+def _manager_host(tmp_path, method, monkeypatch=None):
+    """The body of a ``method`` run's manager actor, built in this process on the smoke preset; with
+    ``monkeypatch``, loading model weights raises (the methods that must not load any)."""
+    import torch
+
+    from crl_bench.config import preset_data
+    from crl_bench.ray_backend import ManagerHost
+
+    if monkeypatch is not None:
+        import crl_bench.llm.hf_engine as hf
+
+        def no_model(*a, **k):
+            raise AssertionError(f"a {method} manager loads no model")
+
+        monkeypatch.setattr(hf, "load_model_and_tokenizer", no_model)
+    cfg = build_config([preset_data("smoke"), {"method": method, "rollout": {"mix": "minihack-room"}}])
+    threads = torch.get_num_threads()
+    try:
+        return ManagerHost(cfg.to_dict(), str(tmp_path / "experience.sqlite"), None, False, 1.0)
+    finally:
+        torch.set_num_threads(threads)       # the actor body sets its own thread count
+
+
+
 def test_case_bank_manager_actor_loads_no_model(tmp_path, monkeypatch):
     """The manager actor of a ``casebank`` run writes cases with the actor's tokenizer and loads no
     model weights (the body of the actor, built in this process)."""
-    import torch
-
-    import crl_bench.llm.hf_engine as hf
-    from crl_bench.config import preset_data
     from crl_bench.experience.cases import CaseWriter
-    from crl_bench.ray_backend import ManagerHost
 
-    def no_model(*a, **k):
-        raise AssertionError("a case bank's manager loads no model")
-
-    monkeypatch.setattr(hf, "load_model_and_tokenizer", no_model)
-    cfg = build_config([preset_data("smoke"), {"method": "casebank", "rollout": {"mix": "minihack-room"}}])
-    threads = torch.get_num_threads()
-    try:
-        host = ManagerHost(cfg.to_dict(), str(tmp_path / "experience.sqlite"), None, False, 1.0)
-    finally:
-        torch.set_num_threads(threads)       # the actor body sets its own thread count
+    host = _manager_host(tmp_path, "casebank", monkeypatch)
     try:
         assert host.model is None and isinstance(host.manager.extractor, CaseWriter)
         assert host.manager.extractor.tokenizer.chat_template
@@ -214,18 +224,9 @@ def test_case_bank_manager_actor_loads_no_model(tmp_path, monkeypatch):
 def test_expel_manager_actor_loads_the_frozen_extractor(tmp_path):
     """The manager actor of an ``expel`` run loads the extractor model (frozen, in the compute
     dtype) and keeps the insight lists, which the driver's handle reads through ``insights``."""
-    import torch
-
-    from crl_bench.config import preset_data
     from crl_bench.experience.insights import InsightOp, InsightWriter
-    from crl_bench.ray_backend import ManagerHost
 
-    cfg = build_config([preset_data("smoke"), {"method": "expel", "rollout": {"mix": "minihack-room"}}])
-    threads = torch.get_num_threads()
-    try:
-        host = ManagerHost(cfg.to_dict(), str(tmp_path / "experience.sqlite"), None, False, 1.0)
-    finally:
-        torch.set_num_threads(threads)
+    host = _manager_host(tmp_path, "expel")
     try:
         assert isinstance(host.manager.extractor, InsightWriter) and host.model is not None
         assert not any(p.requires_grad for p in host.model.parameters())
@@ -240,22 +241,7 @@ def test_expel_manager_actor_loads_the_frozen_extractor(tmp_path):
 def test_reflexion_manager_actor_keeps_reflections_per_task(tmp_path, monkeypatch):
     """The manager actor of a ``reflexion`` run loads no model and stores and serves the reflections
     the driver's actor writes (the calls the driver's handle makes)."""
-    import torch
-
-    import crl_bench.llm.hf_engine as hf
-    from crl_bench.config import preset_data
-    from crl_bench.ray_backend import ManagerHost
-
-    def no_model(*a, **k):
-        raise AssertionError("a reflexion manager loads no model")
-
-    monkeypatch.setattr(hf, "load_model_and_tokenizer", no_model)
-    cfg = build_config([preset_data("smoke"), {"method": "reflexion", "rollout": {"mix": "minihack-room"}}])
-    threads = torch.get_num_threads()
-    try:
-        host = ManagerHost(cfg.to_dict(), str(tmp_path / "experience.sqlite"), None, False, 1.0)
-    finally:
-        torch.set_num_threads(threads)
+    host = _manager_host(tmp_path, "reflexion", monkeypatch)
     try:
         assert host.model is None and host.manager.extractor is None
         host.run("add_reflections", [("minihack-room", 3, "Go north first.", 1), ("minihack-room", 4, "x y", 1)])

@@ -143,3 +143,58 @@ class FolderServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ScriptedReplies:
+    """An engine whose reply to each prompt is ``reply(decoded prompt)``; records the decoded prompts.
+    Replies carry placeholder log-probs (-1.0 per token), as the other scripted engines of the tests."""
+
+    def __init__(self, tokenizer, reply):
+        self.tokenizer = tokenizer
+        self.reply = reply
+        self.prompts: list[str] = []
+
+    def generate(self, prompts, params, allowed=None):
+        from crl_bench.llm.base import Generation
+
+        out = []
+        for p in prompts:
+            text = self.tokenizer.decode(p)
+            self.prompts.append(text)
+            reply = self.reply(text)
+            ids = self.tokenizer.encode(reply, add_special_tokens=False)
+            out.append(Generation(list(p), ids, [-1.0] * len(ids), reply, "stop"))
+        return out
+
+
+def replay_from_checkpoint(make, tmp_path, computed):
+    """Two steps of ``make(tmp_path / "a")``, a checkpoint, two more; then a trainer ``make(tmp_path /
+    "b")`` restored from the checkpoint takes two steps. Asserts that both pairs of steps have equal
+    ``computed(metrics)`` and the same episodes (task, subgroup, reward, what they were shown) and
+    that the actors end equal; returns the two trainers, closed, for checks of their run folders."""
+    import torch
+
+    from crl_bench.trainer.checkpoint import load_checkpoint, restore_run_files, save_checkpoint
+
+    a = make(tmp_path / "a")
+    for _ in range(2):
+        a.train_step()
+    ckpt = save_checkpoint(a, a.writer.dir, keep=2)
+    after = [a.train_step() for _ in range(2)]
+    a.experience.flush()
+    b_dir = tmp_path / "b"
+    b_dir.mkdir()
+    restore_run_files(b_dir, ckpt, has_bank=True)
+    b = make(b_dir)
+    load_checkpoint(b, ckpt)
+    again = [b.train_step() for _ in range(2)]
+    b.experience.flush()
+    for x, y in zip(after, again):
+        assert computed(x.metrics) == computed(y.metrics)
+        assert [(t.task, t.subgroup, t.reward, t.guidance) for t in x.trajectories] == \
+               [(t.task, t.subgroup, t.reward, t.guidance) for t in y.trajectories]
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(p, q)
+    a.close()
+    b.close()
+    return a, b

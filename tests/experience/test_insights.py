@@ -4,6 +4,7 @@ storage, the prompt and the manager's insight calls (crl_bench/experience/insigh
 import sqlite3
 
 import pytest
+from tests_helpers import ScriptedReplies
 
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder
@@ -20,7 +21,7 @@ from crl_bench.experience.insights import (
 )
 from crl_bench.experience.manager import ExperienceManager, InsightRequest
 from crl_bench.experience.retrieval import Retriever
-from crl_bench.llm.base import Generation, SamplingParams
+from crl_bench.llm.base import SamplingParams
 
 
 def _bank(tmp_path, name="b.sqlite"):
@@ -160,28 +161,15 @@ def test_comparison_prompt_shows_the_list_and_both_attempts(tokenizer):
 
 
 # ---- the writer and the manager -----------------------------------------------------------------------
-class _Scripted:
+def _scripted(tokenizer, compare, successes):
     """Replies by what the prompt asks: a comparison gets ``compare``, a success list ``successes``."""
-
-    def __init__(self, tokenizer, compare, successes):
-        self.tokenizer, self.compare, self.successes = tokenizer, compare, successes
-        self.prompts = []
-
-    def generate(self, prompts, params, allowed=None):
-        out = []
-        for p in prompts:
-            text = self.tokenizer.decode(p)
-            self.prompts.append(text)
-            user = text.rsplit("Game: ", 1)[1]
-            reply = self.compare if "A failed attempt" in user else self.successes
-            ids = self.tokenizer.encode(reply, add_special_tokens=False)
-            out.append(Generation(list(p), ids, [-1.0] * len(ids), reply, "stop"))
-        return out
+    return ScriptedReplies(tokenizer, lambda text: compare if "A failed attempt" in text.rsplit("Game: ", 1)[1]
+                           else successes)
 
 
 def test_manager_applies_comparisons_before_success_lists(tmp_path, tokenizer):
     bank = _bank(tmp_path)
-    engine = _Scripted(tokenizer, "ADD: Walk towards the stairs.", "UPVOTE 1")
+    engine = _scripted(tokenizer, "ADD: Walk towards the stairs.", "UPVOTE 1")
     writer = InsightWriter(engine, tokenizer, InsightPromptBuilder(tokenizer, 1024), SamplingParams(temperature=0.0))
     m = ExperienceManager(bank, Retriever(bank), writer)
     succ = InsightRequest("room", 1, [_rec(1, ["north"], True), _rec(2, ["east"], True)])

@@ -5,13 +5,12 @@ above the most similar case."""
 import copy
 
 import pytest
-from tests_helpers import CoinEnv, coin_config
+from tests_helpers import CoinEnv, ScriptedReplies, coin_config, replay_from_checkpoint
 
 from crl_bench.config import ConfigError
 from crl_bench.env_api import register_env
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.insights import InsightWriter
-from crl_bench.llm.base import Generation
 from crl_bench.methods import get_method
 from crl_bench.trainer.experience_track import CASES_HEADER, GUIDANCE_HEADER, INSIGHTS_HEADER
 from crl_bench.trainer.loop import Trainer
@@ -19,23 +18,9 @@ from crl_bench.trainer.loop import Trainer
 RULE = "Call heads: tails always loses."
 
 
-class RuleEngine:
+def rule_reply(prompt):
     """Adds :data:`RULE` when the list is empty, upvotes insight 1 after that."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.prompts = []
-
-    def generate(self, prompts, params, allowed=None):
-        out = []
-        for p in prompts:
-            text = self.tokenizer.decode(p)
-            self.prompts.append(text)
-            user = text.rsplit("Game: ", 1)[1]
-            reply = "UPVOTE 1" if "1. Call heads" in user else f"ADD: {RULE}"
-            ids = self.tokenizer.encode(reply, add_special_tokens=False)
-            out.append(Generation(list(p), ids, [-1.0] * len(ids), reply, "stop"))
-        return out
+    return "UPVOTE 1" if "1. Call heads" in prompt.rsplit("Game: ", 1)[1] else f"ADD: {RULE}"
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +31,7 @@ def _coin():
 def _trainer(tokenizer, tiny_model, **extra):
     tr = Trainer(coin_config("expel", **extra), model=tiny_model, tokenizer=tokenizer, embedder=HashEmbedder(64),
                  extractor_model=copy.deepcopy(tiny_model))
-    engine = RuleEngine(tokenizer)
+    engine = ScriptedReplies(tokenizer, rule_reply)
     tr.experience.extractor.engine = engine
     return tr, engine
 
@@ -121,12 +106,10 @@ def test_expel_summary_names_the_extractor(tmp_path):
 def test_a_resumed_expel_run_takes_the_same_next_steps(tmp_path, tokenizer, tiny_model):
     """Two steps, a checkpoint, two more; a trainer restored from the checkpoint takes the same two
     steps, and its bank ends with the same cases and the same insight list (counts included)."""
-    import torch
     from test_resume import _bank_rows, _computed
 
     from crl_bench.experience.bank import ExperienceBank
     from crl_bench.results.run_folder import RunWriter
-    from crl_bench.trainer.checkpoint import load_checkpoint, restore_run_files, save_checkpoint
 
     def make(run_dir):
         cfg = coin_config("expel", train={"steps": 4, "lr_warmup_steps": 2, "seed": 1}, model={"dtype": "float32"},
@@ -134,30 +117,11 @@ def test_a_resumed_expel_run_takes_the_same_next_steps(tmp_path, tokenizer, tiny
         writer = RunWriter(run_dir.parent, run_dir.name) if not run_dir.exists() else RunWriter.reopen(run_dir)
         tr = Trainer(cfg, writer=writer, model=copy.deepcopy(tiny_model), tokenizer=tokenizer,
                      embedder=HashEmbedder(64), extractor_model=copy.deepcopy(tiny_model))
-        tr.experience.extractor.engine = RuleEngine(tokenizer)
+        tr.experience.extractor.engine = ScriptedReplies(tokenizer, rule_reply)
         return tr
 
-    a = make(tmp_path / "a")
-    for _ in range(2):
-        a.train_step()
-    ckpt = save_checkpoint(a, a.writer.dir, keep=2)
-    after = [a.train_step() for _ in range(2)]
-    a.experience.flush()
-    b_dir = tmp_path / "b"
-    b_dir.mkdir()
-    restore_run_files(b_dir, ckpt, has_bank=True)
-    b = make(b_dir)
-    load_checkpoint(b, ckpt)
-    again = [b.train_step() for _ in range(2)]
-    b.experience.flush()
-    for x, y in zip(after, again):
-        assert _computed(x.metrics) == _computed(y.metrics)
-        assert [(t.task, t.subgroup, t.reward, t.guidance) for t in x.trajectories] == \
-               [(t.task, t.subgroup, t.reward, t.guidance) for t in y.trajectories]
-    for p, q in zip(a.model.parameters(), b.model.parameters()):
-        assert torch.equal(p, q)
-    a.close()
-    b.close()
+    a, b = replay_from_checkpoint(make, tmp_path, _computed)
+    b_dir = b.writer.dir
     assert _bank_rows(a.writer.dir / "experience.sqlite") == _bank_rows(b_dir / "experience.sqlite")
     lists = []
     for d in (a.writer.dir, b_dir):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from tests_helpers import CoinEnv, coin_config
+from tests_helpers import CoinEnv, coin_config, replay_from_checkpoint
 
 from crl_bench.config import ConfigError
 from crl_bench.env_api import register_env
@@ -124,7 +124,6 @@ def test_a_resumed_reflexion_run_takes_the_same_next_steps(tmp_path, tokenizer, 
     from test_resume import _computed
 
     from crl_bench.results.run_folder import RunWriter
-    from crl_bench.trainer.checkpoint import load_checkpoint, restore_run_files, save_checkpoint
 
     def make(run_dir):
         cfg = coin_config("reflexion", train={"steps": 4, "lr_warmup_steps": 2, "seed": 1}, model={"dtype": "float32"})
@@ -141,21 +140,6 @@ def test_a_resumed_reflexion_run_takes_the_same_next_steps(tmp_path, tokenizer, 
         finally:
             c.close()
 
-    a = make(tmp_path / "a")
-    for _ in range(2):
-        a.train_step()
-    ckpt = save_checkpoint(a, a.writer.dir, keep=2)
-    after = [a.train_step() for _ in range(2)]
-    b_dir = tmp_path / "b"
-    b_dir.mkdir()
-    restore_run_files(b_dir, ckpt, has_bank=True)
-    b = make(b_dir)
-    load_checkpoint(b, ckpt)
-    again = [b.train_step() for _ in range(2)]
-    for x, y in zip(after, again):
-        assert _computed(x.metrics) == _computed(y.metrics)
-        assert [(t.task, t.subgroup, t.reward, t.guidance) for t in x.trajectories] == \
-               [(t.task, t.subgroup, t.reward, t.guidance) for t in y.trajectories]
-    a.close()
-    b.close()
+    a, b = replay_from_checkpoint(make, tmp_path, _computed)
+    b_dir = b.writer.dir
     assert rows(a.writer.dir) == rows(b_dir) and rows(b_dir)

@@ -182,7 +182,6 @@ class ExperienceTrack:
         self.cfg = cfg
         self.method = method
         self.header = {"cases": CASES_HEADER, "reflections": REFLECTIONS_HEADER}.get(method.entries, GUIDANCE_HEADER)
-        self.insight_seen = (0, 0)          # the manager's (insight_calls, insight_calls_failed) at the last row
         exp_cfg, xc = cfg.experience, cfg.extractor
         self.read_only = read_only_bank is not None
         if self.read_only:
@@ -697,7 +696,9 @@ class ExperienceTrack:
     def metrics(self) -> dict[str, Any]:
         """Manager and bank counters for the step's metrics row, and the extractor replies finished since
         the previous row (``extractions_step``) with the share of them that parsed into at least one
-        operation (``extractions_parse_rate``, only when there were any).  Called once per step."""
+        operation (``extractions_parse_rate``, only when there were any); with insights the same for
+        the insight calls (``insight_calls_step``, ``insight_parse_rate``, from the outcomes the
+        manager reports, which this collects).  Called once per step."""
         s = self.manager.stats()
         parsed, failed = s["extractions_parsed"] - self.parse_seen[0], s["extractions_failed"] - self.parse_seen[1]
         self.parse_seen = (s["extractions_parsed"], s["extractions_failed"])
@@ -706,11 +707,11 @@ class ExperienceTrack:
         if self.method.entries == "reflections":
             step_parse["reflections"] = s["reflections"]
         if self.method.insights:
-            calls, failed = s["insight_calls"] - self.insight_seen[0], s["insight_calls_failed"] - self.insight_seen[1]
-            self.insight_seen = (s["insight_calls"], s["insight_calls_failed"])
+            done = self.manager.pop_insight_outcomes()        # the insight calls since the previous row
+            valid = sum(1 for o in done if o.call.parse.valid)
             step_parse.update(insights=s["insights"], insight_calls=s["insight_calls"],
-                              insight_kinds=s["insight_kinds"], insight_calls_step=calls,
-                              **({"insight_parse_rate": (calls - failed) / calls} if calls else {}))
+                              insight_kinds=s["insight_kinds"], insight_calls_step=len(done),
+                              **({"insight_parse_rate": valid / len(done)} if done else {}))
         return {"bank_size": s["bank_size"], "extractions_parsed": s["extractions_parsed"],
                 "extractions_failed": s["extractions_failed"], "ops_applied": s["ops_applied"],
                 "ops_rejected": s["ops_rejected"], "op_kinds": s["op_kinds"], "merges": s["merges"],
@@ -743,7 +744,6 @@ class ExperienceTrack:
             "dropped": self.dropped, "extractor_version": self.extractor_version, "updates": list(self.updates),
             "env_scores": {k: list(v) for k, v in self.env_scores.items()}, "trained": dict(self.trained),
             "updated_at_step": self.updated_at_step, "parse_seen": list(self.parse_seen),
-            "insight_seen": list(self.insight_seen),
             "optimizer": self.updater.optimizer.state_dict() if self.updater is not None else None,
             "updater_rng": self.updater.rng.getstate() if self.updater is not None else None,
             "manager": self.manager.state_dict(),
@@ -776,7 +776,6 @@ class ExperienceTrack:
         self.manager.load_state_dict(state["manager"])
         s = self.manager.stats()            # a checkpoint without parse_seen: count from the restored counters
         self.parse_seen = tuple(state.get("parse_seen", (s["extractions_parsed"], s["extractions_failed"])))
-        self.insight_seen = tuple(state.get("insight_seen", (s["insight_calls"], s["insight_calls_failed"])))
 
     def save_bank(self, dest: str | Path) -> None:
         """Copy the bank's SQLite file to ``dest`` (:meth:`ExperienceManager.backup`: the manager

@@ -660,7 +660,7 @@ class Trainer:
                              turn_retrieve=live and exp.integration != "trajectory",
                              tool=live and exp.search_tool != "off",
                              query=self.first_query(env_id, donors[env_id][t])
-                             if t in donors.get(env_id, {}) else "")
+                             if t in donors.get(env_id, {}) and not self.reflexion else "")
                  for env_id, ids in tasks.items() for i, t in enumerate(ids)]
         t0 = time.perf_counter()
         # evaluation leaves the bank and its usage counters as they were, unless eval.writes_counters
@@ -672,7 +672,7 @@ class Trainer:
         prepare = learn = None
         if self.reflexion and mode != "free":
             prepare, learn = self._reflexion_trials(mode, donors)
-            specs = [replace(s, retrieve=False, turn_retrieve=False, tool=False, query="") for s in specs]
+            specs = [replace(s, retrieve=False, turn_retrieve=False, tool=False) for s in specs]
             hooks = {}
         with self.peaks.phase("eval"):
             trajs, by_trial, attempts = self._trials(specs, progress, hooks, prepare, learn)

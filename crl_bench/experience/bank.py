@@ -986,6 +986,14 @@ class ExperienceBank:
                 self._bump(c, f"insight_{kind}")
         return res
 
+    def _reject_insight(self, c: sqlite3.Connection, res: InsightResult, op: InsightOp, reason: str, env_id: str,
+                        step: int, call_id: str) -> None:
+        res.rejected.append((op, reason))
+        c.execute("INSERT INTO rejections(time, step, extraction_id, env_id, operation, reason) "
+                  "VALUES (?, ?, ?, ?, ?, ?)",
+                  (time.time(), int(step), str(call_id), str(env_id),
+                   json.dumps({"kind": op.kind, "number": op.number, "text": op.text, "list": "insights"}), reason))
+
     # ------------------------------------------------------------------ reflections (reflexion)
     def _has_table(self, name: str) -> bool:
         return self._conn().execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
@@ -1015,14 +1023,6 @@ class ExperienceBank:
         if not self._has_table("reflections"):
             return 0
         return int(self._conn().execute("SELECT COUNT(*) FROM reflections").fetchone()[0])
-
-    def _reject_insight(self, c: sqlite3.Connection, res: InsightResult, op: InsightOp, reason: str, env_id: str,
-                        step: int, call_id: str) -> None:
-        res.rejected.append((op, reason))
-        c.execute("INSERT INTO rejections(time, step, extraction_id, env_id, operation, reason) "
-                  "VALUES (?, ?, ?, ?, ?, ?)",
-                  (time.time(), int(step), str(call_id), str(env_id),
-                   json.dumps({"kind": op.kind, "number": op.number, "text": op.text, "list": "insights"}), reason))
 
     # ------------------------------------------------------------------ counters (SQLite only)
     def record_retrieval(self, ids: Sequence[int], when: float) -> None:

@@ -505,8 +505,13 @@ def cmd_bank(args: argparse.Namespace) -> int:
                 print(f"#{i.id} [{_shown(i.env_id)}] importance {i.importance}, added at step {i.created_step}, "
                       f"changed at step {i.updated_step}\n    {_shown(i.text)}")
             print(f"{len(insights)} insights" + (f" (showing {args.limit})" if len(insights) > args.limit else ""))
-        if bank.reflection_count():      # reflexion: reflections per task (bank stats counts them)
-            print(f"{bank.reflection_count()} reflections")
+        reflections = bank.recent_reflections(args.env, args.limit)
+        if reflections:                 # reflexion: the newest reflections first, each with its task
+            print("\nreflections:")
+            for env_id, task, text, step in reflections:
+                print(f"[{_shown(env_id)}] task {task}, written at step {step}\n    {_shown(text)}")
+            total = bank.reflection_count(args.env)
+            print(f"{total} reflections" + (f" (showing the newest {args.limit})" if total > args.limit else ""))
         return 0
     except (sqlite3.Error, ValueError, TypeError) as e:   # rows a crl-bench bank never holds
         raise ConfigError(f"{bank.path} is not a readable crl-bench experience bank: {e}") from None
@@ -677,7 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     ks = k.add_subparsers(dest="bank_cmd", required=True)
     show = ks.add_parser("show", help="list entries with their utility counts")
     show.add_argument("run", help="run folder (or an experience.sqlite file)")
-    show.add_argument("--env", help="only this env's entries")
+    show.add_argument("--env", help="only this env's entries, insights and reflections")
     show.add_argument("--limit", type=int, default=50)
     show.add_argument("--sort", choices=["id", "retrieved", "success", "failure", "votes", "utility"],
                       default="retrieved")

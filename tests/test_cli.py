@@ -136,6 +136,40 @@ def test_bank_show_and_stats(tmp_path, capsys):
     assert main(["bank", "show", str(tmp_path / "nowhere")]) == 2
 
 
+def test_bank_show_lists_reflections_newest_first(tmp_path, capsys):
+    """A reflexion bank: `bank show` prints each reflection with its env, task and step, newest first, escaped,
+    and `--env` / `--limit` narrow the list and its count."""
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.experience.embedding import HashEmbedder
+
+    bank = ExperienceBank(tmp_path / "experience.sqlite", HashEmbedder(16))
+    bank.add_reflections([("room", 1, "Go north first.", 1), ("maze", 4, "Turn \x1b[31mleft.", 2),
+                          ("room", 2, "Try the east door.", 3)])
+    bank.close()
+    assert main(["bank", "show", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.index("[room] task 2, written at step 3\n    Try the east door.") < \
+        out.index("[maze] task 4, written at step 2") < out.index("[room] task 1, written at step 1")
+    assert "\x1b" not in out and "3 reflections\n" in out
+    assert main(["bank", "show", str(tmp_path), "--env", "room", "--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Try the east door." in out and "Go north first." not in out and "maze" not in out
+    assert "2 reflections (showing the newest 1)" in out
+
+
+def test_step_line_names_reflections_for_reflexion():
+    """The console line shows the reflection count for reflexion (its bank holds no entries) and the bank size
+    for the other experience methods."""
+    from crl_bench.trainer.lifecycle import step_line
+
+    row = {"step": 3, "success_rate": 0.25, "reward_mean": 0.25, "steps_mean": 2.0, "invalid_action_rate": 0.0,
+           "tokens_per_s": 10.0, "time_step_s": 1.0, "success_rate/guided": 0.5, "success_rate/free": 0.0,
+           "bank_size": 0}
+    assert step_line(row).endswith("guided 0.50 free 0.00  bank 0")
+    assert step_line({**row, "reflections": 7}).endswith("guided 0.50 free 0.00  reflections 7")
+    assert "guided" not in step_line({k: v for k, v in row.items() if k != "bank_size"})
+
+
 def _bank_files(folder):
     return sorted(p.name for p in folder.iterdir())
 

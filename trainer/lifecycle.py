@@ -400,6 +400,7 @@ def step_line(m: dict[str, Any]) -> str:
             + (f"  entropy {m['reply_entropy']:.2f}" if "reply_entropy" in m else "")
             + f"  {m['tokens_per_s']:.1f} tok/s  {m['time_step_s']:.1f}s"
             + (f"  | guided {m['success_rate/guided']:.2f} free {m['success_rate/free']:.2f}  "
-               f"bank {m['bank_size']}" if "bank_size" in m else "")
+               + (f"reflections {m['reflections']}" if "reflections" in m else f"bank {m['bank_size']}")
+               if "bank_size" in m else "")
             + (f"  extractor update {m['extractor_update']}: reward {m['extractor_reward_mean']:.2f} "
                f"loss {m['extractor_loss']:.4f}" if "extractor_update" in m else ""))

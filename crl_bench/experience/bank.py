@@ -1018,11 +1018,23 @@ class ExperienceBank:
                                     "LIMIT ?", (env_id, int(task), int(limit))).fetchall()
         return [r[0] for r in reversed(rows)]
 
-    def reflection_count(self) -> int:
-        """Reflections stored, over all tasks."""
+    def recent_reflections(self, env_id: str | None = None, limit: int = 20) -> list[tuple[str, int, str, int]]:
+        """The ``limit`` most recent reflections as ``(env_id, task, text, step)``, newest first, of one env
+        or (``env_id`` None) of all; ``[]`` in a bank written before reflections existed."""
+        if limit <= 0 or not self._has_table("reflections"):
+            return []
+        where, args = ("WHERE env_id = ? ", (env_id,)) if env_id is not None else ("", ())
+        rows = self._conn().execute(f"SELECT env_id, task, text, step FROM reflections {where}ORDER BY id DESC "
+                                    "LIMIT ?", (*args, int(limit))).fetchall()
+        return [(str(e), int(t), str(x), int(s)) for e, t, x, s in rows]
+
+    def reflection_count(self, env_id: str | None = None) -> int:
+        """Reflections stored, over all tasks (of ``env_id`` if given)."""
         if not self._has_table("reflections"):
             return 0
-        return int(self._conn().execute("SELECT COUNT(*) FROM reflections").fetchone()[0])
+        if env_id is None:
+            return int(self._conn().execute("SELECT COUNT(*) FROM reflections").fetchone()[0])
+        return int(self._conn().execute("SELECT COUNT(*) FROM reflections WHERE env_id = ?", (env_id,)).fetchone()[0])
 
     # ------------------------------------------------------------------ counters (SQLite only)
     def record_retrieval(self, ids: Sequence[int], when: float) -> None:

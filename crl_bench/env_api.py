@@ -354,6 +354,23 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         """
         return {}
 
+    def task_fingerprint(self, task: int) -> dict[str, Any]:
+        """What defines task id ``task`` on this machine, for task panels (``crl-bench panel``,
+        :mod:`crl_bench.results.panel`): ``{field: JSON value}``, hashed field by field, so that two data
+        dirs, package versions or machines that give a task different content are told apart.
+
+        Default: ``{"first_observation": ...}``, the observation ``reset`` returns for the task (it
+        holds the task's goal and its initial state; a procedural env's content is a function of the
+        task id and the generator, which this catches when either changes). Envs whose task comes from
+        a data file name the file's content instead, without a reset (ALFWorld: the game file and
+        goal; WebShop: the goal and the target's price; SWE-bench: the instance). Resets the env.
+
+        Raises:
+            KeyError: ``task`` is not a task id of this env.
+        """
+        obs, _info = self.reset(options={"task": self.check_task(task)})
+        return {"first_observation": obs}
+
     def task_weights(self, split: str) -> Sequence[float] | None:
         """Relative sampling weights of ``task_ids(split)`` (same order), or ``None`` for uniform
         (the default). The trainer's task sampler draws training tasks with these weights."""

@@ -295,6 +295,9 @@ class RemoteEnv:
     def data_files(self) -> dict[str, Path]:
         return self._get(self.host.call.remote(self.slot, "data_files"))
 
+    def task_fingerprint(self, task: int) -> dict[str, Any]:
+        return self._get(self.host.call.remote(self.slot, "task_fingerprint", task))
+
     def close(self) -> None:
         with contextlib.suppress(Exception):       # the actor may be gone: nothing left to close
             self.host.close.remote(self.slot)

@@ -294,6 +294,11 @@ class DiagEnv(TextEnv):
         says ``"the Corvane Archive"``)."""
         return CONTEXT_NAMES[self.context_index(task)]
 
+    def task_fingerprint(self, task: int) -> dict[str, Any]:
+        """The task's context, its solution and its first observation (:meth:`TextEnv.task_fingerprint`).
+        Resets the env."""
+        return {"context": self.context(task), "solution": self.solution(task), **super().task_fingerprint(task)}
+
     def task_type(self, task: int) -> str:
         """The context name (:meth:`context`), so that evaluation's per-type breakdown is per context."""
         return self.context(task)

@@ -95,6 +95,9 @@ def test_ray_smoke_run_writes_what_the_local_backend_writes(local_ray, tmp_path)
     assert rows_r[-1]["guided_with_experience"] > 0             # and step 2 retrieved from it
     ev_l, ev_r = (json.loads((d / "eval.json").read_text()) for d in (local, remote))
     assert set(ev_r) == set(ev_l) and ev_r["guided"]["episodes"] == ev_l["guided"]["episodes"] == 4
+    # the task panel read from the env actors is the one the local envs give
+    assert ev_r["protocol"]["panels"] == ev_l["protocol"]["panels"]
+    assert set(ev_l["protocol"]["panels"]) == {"minihack-room"}
 
 
 @pytest.mark.slow

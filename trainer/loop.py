@@ -152,6 +152,7 @@ class Trainer:
         self.task_types: dict[str, dict[int, str]] = {}       # eval task id -> benchmark task type
         self.eval_contexts: dict[str, dict[int, str | None]] = {}   # eval task id -> context (diagnostics)
         self._first_queries: dict[tuple[str, int], str] = {}       # (env, task) -> its retrieval query
+        self._panels: dict[tuple[str, str, tuple[int, ...]], str] = {}   # (env, split, task ids) -> panel hash
         self.data_files: dict[str, dict[str, str]] = {}
         for env_id in self.mixture.envs:
             env = self.pool.acquire(env_id)
@@ -561,7 +562,8 @@ class Trainer:
         """What makes two evaluations comparable (docs/evaluation.md): split, episodes per env (as
         asked and as run), sampling, each env's step limit, for envs that have any, their
         constructor settings (``rollout.env_kwargs``, e.g. a MiniHack variant) as ``env_settings``,
-        and ``trials`` when ``eval.trials`` is more than 1."""
+        each env's task panel hash as ``panels`` (:meth:`eval_panels`), and ``trials`` when
+        ``eval.trials`` is more than 1."""
         tasks = self.eval_task_ids(episodes)
         g = self.cfg.generation
         return {"split": self.cfg.eval.split,
@@ -571,7 +573,27 @@ class Trainer:
                 "max_new_tokens": g.max_new_tokens, "max_steps": dict(self.max_steps),
                 **({"env_settings": settings} if (settings := {
                     e: dict(kw) for e, kw in self.cfg.rollout.env_kwargs.items() if e in tasks and kw}) else {}),
+                "panels": self.eval_panels(episodes),
                 **({"trials": self.cfg.eval.trials} if self.cfg.eval.trials > 1 else {})}
+
+    def eval_panels(self, episodes: int | str | None = None) -> dict[str, str]:
+        """Each env's task panel hash (:mod:`crl_bench.results.panel`) for the eval tasks of
+        :meth:`eval_task_ids`: ``{env id: sha256 hex}``, what ``crl-bench panel export`` writes for the
+        same env, split, episodes and settings. Computed once per env and task list (procedural envs
+        reset each task once, on an env of the pool)."""
+        from crl_bench.results.panel import build_panel
+
+        out: dict[str, str] = {}
+        for env_id, ids in self.eval_task_ids(episodes).items():
+            key = (env_id, self.cfg.eval.split, tuple(ids))
+            if key not in self._panels:
+                env = self.pool.acquire(env_id)
+                try:
+                    self._panels[key] = build_panel(env, env_id, self.cfg.eval.split, ids)["panel_hash"]
+                finally:
+                    self.pool.release(env_id, env)
+            out[env_id] = self._panels[key]
+        return out
 
     def shuffled_donors(self, tasks: dict[str, list[int]]) -> dict[str, dict[int, int]]:
         """For the ``shuffled`` memory control: each eval task's donor, another task of the same

@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from crl_bench.results.panel import content_hash, short_hash
 from crl_bench.results.run_folder import is_run_folder
 from crl_bench.results.summary import SummaryError, build_summary, read_summary, validate_summary
 from crl_bench.safe_io import load_json, printable
@@ -66,7 +67,7 @@ SKIP_DIRS = {"checkpoint", "__pycache__", "node_modules"}
 BASE_COLUMNS = ["method", "model", "extractor", "mix", "eval", "protocol", "n_runs", "seeds",
                 "overall_mean", "overall_std", "overall_n", "overall_ci_low", "overall_ci_high"]
 TAIL_COLUMNS = ["steps_mean", "invalid_action_rate", "train_steps", "train_episodes", "train_wall_s",
-                "per_seed", "run_ids", "mix_envs", "protocol_json"]
+                "per_seed", "run_ids", "mix_envs", "panel", "protocol_json"]
 EVAL_DOC = "docs/evaluation.md"
 
 
@@ -164,8 +165,10 @@ def protocol_label(protocol: dict[str, Any]) -> str:
     Shows split, episodes per env (``all tasks`` for ``"all"``), the tasks actually run when they
     differ from the episodes asked, temperature, ``top_p`` unless 1, ``top_k`` unless 0/absent,
     ``max_new_tokens`` when recorded, the step limit (one number if all envs share it), each env's
-    constructor settings when it has any (e.g. ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``)
-    and the attempts per task when more than one (``3 trials``).
+    constructor settings when it has any (e.g. ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``),
+    the attempts per task when more than one (``3 trials``) and the task panel where recorded
+    (``panel 3f2a...``: one env's panel hash, or for several envs the hash of all of them,
+    :func:`panels_hash`; shortened to :data:`~crl_bench.results.panel.SHORT` hex digits).
     """
     ep = protocol["episodes"]
     parts = [str(protocol["split"]), "all tasks" if ep == "all" else f"{ep} ep/env"]
@@ -184,7 +187,17 @@ def protocol_label(protocol: dict[str, Any]) -> str:
         parts.append(f"{env}: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
     if protocol.get("trials", 1) > 1:
         parts.append(f"{protocol['trials']} trials")
+    if protocol.get("panels"):
+        parts.append(f"panel {short_hash(panels_hash(protocol['panels']))}")
     return " · ".join(parts)
+
+
+def panels_hash(panels: dict[str, str]) -> str:
+    """One hash for a protocol's task panels: the env's panel hash when there is one env, else the
+    sha256 of the canonical JSON ``{env id: panel hash}`` (docs/evaluation.md "Task panels")."""
+    if len(panels) == 1:
+        return next(iter(panels.values()))
+    return content_hash(panels)
 
 
 def _canon(obj: Any) -> str:
@@ -230,6 +243,13 @@ def _model_label(model: dict[str, Any]) -> str:
     return model["name"] + (f" ({model['variant']})" if model.get("variant") else "")
 
 
+def run_identity(summary: dict[str, Any], run: dict[str, Any]) -> tuple[str, str, str]:
+    """What makes one run the same run wherever its summary is met (a run folder and a submission packed
+    from it): its run id, the git commit it ran at and its training totals. Two runs that only share a
+    run id (e.g. ``static-s1`` of two sweeps) are different runs."""
+    return str(run["run_id"]), str(summary["versions"].get("git_commit")), _canon(run["train"])
+
+
 def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] | None = None) -> pd.DataFrame:
     """One row per (method, model, extractor, mix, protocol, eval mode) over validated summaries.
 
@@ -259,11 +279,12 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
                 key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
                        _canon(proto), mode)
                 g = groups.setdefault(key, {"summary": s, "mode": mode, "runs": {}})
-                if r["run_id"] in g["runs"]:
+                ident = run_identity(s, r)
+                if ident in g["runs"]:
                     _warn(warnings, f"run {r['run_id']} appears twice for {s['method']} / {s['mix']['name']} "
                                     f"/ {mode}; counted once")
                     continue
-                g["runs"][r["run_id"]] = {"seed": r["seed"], "train": r["train"], "eval": block}
+                g["runs"][ident] = {"run_id": r["run_id"], "seed": r["seed"], "train": r["train"], "eval": block}
 
     rows: list[dict[str, Any]] = []
     all_envs: list[str] = []
@@ -273,7 +294,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         s, runs = g["summary"], list(g["runs"].items())
         seeds = [v["seed"] for _, v in runs]
         for seed in sorted({x for x in seeds if seeds.count(x) > 1}):
-            ids = [rid for rid, v in runs if v["seed"] == seed]
+            ids = [v["run_id"] for _, v in runs if v["seed"] == seed]
             _warn(warnings, f"seed {seed} has {len(ids)} runs for {s['method']} / {s['mix']['name']} / "
                             f"{g['mode']} ({', '.join(ids)}); all are counted")
         evaluated = {e for _, v in runs for e in v["eval"]["per_env"]}
@@ -319,8 +340,9 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         row["train_steps"] = _mean([float(v["train"]["steps"]) for _, v in runs])
         row["train_episodes"] = _mean([float(v["train"]["episodes"]) for _, v in runs])
         row["train_wall_s"] = _mean([float(v["train"]["wall_s"]) for _, v in runs])
-        row["run_ids"] = ",".join(rid for rid, _ in runs)
+        row["run_ids"] = ",".join(v["run_id"] for _, v in runs)
         row["mix_envs"] = _canon(s["mix"]["envs"])
+        row["panel"] = panels_hash(s["eval_protocol"]["panels"]) if s["eval_protocol"].get("panels") else ""
         row["protocol_json"] = _canon(s["eval_protocol"])
         rows.append(row)
 
@@ -369,14 +391,14 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
             key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
                    _canon(s["eval_protocol"]))
             grp = groups.setdefault(key, {"summary": s, "runs": {}})
-            grp["runs"].setdefault(r["run_id"], (g_block, s_block))
+            grp["runs"].setdefault(run_identity(s, r), (r["run_id"], g_block, s_block))
     rows = []
     for grp in groups.values():
         s = grp["summary"]
-        envs = list(dict.fromkeys(e for g, _ in grp["runs"].values() for e in g["per_env"]))
+        envs = list(dict.fromkeys(e for _, g, _ in grp["runs"].values() for e in g["per_env"]))
         for env in envs:
             pairs, ids = [], []
-            for rid, (g, sh) in grp["runs"].items():
+            for rid, g, sh in grp["runs"].values():
                 a = (g["per_env"].get(env) or {}).get("successes")
                 b = (sh["per_env"].get(env) or {}).get("successes")
                 if a is not None and b is not None and len(a) == len(b) and len(a) > 0:
@@ -494,7 +516,9 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
         "experience; `guided`: read-only retrieval from the experience bank; `shuffled`: another task's "
         "retrieval, `empty`: the knowledge block with no entry (memory controls); `initial`: the untrained "
         "actor on the same tasks before step 1, for runs with `eval.at_start`). Runs with different "
-        "protocols are never pooled; `protocol` shows split, episodes per env, temperature and step limit.",
+        "protocols are never pooled; `protocol` shows split, episodes per env, temperature, step limit and, "
+        "where the runs recorded it, the task panel (`panel` and a hash prefix: the same tasks with the same "
+        "content; full hash in the CSV).",
         "* Per env: eval success rate, mean ± sample std (ddof=1) over runs (one per seed), n = runs "
         "that evaluated the env.",
         f"* Overall: per run, the unweighted mean of its per-env success rates (runs that evaluated every "

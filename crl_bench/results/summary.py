@@ -62,7 +62,7 @@ PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate",
 EVAL_MODES = ("free", "guided", "shuffled", "empty")
 #: Protocol keys of a new-format ``eval.json`` that a summary keeps.
 PROTOCOL_KEYS = ("split", "episodes", "temperature", "top_p", "top_k", "max_new_tokens", "max_steps",
-                 "tasks_per_env", "env_settings", "trials")
+                 "tasks_per_env", "env_settings", "panels", "trials")
 
 
 class SummaryError(ValueError):
@@ -136,7 +136,8 @@ def summary_problems(data: Any) -> list[str]:
     Every number must be finite (a NaN passes a schema's minimum and maximum). Semantic checks:
     ``seeds`` equals the runs' seeds in order; a ``run`` summary has exactly one
     run; run ids are unique; a ``submission`` has one run per seed; every env evaluated in any run
-    is in ``mix.envs``; ``eval_protocol.max_steps`` and ``tasks_per_env`` name every evaluated env.
+    is in ``mix.envs``; ``eval_protocol.max_steps``, ``tasks_per_env`` and (when present)
+    ``panels`` name every evaluated env.
 
     Returns:
         ``["<json path>: <message>", ...]``; empty when the summary is valid.
@@ -169,7 +170,7 @@ def summary_problems(data: Any) -> list[str]:
                 if env_id not in mix_envs:
                     problems.append(f"$.runs[{i}].eval.{mode}.per_env.{env_id}: env is not in the mix "
                                     f"{data['mix']['name']!r} ({', '.join(sorted(mix_envs))})")
-    for key in ("max_steps", "tasks_per_env"):
+    for key in ("max_steps", "tasks_per_env") + (("panels",) if "panels" in proto else ()):
         for env_id in sorted(evaluated - set(proto[key])):
             problems.append(f"$.eval_protocol.{key}: no entry for evaluated env {env_id!r}")
     return problems

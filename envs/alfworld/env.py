@@ -35,7 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from crl_bench.data import DataMissingError
+from crl_bench.data import DataMissingError, sha256_file
 from crl_bench.data import data_dir as resolve_data_dir
 from crl_bench.env_api import TextEnv, data_file_map, require_modules
 
@@ -343,6 +343,13 @@ class AlfWorldEnv(TextEnv):
             raise KeyError(f"alfworld: unknown task id {task}; train ids are 0..1465, eval ids "
                            f"{EVAL_OFFSET}..{EVAL_OFFSET + 133}")
         return os.path.join(self.games_root, self.tasks[task].member)
+
+    def task_fingerprint(self, task: int) -> dict[str, Any]:
+        """The task's game: its file relative to the games folder, the file's sha256 and the goal of
+        the split list (:meth:`TextEnv.task_fingerprint`); reads the game file, starts no worker.
+        Raises ``KeyError`` for an unknown id."""
+        path = self.gamefile(self.check_task(task))
+        return {"game_file": self.tasks[task].member, "game_sha256": sha256_file(path), "goal": self.tasks[task].goal}
 
     def task_type(self, task: int) -> str:
         """ALFWorld's task type of ``task``: one of ``pick_and_place_simple``,

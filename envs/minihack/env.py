@@ -191,6 +191,12 @@ class MiniHackTextEnv(TextEnv):
         """Cached :class:`AnswerParser` over :meth:`admissible_actions` and the aliases."""
         return self._parser
 
+    def task_fingerprint(self, task: int) -> dict[str, Any]:
+        """The task's NetHack seeds (:func:`task_seeds`) and the rendered first observation they give
+        with this env's settings and NLE build (:meth:`TextEnv.task_fingerprint`). Resets the env."""
+        core, disp = task_seeds(self.check_task(task))
+        return {"seeds": [core, disp], **super().task_fingerprint(task)}
+
     # ---- TextEnv hooks --------------------------------------------------------------------------
     def _reset_task(self, task: int) -> None:
         if self._closed:

@@ -21,6 +21,7 @@ over that list; eval ids are ``EVAL_OFFSET + i`` over ``eval_task_list`` (defaul
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import warnings
@@ -176,6 +177,16 @@ class SWEBenchEnv(TextEnv):
         if 0 <= task - EVAL_OFFSET < len(self.eval_instances):
             return self.eval_instances[task - EVAL_OFFSET]
         raise KeyError(f"swebench-verified: unknown task id {task}")
+
+    def task_fingerprint(self, task: int) -> dict[str, Any]:
+        """The SWE-bench instance of task id ``task``: id, repo, base commit, the sha256 of its problem
+        statement and of its test patch, and the tests that grade it (:meth:`TextEnv.task_fingerprint`;
+        no container is started). Raises ``KeyError`` for an unknown id."""
+        inst = self.instance_of(self.check_task(task))
+        return {"instance_id": inst.instance_id, "repo": inst.repo, "base_commit": inst.base_commit,
+                "problem_statement_sha256": hashlib.sha256(inst.problem_statement.encode()).hexdigest(),
+                "test_patch_sha256": hashlib.sha256(inst.test_patch.encode()).hexdigest(),
+                "fail_to_pass": list(inst.fail_to_pass), "pass_to_pass": list(inst.pass_to_pass)}
 
     def task_prompt(self) -> str:
         inst = self.instance

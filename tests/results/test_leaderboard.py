@@ -185,6 +185,19 @@ def test_duplicate_run_counted_once_and_duplicate_seed_warned(tmp_path):
     assert any("seed 0 has 2 runs" in w for w in warnings)
 
 
+def test_two_runs_that_only_share_a_run_id_are_both_counted(tmp_path):
+    """static-s1 of two sweeps (other training, same id and seed) are two runs: both pooled, with the
+    duplicate-seed warning, not dropped as the same run met twice."""
+    make_run(tmp_path / "sweep-a", "static-s1", seed=1, train_rows=[(8, 2.0)])
+    make_run(tmp_path / "sweep-b", "static-s1", seed=1, train_rows=[(8, 5.0)],
+             free={"sokoban": 0.0, "minihack-room": 0.0})
+    warnings = []
+    df = leaderboard_frame(collect([tmp_path], warnings), warnings)
+    assert len(df) == 1 and df.iloc[0]["n_runs"] == 2 and df.iloc[0]["run_ids"] == "static-s1,static-s1"
+    assert not any("appears twice" in w for w in warnings)
+    assert any("seed 1 has 2 runs" in w for w in warnings)
+
+
 def test_main_leaderboard(tmp_path):
     out, err = io.StringIO(), io.StringIO()
     assert main_leaderboard([tmp_path], tmp_path / "lb", out, err) == 1

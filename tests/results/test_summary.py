@@ -45,7 +45,8 @@ def make_run(root: Path, run_id: str, *, method: str = "grpo", mix: str = "sokob
              episodes: int | str = 4, temperature: float = 0.0, max_steps: int = 6,
              train_rows: list[tuple[int, float]] = ((8, 2.0), (8, 3.0)), old_format: bool = False,
              finished: bool = True, steps_mean: float = 3.0, invalid: float = 0.1,
-             initial: dict[str, float] | None = None, env_kwargs: dict | None = None) -> Path:
+             initial: dict[str, float] | None = None, env_kwargs: dict | None = None,
+             panels: dict[str, str] | None = None) -> Path:
     """Write a synthetic run folder ``root/run_id`` (config.yaml, versions.json, metrics.jsonl,
     data.json and, when ``finished``, eval.json in the new or old format)."""
     free = {"sokoban": 0.5, "minihack-room": 0.25} if free is None else free
@@ -80,7 +81,7 @@ def make_run(root: Path, run_id: str, *, method: str = "grpo", mix: str = "sokob
         ev = {"step": len(train_rows),
               "protocol": {"split": "eval", "episodes": episodes, "temperature": temperature, "top_p": 1.0,
                            "top_k": 0, "max_new_tokens": 24, "max_steps": {e: max_steps for e in envs},
-                           "tasks_per_env": {e: n_tasks for e in envs}},
+                           "tasks_per_env": {e: n_tasks for e in envs}, **({"panels": panels} if panels else {})},
               "free": _eval_block(free, steps_mean, invalid, n_tasks, types=True)}
         if guided is not None:
             ev["guided"] = _eval_block(guided, steps_mean, invalid, n_tasks)

@@ -253,6 +253,11 @@ class EvalConfig:
             ones; other methods' attempts see what the mode shows and nothing of the earlier ones,
             so with ``temperature`` 0 they repeat the first. More than 1 is part of the protocol
             (``trials``). docs/evaluation.md, "Repeated trials".
+        samples: independent episodes per eval task, sampled at ``temperature`` (which must then be
+            above 0): each mode's block gives pass@k and pass^k for k = 1..samples (unbiased
+            estimators: Chen et al. 2021, arXiv 2107.03374, section 2.1; tau-bench, arXiv 2406.12045,
+            section 4) and success rates over all samples. More than 1 is part of the protocol
+            (``samples``); not combined with ``trials``. docs/evaluation.md, "Repeated samples".
     """
 
     episodes: int | str = 50
@@ -264,6 +269,7 @@ class EvalConfig:
     controls: list[str] = field(default_factory=lambda: ["shuffled", "empty"])
     lesson_follow: int = 8
     trials: int = 1
+    samples: int = 1
 
 
 @dataclass
@@ -825,6 +831,7 @@ def validate(cfg: RunConfig) -> None:
         ("eval.episodes", cfg.eval.episodes == "all" if isinstance(cfg.eval.episodes, str)
          else cfg.eval.episodes >= 0),
         ("eval.trials", isinstance(cfg.eval.trials, int) and cfg.eval.trials >= 1),
+        ("eval.samples", isinstance(cfg.eval.samples, int) and cfg.eval.samples >= 1),
         ("eval.controls", isinstance(cfg.eval.controls, list)
          and all(c in ("shuffled", "empty") for c in cfg.eval.controls)),
         ("eval.lesson_follow", 0 <= cfg.eval.lesson_follow <= 8),          # diag-vault has 8 trained contexts
@@ -902,6 +909,12 @@ def validate(cfg: RunConfig) -> None:
             and cfg.experience.search_tool != "off":
         raise ConfigError(f"experience.search_tool={cfg.experience.search_tool} is not available with method "
                           f"{cfg.method}: reflections are shown per task, not searched")
+    if isinstance(cfg.eval.samples, int) and cfg.eval.samples > 1 and cfg.eval.temperature <= 0:
+        raise ConfigError(f"eval.samples={cfg.eval.samples} needs eval.temperature above 0: greedy samples of "
+                          "one task repeat each other, so pass@k would equal pass@1")
+    if isinstance(cfg.eval.samples, int) and cfg.eval.samples > 1 and cfg.eval.trials > 1:
+        raise ConfigError("eval.samples and eval.trials cannot both be above 1: samples are independent "
+                          "episodes of a task, trials are retries of the tasks not yet solved")
     if cfg.experience.search_tool != "off" and cfg.generation.constrained:
         raise ConfigError("experience.search_tool needs generation.constrained=false: a search call is free "
                           "text, which decoding restricted to the env's action names cannot write")

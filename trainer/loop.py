@@ -29,6 +29,7 @@ from crl_bench.llm.precision import DTYPES, resolve_dtype
 from crl_bench.methods import MethodSpec, get_method
 from crl_bench.mixtures import TaskSampler, resolve_mixture
 from crl_bench.results.alarms import LearningAlarms
+from crl_bench.results.passk import pass_curves
 from crl_bench.results.run_folder import RunWriter
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
 from crl_bench.trainer.advantages import grouped_advantages
@@ -562,8 +563,8 @@ class Trainer:
         """What makes two evaluations comparable (docs/evaluation.md): split, episodes per env (as
         asked and as run), sampling, each env's step limit, for envs that have any, their
         constructor settings (``rollout.env_kwargs``, e.g. a MiniHack variant) as ``env_settings``,
-        each env's task panel hash as ``panels`` (:meth:`eval_panels`), and ``trials`` when
-        ``eval.trials`` is more than 1."""
+        each env's task panel hash as ``panels`` (:meth:`eval_panels`), ``trials`` when
+        ``eval.trials`` is more than 1 and ``samples`` when ``eval.samples`` is."""
         tasks = self.eval_task_ids(episodes)
         g = self.cfg.generation
         return {"split": self.cfg.eval.split,
@@ -574,7 +575,8 @@ class Trainer:
                 **({"env_settings": settings} if (settings := {
                     e: dict(kw) for e, kw in self.cfg.rollout.env_kwargs.items() if e in tasks and kw}) else {}),
                 "panels": self.eval_panels(episodes),
-                **({"trials": self.cfg.eval.trials} if self.cfg.eval.trials > 1 else {})}
+                **({"trials": self.cfg.eval.trials} if self.cfg.eval.trials > 1 else {}),
+                **({"samples": self.cfg.eval.samples} if self.cfg.eval.samples > 1 else {})}
 
     def eval_panels(self, episodes: int | str | None = None) -> dict[str, str]:
         """Each env's task panel hash (:mod:`crl_bench.results.panel`) for the eval tasks of
@@ -661,6 +663,11 @@ class Trainer:
         ``eval.trials`` n > 1 each task is attempted until solved, at most n times, and every
         figure is of each task's best attempt (:meth:`_trials`); the block adds
         ``success_by_trial`` (share solved after each attempt) and ``attempts`` (episodes run).
+        With ``eval.samples`` n > 1 each task is run n times independently: rates are over all
+        episodes, ``successes`` is each task's share of successful samples, and the block and each
+        env add ``pass_at_k`` and ``pass_hat_k`` (``{"1": ..., ..., "n": ...}``,
+        :func:`crl_bench.results.passk.pass_curves`; the block's pooled over all tasks) and
+        ``samples``.
 
         Raises:
             ValueError: an unknown mode, or a mode with experience for a method without a bank.
@@ -696,6 +703,8 @@ class Trainer:
             prepare, learn = self._reflexion_trials(mode, donors)
             specs = [replace(s, retrieve=False, turn_retrieve=False, tool=False) for s in specs]
             hooks = {}
+        samples = self.cfg.eval.samples
+        specs = [s for s in specs for _ in range(samples)]     # eval.samples: independent episodes per task
         with self.peaks.phase("eval"):
             trajs, by_trial, attempts = self._trials(specs, progress, hooks, prepare, learn)
         out = summarise(trajs)
@@ -708,8 +717,13 @@ class Trainer:
             env_summary = summarise(ts)
             row = {k: env_summary[k] for k in ("episodes", "success_rate", "steps_mean", "invalid_action_rate")}
             row["score_mean"] = env_summary["reward_mean"]
-            won = {int(t.task): int(bool(t.success)) for t in ts}
-            row["successes"] = [won.get(t, 0) for t in tasks[env_id]]
+            won: dict[int, int] = defaultdict(int)          # successful episodes per task
+            for t in ts:
+                won[int(t.task)] += int(bool(t.success))
+            counts = [won.get(t, 0) for t in tasks[env_id]]
+            row["successes"] = counts if samples == 1 else [c / samples for c in counts]
+            if samples > 1:
+                row["pass_at_k"], row["pass_hat_k"] = pass_curves(samples, counts)
             types = self.task_types.get(env_id)
             if types:
                 by_type: dict[str, list[bool]] = defaultdict(list)
@@ -726,6 +740,11 @@ class Trainer:
             out["donors"] = {e: {str(t): d for t, d in m.items()} for e, m in donors.items()}
         if self.cfg.eval.trials > 1:
             out.update(success_by_trial=by_trial, attempts=attempts)
+        if samples > 1:                 # pooled over the tasks of every env
+            all_counts = [sum(int(bool(t.success)) for t in trajs[i:i + samples])
+                          for i in range(0, len(trajs), samples)]
+            out["samples"] = samples
+            out["pass_at_k"], out["pass_hat_k"] = pass_curves(samples, all_counts)
         return out
 
     def _reflexion_trials(self, mode: str, donors: dict[str, dict[int, int]]) -> tuple[Any, Any]:
@@ -800,7 +819,7 @@ class Trainer:
     def eval_episode_count(self, episodes: int | str | None = None, modes: Sequence[str] | None = None) -> int:
         """Episodes :meth:`evaluate_all` runs (for progress bars; with ``eval.trials`` the most it
         can run, as solved tasks are not attempted again)."""
-        n = len(self.eval_modes if modes is None else modes) * self.cfg.eval.trials
+        n = len(self.eval_modes if modes is None else modes) * self.cfg.eval.trials * self.cfg.eval.samples
         return n * sum(len(v) for v in self.eval_task_ids(episodes).values())
 
     def save_checkpoint(self, path: str) -> None:

@@ -166,7 +166,8 @@ def protocol_label(protocol: dict[str, Any]) -> str:
     differ from the episodes asked, temperature, ``top_p`` unless 1, ``top_k`` unless 0/absent,
     ``max_new_tokens`` when recorded, the step limit (one number if all envs share it), each env's
     constructor settings when it has any (e.g. ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``),
-    the attempts per task when more than one (``3 trials``) and the task panel where recorded
+    the attempts per task when more than one (``3 trials``), the independent samples per task when
+    more than one (``8 samples``) and the task panel where recorded
     (``panel 3f2a...``: one env's panel hash, or for several envs the hash of all of them,
     :func:`panels_hash`; shortened to :data:`~crl_bench.results.panel.SHORT` hex digits).
     """
@@ -187,6 +188,8 @@ def protocol_label(protocol: dict[str, Any]) -> str:
         parts.append(f"{env}: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
     if protocol.get("trials", 1) > 1:
         parts.append(f"{protocol['trials']} trials")
+    if protocol.get("samples", 1) > 1:
+        parts.append(f"{protocol['samples']} samples")
     if protocol.get("panels"):
         parts.append(f"panel {short_hash(panels_hash(protocol['panels']))}")
     return " · ".join(parts)
@@ -290,6 +293,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
     all_envs: list[str] = []
     score_envs: list[str] = []                 # envs whose score is not just success (WebShop)
     type_cols: list[str] = []                  # type_success/<env>/<task type> (ALFWorld's six)
+    pass_cols: list[str] = []                  # pass@k/<env>, pass^k/<env> (eval.samples)
     for g in groups.values():
         s, runs = g["summary"], list(g["runs"].items())
         seeds = [v["seed"] for _, v in runs]
@@ -328,6 +332,14 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
                 row[f"score_mean/{e}"] = _mean(scores)
                 if e not in score_envs:
                     score_envs.append(e)
+            curves = [b for b in blocks if b.get("pass_at_k")]
+            if curves:                  # eval.samples: pass@k and pass^k at k = samples (the protocol's)
+                k = str(max(int(x) for x in curves[0]["pass_at_k"]))
+                for name, key in (("pass@k", "pass_at_k"), ("pass^k", "pass_hat_k")):
+                    col = f"{name}/{e}"
+                    row[col] = _mean([float(b[key][k]) for b in curves if k in (b.get(key) or {})])
+                    if col not in pass_cols:
+                        pass_cols.append(col)
             types = sorted({t for b in blocks for t in (b.get("per_type") or {})})
             for t in types:
                 col = f"type_success/{e}/{t}"
@@ -356,7 +368,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
             row["protocol"] += " #" + hashlib.sha1(row["protocol_json"].encode()).hexdigest()[:6]
 
     env_cols = [f"{k}/{e}" for e in all_envs for k in ("success_mean", "success_std", "n")]
-    extra_cols = [f"score_mean/{e}" for e in score_envs] + type_cols
+    extra_cols = [f"score_mean/{e}" for e in score_envs] + type_cols + pass_cols
     df = pd.DataFrame(rows, columns=BASE_COLUMNS + env_cols + extra_cols + TAIL_COLUMNS)
     for e in all_envs:
         df[f"n/{e}"] = df[f"n/{e}"].fillna(0).astype(int)
@@ -554,6 +566,17 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
             for _, r in part.iterrows():
                 cells = [r["method"], r["eval"], r["protocol"]] + [
                     _fmt_num(r[f"type_success/{env}/{t}"], ".3f") for t in types]
+                lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            lines.append("")
+        sampled = [c.split("/", 1)[1] for c in part.columns if c.startswith("pass@k/") and part[c].notna().any()]
+        if sampled:
+            head = ["method", "eval", "protocol"] + [f"{e}: pass@1 / pass@k / pass^k" for e in sampled]
+            lines += [f"### {_cell(mix)}: repeated samples, pass@k and pass^k at k = samples (mean over runs)", "",
+                      "| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+            for _, r in part[part[[f"pass@k/{e}" for e in sampled]].notna().any(axis=1)].iterrows():
+                cells = [r["method"], r["eval"], r["protocol"]] + [
+                    " / ".join(_fmt_num(r[c], ".3f") for c in (f"success_mean/{e}", f"pass@k/{e}", f"pass^k/{e}"))
+                    for e in sampled]
                 lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
             lines.append("")
     if lift is not None:

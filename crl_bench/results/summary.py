@@ -51,18 +51,20 @@ from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_pa
 SCHEMA_VERSION = 1
 #: Keys of one evaluation mode that a summary keeps (``tasks`` and ``wall_s`` are dropped).
 EVAL_KEYS = ("episodes", "success_rate", "reward_mean", "steps_mean", "invalid_action_rate", "env_errors")
-#: Keys of one evaluation mode a summary keeps when the evaluation has them (``eval.trials`` > 1).
-TRIAL_KEYS = ("success_by_trial", "attempts")
-#: Keys of one env's entry in ``per_env`` that a summary keeps (``successes``: 0/1 per eval task, in
-#: the panel's task order, which the paired memory lift of the leaderboard resamples).
+#: Keys of one evaluation mode a summary keeps when the evaluation has them (``eval.trials`` > 1,
+#: ``eval.samples`` > 1).
+TRIAL_KEYS = ("success_by_trial", "attempts", "samples", "pass_at_k", "pass_hat_k")
+#: Keys of one env's entry in ``per_env`` that a summary keeps (``successes``: per eval task, in the
+#: panel's task order, 0/1, or the share of successful samples with ``eval.samples``, which the paired
+#: memory lift of the leaderboard resamples).
 PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate", "score_mean", "per_type",
-                "successes")
+                "successes", "pass_at_k", "pass_hat_k")
 #: Evaluation modes a run's summary carries (``initial`` besides): experience-free, guided, and the
 #: memory controls (docs/evaluation.md).
 EVAL_MODES = ("free", "guided", "shuffled", "empty")
 #: Protocol keys of a new-format ``eval.json`` that a summary keeps.
 PROTOCOL_KEYS = ("split", "episodes", "temperature", "top_p", "top_k", "max_new_tokens", "max_steps",
-                 "tasks_per_env", "env_settings", "panels", "trials")
+                 "tasks_per_env", "env_settings", "panels", "trials", "samples")
 
 
 class SummaryError(ValueError):

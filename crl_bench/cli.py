@@ -243,6 +243,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from crl_bench.trainer.loop import Trainer
 
     run_dir = Path(args.run) if args.run else None
+    save = Path(args.save_run) if getattr(args, "save_run", None) else None
+    if save is not None and run_dir is not None:
+        raise ConfigError("--save-run writes a new evaluation-only run folder; with --run the result goes to "
+                          "that run's folder (--out for another file)")
+    if save is not None and save.exists():
+        raise ConfigError(f"--save-run {str(save)!r} exists; give a new folder")
     if run_dir is not None:
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"--run {args.run!r} is not a run folder (no config.yaml)")
@@ -285,6 +291,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"--modes {','.join(modes)}: only 'free' can be evaluated without a run's "
                               "experience bank (--run RUN of a method with experience)")
         ev["protocol"] = trainer.eval_protocol()
+        data_files = trainer.data_files
         total = trainer.eval_episode_count(modes=modes)
         with tqdm(total=total, desc=f"eval {cfg.eval.split}", unit="ep", disable=args.quiet) as bar:
             for mode in modes:
@@ -297,7 +304,34 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if out:
         out.write_text(json.dumps(ev, indent=2))
         print(f"wrote {out}")
+    if save is not None:
+        _save_eval_run(save, cfg, ev, data_files)
+        print(f"wrote {save} (an evaluation-only run folder: crl-bench leaderboard {save.parent})")
     return 0
+
+
+EVAL_ONLY = "eval-only"
+"""The method name of a run folder written by ``crl-bench eval --save-run``: a model evaluated here and
+trained elsewhere (or not at all)."""
+
+
+def _save_eval_run(folder: Path, cfg: Any, ev: dict[str, Any], data_files: dict[str, dict[str, str]]) -> None:
+    """Write ``folder`` as an evaluation-only run folder: ``config.yaml`` (the evaluation's settings,
+    method :data:`EVAL_ONLY`, no training steps), ``versions.json`` (with the model's description),
+    ``data.json`` (sha256 of the data files the envs read) and ``eval.json`` (``step`` 0)."""
+    from crl_bench.data import sha256_file
+    from crl_bench.results.run_folder import RunWriter
+
+    writer = RunWriter(folder.parent, folder.name)
+    config = cfg.to_dict()
+    config.update(method=EVAL_ONLY, run_id=folder.name, output_dir=str(folder.parent))
+    config["train"]["steps"] = 0
+    writer.write_config(config)
+    writer.write_versions(model=cfg.model.name, dtype=cfg.model.dtype)
+    writer.write_json("data.json", {"data_checksums": {
+        env_id: {name: sha256_file(path) for name, path in sorted(files.items())}
+        for env_id, files in data_files.items() if files}})
+    writer.write_json("eval.json", {**ev, "step": 0, "method": EVAL_ONLY})
 
 
 ENV_DOC_PAGES = {"minihack-": "minihack", "diag-": "diag", "swebench-": "swebench"}
@@ -680,6 +714,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "empty (default: the run's final-eval modes; free "
                                                      "without --run)")
     e.add_argument("--out", help="write the result JSON here")
+    e.add_argument("--save-run", metavar="DIR",
+                   help="without --run: also write DIR (new) as an evaluation-only run folder (method "
+                        "eval-only: config.yaml, versions.json, data.json, eval.json), which the leaderboard "
+                        "shows as a row, e.g. for a released checkpoint this project did not train")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_eval)
 

@@ -410,8 +410,8 @@ def build_summary(run_dir: str | Path, eval_file: str = "eval.json") -> dict[str
         if settings:
             protocol["env_settings"] = settings
     mix = _mix(mix_spec, seen)
-    if method == "grpo" or method in list_methods() and not get_method(method).uses_extractor:
-        extractor = None                        # no extractor model (grpo, a case bank)
+    if method in ("grpo", "eval-only") or method in list_methods() and not get_method(method).uses_extractor:
+        extractor = None                        # no extractor model (grpo, a case bank, a model only evaluated)
     else:
         extractor = _get(config, "extractor.model", cfg_path, default=None)
         if extractor == "same":

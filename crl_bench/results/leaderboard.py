@@ -49,6 +49,7 @@ from scipy import stats
 
 from crl_bench.results.panel import content_hash, short_hash
 from crl_bench.results.run_folder import is_run_folder
+from crl_bench.results.submission import is_verified
 from crl_bench.results.summary import SummaryError, build_summary, read_summary, validate_summary
 from crl_bench.safe_io import load_json, printable
 
@@ -67,7 +68,7 @@ SKIP_DIRS = {"checkpoint", "__pycache__", "node_modules"}
 BASE_COLUMNS = ["method", "model", "extractor", "mix", "eval", "protocol", "n_runs", "seeds",
                 "overall_mean", "overall_std", "overall_n", "overall_ci_low", "overall_ci_high"]
 TAIL_COLUMNS = ["steps_mean", "invalid_action_rate", "train_steps", "train_episodes", "train_wall_s",
-                "per_seed", "run_ids", "mix_envs", "panel", "protocol_json"]
+                "per_seed", "run_ids", "verified", "mix_envs", "panel", "protocol_json"]
 EVAL_DOC = "docs/evaluation.md"
 
 
@@ -111,7 +112,10 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
         # limit; TypeError/AttributeError: run files of the wrong shapes; each costs only its own run
         try:
             if has_summary:
-                out.append(read_summary(folder / "summary.json"))
+                data = read_summary(folder / "summary.json")
+                if data["kind"] == "submission":     # re-run and matched here (submission verify)
+                    data["_verified"] = is_verified(folder)
+                out.append(data)
             else:
                 data = build_summary(folder)
                 validate_summary(data, source=f"{folder} (summarised from its run files)")
@@ -287,7 +291,8 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
                     _warn(warnings, f"run {r['run_id']} appears twice for {s['method']} / {s['mix']['name']} "
                                     f"/ {mode}; counted once")
                     continue
-                g["runs"][ident] = {"run_id": r["run_id"], "seed": r["seed"], "train": r["train"], "eval": block}
+                g["runs"][ident] = {"run_id": r["run_id"], "seed": r["seed"], "train": r["train"], "eval": block,
+                                    "verified": bool(s.get("_verified"))}
 
     rows: list[dict[str, Any]] = []
     all_envs: list[str] = []
@@ -353,6 +358,8 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         row["train_episodes"] = _mean([float(v["train"]["episodes"]) for _, v in runs])
         row["train_wall_s"] = _mean([float(v["train"]["wall_s"]) for _, v in runs])
         row["run_ids"] = ",".join(v["run_id"] for _, v in runs)
+        checked = [v["verified"] for _, v in runs]
+        row["verified"] = "yes" if all(checked) else "partly" if any(checked) else ""
         row["mix_envs"] = _canon(s["mix"]["envs"])
         row["panel"] = panels_hash(s["eval_protocol"]["panels"]) if s["eval_protocol"].get("panels") else ""
         row["protocol_json"] = _canon(s["eval_protocol"])
@@ -498,7 +505,8 @@ def _display_rows(part: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                     + [_fmt_stat(r["overall_mean"], r["overall_std"], int(r["overall_n"])), ci,
                        _fmt_num(r["steps_mean"], ".1f"), _fmt_num(r["invalid_action_rate"], ".3f"),
                        _fmt_num(r["train_steps"], "g"), _fmt_num(r["train_episodes"], "g"),
-                       _fmt_num(r["train_wall_s"], ".0f"), r["run_ids"]])
+                       _fmt_num(r["train_wall_s"], ".0f"),
+                       r["run_ids"] + {"yes": " (verified)", "partly": " (partly verified)"}.get(r["verified"], "")])
     return header, body
 
 
@@ -539,7 +547,8 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
         "* Steps and invalid-action rate: eval means; train steps, train episodes and wall time (s): "
         "per run; all averaged over runs. The CSV beside this file has every number unrounded.",
         "* A run met twice (e.g. a run folder and a submission packed from it) is counted once; "
-        "different runs with the same seed are all counted (the build warns).",
+        "different runs with the same seed are all counted (the build warns). `(verified)` after the run ids: "
+        "a submission re-run and matched by `crl-bench submission verify` (results/submissions/README.md).",
         "",
     ]
     if df.empty:

@@ -112,7 +112,9 @@ def _git_dirty() -> bool | None:
         return None
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """The commit (40 hex digits) of the crl-bench checkout this code runs from; ``None`` outside a git
+    checkout (an installed wheel) or without git."""
     try:
         here = Path(__file__).resolve().parent
         res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
@@ -312,7 +314,7 @@ class RunWriter:
         if not isinstance(info, dict):
             info = {}
         entry: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": int(from_step),
-                                 "git_commit": _git_commit(), "git_dirty": _git_dirty()}
+                                 "git_commit": git_commit(), "git_dirty": _git_dirty()}
         if skipped:
             entry["skipped"] = skipped
         if config_changed:
@@ -339,7 +341,7 @@ class RunWriter:
             "python": sys.version.split()[0],
             "platform": platform.platform(),
             "packages": package_versions(),
-            "git_commit": _git_commit(),
+            "git_commit": git_commit(),
             "git_dirty": _git_dirty(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }

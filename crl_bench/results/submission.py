@@ -2,15 +2,23 @@
 
 The format is documented in ``results/submissions/README.md``. :func:`pack_submission` merges the
 summaries of one's own runs (one per seed, same method, model, mix and eval protocol) into a
-submission folder with a ``metadata.yaml`` template; :func:`check_submission` lists everything
-wrong with a submission folder.
+submission folder with a ``metadata.yaml`` template, each run's ``config.yaml`` (``configs/``) and,
+optionally, its trajectories (``trajectories/<run id>.jsonl.gz``); :func:`check_submission` lists
+everything wrong with a submission folder, task panels included; :func:`verify_submission` re-runs
+the configs and writes ``verification.json``, whose ``verified`` the leaderboard shows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import gzip
+import hashlib
+import json
+import math
+import platform
+import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -35,6 +43,10 @@ PLACEHOLDER = "TODO"
 #: Largest ``summary.json`` and ``metadata.yaml`` :func:`check_submission` reads (bytes).
 SUMMARY_MAX_BYTES = 16 * 1024 * 1024
 METADATA_MAX_BYTES = 64 * 1024
+#: The file :func:`verify_submission` writes; only it sets ``verified``.
+VERIFICATION_FILE = "verification.json"
+#: z of the two-sided 95 % interval :func:`verify_submission` allows a re-run to differ by.
+VERIFY_Z = 1.96
 
 
 # ---- checking ----------------------------------------------------------------------------------
@@ -91,7 +103,93 @@ def _submission_rules(data: dict[str, Any]) -> list[str]:
     return problems
 
 
-def check_submission(folder: str | Path) -> list[str]:
+def summary_sha256(folder: str | Path) -> str:
+    """sha256 (hex) of a submission's ``summary.json`` bytes, which ``verification.json`` names."""
+    return hashlib.sha256((Path(folder) / "summary.json").read_bytes()).hexdigest()
+
+
+def panel_problems(data: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The task panels of a summary's protocol checked against this machine: ``(problems, notes)``.
+
+    For each env of ``eval_protocol.panels`` the env is built with the protocol's settings and the
+    panel of its evaluated tasks (the first ``tasks_per_env`` ids of the split) is hashed here
+    (:mod:`crl_bench.results.panel`); a different hash is a problem. An env that cannot be built here
+    (an engine, a data set or a container service missing) is a note: its panel is not checked. A
+    summary without panels (written before them) gives a note."""
+    from crl_bench.data import DataMissingError
+    from crl_bench.env_api import EnvUnavailableError
+    from crl_bench.results.panel import build_panel, short_hash
+    from crl_bench.rollout import EnvPool
+
+    proto = data["eval_protocol"]
+    panels = proto.get("panels") or {}
+    if not panels:
+        return [], ["eval_protocol.panels: none recorded (evaluated before task panels existed); the tasks "
+                    "cannot be checked"]
+    problems, notes = [], []
+    settings = proto.get("env_settings") or {}
+    for env_id, want in panels.items():
+        try:
+            env = EnvPool({env_id: settings.get(env_id, {})}, int(proto["max_steps"].get(env_id, 0))).make(env_id)
+        except (EnvUnavailableError, DataMissingError, KeyError, OSError, ValueError) as e:
+            notes.append(f"eval_protocol.panels.{env_id}: not checked, the env cannot be built here ({e})")
+            continue
+        try:
+            ids = [int(t) for t in env.task_ids(proto["split"])][:int(proto["tasks_per_env"].get(env_id, 0))]
+            here = build_panel(env, env_id, proto["split"], ids)["panel_hash"]
+        except KeyError as e:
+            problems.append(f"$.eval_protocol.panels.{env_id}: the protocol's tasks are not tasks here ({e})")
+            continue
+        finally:
+            env.close()
+        if here != want:
+            problems.append(f"$.eval_protocol.panels.{env_id}: panel {short_hash(want)} is not the panel this "
+                            f"data and code give for the protocol's tasks ({short_hash(here)}): the runs were "
+                            f"evaluated on other tasks or other task content (crl-bench panel export / check)")
+    return problems, notes
+
+
+def _trajectory_problems(folder: Path, data: dict[str, Any]) -> list[str]:
+    """``trajectories/<run id>.jsonl.gz``: each names a run of the summary and holds JSON lines."""
+    tdir = folder / "trajectories"
+    if not tdir.is_dir():
+        return []
+    ids = {r["run_id"] for r in data["runs"]}
+    problems = []
+    for f in sorted(tdir.iterdir()):
+        run_id = f.name[:-len(".jsonl.gz")] if f.name.endswith(".jsonl.gz") else None
+        if f.is_symlink() or not f.is_file() or run_id not in ids:
+            problems.append(f"{f}: not the trajectories of a run of this submission (trajectories/<run id>.jsonl.gz)")
+            continue
+        try:
+            with gzip.open(f, "rt", encoding="utf-8") as fh:
+                for i, line in enumerate(fh, 1):
+                    if line.strip() and not isinstance(json.loads(line), dict):
+                        problems.append(f"{f}: line {i} is not a JSON object")
+                        break
+        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            problems.append(f"{f}: not gzip-compressed JSON lines ({e})")
+    return problems
+
+
+def _verification_problems(folder: Path) -> list[str]:
+    """``verification.json``, when present, must be :func:`verify_submission`'s for this ``summary.json``."""
+    vpath = folder / VERIFICATION_FILE
+    if not vpath.exists() and not vpath.is_symlink():
+        return []
+    try:
+        v = load_json(vpath, root=folder)
+    except InputFileError as e:
+        return [str(e)]
+    if not (isinstance(v, dict) and isinstance(v.get("verified"), bool) and isinstance(v.get("summary_sha256"), str)):
+        return [f"{vpath}: not written by crl-bench submission verify (needs 'verified' and 'summary_sha256')"]
+    if v["summary_sha256"] != summary_sha256(folder):
+        return [f"{vpath}: it verified another summary.json (changed since); run crl-bench submission verify again "
+                f"or remove {VERIFICATION_FILE}"]
+    return []
+
+
+def check_submission(folder: str | Path, panels: bool = True, notes: list[str] | None = None) -> list[str]:
     """Everything wrong with a submission folder; an empty list means it is valid.
 
     Both files are read as untrusted input (crl_bench.safe_io): a symbolic link that leaves the
@@ -102,11 +200,15 @@ def check_submission(folder: str | Path) -> list[str]:
     Checks ``summary.json`` (present, JSON, the summary schema and cross-field rules:
     crl_bench.results.summary.summary_problems; kind ``submission``; one run per seed; every evaluated env in
     the mix; ``eval_protocol`` names every env of the mix; every run has a free evaluation of every
-    env) and ``metadata.yaml`` (present, YAML, ``submission_metadata.schema.json``; no ``TODO``
-    placeholders left from the template).
+    env; with ``panels``, the task panels of the protocol against this machine's data and code,
+    :func:`panel_problems`), ``metadata.yaml`` (present, YAML, ``submission_metadata.schema.json``;
+    no ``TODO`` placeholders left from the template), the trajectories if any (named by run id,
+    gzip-compressed JSON lines) and ``verification.json`` if any (made for this ``summary.json``).
 
     Args:
         folder: the submission folder.
+        panels: check the task panels (builds each env of the mix once).
+        notes: what could not be checked (e.g. an env that cannot be built here) is appended here.
 
     Returns:
         One line per problem, ``"<file>: <json path>: <message>"``.
@@ -127,9 +229,16 @@ def check_submission(folder: str | Path) -> list[str]:
             found = schema_problems(data, "summary") + [f"{p}: not a finite number" for p in nonfinite_paths(data)]
             if not found:               # the cross-field and submission rules need a well-formed summary
                 found = summary_problems(data) + _submission_rules(data)
+                if panels and not found:
+                    found_panels, said = panel_problems(data)
+                    found += found_panels
+                    if notes is not None:
+                        notes += said
             elif isinstance(data, dict) and data.get("kind") == "run":
                 found.append("$.kind: is 'run'; a submission's summary has kind 'submission'")
             problems += [f"{spath}: {p}" for p in found]
+            if not found:
+                problems += _trajectory_problems(folder, data) + _verification_problems(folder)
     mpath = folder / "metadata.yaml"
     if not mpath.is_file() and not mpath.is_symlink():
         problems.append(f"{mpath}: missing (see results/submissions/README.md)")
@@ -235,19 +344,22 @@ def metadata_template(name: str, git_commit: str | None = None) -> str:
 
 
 def pack_submission(run_dirs: Sequence[str | Path], out_dir: str | Path, name: str,
-                    overwrite: bool = False) -> Path:
+                    overwrite: bool = False, trajectories: bool = False) -> Path:
     """Merge the summaries of run folders into a submission folder.
 
     Each run folder's ``summary.json`` is read (or, for older runs, built from ``config.yaml`` and
     ``eval.json``); they must share method, model, mix and eval protocol. Writes
-    ``<out_dir>/summary.json`` (kind ``submission``) and, if absent, a ``metadata.yaml`` template
-    (an existing one is kept).
+    ``<out_dir>/summary.json`` (kind ``submission``), each run's ``config.yaml`` as
+    ``configs/<run id>.yaml`` (what :func:`verify_submission` re-runs), with ``trajectories`` each
+    run's ``episodes.jsonl`` gzip-compressed as ``trajectories/<run id>.jsonl.gz``, and, if absent, a
+    ``metadata.yaml`` template (an existing one is kept). A stale ``verification.json`` is removed.
 
     Args:
         run_dirs: finished run folders, one per seed.
         out_dir: the submission folder (created).
         name: the submission's name (``metadata.yaml``'s ``name``).
         overwrite: replace an existing ``summary.json`` in ``out_dir``.
+        trajectories: also pack the runs' episodes (a run without ``episodes.jsonl`` is an error).
 
     Returns:
         The submission folder.
@@ -265,14 +377,124 @@ def pack_submission(run_dirs: Sequence[str | Path], out_dir: str | Path, name: s
     if (out / "summary.json").exists() and not overwrite:
         raise SummaryError(f"{out / 'summary.json'} already exists (remove it or pass overwrite)")
     dirs = [Path(d) for d in run_dirs]
-    merged = merge_summaries([_load_run(d) for d in dirs], [str(d) for d in dirs])
+    loaded = [_load_run(d) for d in dirs]
+    merged = merge_summaries(loaded, [str(d) for d in dirs])
     validate_summary(merged, source=f"{out / 'summary.json'} (packed)")
+    runs_of = [(d, r["run_id"]) for d, s in zip(dirs, loaded) if s["kind"] == "run" for r in s["runs"]]
+    if trajectories:
+        missing = [str(d) for d, _ in runs_of if not (d / "episodes.jsonl").is_file()]
+        if missing:
+            raise SummaryError(f"no episodes.jsonl in {', '.join(missing)}: nothing to pack as trajectories")
     out.mkdir(parents=True, exist_ok=True)
+    for d, run_id in runs_of:
+        if (d / "config.yaml").is_file():
+            (out / "configs").mkdir(exist_ok=True)
+            shutil.copyfile(d / "config.yaml", out / "configs" / f"{run_id}.yaml")
+        if trajectories:
+            (out / "trajectories").mkdir(exist_ok=True)
+            with open(d / "episodes.jsonl", "rb") as src, gzip.open(out / "trajectories" / f"{run_id}.jsonl.gz",
+                                                                     "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    (out / VERIFICATION_FILE).unlink(missing_ok=True)       # it verified the summary replaced here
     write_json_atomic(out / "summary.json", merged)
     meta = out / "metadata.yaml"
     if not meta.exists():
         meta.write_text(metadata_template(name.strip(), merged["versions"].get("git_commit")))
     return out
+
+
+# ---- verification ------------------------------------------------------------------------------
+def tolerance(p_a: float, p_b: float, n: int) -> float:
+    """How far two success rates over the same ``n`` episodes may differ by sampling alone: the 95 %
+    half-width of the difference of two binomial proportions, ``1.96 * sqrt(2 p (1 - p) / n)``, with
+    ``p`` the pooled rate with one success and one failure added (``(n p_a + n p_b + 1) / (2 n + 2)``)
+    so that two rates of 0 (or 1) still allow a one-episode difference. Raises ``ValueError`` for n < 1."""
+    if n < 1:
+        raise ValueError(f"tolerance needs at least one episode, got n={n}")
+    p = (n * p_a + n * p_b + 1) / (2 * n + 2)
+    return VERIFY_Z * math.sqrt(2 * p * (1 - p) / n)
+
+
+def verify_submission(folder: str | Path, rerun: Callable[[Path, str], Path],
+                      seeds: Sequence[int] | None = None) -> dict[str, Any]:
+    """Re-run a submission's configs and compare; writes and returns ``verification.json``.
+
+    Each run chosen (``seeds``, default all) is trained and evaluated again from
+    ``configs/<run id>.yaml`` by ``rerun(config_path, new_run_id) -> run folder``. The submission is
+    verified when every re-run has the submission's evaluation protocol (task panels included: the same
+    tasks with the same content) and, in every eval mode both have, every env's success rate lies within
+    :func:`tolerance` of the submitted one (over the protocol's tasks times ``samples``).
+
+    Returns:
+        ``{"verified", "summary_sha256", "rule", "crl_bench", "git_commit", "machine", "date",
+        "runs": [{"run_id", "seed", "rerun", "protocol_differences", "modes": {mode: {env:
+        {"submitted", "rerun", "tolerance", "ok"}}}}]}``.
+
+    Raises:
+        SummaryError: the submission has problems (:func:`check_submission`, verification aside), a
+            seed it does not hold, or a run without ``configs/<run id>.yaml``.
+    """
+    folder = Path(folder)
+    problems = [p for p in check_submission(folder) if VERIFICATION_FILE not in p]
+    if problems:
+        raise SummaryError(f"{folder} has problems; fix them first (crl-bench submission check): {problems[0]}")
+    data = load_json(folder / "summary.json", root=folder, max_bytes=SUMMARY_MAX_BYTES)
+    runs = data["runs"] if seeds is None else [r for r in data["runs"] if r["seed"] in set(seeds)]
+    unknown = sorted(set(seeds or ()) - {r["seed"] for r in data["runs"]})
+    if unknown:
+        raise SummaryError(f"{folder}: no run with seed(s) {', '.join(map(str, unknown))}")
+    for r in runs:
+        if not (folder / "configs" / f"{r['run_id']}.yaml").is_file():
+            raise SummaryError(f"{folder}: no configs/{r['run_id']}.yaml to re-run (pack the runs again with "
+                               f"crl-bench submission pack)")
+    proto = data["eval_protocol"]
+    per_task = int(proto.get("samples", 1))
+    out_runs = []
+    for r in runs:
+        new = rerun(folder / "configs" / f"{r['run_id']}.yaml", f"verify-{r['run_id']}")
+        again = build_summary(new)
+        diffs = _differences(proto, again["eval_protocol"], "eval_protocol")
+        modes: dict[str, dict[str, Any]] = {}
+        mine = again["runs"][0]["eval"]
+        for mode, block in r["eval"].items():
+            if not block or not mine.get(mode):
+                continue
+            for env_id, row in block["per_env"].items():
+                other = mine[mode]["per_env"].get(env_id)
+                if other is None:
+                    diffs.append(f"eval.{mode}.per_env.{env_id}: not evaluated by the re-run")
+                    continue
+                n = int(proto["tasks_per_env"][env_id]) * per_task
+                a, b = float(row["success_rate"]), float(other["success_rate"])
+                tol = tolerance(a, b, n)
+                modes.setdefault(mode, {})[env_id] = {"submitted": a, "rerun": b, "tolerance": tol,
+                                                      "ok": abs(a - b) <= tol + 1e-12}
+        out_runs.append({"run_id": r["run_id"], "seed": r["seed"], "rerun": str(new), "protocol_differences": diffs,
+                         "modes": modes})
+    ok = bool(out_runs) and all(not x["protocol_differences"] and all(c["ok"] for m in x["modes"].values()
+                                                                      for c in m.values()) for x in out_runs)
+    from crl_bench import __version__
+    from crl_bench.results.run_folder import git_commit
+
+    result = {"verified": ok, "summary_sha256": summary_sha256(folder),
+              "rule": f"each env's success within {VERIFY_Z} x the binomial standard error of the difference "
+                      "(crl_bench.results.submission.tolerance), same protocol and task panels",
+              "crl_bench": __version__, "git_commit": git_commit(),
+              "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine()},
+              "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "runs": out_runs}
+    write_json_atomic(folder / VERIFICATION_FILE, result)
+    return result
+
+
+def is_verified(folder: str | Path) -> bool:
+    """The folder's ``verification.json`` says ``verified`` for its current ``summary.json`` (read as
+    untrusted input; any problem reads as not verified)."""
+    folder = Path(folder)
+    try:
+        v = load_json(folder / VERIFICATION_FILE, root=folder)
+        return isinstance(v, dict) and v.get("verified") is True and v.get("summary_sha256") == summary_sha256(folder)
+    except (InputFileError, OSError):
+        return False
 
 
 # ---- command-line helpers ---------------------------------------------------------------------
@@ -282,7 +504,10 @@ def main_submission_check(folder: str | Path, stdout: TextIO | None = None, stde
     Returns:
         0 when valid, 1 otherwise.
     """
-    problems = check_submission(folder)
+    notes: list[str] = []
+    problems = check_submission(folder, notes=notes)
+    for n in notes:
+        print(f"note: {printable(n)}", file=stdout or sys.stdout)
     for p in problems:                      # the messages quote the files' text: escaped for the terminal
         print(printable(p), file=stderr or sys.stderr)
     if problems:
@@ -294,7 +519,7 @@ def main_submission_check(folder: str | Path, stdout: TextIO | None = None, stde
 
 def main_submission_pack(run_dirs: Sequence[str | Path], name: str, out_dir: str | Path | None = None,
                          root: str | Path = "results/submissions", stdout: TextIO | None = None,
-                         stderr: TextIO | None = None) -> int:
+                         stderr: TextIO | None = None, trajectories: bool = False) -> int:
     """``crl-bench submission pack RUN... --name N [--out DIR]``: pack into ``out_dir`` or
     ``<root>/<name>``; ``name`` must pass :func:`crl_bench.config.check_name` (it names the folder
     unless ``--out`` is given, and the submission in any case).
@@ -310,10 +535,36 @@ def main_submission_pack(run_dirs: Sequence[str | Path], name: str, out_dir: str
         return 2
     target = Path(out_dir) if out_dir is not None else Path(root) / name
     try:
-        folder = pack_submission(run_dirs, target, name)
+        folder = pack_submission(run_dirs, target, name, trajectories=trajectories)
     except SummaryError as e:
         print(f"error: {e}", file=err)
         return 2
     print(f"wrote {folder / 'summary.json'}; fill in {folder / 'metadata.yaml'}, then run "
           f"`crl-bench submission check {folder}`", file=stdout or sys.stdout)
     return 0
+
+
+def main_submission_verify(folder: str | Path, rerun: Callable[[Path, str], Path], seeds: Sequence[int] | None = None,
+                           stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """``crl-bench submission verify DIR [--seeds S,...]``: :func:`verify_submission`, one line per
+    run and env.
+
+    Returns:
+        0 verified, 1 not verified (each difference printed), 2 a submission that cannot be verified.
+    """
+    out = stdout or sys.stdout
+    try:
+        res = verify_submission(folder, rerun, seeds)
+    except SummaryError as e:
+        print(f"error: {printable(str(e))}", file=stderr or sys.stderr)
+        return 2
+    for r in res["runs"]:
+        for d in r["protocol_differences"]:
+            print(f"{r['run_id']}: protocol differs: {printable(d)}", file=out)
+        for mode, envs in r["modes"].items():
+            for env_id, c in envs.items():
+                print(f"{r['run_id']} {mode} {env_id}: submitted {c['submitted']:.3f}, re-run {c['rerun']:.3f} "
+                      f"(allowed difference {c['tolerance']:.3f}) {'ok' if c['ok'] else 'DIFFERS'}", file=out)
+    print(f"{folder}: {'verified' if res['verified'] else 'NOT verified'}; wrote {Path(folder) / VERIFICATION_FILE}",
+          file=out)
+    return 0 if res["verified"] else 1

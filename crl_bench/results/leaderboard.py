@@ -48,6 +48,7 @@ import pandas as pd
 from scipy import stats
 
 from crl_bench.results.panel import content_hash, short_hash
+from crl_bench.results.reported import load_reported, reported_markdown
 from crl_bench.results.run_folder import is_run_folder
 from crl_bench.results.submission import is_verified
 from crl_bench.results.summary import SummaryError, build_summary, read_summary, validate_summary
@@ -521,10 +522,11 @@ def display_frame(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).fillna("") if frames else pd.DataFrame(columns=["mix"])
 
 
-def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.DataFrame | None = None) -> str:
+def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.DataFrame | None = None,
+                         reported: list[dict[str, Any]] | None = None) -> str:
     """The markdown text of :func:`write_leaderboard`: a header on how the numbers are computed, then
     one table per mix (its own env columns), then the memory lift (:func:`lift_markdown`) when
-    ``lift`` has rows."""
+    ``lift`` has rows, then the rows reported by papers (:func:`~crl_bench.results.reported.reported_markdown`)."""
     lines = [
         "# crl-bench leaderboard",
         "",
@@ -552,7 +554,7 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
         "",
     ]
     if df.empty:
-        lines.append("No finished runs or submissions found.")
+        lines += ["No finished runs or submissions found.", ""] + reported_markdown(reported or [])
         return "\n".join(lines) + "\n"
     for mix, part in df.groupby("mix", sort=False):
         header, body = _display_rows(part)
@@ -590,6 +592,7 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
             lines.append("")
     if lift is not None:
         lines += lift_markdown(lift)
+    lines += reported_markdown(reported or [])
     return "\n".join(lines)
 
 
@@ -617,9 +620,11 @@ def _per_seed_lines(mix: str, part: pd.DataFrame) -> list[str]:
     return lines + [""]
 
 
-def write_leaderboard(df: pd.DataFrame, out_dir: str | Path, lift: pd.DataFrame | None = None) -> tuple[Path, Path]:
-    """Write ``leaderboard.md`` and ``leaderboard.csv`` into ``out_dir`` (created if needed), and,
-    when ``lift`` has rows, ``memory_lift.csv`` (:func:`lift_frame`) beside them.
+def write_leaderboard(df: pd.DataFrame, out_dir: str | Path, lift: pd.DataFrame | None = None,
+                      reported: list[dict[str, Any]] | None = None) -> tuple[Path, Path]:
+    """Write ``leaderboard.md`` (with ``reported``'s section, :mod:`crl_bench.results.reported`) and
+    ``leaderboard.csv`` (measured rows only) into ``out_dir`` (created if needed), and, when ``lift``
+    has rows, ``memory_lift.csv`` (:func:`lift_frame`) beside them.
 
     The CSVs hold every column unrounded (NaN as empty cells) and read back with ``pandas.read_csv``.
 
@@ -629,7 +634,7 @@ def write_leaderboard(df: pd.DataFrame, out_dir: str | Path, lift: pd.DataFrame 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = out / "leaderboard.md", out / "leaderboard.csv"
-    files = [(md_path, leaderboard_markdown(df, _doc_link(out), lift)), (csv_path, df.to_csv(index=False))]
+    files = [(md_path, leaderboard_markdown(df, _doc_link(out), lift, reported)), (csv_path, df.to_csv(index=False))]
     if lift is not None and not lift.empty:
         files.append((out / "memory_lift.csv", lift.to_csv(index=False)))
     for path, text in files:
@@ -641,10 +646,12 @@ def write_leaderboard(df: pd.DataFrame, out_dir: str | Path, lift: pd.DataFrame 
 
 def main_leaderboard(paths: Sequence[str | Path], out_dir: str | Path, stdout: TextIO | None = None,
                      stderr: TextIO | None = None) -> int:
-    """``crl-bench leaderboard [DIR ...] [--out DIR]``: collect, build the table, write it.
+    """``crl-bench leaderboard [DIR ...] [--out DIR]``: collect, build the table, write it, with the
+    rows reported by papers in ``<DIR>/reported/`` (or a given folder named ``reported``) in a section
+    of their own.
 
-    Prints one ``warning: ...`` line per skipped folder or duplicate to ``stderr`` and the paths
-    written to ``stdout``.
+    Prints one ``warning: ...`` line per skipped folder, duplicate or invalid reported file to
+    ``stderr`` and the paths written to ``stdout``.
 
     Returns:
         0 when the table was written, 1 when no summary was found (nothing is written then).
@@ -654,11 +661,13 @@ def main_leaderboard(paths: Sequence[str | Path], out_dir: str | Path, stdout: T
     warnings: list[str] = []
     summaries = collect(paths, warnings)
     df = leaderboard_frame(summaries, warnings)
+    reported = [t for p in map(Path, paths) for t in load_reported(p if p.name == "reported" else p / "reported",
+                                                                   warnings)]
     for w in warnings:
         print(f"warning: {w}", file=stderr)
     if not summaries:
         print(f"error: no finished runs or submissions under {', '.join(map(str, paths))}", file=stderr)
         return 1
-    md, csv = write_leaderboard(df, out_dir, lift_frame(summaries))
+    md, csv = write_leaderboard(df, out_dir, lift_frame(summaries), reported)
     print(f"wrote {md} and {csv}: {len(df)} rows from {len(summaries)} summaries", file=stdout)
     return 0

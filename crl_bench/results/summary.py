@@ -95,7 +95,7 @@ def load_schema(name: str) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) shipped as ``crl_bench/schemas/<name>.schema.json``.
 
     Args:
-        name: ``"summary"`` or ``"submission_metadata"`` (a full file name also works).
+        name: ``"summary"``, ``"submission_metadata"`` or ``"reported"`` (a full file name also works).
 
     Returns:
         A fresh dict (callers may modify it).

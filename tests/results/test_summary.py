@@ -92,7 +92,7 @@ def make_run(root: Path, run_id: str, *, method: str = "grpo", mix: str = "sokob
 
 
 def test_schemas_are_valid_draft_2020_12():
-    for name in ("summary", "submission_metadata"):
+    for name in ("summary", "submission_metadata", "reported"):
         jsonschema.Draft202012Validator.check_schema(load_schema(name))
     with pytest.raises(SummaryError, match="no schema 'nope'.*summary.schema.json"):
         load_schema("nope")

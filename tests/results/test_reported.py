@@ -1,0 +1,62 @@
+"""Reported rows (results/reported/*.yaml): read against their schema, shown in their own leaderboard
+section as 'reported, not reproduced', never pooled with measured rows."""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+import yaml
+from test_summary import make_run
+
+from crl_bench.results.leaderboard import main_leaderboard
+from crl_bench.results.reported import load_reported, reported_markdown
+
+TABLE = {
+    "source": {"title": "A paper", "arxiv": "2505.10978v3", "table": "Table 1",
+               "checked": "read from the arXiv HTML of v3 on 2026-11-27"},
+    "protocol": {"split": "valid_unseen", "eval_episodes": 134, "temperature": None,
+                 "max_steps": {"alfworld": 50}, "catalogue": None, "seeds": 3, "notes": "temperature not stated"},
+    "rows": [
+        {"method": "GRPO", "model": "Qwen2.5-1.5B-Instruct", "env": "alfworld", "success_rate": 0.722,
+         "per_type": {"Pick": 0.8, "Look": 0.5}, "std": 0.02},
+        {"method": "GRPO", "model": "Qwen2.5-1.5B-Instruct", "env": "webshop", "success_rate": 0.5, "score": 75.8},
+    ],
+}
+
+
+def test_a_valid_table_is_shown_with_its_protocol_and_source(tmp_path):
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(TABLE, sort_keys=False))
+    tables = load_reported(tmp_path)
+    assert [t["file"] for t in tables] == ["a.yaml"]
+    text = "\n".join(reported_markdown(tables))
+    assert "## Reported, not reproduced" in text and "never pooled" in text
+    assert "### A paper (arXiv 2505.10978v3), Table 1" in text
+    assert "eval episodes 134; temperature not stated; step limit alfworld 50; seeds 3." in text
+    assert "| GRPO | Qwen2.5-1.5B-Instruct | alfworld | 72.2 ± 2.0 | - | 80.0 | 50.0 |  |" in text
+    assert "| GRPO | Qwen2.5-1.5B-Instruct | webshop | 50.0 | 75.8 | - | - |  |" in text
+    assert reported_markdown([]) == [] and load_reported(tmp_path / "none") == []
+
+
+def test_bad_files_are_skipped_with_the_key_named(tmp_path):
+    bad = {**TABLE, "rows": [{**TABLE["rows"][0], "success_rate": 72.2}]}      # a percentage, not a fraction
+    (tmp_path / "percent.yaml").write_text(yaml.safe_dump(bad))
+    (tmp_path / "nosource.yaml").write_text(yaml.safe_dump({k: v for k, v in TABLE.items() if k != "source"}))
+    (tmp_path / "broken.yaml").write_text("rows: [")
+    warnings: list[str] = []
+    assert load_reported(tmp_path, warnings) == []
+    assert any("percent.yaml: $.rows[0].success_rate" in w for w in warnings)
+    assert any("nosource.yaml" in w and "source" in w for w in warnings)
+    assert any("broken.yaml" in w for w in warnings) and len(warnings) == 3
+
+
+def test_the_leaderboard_shows_them_apart_from_measured_rows(tmp_path):
+    make_run(tmp_path / "results" / "runs", "grpo-s0", seed=0)
+    (tmp_path / "results" / "reported").mkdir(parents=True)
+    (tmp_path / "results" / "reported" / "a.yaml").write_text(yaml.safe_dump(TABLE, sort_keys=False))
+    out, err = io.StringIO(), io.StringIO()
+    assert main_leaderboard([tmp_path / "results"], tmp_path / "lb", out, err) == 0
+    md = (tmp_path / "lb" / "leaderboard.md").read_text()
+    assert md.index("## sokoban:1,minihack-room:1") < md.index("## Reported, not reproduced")
+    csv = pd.read_csv(tmp_path / "lb" / "leaderboard.csv")
+    assert set(csv["method"]) == {"grpo"}                       # reported rows are not measured rows

@@ -60,3 +60,17 @@ def test_the_leaderboard_shows_them_apart_from_measured_rows(tmp_path):
     assert md.index("## sokoban:1,minihack-room:1") < md.index("## Reported, not reproduced")
     csv = pd.read_csv(tmp_path / "lb" / "leaderboard.csv")
     assert set(csv["method"]) == {"grpo"}                       # reported rows are not measured rows
+
+
+def test_the_committed_reported_files_are_valid():
+    """results/reported/ of this checkout: every file passes the schema (a transcription slip such as a
+    percentage in a fraction field is caught here), and the GiGPO table's GRPO rows read as printed."""
+    from pathlib import Path
+
+    warnings: list[str] = []
+    tables = load_reported(Path(__file__).resolve().parents[2] / "results" / "reported", warnings)
+    assert warnings == [] and tables
+    gigpo = next(t for t in tables if t["source"]["arxiv"].startswith("2505.10978"))
+    grpo = {(r["model"], r["env"]): r for r in gigpo["rows"] if r["method"] == "GRPO"}
+    assert grpo[("Qwen2.5-1.5B-Instruct", "alfworld")]["success_rate"] == 0.728
+    assert grpo[("Qwen2.5-7B-Instruct", "webshop")]["score"] == 79.3

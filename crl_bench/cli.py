@@ -326,17 +326,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-EVAL_ONLY = "eval-only"
-"""The method name of a run folder written by ``crl-bench eval --save-run``: a model evaluated here and
-trained elsewhere (or not at all)."""
-
-
 def _save_eval_run(folder: Path, cfg: Any, ev: dict[str, Any], data_files: dict[str, dict[str, str]]) -> None:
     """Write ``folder`` as an evaluation-only run folder: ``config.yaml`` (the evaluation's settings,
     method :data:`EVAL_ONLY`, no training steps), ``versions.json`` (with the model's description),
     ``data.json`` (sha256 of the data files the envs read) and ``eval.json`` (``step`` 0)."""
-    from crl_bench.data import sha256_file
+    from crl_bench.data import data_checksums
     from crl_bench.results.run_folder import RunWriter
+    from crl_bench.results.summary import EVAL_ONLY
 
     writer = RunWriter(folder.parent, folder.name)
     config = cfg.to_dict()
@@ -344,9 +340,7 @@ def _save_eval_run(folder: Path, cfg: Any, ev: dict[str, Any], data_files: dict[
     config["train"]["steps"] = 0
     writer.write_config(config)
     writer.write_versions(model=cfg.model.name, dtype=cfg.model.dtype)
-    writer.write_json("data.json", {"data_checksums": {
-        env_id: {name: sha256_file(path) for name, path in sorted(files.items())}
-        for env_id, files in data_files.items() if files}})
+    writer.write_json("data.json", {"data_checksums": data_checksums(data_files)})
     writer.write_json("eval.json", {**ev, "step": 0, "method": EVAL_ONLY})
 
 
@@ -523,7 +517,7 @@ def cmd_panel(args: argparse.Namespace) -> int:
     """
     from tqdm import tqdm
 
-    from crl_bench.results.panel import PanelError, build_panel, check_panel, read_panel
+    from crl_bench.results.panel import PanelError, build_panel, check_panel, panel_task_ids, read_panel
     from crl_bench.rollout import EnvPool
 
     if args.panel_cmd == "export":
@@ -534,9 +528,8 @@ def cmd_panel(args: argparse.Namespace) -> int:
         settings = dict(cfg.rollout.env_kwargs.get(args.env, {}))
         env = EnvPool({args.env: settings}, cfg.rollout.max_steps).make(args.env)
         try:
-            split = [int(t) for t in env.task_ids(args.split)]
             ep = cfg.eval.episodes
-            ids = split if ep == "all" else split[:int(ep)]
+            ids = panel_task_ids(env, args.split, ep)
             with tqdm(total=len(ids), desc=f"panel {args.env} {args.split}", unit="task", disable=args.quiet) as bar:
                 panel = build_panel(env, args.env, args.split, ids, episodes=ep, env_settings=settings,
                                     progress=bar.update)

@@ -50,6 +50,13 @@ def data_dir(override: str | os.PathLike | None = None) -> Path:
     return cache_dir() / "data"
 
 
+def data_checksums(data_files: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """``{env id: {name: sha256}}`` of ``{env id: {name relative to the data root: path}}`` (the
+    trainer's ``data_files``, from ``TextEnv.data_files``); envs without data files are left out."""
+    return {env_id: {name: sha256_file(path) for name, path in sorted(files.items())}
+            for env_id, files in data_files.items() if files}
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()

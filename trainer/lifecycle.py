@@ -16,19 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from crl_bench.config import RunConfig
+from crl_bench.data import data_checksums
 from crl_bench.mixtures import resolve_mixture
 from crl_bench.results.alarms import alert_line
 from crl_bench.results.run_folder import RunLock, RunWriter, make_run_id
 from crl_bench.results.tracking import open_trackers
 from crl_bench.trainer.loop import Trainer
-
-
-def data_checksums(trainer: Trainer) -> dict[str, dict[str, str]]:
-    """sha256 of every data file each env of the run reads (``TextEnv.data_files``), per env id."""
-    from crl_bench.data import sha256_file
-
-    return {env_id: {name: sha256_file(path) for name, path in sorted(files.items())}
-            for env_id, files in trainer.data_files.items() if files}
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -136,7 +129,7 @@ def _train_in_folder(cfg: RunConfig, writer: RunWriter, quiet: bool, resumed: bo
         if not resumed:
             writer.write_json("seeds.json", {"seed": cfg.train.seed, "task_sampler_seed": cfg.train.seed,
                                              "torch_seed": cfg.train.seed, "torch_threads": trainer.threads})
-            writer.write_json("data.json", {"data_checksums": data_checksums(trainer)})
+            writer.write_json("data.json", {"data_checksums": data_checksums(trainer.data_files)})
         else:
             if loaded is not None:
                 apply_checkpoint(trainer, loaded)

@@ -709,6 +709,7 @@ class Trainer:
             trajs, by_trial, attempts = self._trials(specs, progress, hooks, prepare, learn)
         out = summarise(trajs)
         per_env = {}
+        all_counts: list[int] = []                  # successful samples per task, every env (eval.samples)
         by_env = episodes_by_env(trajs)
         for env_id in self.mixture.envs:
             ts = by_env.get(env_id)
@@ -721,6 +722,7 @@ class Trainer:
             for t in ts:
                 won[int(t.task)] += int(bool(t.success))
             counts = [won.get(t, 0) for t in tasks[env_id]]
+            all_counts += counts
             row["successes"] = counts if samples == 1 else [c / samples for c in counts]
             if samples > 1:
                 row["pass_at_k"], row["pass_hat_k"] = pass_curves(samples, counts)
@@ -741,8 +743,6 @@ class Trainer:
         if self.cfg.eval.trials > 1:
             out.update(success_by_trial=by_trial, attempts=attempts)
         if samples > 1:                 # pooled over the tasks of every env
-            all_counts = [sum(int(bool(t.success)) for t in trajs[i:i + samples])
-                          for i in range(0, len(trajs), samples)]
             out["samples"] = samples
             out["pass_at_k"], out["pass_hat_k"] = pass_curves(samples, all_counts)
         return out

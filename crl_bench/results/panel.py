@@ -64,6 +64,14 @@ def panel_hash(env_id: str, split: str, tasks: Sequence[dict[str, Any]]) -> str:
     return content_hash({"env": env_id, "split": split, "tasks": [[int(t["task"]), t["hash"]] for t in tasks]})
 
 
+def panel_task_ids(env: Any, split: str, episodes: int | str) -> list[int]:
+    """The task ids an evaluation with ``eval.episodes`` = ``episodes`` runs on ``env``'s ``split``: the
+    first ``episodes`` of the split, or all of them for ``"all"`` (as ``Trainer.eval_task_ids``).
+    Raises ``KeyError`` for an unknown split."""
+    ids = [int(t) for t in env.task_ids(split)]
+    return ids if episodes == "all" else ids[:int(episodes)]
+
+
 def build_panel(env: Any, env_id: str, split: str, task_ids: Sequence[int], *, episodes: int | str = "all",
                 env_settings: dict[str, Any] | None = None,
                 progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
@@ -150,10 +158,9 @@ def check_panel(panel: dict[str, Any], env: Any, progress: Callable[[int], Any] 
         problems.append("panel_hash does not match the listed tasks (the file was edited)")
     ids = [int(t["task"]) for t in panel["tasks"]]
     try:
-        split = [int(t) for t in env.task_ids(panel["split"])]
+        chosen = panel_task_ids(env, panel["split"], panel["episodes"])
     except KeyError as e:
         return [*problems, f"split {panel['split']!r}: not a split here ({e.args[0] if e.args else e})"]
-    chosen = split if panel["episodes"] == "all" else split[:int(panel["episodes"])]
     if chosen != ids:
         first = next((i for i, (a, b) in enumerate(zip(chosen, ids)) if a != b), min(len(chosen), len(ids)))
         problems.append(f"the split's tasks differ: an evaluation with episodes {panel['episodes']!r} runs "

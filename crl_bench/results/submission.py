@@ -118,7 +118,7 @@ def panel_problems(data: dict[str, Any]) -> tuple[list[str], list[str]]:
     summary without panels (written before them) gives a note."""
     from crl_bench.data import DataMissingError
     from crl_bench.env_api import EnvUnavailableError
-    from crl_bench.results.panel import build_panel, short_hash
+    from crl_bench.results.panel import build_panel, panel_task_ids, short_hash
     from crl_bench.rollout import EnvPool
 
     proto = data["eval_protocol"]
@@ -135,7 +135,7 @@ def panel_problems(data: dict[str, Any]) -> tuple[list[str], list[str]]:
             notes.append(f"eval_protocol.panels.{env_id}: not checked, the env cannot be built here ({e})")
             continue
         try:
-            ids = [int(t) for t in env.task_ids(proto["split"])][:int(proto["tasks_per_env"].get(env_id, 0))]
+            ids = panel_task_ids(env, proto["split"], int(proto["tasks_per_env"].get(env_id, 0)))
             here = build_panel(env, env_id, proto["split"], ids)["panel_hash"]
         except KeyError as e:
             problems.append(f"$.eval_protocol.panels.{env_id}: the protocol's tasks are not tasks here ({e})")
@@ -172,21 +172,24 @@ def _trajectory_problems(folder: Path, data: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _verification_problems(folder: Path) -> list[str]:
-    """``verification.json``, when present, must be :func:`verify_submission`'s for this ``summary.json``."""
+def _verification(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """``verification.json`` of ``folder`` read as untrusted input: ``(its data, [])`` when it is
+    :func:`verify_submission`'s for the current ``summary.json``, ``(None, [])`` when there is none,
+    else ``(None, [problem])``."""
     vpath = folder / VERIFICATION_FILE
     if not vpath.exists() and not vpath.is_symlink():
-        return []
+        return None, []
     try:
         v = load_json(vpath, root=folder)
-    except InputFileError as e:
-        return [str(e)]
+        current = summary_sha256(folder)
+    except (InputFileError, OSError) as e:
+        return None, [str(e)]
     if not (isinstance(v, dict) and isinstance(v.get("verified"), bool) and isinstance(v.get("summary_sha256"), str)):
-        return [f"{vpath}: not written by crl-bench submission verify (needs 'verified' and 'summary_sha256')"]
-    if v["summary_sha256"] != summary_sha256(folder):
-        return [f"{vpath}: it verified another summary.json (changed since); run crl-bench submission verify again "
-                f"or remove {VERIFICATION_FILE}"]
-    return []
+        return None, [f"{vpath}: not written by crl-bench submission verify (needs 'verified' and 'summary_sha256')"]
+    if v["summary_sha256"] != current:
+        return None, [f"{vpath}: it verified another summary.json (changed since); run crl-bench submission verify "
+                      f"again or remove {VERIFICATION_FILE}"]
+    return v, []
 
 
 def check_submission(folder: str | Path, panels: bool = True, notes: list[str] | None = None) -> list[str]:
@@ -238,7 +241,7 @@ def check_submission(folder: str | Path, panels: bool = True, notes: list[str] |
                 found.append("$.kind: is 'run'; a submission's summary has kind 'submission'")
             problems += [f"{spath}: {p}" for p in found]
             if not found:
-                problems += _trajectory_problems(folder, data) + _verification_problems(folder)
+                problems += _trajectory_problems(folder, data) + _verification(folder)[1]
     mpath = folder / "metadata.yaml"
     if not mpath.is_file() and not mpath.is_symlink():
         problems.append(f"{mpath}: missing (see results/submissions/README.md)")
@@ -489,12 +492,8 @@ def verify_submission(folder: str | Path, rerun: Callable[[Path, str], Path],
 def is_verified(folder: str | Path) -> bool:
     """The folder's ``verification.json`` says ``verified`` for its current ``summary.json`` (read as
     untrusted input; any problem reads as not verified)."""
-    folder = Path(folder)
-    try:
-        v = load_json(folder / VERIFICATION_FILE, root=folder)
-        return isinstance(v, dict) and v.get("verified") is True and v.get("summary_sha256") == summary_sha256(folder)
-    except (InputFileError, OSError):
-        return False
+    v, _ = _verification(Path(folder))
+    return v is not None and v["verified"] is True
 
 
 # ---- command-line helpers ---------------------------------------------------------------------

@@ -63,6 +63,9 @@ PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate",
 #: memory controls (docs/evaluation.md).
 EVAL_MODES = ("free", "guided", "shuffled", "empty")
 #: Protocol keys of a new-format ``eval.json`` that a summary keeps.
+#: The method name of a run folder written by ``crl-bench eval --save-run``: a model evaluated here and
+#: trained elsewhere (or not at all); it has no extractor.
+EVAL_ONLY = "eval-only"
 PROTOCOL_KEYS = ("split", "episodes", "temperature", "top_p", "top_k", "max_new_tokens", "max_steps",
                  "tasks_per_env", "env_settings", "panels", "trials", "samples")
 
@@ -410,7 +413,7 @@ def build_summary(run_dir: str | Path, eval_file: str = "eval.json") -> dict[str
         if settings:
             protocol["env_settings"] = settings
     mix = _mix(mix_spec, seen)
-    if method in ("grpo", "eval-only") or method in list_methods() and not get_method(method).uses_extractor:
+    if method in ("grpo", EVAL_ONLY) or method in list_methods() and not get_method(method).uses_extractor:
         extractor = None                        # no extractor model (grpo, a case bank, a model only evaluated)
     else:
         extractor = _get(config, "extractor.model", cfg_path, default=None)

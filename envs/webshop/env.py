@@ -294,10 +294,7 @@ class WebShopEnv(TextEnv):
         """The goal of task id ``task`` (instruction, target product, attributes, options, price limit)
         and the target's price in this catalogue, the two things upstream's unseeded workers let vary
         (:meth:`TextEnv.task_fingerprint`; no reset). Raises ``KeyError`` for an unknown id."""
-        task = self.check_task(task)
-        if not 0 <= task < len(self.world.goals):
-            raise KeyError(f"webshop: unknown task id {task}; goals are 0..{len(self.world.goals) - 1}")
-        g = self.world.goals[task]
+        g = self.world.goals[self.check_task(task)]
         return {"instruction": g.instruction_text, "asin": g.asin, "attributes": list(g.attributes),
                 "goal_options": g.goal_options, "price_upper": g.price_upper,
                 "target_price": self.world.catalogue.prices[g.asin]}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The cpu-methods sweep (PREDICTION.md beside this file): casebank, reflexion and expel on the `cpu`
+# preset, each cell's final evaluation in every mode (free, guided, shuffled, empty), then a second
+# evaluation of each finished cell on `eval` with eval.trials = TRIALS (Reflexion's protocol: an
+# unsolved task gets another attempt, up to TRIALS; rows of their own protocol,
+# checkpoint-eval-trials<N>-split.json). The trials evaluation runs every mode for `reflexion` (its
+# memory between attempts needs the controls) and `free` and `guided` for the others, whose attempts
+# share no memory (each costs about three one-attempt evaluations on 2 cores).
+# `crl-bench sweep` skips finished cells and resumes an interrupted one from its last checkpoint; a
+# cell with its trials file is skipped, so the script resumes where it stopped. Wall seconds of each
+# trials evaluation go to wall.tsv (cell, seconds, modes, nproc, bf16 units or not).
+# Usage: [SEEDS=0,1] [METHODS=casebank,reflexion,expel] [TRIALS=3] run.sh
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cd "$here/../../.."
+bin="${CRL_BENCH:-crl-bench}"
+trials_n="${TRIALS:-3}"
+bf16=$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo bf16 || echo no-bf16)
+"$bin" sweep --methods "${METHODS:-casebank,reflexion,expel}" --seeds "${SEEDS:-0,1}" --preset cpu \
+  --mix minihack-room --name cpu-methods
+for run in "$here"/runs/*/; do
+  id="$(basename "$run")"
+  out="$run/checkpoint-eval-trials$trials_n-split.json"
+  [ -f "$run/summary.json" ] && [ ! -f "$out" ] || continue
+  case "$id" in
+    reflexion-*) modes=free,guided,shuffled,empty ;;
+    *) modes=free,guided ;;
+  esac
+  t0=$(date +%s)
+  # relative to the project root, so the result names no folder of this machine
+  "$bin" eval --run "results/sweeps/cpu-methods/runs/$id" --split eval --episodes all \
+    --set "eval.trials=$trials_n" --modes "$modes" --out "results/sweeps/cpu-methods/runs/$id/$(basename "$out")" \
+    --quiet > /dev/null
+  printf '%s\t%s\t%s\t%s\t%s\n' "$id" "$(($(date +%s) - t0))" "$modes" "$(nproc)" "$bf16" >> "$here/wall.tsv"
+done
+"$bin" leaderboard "$here/runs" --out "$here"

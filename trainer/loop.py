@@ -659,7 +659,9 @@ class Trainer:
         0/1 per task in the order of ``tasks``, and for envs with task types ``per_type``: episodes
         and success rate per type, e.g. ALFWorld's six), ``mode``, ``guided`` (experience in the
         prompt: every mode but ``free``), ``episodes_with_experience``, ``split``, ``temperature``,
-        ``wall_s`` and the task ids used (``tasks``; ``donors`` for ``shuffled``).  With
+        ``wall_s`` and the task ids used (``tasks``; ``donors`` for ``shuffled``); for ``reflexion``
+        outside ``free``, ``attempts_with_reflections`` (attempts shown at least one reflection: its
+        guidance is not a bank entry, so ``episodes_with_experience`` stays 0).  With
         ``eval.trials`` n > 1 each task is attempted until solved, at most n times, and every
         figure is of each task's best attempt (:meth:`_trials`); the block adds
         ``success_by_trial`` (share solved after each attempt) and ``attempts`` (episodes run).
@@ -699,8 +701,9 @@ class Trainer:
             hooks = {"guide": self._control_guide()} if mode == "empty" else \
                 {k: v for k, v in hooks.items() if k == "guide"}
         prepare = learn = None
+        shown = [0]                         # reflexion: attempts whose prompt held a reflection
         if self.reflexion and mode != "free":
-            prepare, learn = self._reflexion_trials(mode, donors)
+            prepare, learn = self._reflexion_trials(mode, donors, shown)
             specs = [replace(s, retrieve=False, turn_retrieve=False, tool=False) for s in specs]
             hooks = {}
         samples = self.cfg.eval.samples
@@ -738,6 +741,8 @@ class Trainer:
                    mode=mode, guided=mode != "free", temperature=self.cfg.eval.temperature, tasks=tasks,
                    # with experience: how many episodes the bank actually had experience for
                    episodes_with_experience=sum(1 for t in trajs if t.experience_ids))
+        if self.reflexion and mode != "free":
+            out["attempts_with_reflections"] = shown[0]
         if donors:
             out["donors"] = {e: {str(t): d for t, d in m.items()} for e, m in donors.items()}
         if self.cfg.eval.trials > 1:
@@ -747,14 +752,16 @@ class Trainer:
             out["pass_at_k"], out["pass_hat_k"] = pass_curves(samples, all_counts)
         return out
 
-    def _reflexion_trials(self, mode: str, donors: dict[str, dict[int, int]]) -> tuple[Any, Any]:
+    def _reflexion_trials(self, mode: str, donors: dict[str, dict[int, int]],
+                          shown: list[int]) -> tuple[Any, Any]:
         """``reflexion``'s evaluation attempts: ``(prepare, learn)`` for :meth:`_trials`.
 
         ``learn`` has the actor reflect on an attempt's failed episodes, kept for this evaluation only
         (the bank is not written); ``prepare`` shows each attempt its task's reflections (stored in
         training, then those of this evaluation's earlier attempts): ``guided`` its own task's,
         ``shuffled`` those of its donor task (another context's, where the env has contexts),
-        ``empty`` the header with no reflection."""
+        ``empty`` the header with no reflection.  ``shown[0]`` counts the attempts whose block held
+        at least one reflection."""
         track = self.experience
         memory: dict[tuple[str, int], list[str]] = defaultdict(list)
 
@@ -762,7 +769,9 @@ class Trainer:
             if mode == "empty":
                 return replace(spec, guidance=track.empty_guidance)
             task = donors.get(spec.env_id, {}).get(spec.task, spec.task) if mode == "shuffled" else spec.task
-            return replace(spec, guidance=track.reflection_guidance(spec.env_id, task, memory[(spec.env_id, task)]))
+            block = track.reflection_guidance(spec.env_id, task, memory[(spec.env_id, task)])
+            shown[0] += bool(block)
+            return replace(spec, guidance=block)
 
         def learn(failed: list[Trajectory]) -> None:
             if mode == "empty" or not failed:

@@ -78,10 +78,13 @@ def test_evaluation_attempts_see_the_reflections_of_earlier_attempts(tokenizer, 
     tr.runner = runner
     tasks = tr.eval_task_ids()["test-coin"]
     donors = tr.shuffled_donors({"test-coin": tasks})["test-coin"] if mode == "shuffled" else {}
-    prepare, learn = tr._reflexion_trials(mode, {"test-coin": donors}) if mode != "free" else (None, None)
+    shown = [0]
+    prepare, learn = tr._reflexion_trials(mode, {"test-coin": donors}, shown) if mode != "free" else (None, None)
     specs = [EpisodeSpec("test-coin", t, group_id=i, subgroup="guided") for i, t in enumerate(tasks)]
     tr._trials(specs, None, {}, prepare, learn)
     assert len(runner.calls) == 3
+    # every task fails every attempt: attempts 2 and 3 of each are shown reflections (not in empty)
+    assert shown[0] == (0 if mode in ("free", "empty") else 2 * len(tasks))
     first, third = runner.calls[0], runner.calls[2]
     if mode == "free":
         assert all(s.guidance == "" for s in first + third)
@@ -106,6 +109,11 @@ def test_reflexion_evaluation_end_to_end(tokenizer, tiny_model):
     assert set(ev) >= {"free", "guided", "shuffled", "empty"} and ev["protocol"]["trials"] == 2
     for mode in ("free", "guided", "shuffled", "empty"):
         assert len(ev[mode]["success_by_trial"]) == 2
+        # the reflections shown are counted apart: they are not bank entries
+        assert ev[mode]["episodes_with_experience"] == 0
+    # guided: every second attempt (a task the first did not solve) is shown the reflection on the first
+    assert ev["guided"]["attempts_with_reflections"] == ev["guided"]["attempts"] - 3
+    assert ev["empty"]["attempts_with_reflections"] == 0 and "attempts_with_reflections" not in ev["free"]
     tr.close()
 
 

@@ -3,7 +3,8 @@
 actor followed it (lesson_follow), and the final evaluation in every mode on `eval` and `eval_unseen`.
 Writes chain.md beside this file, with what each final bank held and how training used it.
 Usage: python results/sweeps/diag-vault/chain.py
-(banks are read read-only where the run folder still has them; they are not committed)."""
+Banks are not committed: each is read read-only where its run folder still has it, and its readings
+are kept in banks.json beside this file, which stands in for a bank no longer on disk."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from crl_bench.envs.diag import DiagVaultEnv
 from crl_bench.safe_io import printable
 
 HERE = Path(__file__).resolve().parent
+READINGS = HERE / "banks.json"          # run -> {"per_version": ..., "use": ...}, from the banks when read
 MODES = ("free", "guided", "shuffled", "empty")
 
 
@@ -30,8 +32,6 @@ def mean(rows, key):
 
 def bank_by_version(path: Path, env: DiagVaultEnv) -> str:
     """Entries and the share stating a context's code, per extractor version (``generation``)."""
-    if not path.is_file():
-        return "(bank not kept)"
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     rows = con.execute("SELECT generation, title, content FROM entries").fetchall()
     con.close()
@@ -108,6 +108,12 @@ def main() -> None:
              "| run | eval f / g / s / e | eval_unseen f / g / s / e | eval, 3 trials f / g / s / e | "
              "lesson_follow r / w / n | own ctx | shown ok | bank ok (final) | bank per version | wall (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    readings = json.loads(READINGS.read_text()) if READINGS.is_file() else {}
+    for run in sorted((HERE / "runs").iterdir()):
+        bank = run / "experience.sqlite"
+        if (run / "eval.json").is_file() and bank.is_file():
+            readings[run.name] = {"per_version": bank_by_version(bank, env), "use": "; ".join(bank_use(bank, env))}
+    READINGS.write_text(json.dumps(readings, indent=1, sort_keys=True) + "\n")
     walls = {}
     wall_file = HERE / "wall.tsv"
     if wall_file.is_file():
@@ -134,16 +140,16 @@ def main() -> None:
             f"{' / '.join(rate(tri.get(m)) for m in MODES) if tri else '-'} | {lf_txt} | "
             f"{mean(train, 'retrieval_own_context')} | "
             f"{mean(train, 'shown_correct')} | {'-' if last_ok is None else f'{last_ok:.3f}'} | "
-            f"{bank_by_version(run / 'experience.sqlite', env)} | {walls.get(run.name, '-')} |")
+            f"{readings.get(run.name, {}).get('per_version', '(no bank)')} | {walls.get(run.name, '-')} |")
     lines += ["", "## Final banks", "",
               "Counts over training: `retrieved` = guided training episodes the entry was retrieved for "
               "(`casebank` and `expel` show it as it is; `static` and `complementary` give it to the "
               "extractor, which answers from it), `success` = the share of those episodes that succeeded. "
               "Quoted text is what the model wrote (for a case: the episode), shortened and escaped.", ""]
     for run in sorted((HERE / "runs").iterdir()):
-        bank = run / "experience.sqlite"
-        if (run / "eval.json").is_file() and bank.is_file():
-            lines.append(f"* **{run.name}**: " + "; ".join(bank_use(bank, env)))
+        use = readings.get(run.name, {}).get("use")
+        if (run / "eval.json").is_file() and use:
+            lines.append(f"* **{run.name}**: {use}")
     (HERE / "chain.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

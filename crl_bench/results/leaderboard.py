@@ -51,7 +51,7 @@ from crl_bench.results.panel import content_hash, short_hash
 from crl_bench.results.reported import load_reported, reported_markdown
 from crl_bench.results.run_folder import is_run_folder
 from crl_bench.results.submission import is_verified
-from crl_bench.results.summary import SummaryError, build_summary, read_summary, validate_summary
+from crl_bench.results.summary import SummaryError, build_summary, fill_settings, read_summary, validate_summary
 from crl_bench.safe_io import load_json, printable
 
 #: eval modes of a summary run: with experience, its memory controls, without; ``initial`` is the
@@ -59,7 +59,7 @@ from crl_bench.safe_io import load_json, printable
 MODES = ("guided", "shuffled", "empty", "free", "initial")
 #: Columns of the memory-lift table (:func:`lift_frame`).
 LIFT_COLUMNS = ["method", "model", "extractor", "mix", "protocol", "env", "n_runs", "tasks", "guided",
-                "shuffled", "lift", "lift_ci_low", "lift_ci_high", "run_ids"]
+                "shuffled", "lift", "lift_ci_low", "lift_ci_high", "run_ids", "settings"]
 CI_LEVEL = 0.95
 CI_RESAMPLES = 9999
 CI_SEED = 0
@@ -69,7 +69,7 @@ SKIP_DIRS = {"checkpoint", "__pycache__", "node_modules"}
 BASE_COLUMNS = ["method", "model", "extractor", "mix", "eval", "protocol", "n_runs", "seeds",
                 "overall_mean", "overall_std", "overall_n", "overall_ci_low", "overall_ci_high"]
 TAIL_COLUMNS = ["steps_mean", "invalid_action_rate", "train_steps", "train_episodes", "train_wall_s",
-                "per_seed", "run_ids", "verified", "mix_envs", "panel", "protocol_json"]
+                "per_seed", "run_ids", "verified", "mix_envs", "panel", "settings", "protocol_json"]
 EVAL_DOC = "docs/evaluation.md"
 
 
@@ -114,6 +114,7 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
         try:
             if has_summary:
                 data = read_summary(folder / "summary.json")
+                fill_settings(data, folder)
                 if data["kind"] == "submission":     # re-run and matched here (submission verify)
                     data["_verified"] = is_verified(folder)
                 out.append(data)
@@ -259,7 +260,9 @@ def run_identity(summary: dict[str, Any], run: dict[str, Any]) -> tuple[str, str
 
 
 def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] | None = None) -> pd.DataFrame:
-    """One row per (method, model, extractor, mix, protocol, eval mode) over validated summaries.
+    """One row per (method, model, extractor, mix, protocol, training settings, eval mode) over
+    validated summaries (settings: each run's ``settings`` hash, "" where unknown; see
+    :func:`_label_settings` for how rows that differ only in it are named).
 
     Columns: ``BASE_COLUMNS``, then per env ``success_mean/<env>``, ``success_std/<env>``,
     ``n/<env>`` (envs in mix order), then ``score_mean/<env>`` for envs whose score is not their
@@ -285,8 +288,8 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
                 if block is None:
                     continue
                 key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
-                       _canon(proto), mode)
-                g = groups.setdefault(key, {"summary": s, "mode": mode, "runs": {}})
+                       _canon(proto), mode, r.get("settings", ""))
+                g = groups.setdefault(key, {"summary": s, "mode": mode, "runs": {}, "settings": key[-1]})
                 ident = run_identity(s, r)
                 if ident in g["runs"]:
                     _warn(warnings, f"run {r['run_id']} appears twice for {s['method']} / {s['mix']['name']} "
@@ -363,8 +366,10 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         row["verified"] = "yes" if all(checked) else "partly" if any(checked) else ""
         row["mix_envs"] = _canon(s["mix"]["envs"])
         row["panel"] = panels_hash(s["eval_protocol"]["panels"]) if s["eval_protocol"].get("panels") else ""
+        row["settings"] = g["settings"]
         row["protocol_json"] = _canon(s["eval_protocol"])
         rows.append(row)
+    _label_settings(rows)
 
     # two different protocols must never look the same: disambiguate equal labels with a short hash
     # (within one mix: tables are per mix, and other mixes' protocols differ in their envs anyway)
@@ -388,6 +393,22 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
     return df
 
 
+def _label_settings(rows: list[dict[str, Any]]) -> None:
+    """Runs of one method with different training settings are never pooled (their rows differ in
+    ``settings``); where rows of one mix, method, model, extractor and protocol have more than one,
+    each such row's ``method`` gets `` · settings <hash prefix>`` (``unknown`` for runs whose
+    summary has no settings hash), so the tables tell them apart."""
+    def key(row: dict[str, Any]) -> tuple:
+        return row["mix"], row["method"], row["model"], row["extractor"], row.get("protocol_json", row["protocol"])
+
+    seen: dict[tuple, set[str]] = {}
+    for row in rows:
+        seen.setdefault(key(row), set()).add(row["settings"])
+    for row in rows:
+        if len(seen[key(row)]) > 1:
+            row["method"] += f" · settings {short_hash(row['settings']) if row['settings'] else 'unknown'}"
+
+
 def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """The memory lift ``guided - shuffled`` per env of every row whose runs evaluated both modes.
 
@@ -409,8 +430,8 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
             if not g_block or not s_block:
                 continue
             key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
-                   _canon(s["eval_protocol"]))
-            grp = groups.setdefault(key, {"summary": s, "runs": {}})
+                   _canon(s["eval_protocol"]), r.get("settings", ""))
+            grp = groups.setdefault(key, {"summary": s, "runs": {}, "settings": key[-1]})
             grp["runs"].setdefault(run_identity(s, r), (r["run_id"], g_block, s_block))
     rows = []
     for grp in groups.values():
@@ -433,7 +454,9 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
                          "protocol": protocol_label(s["eval_protocol"]), "env": env, "n_runs": len(pairs),
                          "tasks": int(diff.size), "guided": float(np.mean([a for a, _ in pairs])),
                          "shuffled": float(np.mean([b for _, b in pairs])), "lift": float(diff.mean()),
-                         "lift_ci_low": low, "lift_ci_high": high, "run_ids": ",".join(ids)})
+                         "lift_ci_low": low, "lift_ci_high": high, "run_ids": ",".join(ids),
+                         "settings": grp["settings"]})
+    _label_settings(rows)
     df = pd.DataFrame(rows, columns=LIFT_COLUMNS)
     return df.sort_values(["mix", "env", "method", "model", "protocol"], kind="mergesort").reset_index(drop=True) \
         if not df.empty else df
@@ -540,7 +563,10 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
         "actor on the same tasks before step 1, for runs with `eval.at_start`). Runs with different "
         "protocols are never pooled; `protocol` shows split, episodes per env, temperature, step limit and, "
         "where the runs recorded it, the task panel (`panel` and a hash prefix: the same tasks with the same "
-        "content; full hash in the CSV).",
+        "content; full hash in the CSV). Runs of one method with different training settings (config.yaml "
+        "without run id, folders, seed, evaluation, logging, alarms, backend, checkpoint cadence) are never "
+        "pooled either: where that splits a method's rows, its name reads `method · settings` and a hash "
+        "prefix (full hash in the CSV's `settings` column).",
         "* Per env: eval success rate, mean ± sample std (ddof=1) over runs (one per seed), n = runs "
         "that evaluated the env.",
         f"* Overall: per run, the unweighted mean of its per-env success rates (runs that evaluated every "

@@ -30,6 +30,7 @@ A run's summary has one entry in ``runs``; a submission's has one per seed
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -224,6 +225,65 @@ def _get(d: Any, dotted: str, file: Path, default: Any = ..., types: tuple = ())
         names = "/".join(t.__name__ for t in types)
         raise SummaryError(f"{file}: {dotted!r} must be {names}, got {cur!r}")
     return cur
+
+
+# Config keys that do not change what a run learns: names and folders, the evaluation (its protocol
+# is keyed on its own), logging, the learning alarms, the execution backend, and when checkpoints are
+# written. Everything else in config.yaml is a training setting.
+NOT_TRAINING = {"run_id": None, "output_dir": None, "eval": None, "logging": None, "alarms": None,
+                "backend": None, "ray": None,
+                "train": ("seed", "save_checkpoint", "checkpoint_every", "keep_checkpoints")}
+
+
+def training_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's training settings: its config (``config.yaml``, a mapping) without the keys of
+    :data:`NOT_TRAINING` and without keys set to null (a setting added later with a null default
+    reads as absent in the configs written before it). Two runs whose training settings are equal
+    differ only in seed (and in what the config does not record, such as the code's version)."""
+    def drop_null(value: Any) -> Any:
+        return {k: drop_null(v) for k, v in value.items() if v is not None} if isinstance(value, dict) else value
+
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        drop = NOT_TRAINING.get(key, ())
+        if drop is None or value is None:
+            continue
+        out[key] = drop_null({k: v for k, v in value.items() if k not in drop} if isinstance(value, dict) else value)
+    return out
+
+
+def settings_hash(config: dict[str, Any]) -> str:
+    """sha256 (hex) of :func:`training_settings` as canonical JSON: the leaderboard pools only runs
+    with the same hash (docs/leaderboard.md). Raises ``TypeError`` for a config JSON cannot hold."""
+    canonical = json.dumps(training_settings(config), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def config_settings_hash(path: str | Path) -> str | None:
+    """:func:`settings_hash` of a config file (a run's ``config.yaml``, a submission's
+    ``configs/<run id>.yaml``); ``None`` when it is missing, unreadable or not a mapping."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        config = load_yaml(path, max_aliases=CONFIG_MAX_ALIASES)
+        return settings_hash(config) if isinstance(config, dict) else None
+    except (InputFileError, TypeError, ValueError):
+        return None
+
+
+def fill_settings(summary: dict[str, Any], folder: str | Path) -> None:
+    """Give each run of ``summary`` that has no ``settings`` hash (a summary written before it
+    existed) the hash of its config, where ``folder`` still holds it: ``config.yaml`` for a run,
+    ``configs/<run id>.yaml`` for a submission. Runs without one stay without."""
+    folder = Path(folder)
+    for r in summary["runs"]:
+        if "settings" in r:
+            continue
+        path = folder / "config.yaml" if summary["kind"] == "run" else folder / "configs" / f"{r['run_id']}.yaml"
+        h = config_settings_hash(path)
+        if h is not None:
+            r["settings"] = h
 
 
 def _train_totals(run_dir: Path, config: dict) -> dict[str, Any]:
@@ -435,6 +495,7 @@ def build_summary(run_dir: str | Path, eval_file: str = "eval.json") -> dict[str
         "eval_protocol": protocol,
         "seeds": [seed],
         "runs": [{"run_id": str(run_id), "seed": seed, "train": _train_totals(run_dir, config),
+                  "settings": settings_hash(config),
                   **({"alerts": alerts} if (alerts := _alerts(run_dir)) else {}),
                   "eval": {"free": free, "guided": guided, **controls,
                            **({"initial": initial} if initial else {})}}],

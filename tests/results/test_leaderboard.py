@@ -22,7 +22,7 @@ from crl_bench.results.leaderboard import (
     write_leaderboard,
 )
 from crl_bench.results.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
-from crl_bench.results.summary import SummaryError, build_summary, write_summary
+from crl_bench.results.summary import SummaryError, build_summary, config_settings_hash, write_summary
 
 ENVS = ("sokoban", "minihack-room")
 
@@ -394,3 +394,48 @@ def test_env_settings_are_part_of_the_protocol(tmp_path):
     labels = sorted(rows["protocol"])
     assert labels[1].endswith("minihack-room: goal_offset=True, variant=MiniHack-Room-Random-5x5-v0")
     assert "variant" not in labels[0]
+
+
+def _edit_config(run_dir, edit):
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    edit(cfg)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def test_runs_with_different_training_settings_are_never_pooled(tmp_path):
+    """Two sweeps of one method on one protocol, the second with another learning rate: two rows,
+    each method labelled with its settings hash. Seeds, run ids, output folders, logging and
+    null-valued keys are not training settings and split nothing."""
+    a, b = _three_seeds(tmp_path / "a"), _three_seeds(tmp_path / "b")
+    for d in b:
+        _edit_config(d, lambda c: c["train"].update(lr=3e-5))
+    _edit_config(a[0], lambda c: (c.update(logging={"backends": ["jsonl"]}),
+                                  c["generation"].update(vllm_seed=None)))
+    ha, hb = (config_settings_hash(x[0] / "config.yaml") for x in (a, b))
+    assert ha == config_settings_hash(a[1] / "config.yaml") != hb
+    df = leaderboard_frame(collect([tmp_path]))
+    assert len(df) == 2 and list(df["n_runs"]) == [3, 3] and set(df["settings"]) == {ha, hb}
+    assert set(df["method"]) == {f"grpo · settings {ha[:12]}", f"grpo · settings {hb[:12]}"}
+    assert set(df["run_ids"]) == {"grpo-s0,grpo-s1,grpo-s2"}
+    alone = leaderboard_frame(collect([tmp_path / "a"]))
+    assert len(alone) == 1 and alone.iloc[0]["method"] == "grpo"     # labelled only where it tells rows apart
+
+
+def test_summaries_without_settings_take_them_from_the_config(tmp_path):
+    """A summary.json written before runs carried a settings hash (a run's, a submission's) gets
+    the hash of the config beside it, so an old and a new sweep of other settings are not pooled."""
+    old = make_run(tmp_path / "runs", "grpo-s0")
+    write_summary(old)
+    data = json.loads((old / "summary.json").read_text())
+    assert data["runs"][0]["settings"] == config_settings_hash(old / "config.yaml")
+    del data["runs"][0]["settings"]
+    (old / "summary.json").write_text(json.dumps(data))
+    sub = pack_submission(_three_seeds(tmp_path / "sweep"), tmp_path / "subs" / "mine", "mine")
+    packed = json.loads((sub / "summary.json").read_text())
+    for r in packed["runs"]:
+        del r["settings"]
+    (sub / "summary.json").write_text(json.dumps(packed))
+    found = {s["kind"]: s for s in collect([tmp_path / "runs", tmp_path / "subs"])}
+    assert found["run"]["runs"][0]["settings"] == config_settings_hash(old / "config.yaml")
+    assert [r["settings"] for r in found["submission"]["runs"]] == \
+        [config_settings_hash(sub / "configs" / f"grpo-s{s}.yaml") for s in range(3)]

@@ -30,7 +30,6 @@ A run's summary has one entry in ``runs``; a submission's has one per seed
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -46,6 +45,7 @@ import yaml
 
 from crl_bench.config import CONFIG_MAX_ALIASES
 from crl_bench.methods import get_method, list_methods
+from crl_bench.results.panel import content_hash
 from crl_bench.results.run_folder import iter_metrics
 from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths
 
@@ -63,10 +63,10 @@ PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate",
 #: Evaluation modes a run's summary carries (``initial`` besides): experience-free, guided, and the
 #: memory controls (docs/evaluation.md).
 EVAL_MODES = ("free", "guided", "shuffled", "empty")
-#: Protocol keys of a new-format ``eval.json`` that a summary keeps.
 #: The method name of a run folder written by ``crl-bench eval --save-run``: a model evaluated here and
 #: trained elsewhere (or not at all); it has no extractor.
 EVAL_ONLY = "eval-only"
+#: Protocol keys of a new-format ``eval.json`` that a summary keeps.
 PROTOCOL_KEYS = ("split", "episodes", "temperature", "top_p", "top_k", "max_new_tokens", "max_steps",
                  "tasks_per_env", "env_settings", "panels", "trials", "samples")
 
@@ -227,9 +227,9 @@ def _get(d: Any, dotted: str, file: Path, default: Any = ..., types: tuple = ())
     return cur
 
 
-# Config keys that do not change what a run learns: names and folders, the evaluation (its protocol
-# is keyed on its own), logging, the learning alarms, the execution backend, and when checkpoints are
-# written. Everything else in config.yaml is a training setting.
+#: Config keys that do not change what a run learns: names and folders, the evaluation (its protocol
+#: is keyed on its own), logging, the learning alarms, the execution backend, and when checkpoints are
+#: written. Everything else in config.yaml is a training setting.
 NOT_TRAINING = {"run_id": None, "output_dir": None, "eval": None, "logging": None, "alarms": None,
                 "backend": None, "ray": None,
                 "train": ("seed", "save_checkpoint", "checkpoint_every", "keep_checkpoints")}
@@ -253,10 +253,10 @@ def training_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def settings_hash(config: dict[str, Any]) -> str:
-    """sha256 (hex) of :func:`training_settings` as canonical JSON: the leaderboard pools only runs
-    with the same hash (docs/leaderboard.md). Raises ``TypeError`` for a config JSON cannot hold."""
-    canonical = json.dumps(training_settings(config), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    """sha256 (hex) of :func:`training_settings` as canonical JSON (the panels' ``content_hash``):
+    the leaderboard pools only runs with the same hash (docs/leaderboard.md). Raises ``TypeError``
+    for a config JSON cannot hold."""
+    return content_hash(training_settings(config))
 
 
 def config_settings_hash(path: str | Path) -> str | None:

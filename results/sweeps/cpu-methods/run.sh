@@ -6,9 +6,11 @@
 # checkpoint-eval-trials<N>-split.json). The trials evaluation runs every mode for `reflexion` (its
 # memory between attempts needs the controls) and `free` and `guided` for the others, whose attempts
 # share no memory (each costs about three one-attempt evaluations on 2 cores).
-# `crl-bench sweep` skips finished cells and resumes an interrupted one from its last checkpoint; a
-# cell with its trials file is skipped, so the script resumes where it stopped. Wall seconds of each
-# trials evaluation go to wall.tsv (cell, seconds, modes, nproc, bf16 units or not).
+# Cells run one at a time, seeds outer and methods inner, and each finished cell gets its trials
+# evaluation before the next cell starts, so a session's stop leaves whole cells. `crl-bench sweep`
+# skips finished cells and resumes an interrupted one from its last checkpoint; a cell with its
+# trials file is skipped, so the script resumes where it stopped. Wall seconds of each trials
+# evaluation go to wall.tsv (cell, seconds, modes, nproc, bf16 units or not).
 # Usage: [SEEDS=0,1] [METHODS=casebank,reflexion,expel] [TRIALS=3] run.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -16,12 +18,10 @@ cd "$here/../../.."
 bin="${CRL_BENCH:-crl-bench}"
 trials_n="${TRIALS:-3}"
 bf16=$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo bf16 || echo no-bf16)
-"$bin" sweep --methods "${METHODS:-casebank,reflexion,expel}" --seeds "${SEEDS:-0,1}" --preset cpu \
-  --mix minihack-room --name cpu-methods
-for run in "$here"/runs/*/; do
-  id="$(basename "$run")"
-  out="$run/checkpoint-eval-trials$trials_n-split.json"
-  [ -f "$run/summary.json" ] && [ ! -f "$out" ] || continue
+trials() {  # the cell's evaluation with eval.trials, unless it is unfinished or already has one
+  local id="$1" run="$here/runs/$1" modes t0
+  local out="$run/checkpoint-eval-trials$trials_n-split.json"
+  [ -f "$run/summary.json" ] && [ ! -f "$out" ] || return 0
   case "$id" in
     reflexion-*) modes=free,guided,shuffled,empty ;;
     *) modes=free,guided ;;
@@ -32,5 +32,13 @@ for run in "$here"/runs/*/; do
     --set "eval.trials=$trials_n" --modes "$modes" --out "results/sweeps/cpu-methods/runs/$id/$(basename "$out")" \
     --quiet > /dev/null
   printf '%s\t%s\t%s\t%s\t%s\n' "$id" "$(($(date +%s) - t0))" "$modes" "$(nproc)" "$bf16" >> "$here/wall.tsv"
+}
+IFS=, read -ra seeds <<< "${SEEDS:-0,1}"
+IFS=, read -ra methods <<< "${METHODS:-casebank,reflexion,expel}"
+for seed in "${seeds[@]}"; do
+  for method in "${methods[@]}"; do
+    "$bin" sweep --methods "$method" --seeds "$seed" --preset cpu --mix minihack-room --name cpu-methods
+    trials "$method-s$seed"
+  done
 done
 "$bin" leaderboard "$here/runs" --out "$here"

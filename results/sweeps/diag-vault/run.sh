@@ -7,23 +7,31 @@
 # A run is finished when its line is in wall.tsv; finished runs are skipped, so the script resumes where
 # it stopped. Wall seconds per phase go to wall.tsv: run, train (with its evaluations), eval_unseen,
 # nproc, bf16 units or not, trials evaluation ("-" without one).
-# Usage: [SEEDS="0 1 2"] [METHODS="..."] [TRIALS=3] run.sh
+# SET="KEY=VALUE ..." trains every run of this call with those settings (`crl-bench run --set`) and
+# SUFFIX names them: the run id is <method><SUFFIX>-s<seed>, e.g. SET=experience.rerank=utility
+# SUFFIX=-utility gives casebank-utility-s0.
+# Usage: [SEEDS="0 1 2"] [METHODS="..."] [TRIALS=3] [SET="..." SUFFIX=...] run.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/../../.."
 bin="${CRL_BENCH:-crl-bench}"
 trials_n="${TRIALS:-3}"
+sets=()
+for kv in ${SET:-}; do sets+=(--set "$kv"); done
+if [ ${#sets[@]} -gt 0 ] && [ -z "${SUFFIX:-}" ]; then
+  echo "run.sh: SET needs a SUFFIX, so these runs are not taken for the plain method's" >&2; exit 2
+fi
 bf16=$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo bf16 || echo no-bf16)
 for seed in ${SEEDS:-0 1 2}; do
   for method in ${METHODS:-grpo static complementary casebank expel reflexion}; do
-    id="$method-s$seed"
+    id="$method${SUFFIX:-}-s$seed"
     run="$here/runs/$id"
     grep -q "^$id"$'\t' "$here/wall.tsv" 2>/dev/null && continue
     rm -rf "$run"                         # an unfinished run starts over (the preset keeps no checkpoints)
     t0=$(date +%s)
     # relative to the project root, so config.yaml names no folder of this machine
     "$bin" run --method "$method" --preset diag --seed "$seed" --output-dir results/sweeps/diag-vault/runs \
-      --run-id "$id" --quiet
+      --run-id "$id" ${sets[@]+"${sets[@]}"} --quiet
     t1=$(date +%s)
     "$bin" eval --run "results/sweeps/diag-vault/runs/$id" --split eval_unseen --episodes all --quiet > /dev/null
     t2=$(date +%s)

@@ -51,7 +51,14 @@ from crl_bench.results.panel import content_hash, short_hash
 from crl_bench.results.reported import load_reported, reported_markdown
 from crl_bench.results.run_folder import is_run_folder
 from crl_bench.results.submission import is_verified
-from crl_bench.results.summary import SummaryError, build_summary, fill_settings, read_summary, validate_summary
+from crl_bench.results.summary import (
+    SummaryError,
+    build_summary,
+    fill_settings,
+    read_summary,
+    settings_details,
+    validate_summary,
+)
 from crl_bench.safe_io import load_json, printable
 
 #: eval modes of a summary run: with experience, its memory controls, without; ``initial`` is the
@@ -117,11 +124,11 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
                 fill_settings(data, folder)
                 if data["kind"] == "submission":     # re-run and matched here (submission verify)
                     data["_verified"] = is_verified(folder)
-                out.append(data)
             else:
                 data = build_summary(folder)
                 validate_summary(data, source=f"{folder} (summarised from its run files)")
-                out.append(data)
+            data["_settings"] = settings_details(data, folder)
+            out.append(data)
         except (SummaryError, OSError, ValueError, RecursionError, TypeError, AttributeError) as e:
             _warn(warnings, f"skipped {folder}: {e}")
         for extra in sorted(folder.glob("checkpoint-*-split.json")):
@@ -131,6 +138,7 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
                     continue                # written before evaluations recorded their protocol
                 data = build_summary(folder, extra.name)
                 validate_summary(data, source=f"{extra} (summarised with its run files)")
+                data["_settings"] = settings_details(data, folder)
                 out.append(data)
             except (SummaryError, OSError, ValueError, RecursionError, TypeError, AttributeError) as e:
                 _warn(warnings, f"skipped {extra}: {e}")
@@ -369,7 +377,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         row["settings"] = g["settings"]
         row["protocol_json"] = _canon(s["eval_protocol"])
         rows.append(row)
-    _label_settings(rows)
+    _label_settings(rows, _details(summaries))
 
     # two different protocols must never look the same: disambiguate equal labels with a short hash
     # (within one mix: tables are per mix, and other mixes' protocols differ in their envs anyway)
@@ -393,19 +401,83 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
     return df
 
 
-def _label_settings(rows: list[dict[str, Any]]) -> None:
+#: At most this many differing settings name a row; rows that differ in more get the hash prefix.
+LABEL_MAX_KEYS = 3
+#: Longest value shown in a settings label (longer ones are cut and end with "...").
+LABEL_MAX_VALUE = 40
+
+
+def _details(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``{settings hash: training settings}`` over the summaries (``_settings``, set by :func:`collect`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for s in summaries:
+        out.update(s.get("_settings") or {})
+    return out
+
+
+def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted keys to canonical JSON values (``{"train": {"lr": 1e-5}}`` -> ``{"train.lr": "1e-05"}``)."""
+    out: dict[str, str] = {}
+    for k, v in settings.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = _canon(v)
+    return out
+
+
+def _setting_text(key: str, value: str | None) -> str:
+    """``key=value`` for a label: strings without their quotes, ``unset`` for an absent key, values
+    longer than :data:`LABEL_MAX_VALUE` cut; printable characters only (config text is user input)."""
+    if value is None:
+        text = "unset"
+    else:
+        parsed = json.loads(value)
+        text = parsed if isinstance(parsed, str) else value
+    text = printable(text, keep="")
+    if len(text) > LABEL_MAX_VALUE:
+        text = text[:LABEL_MAX_VALUE - 3] + "..."
+    return f"{printable(key, keep='')}={text}"
+
+
+def _settings_labels(hashes: set[str], details: dict[str, dict[str, Any]]) -> dict[str, str] | None:
+    """``{hash: "key=value, ..."}`` naming each settings hash by the keys whose values differ
+    between them; ``None`` when a hash has no known settings, more than :data:`LABEL_MAX_KEYS` keys
+    differ, or two labels would read the same."""
+    if not hashes <= details.keys():
+        return None
+    flat = {h: _flat(details[h]) for h in hashes}
+    keys = sorted({k for f in flat.values() for k in f})
+    differ = [k for k in keys if len({f.get(k) for f in flat.values()}) > 1]
+    if not differ or len(differ) > LABEL_MAX_KEYS:
+        return None
+    labels = {h: ", ".join(_setting_text(k, flat[h].get(k)) for k in differ) for h in hashes}
+    return labels if len(set(labels.values())) == len(labels) else None
+
+
+def _label_settings(rows: list[dict[str, Any]], details: dict[str, dict[str, Any]] | None = None) -> None:
     """Runs of one method with different training settings are never pooled (their rows differ in
     ``settings``); where rows of one mix, method, model, extractor and protocol have more than one,
-    each such row's ``method`` gets `` · settings <hash prefix>`` (``unknown`` for runs whose
-    summary has no settings hash), so the tables tell them apart."""
+    each such row's ``method`` gets `` · `` and the settings that differ between those rows
+    (``casebank · experience.rerank=utility``), from ``details`` (``{hash: training settings}``).
+    Where a hash's settings are not known (no config beside its summary), more than
+    :data:`LABEL_MAX_KEYS` keys differ, or two labels would read the same, every such row gets
+    `` · settings <hash prefix>`` instead (``unknown`` for runs whose summary has no settings hash)."""
     def key(row: dict[str, Any]) -> tuple:
         return row["mix"], row["method"], row["model"], row["extractor"], row.get("protocol_json", row["protocol"])
 
     seen: dict[tuple, set[str]] = {}
     for row in rows:
         seen.setdefault(key(row), set()).add(row["settings"])
+    named = {k: _settings_labels(v, details or {}) for k, v in seen.items() if len(v) > 1}
     for row in rows:
-        if len(seen[key(row)]) > 1:
+        k = key(row)
+        if k not in named:
+            continue
+        labels = named[k]
+        if labels is not None:
+            row["method"] += f" · {labels[row['settings']]}"
+        else:
             row["method"] += f" · settings {short_hash(row['settings']) if row['settings'] else 'unknown'}"
 
 
@@ -456,7 +528,7 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
                          "shuffled": float(np.mean([b for _, b in pairs])), "lift": float(diff.mean()),
                          "lift_ci_low": low, "lift_ci_high": high, "run_ids": ",".join(ids),
                          "settings": grp["settings"]})
-    _label_settings(rows)
+    _label_settings(rows, _details(summaries))
     df = pd.DataFrame(rows, columns=LIFT_COLUMNS)
     return df.sort_values(["mix", "env", "method", "model", "protocol"], kind="mergesort").reset_index(drop=True) \
         if not df.empty else df
@@ -565,8 +637,10 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
         "where the runs recorded it, the task panel (`panel` and a hash prefix: the same tasks with the same "
         "content; full hash in the CSV). Runs of one method with different training settings (config.yaml "
         "without run id, folders, seed, evaluation, logging, alarms, backend, checkpoint cadence) are never "
-        "pooled either: where that splits a method's rows, its name reads `method · settings` and a hash "
-        "prefix (full hash in the CSV's `settings` column).",
+        "pooled either: where that splits a method's rows, its name adds the settings that differ "
+        "(`casebank · experience.rerank=utility`; `unset` for a key a config lacks) or, where more than "
+        f"{LABEL_MAX_KEYS} differ or a config is missing, `settings` and a hash prefix (full hash in the "
+        "CSV's `settings` column).",
         "* Per env: eval success rate, mean ± sample std (ddof=1) over runs (one per seed), n = runs "
         "that evaluated the env.",
         f"* Overall: per run, the unweighted mean of its per-env success rates (runs that evaluated every "

@@ -259,31 +259,64 @@ def settings_hash(config: dict[str, Any]) -> str:
     return content_hash(training_settings(config))
 
 
-def config_settings_hash(path: str | Path) -> str | None:
-    """:func:`settings_hash` of a config file (a run's ``config.yaml``, a submission's
+def config_training_settings(path: str | Path) -> dict[str, Any] | None:
+    """:func:`training_settings` of a config file (a run's ``config.yaml``, a submission's
     ``configs/<run id>.yaml``); ``None`` when it is missing, unreadable or not a mapping."""
     path = Path(path)
     if not path.is_file():
         return None
     try:
         config = load_yaml(path, max_aliases=CONFIG_MAX_ALIASES)
-        return settings_hash(config) if isinstance(config, dict) else None
     except (InputFileError, TypeError, ValueError):
         return None
+    return training_settings(config) if isinstance(config, dict) else None
+
+
+def config_settings_hash(path: str | Path) -> str | None:
+    """:func:`settings_hash` of a config file (a run's ``config.yaml``, a submission's
+    ``configs/<run id>.yaml``); ``None`` when it is missing, unreadable or not a mapping."""
+    settings = config_training_settings(path)
+    try:
+        return content_hash(settings) if settings is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def run_config_path(summary: dict[str, Any], folder: str | Path, run_id: str) -> Path:
+    """Where the config of run ``run_id`` of ``summary`` lies in ``folder``: ``config.yaml`` for a
+    run's summary, ``configs/<run id>.yaml`` for a submission's."""
+    folder = Path(folder)
+    return folder / "config.yaml" if summary["kind"] == "run" else folder / "configs" / f"{run_id}.yaml"
 
 
 def fill_settings(summary: dict[str, Any], folder: str | Path) -> None:
     """Give each run of ``summary`` that has no ``settings`` hash (a summary written before it
     existed) the hash of its config, where ``folder`` still holds it: ``config.yaml`` for a run,
     ``configs/<run id>.yaml`` for a submission. Runs without one stay without."""
-    folder = Path(folder)
     for r in summary["runs"]:
         if "settings" in r:
             continue
-        path = folder / "config.yaml" if summary["kind"] == "run" else folder / "configs" / f"{r['run_id']}.yaml"
-        h = config_settings_hash(path)
+        h = config_settings_hash(run_config_path(summary, folder, r["run_id"]))
         if h is not None:
             r["settings"] = h
+
+
+def settings_details(summary: dict[str, Any], folder: str | Path) -> dict[str, dict[str, Any]]:
+    """``{settings hash: training settings}`` for the runs of ``summary`` whose config in ``folder``
+    still has the hash the run carries (a config edited since is left out). The leaderboard names
+    rows that differ only in settings by the keys that differ (docs/leaderboard.md)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in summary["runs"]:
+        h = r.get("settings")
+        if not h or h in out:
+            continue
+        settings = config_training_settings(run_config_path(summary, folder, r["run_id"]))
+        try:
+            if settings is not None and content_hash(settings) == h:
+                out[h] = settings
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def _train_totals(run_dir: Path, config: dict) -> dict[str, Any]:

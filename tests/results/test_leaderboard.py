@@ -404,7 +404,7 @@ def _edit_config(run_dir, edit):
 
 def test_runs_with_different_training_settings_are_never_pooled(tmp_path):
     """Two sweeps of one method on one protocol, the second with another learning rate: two rows,
-    each method labelled with its settings hash. Seeds, run ids, output folders, logging and
+    each method labelled with the setting that differs. Seeds, run ids, output folders, logging and
     null-valued keys are not training settings and split nothing."""
     a, b = _three_seeds(tmp_path / "a"), _three_seeds(tmp_path / "b")
     for d in b:
@@ -415,10 +415,40 @@ def test_runs_with_different_training_settings_are_never_pooled(tmp_path):
     assert ha == config_settings_hash(a[1] / "config.yaml") != hb
     df = leaderboard_frame(collect([tmp_path]))
     assert len(df) == 2 and list(df["n_runs"]) == [3, 3] and set(df["settings"]) == {ha, hb}
-    assert set(df["method"]) == {f"grpo · settings {ha[:12]}", f"grpo · settings {hb[:12]}"}
+    assert dict(zip(df["settings"], df["method"])) == {ha: "grpo · train.lr=unset", hb: "grpo · train.lr=3e-05"}
     assert set(df["run_ids"]) == {"grpo-s0,grpo-s1,grpo-s2"}
     alone = leaderboard_frame(collect([tmp_path / "a"]))
     assert len(alone) == 1 and alone.iloc[0]["method"] == "grpo"     # labelled only where it tells rows apart
+
+
+def test_settings_labels_fall_back_to_the_hash(tmp_path):
+    """Rows split by settings are named by the keys that differ, up to three; by the hash prefix
+    where more differ or a run's config is gone (its summary keeps the hash). A setting's text is
+    config input: control characters are escaped, a long value is cut to 40 characters, an absent
+    key reads `unset`, and the markdown table escapes `|`."""
+    _three_seeds(tmp_path / "a")
+    b = _three_seeds(tmp_path / "b")
+    for d in b:
+        _edit_config(d, lambda c: c.update(note="x|y\n\x1b[31m" + "z" * 60))
+    cut = "note=x|y\\x0a\\x1b[31m" + "z" * 22 + "..."
+    df = leaderboard_frame(collect([tmp_path]))
+    assert set(df["method"]) == {"grpo · note=unset", f"grpo · {cut}"}
+    assert f"grpo · {cut.replace('|', chr(92) + '|')}" in leaderboard_markdown(df)
+    for d in b:                                    # two keys differ: both named, in key order
+        _edit_config(d, lambda c: c["train"].update(lr=3e-5))
+    assert set(leaderboard_frame(collect([tmp_path]))["method"]) == \
+        {"grpo · note=unset, train.lr=unset", f"grpo · {cut}, train.lr=3e-05"}
+    for d in b:                                    # four keys differ: the hash prefix
+        _edit_config(d, lambda c: (c["train"].update(extra=7), c.update(other=1)))
+    hb = config_settings_hash(b[0] / "config.yaml")
+    df = leaderboard_frame(collect([tmp_path]))
+    assert set(df["method"]) == {f"grpo · settings {h[:12]}" for h in df["settings"]} and hb in set(df["settings"])
+    for d in b:                                    # one key, but b's configs are gone
+        _edit_config(d, lambda c: (c["train"].pop("extra"), c.pop("other"), c.pop("note")))
+        write_summary(d)
+        (d / "config.yaml").unlink()
+    df = leaderboard_frame(collect([tmp_path]))
+    assert len(df) == 2 and set(df["method"]) == {f"grpo · settings {h[:12]}" for h in df["settings"]}
 
 
 def test_summaries_without_settings_take_them_from_the_config(tmp_path):

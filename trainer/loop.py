@@ -682,6 +682,11 @@ class Trainer:
             raise ValueError(f"{mode} evaluation needs an experience bank; method {self.cfg.method!r} has none")
         if mode != "free":
             self.experience.flush()         # the bank evaluated is the one training has written
+        # every evaluation starts from an empty prefix store: a cached prefix equals its recomputation
+        # only up to rounding, which can flip a greedy choice at a near-tie, so without this a mode's
+        # episodes would depend on which evaluations ran before it (and `crl-bench eval --modes free`
+        # would not reproduce eval.json's free block)
+        self.clear_actor_prefix_store()
         tasks = self.eval_task_ids(episodes)
         exp = self.cfg.experience
         donors = self.shuffled_donors(tasks) if mode == "shuffled" else {}

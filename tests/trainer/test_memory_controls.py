@@ -221,6 +221,30 @@ def test_empty_shows_the_header_and_no_entry_without_retrieving(tokenizer, tiny_
     tr.close()
 
 
+def test_every_evaluation_starts_from_an_empty_prefix_store(tokenizer, tiny_model):
+    """A mode's episodes must not depend on the evaluations before it: cached prefixes equal their
+    recomputation only up to rounding, which flips greedy choices at near-ties. So each evaluation
+    starts with the actor engine's prefix store empty, though the one before filled it."""
+    tr = _diag_trainer(tokenizer, tiny_model, eval={"episodes": 8})
+    if not hasattr(tr.engine, "store"):
+        tr.close()
+        pytest.skip("the actor engine has no prefix store")
+    tr.train_step()
+    sizes: list[int] = []
+    real = tr.runner.collect
+
+    def collect(*a, **kw):
+        sizes.append(len(tr.engine.store))
+        return real(*a, **kw)
+
+    tr.runner.collect = collect
+    for mode in ("guided", "free", "empty"):
+        tr.evaluate(mode=mode)
+        assert len(tr.engine.store) > 0           # the evaluation cached prefixes ...
+    assert sizes == [0, 0, 0]                     # ... and the next one started without them
+    tr.close()
+
+
 def test_evaluate_all_runs_every_mode_on_the_same_tasks(tokenizer, tiny_model):
     tr = _diag_trainer(tokenizer, tiny_model, eval={"episodes": 4, "lesson_follow": 2})
     tr.train_step()

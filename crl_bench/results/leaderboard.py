@@ -52,11 +52,13 @@ from crl_bench.results.reported import load_reported, reported_markdown
 from crl_bench.results.run_folder import is_run_folder
 from crl_bench.results.submission import is_verified
 from crl_bench.results.summary import (
+    LABEL_MAX_KEYS,
     SummaryError,
     build_summary,
     fill_settings,
     read_summary,
     settings_details,
+    settings_labels,
     validate_summary,
 )
 from crl_bench.safe_io import load_json, printable
@@ -401,12 +403,6 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
     return df
 
 
-#: At most this many differing settings name a row; rows that differ in more get the hash prefix.
-LABEL_MAX_KEYS = 3
-#: Longest value shown in a settings label (longer ones are cut and end with "...").
-LABEL_MAX_VALUE = 40
-
-
 def _details(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """``{settings hash: training settings}`` over the summaries (``_settings``, set by :func:`collect`)."""
     out: dict[str, dict[str, Any]] = {}
@@ -415,53 +411,14 @@ def _details(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Dotted keys to canonical JSON values (``{"train": {"lr": 1e-5}}`` -> ``{"train.lr": "1e-05"}``)."""
-    out: dict[str, str] = {}
-    for k, v in settings.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = _canon(v)
-    return out
-
-
-def _setting_text(key: str, value: str | None) -> str:
-    """``key=value`` for a label: strings without their quotes, ``unset`` for an absent key, values
-    longer than :data:`LABEL_MAX_VALUE` cut; printable characters only (config text is user input)."""
-    if value is None:
-        text = "unset"
-    else:
-        parsed = json.loads(value)
-        text = parsed if isinstance(parsed, str) else value
-    text = printable(text, keep="")
-    if len(text) > LABEL_MAX_VALUE:
-        text = text[:LABEL_MAX_VALUE - 3] + "..."
-    return f"{printable(key, keep='')}={text}"
-
-
-def _settings_labels(hashes: set[str], details: dict[str, dict[str, Any]]) -> dict[str, str] | None:
-    """``{hash: "key=value, ..."}`` naming each settings hash by the keys whose values differ
-    between them; ``None`` when a hash has no known settings, more than :data:`LABEL_MAX_KEYS` keys
-    differ, or two labels would read the same."""
-    if not hashes <= details.keys():
-        return None
-    flat = {h: _flat(details[h]) for h in hashes}
-    keys = sorted({k for f in flat.values() for k in f})
-    differ = [k for k in keys if len({f.get(k) for f in flat.values()}) > 1]
-    if not differ or len(differ) > LABEL_MAX_KEYS:
-        return None
-    labels = {h: ", ".join(_setting_text(k, flat[h].get(k)) for k in differ) for h in hashes}
-    return labels if len(set(labels.values())) == len(labels) else None
-
-
 def _label_settings(rows: list[dict[str, Any]], details: dict[str, dict[str, Any]] | None = None) -> None:
     """Runs of one method with different training settings are never pooled (their rows differ in
     ``settings``); where rows of one mix, method, model, extractor and protocol have more than one,
     each such row's ``method`` gets `` · `` and the settings that differ between those rows
     (``casebank · experience.rerank=utility``), from ``details`` (``{hash: training settings}``).
     Where a hash's settings are not known (no config beside its summary), more than
-    :data:`LABEL_MAX_KEYS` keys differ, or two labels would read the same, every such row gets
+    :data:`~crl_bench.results.summary.LABEL_MAX_KEYS` keys differ, or two labels would read the same,
+    every such row gets
     `` · settings <hash prefix>`` instead (``unknown`` for runs whose summary has no settings hash)."""
     def key(row: dict[str, Any]) -> tuple:
         return row["mix"], row["method"], row["model"], row["extractor"], row.get("protocol_json", row["protocol"])
@@ -469,7 +426,7 @@ def _label_settings(rows: list[dict[str, Any]], details: dict[str, dict[str, Any
     seen: dict[tuple, set[str]] = {}
     for row in rows:
         seen.setdefault(key(row), set()).add(row["settings"])
-    named = {k: _settings_labels(v, details or {}) for k, v in seen.items() if len(v) > 1}
+    named = {k: settings_labels(v, details or {}) for k, v in seen.items() if len(v) > 1}
     for row in rows:
         k = key(row)
         if k not in named:

@@ -48,7 +48,9 @@ import numpy as np
 
 from crl_bench.config import CONFIG_MAX_ALIASES
 from crl_bench.results.alarms import run_alerts
+from crl_bench.results.panel import content_hash, short_hash
 from crl_bench.results.run_folder import is_run_folder, iter_metrics
+from crl_bench.results.summary import settings_labels, training_settings
 from crl_bench.safe_io import load_json, load_yaml, printable
 
 PLOT_FILES = {
@@ -95,6 +97,10 @@ class RunData:
         bank_path: ``experience.sqlite`` if the run has one, else None.
         alerts: the learning alarms the run raised (its training rows' ``alerts``, in step order;
             :mod:`crl_bench.results.alarms`).
+        settings: the run's training settings (:func:`crl_bench.results.summary.training_settings`).
+        group: the curve the run belongs to: its method, or, where the report holds runs of that
+            method with other training settings, the method and the settings that differ
+            (``casebank · experience.rerank=utility``; set by :func:`label_groups`).
     """
 
     path: Path
@@ -110,6 +116,8 @@ class RunData:
     final_eval: dict[str, Any] | None = None
     bank_path: Path | None = None
     alerts: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    group: str = ""
 
     @property
     def last_step(self) -> int:
@@ -270,7 +278,35 @@ def load_run(path: str | os.PathLike) -> RunData:
         mix=mix, model=str(model.get("name") or ""),
         steps_configured=int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) else None,
         envs=_run_envs(mix, train, final_eval), train=train, evals=evals, final_eval=final_eval,
-        bank_path=bank if bank.is_file() else None, alerts=run_alerts(train))
+        bank_path=bank if bank.is_file() else None, alerts=run_alerts(train),
+        settings=training_settings(cfg), group=method)
+
+
+def label_groups(runs: Sequence[RunData]) -> None:
+    """Keep runs of one method with different training settings on separate curves, as the
+    leaderboard keeps them in separate rows: where a method's runs have more than one settings
+    hash, each run's ``group`` becomes the method and the settings that differ
+    (:func:`crl_bench.results.summary.settings_labels`), or ``settings`` and a hash prefix where
+    those cannot name them."""
+    by_method: dict[str, dict[str, dict[str, Any]]] = {}
+    hashes: dict[int, str] = {}
+    for r in runs:
+        try:
+            h = content_hash(r.settings)
+        except (TypeError, ValueError):         # a config value JSON cannot hold: its own curve
+            h = f"unhashable {r.run_id}"
+        hashes[id(r)] = h
+        by_method.setdefault(r.method, {})[h] = r.settings
+    for r in runs:
+        details = by_method[r.method]
+        if len(details) < 2:
+            r.group = r.method
+            continue
+        labels = settings_labels(set(details), details)
+        h = hashes[id(r)]
+        name = labels[h] if labels else "settings unknown" if h.startswith("unhashable") else \
+            f"settings {short_hash(h)}"
+        r.group = f"{r.method} · {name}"
 
 
 # ------------------------------------------------------------------------------------------ series
@@ -326,7 +362,7 @@ def _aggregate(per_run: Sequence[dict[int, float]]) -> _Agg | None:
 def _group(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
     groups: dict[str, list[RunData]] = {}
     for r in runs:
-        groups.setdefault(r.method, []).append(r)
+        groups.setdefault(r.group or r.method, []).append(r)
     return groups
 
 
@@ -776,6 +812,7 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
         raise ValueError(f"report: no run folder (config.yaml with metrics.jsonl, eval.json or versions.json) "
                          f"under {', '.join(shown)}")
     runs = [load_run(p) for p in run_dirs]
+    label_groups(runs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     title = title or "crl-bench report"

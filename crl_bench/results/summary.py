@@ -47,7 +47,7 @@ from crl_bench.config import CONFIG_MAX_ALIASES
 from crl_bench.methods import get_method, list_methods
 from crl_bench.results.panel import content_hash
 from crl_bench.results.run_folder import iter_metrics
-from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths
+from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths, printable
 
 SCHEMA_VERSION = 1
 #: Keys of one evaluation mode that a summary keeps (``tasks`` and ``wall_s`` are dropped).
@@ -317,6 +317,53 @@ def settings_details(summary: dict[str, Any], folder: str | Path) -> dict[str, d
         except (TypeError, ValueError):
             continue
     return out
+
+
+#: At most this many differing settings name a row; rows that differ in more get the hash prefix.
+LABEL_MAX_KEYS = 3
+#: Longest value shown in a settings label (longer ones are cut and end with "...").
+LABEL_MAX_VALUE = 40
+
+
+def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted keys to canonical JSON values (``{"train": {"lr": 1e-5}}`` -> ``{"train.lr": "1e-05"}``)."""
+    out: dict[str, str] = {}
+    for k, v in settings.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, separators=(",", ":"))
+    return out
+
+
+def _setting_text(key: str, value: str | None) -> str:
+    """``key=value`` for a label: strings without their quotes, ``unset`` for an absent key, values
+    longer than :data:`LABEL_MAX_VALUE` cut; printable characters only (config text is user input)."""
+    if value is None:
+        text = "unset"
+    else:
+        parsed = json.loads(value)
+        text = parsed if isinstance(parsed, str) else value
+    text = printable(text, keep="")
+    if len(text) > LABEL_MAX_VALUE:
+        text = text[:LABEL_MAX_VALUE - 3] + "..."
+    return f"{printable(key, keep='')}={text}"
+
+
+def settings_labels(hashes: set[str], details: dict[str, dict[str, Any]]) -> dict[str, str] | None:
+    """``{hash: "key=value, ..."}`` naming each settings hash by the keys whose values differ
+    between them (``details``: ``{hash: training settings}``); ``None`` when a hash has no known
+    settings, more than :data:`LABEL_MAX_KEYS` keys differ, or two labels would read the same. The
+    leaderboard names its rows and the report its curves this way (docs/leaderboard.md)."""
+    if not hashes <= details.keys():
+        return None
+    flat = {h: _flat(details[h]) for h in hashes}
+    keys = sorted({k for f in flat.values() for k in f})
+    differ = [k for k in keys if len({f.get(k) for f in flat.values()}) > 1]
+    if not differ or len(differ) > LABEL_MAX_KEYS:
+        return None
+    labels = {h: ", ".join(_setting_text(k, flat[h].get(k)) for k in differ) for h in hashes}
+    return labels if len(set(labels.values())) == len(labels) else None
 
 
 def _train_totals(run_dir: Path, config: dict) -> dict[str, Any]:

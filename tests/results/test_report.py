@@ -329,6 +329,28 @@ def test_report_values_follow_the_metrics(tmp_path):
     assert first.read_bytes() != second.read_bytes()
 
 
+def test_runs_of_one_method_with_other_settings_are_separate_curves(tmp_path):
+    """As the leaderboard never pools runs of one method with different training settings, the
+    report draws them as separate curves, named by the settings that differ; seeds still pool."""
+    runs = [write_run(tmp_path / "a", "complementary", s) for s in (0, 1)]
+    runs += [write_run(tmp_path / "b", "complementary", s) for s in (0, 1)]
+    for d in runs[2:]:
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["experience"] = {"rerank": "utility"}
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    loaded = [rep.load_run(d) for d in runs]
+    rep.label_groups(loaded)
+    assert [r.group for r in loaded] == ["complementary · experience.rerank=unset"] * 2 + \
+        ["complementary · experience.rerank=utility"] * 2
+    assert {k: len(v) for k, v in rep._group(loaded).items()} == {
+        "complementary · experience.rerank=unset": 2, "complementary · experience.rerank=utility": 2}
+    alone = [rep.load_run(d) for d in runs[:2]]
+    rep.label_groups(alone)
+    assert [r.group for r in alone] == ["complementary", "complementary"]
+    html_text = rep.make_report([tmp_path], tmp_path / "out").read_text()
+    assert "experience.rerank=utility" in html_text
+
+
 # ----------------------------------------------------------------------------------------- Chromium
 CHROMIUM_TIMEOUT_S = 120
 

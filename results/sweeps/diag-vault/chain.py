@@ -60,6 +60,7 @@ def bank_use(path: Path, env: DiagVaultEnv) -> list[str]:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     entries = con.execute("SELECT title, content, times_retrieved, times_success, times_failure FROM entries "
                           "ORDER BY times_retrieved DESC, id").fetchall()
+    utilities = [u for (u,) in con.execute("SELECT utility FROM entries")]
     insights = con.execute("SELECT text, importance FROM insights ORDER BY importance DESC, id").fetchall()
     reflections = con.execute("SELECT task, text FROM reflections ORDER BY id").fetchall()
     con.close()
@@ -80,6 +81,7 @@ def bank_use(path: Path, env: DiagVaultEnv) -> list[str]:
         steps = [ln for ln in content.splitlines() if ln.startswith("Step ")]   # a case: its actions
         gist = f"{title} {' '.join(steps)}" if steps else f"{title}: {content}"
         out.append(f"entries: {len(entries)}: " + "; ".join(parts)
+                   + f"; utility {min(utilities):.2f}-{max(utilities):.2f}"
                    + f"; most retrieved ({entries[0][2]} times): {quote(gist, 120)}")
     if insights:
         right = sum(env.grade_lesson(t)["correct"] for t, _ in insights)

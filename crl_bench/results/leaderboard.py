@@ -57,7 +57,6 @@ from crl_bench.results.summary import (
     build_summary,
     fill_settings,
     read_summary,
-    settings_details,
     settings_labels,
     validate_summary,
 )
@@ -123,13 +122,12 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
         try:
             if has_summary:
                 data = read_summary(folder / "summary.json")
-                fill_settings(data, folder)
                 if data["kind"] == "submission":     # re-run and matched here (submission verify)
                     data["_verified"] = is_verified(folder)
             else:
                 data = build_summary(folder)
                 validate_summary(data, source=f"{folder} (summarised from its run files)")
-            data["_settings"] = settings_details(data, folder)
+            data["_settings"] = fill_settings(data, folder)
             out.append(data)
         except (SummaryError, OSError, ValueError, RecursionError, TypeError, AttributeError) as e:
             _warn(warnings, f"skipped {folder}: {e}")
@@ -140,7 +138,7 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
                     continue                # written before evaluations recorded their protocol
                 data = build_summary(folder, extra.name)
                 validate_summary(data, source=f"{extra} (summarised with its run files)")
-                data["_settings"] = settings_details(data, folder)
+                data["_settings"] = fill_settings(data, folder)
                 out.append(data)
             except (SummaryError, OSError, ValueError, RecursionError, TypeError, AttributeError) as e:
                 _warn(warnings, f"skipped {extra}: {e}")
@@ -411,7 +409,7 @@ def _details(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _label_settings(rows: list[dict[str, Any]], details: dict[str, dict[str, Any]] | None = None) -> None:
+def _label_settings(rows: list[dict[str, Any]], details: dict[str, dict[str, Any]]) -> None:
     """Runs of one method with different training settings are never pooled (their rows differ in
     ``settings``); where rows of one mix, method, model, extractor and protocol have more than one,
     each such row's ``method`` gets `` · `` and the settings that differ between those rows
@@ -426,7 +424,7 @@ def _label_settings(rows: list[dict[str, Any]], details: dict[str, dict[str, Any
     seen: dict[tuple, set[str]] = {}
     for row in rows:
         seen.setdefault(key(row), set()).add(row["settings"])
-    named = {k: settings_labels(v, details or {}) for k, v in seen.items() if len(v) > 1}
+    named = {k: settings_labels(v, details) for k, v in seen.items() if len(v) > 1}
     for row in rows:
         k = key(row)
         if k not in named:

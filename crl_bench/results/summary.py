@@ -289,33 +289,29 @@ def run_config_path(summary: dict[str, Any], folder: str | Path, run_id: str) ->
     return folder / "config.yaml" if summary["kind"] == "run" else folder / "configs" / f"{run_id}.yaml"
 
 
-def fill_settings(summary: dict[str, Any], folder: str | Path) -> None:
-    """Give each run of ``summary`` that has no ``settings`` hash (a summary written before it
-    existed) the hash of its config, where ``folder`` still holds it: ``config.yaml`` for a run,
-    ``configs/<run id>.yaml`` for a submission. Runs without one stay without."""
-    for r in summary["runs"]:
-        if "settings" in r:
-            continue
-        h = config_settings_hash(run_config_path(summary, folder, r["run_id"]))
-        if h is not None:
-            r["settings"] = h
+def fill_settings(summary: dict[str, Any], folder: str | Path) -> dict[str, dict[str, Any]]:
+    """Read each run's config in ``folder`` (``config.yaml`` for a run, ``configs/<run id>.yaml`` for
+    a submission) once: a run without a ``settings`` hash (a summary written before it existed) gets
+    its config's hash; runs without a config stay without.
 
-
-def settings_details(summary: dict[str, Any], folder: str | Path) -> dict[str, dict[str, Any]]:
-    """``{settings hash: training settings}`` for the runs of ``summary`` whose config in ``folder``
-    still has the hash the run carries (a config edited since is left out). The leaderboard names
-    rows that differ only in settings by the keys that differ (docs/leaderboard.md)."""
+    Returns:
+        ``{settings hash: training settings}`` for the runs whose config has the hash the run
+        carries (a config edited since is left out): the leaderboard names rows that differ only
+        in settings by the keys that differ (docs/leaderboard.md)."""
     out: dict[str, dict[str, Any]] = {}
     for r in summary["runs"]:
-        h = r.get("settings")
-        if not h or h in out:
+        if r.get("settings") in out:
             continue
         settings = config_training_settings(run_config_path(summary, folder, r["run_id"]))
         try:
-            if settings is not None and content_hash(settings) == h:
-                out[h] = settings
+            h = content_hash(settings) if settings is not None else None
         except (TypeError, ValueError):
+            h = None
+        if h is None:
             continue
+        r.setdefault("settings", h)
+        if r["settings"] == h:
+            out[h] = settings
     return out
 
 

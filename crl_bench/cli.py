@@ -376,8 +376,10 @@ def cmd_envs(args: argparse.Namespace) -> int:
                     env = make_env(env_id)
                     splits = ", ".join(f"{k}: {len(v)}" for k, v in env.splits.items())
                     actions = env.admissible_actions()
-                    shown = ("open" if actions is None else ", ".join(actions) if actions
-                             else "the admissible commands of each state")
+                    # None: an open action set (WebShop's search[...] / click[...]), whose syntax
+                    # the env's page gives
+                    shown = (f"free text, as {env_doc(env_id)} says" if actions is None
+                             else ", ".join(actions) if actions else "the admissible commands of each state")
                     # the env is built anyway for its splits and actions, so its chance rate (which
                     # depends on its settings) costs nothing more; shown only where the env knows it
                     chance = env.chance_success_rate()

@@ -16,6 +16,27 @@ def test_envs_list(capsys):
     assert "up, down, left, right" in out
 
 
+def test_envs_list_names_an_open_action_set_by_its_docs_page(capsys, monkeypatch):
+    """An env without a closed action set (``admissible_actions`` None, as WebShop) is listed as
+    taking free text, with the page that gives its syntax, not as if it had an action named "open"."""
+    import crl_bench.env_api as env_api
+
+    real = env_api.make_env
+
+    def make_env(env_id, **kw):
+        env = real("sokoban", **kw)
+        if env_id == "webshop":
+            env.admissible_actions = lambda: None
+        return env
+
+    monkeypatch.setattr(env_api, "list_envs", lambda: ["sokoban", "webshop"])
+    monkeypatch.setattr(env_api, "make_env", make_env)
+    assert main(["envs", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("actions: up, down, left, right")
+    assert lines[1].startswith("webshop") and "actions: free text, as docs/envs/webshop.md says" in lines[1]
+
+
 def test_envs_list_says_warnings_and_unavailable_envs_in_one_short_line(capsys, monkeypatch):
     """A setup warning is a short note under its env (no ``UserWarning`` line with a file path), and
     an env that cannot be built here is one line with its reason cut short and its docs page."""

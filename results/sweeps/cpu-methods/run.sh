@@ -9,8 +9,8 @@
 # Cells run one at a time, seeds outer and methods inner, and each finished cell gets its trials
 # evaluation before the next cell starts, so a session's stop leaves whole cells. `crl-bench sweep`
 # skips finished cells and resumes an interrupted one from its last checkpoint; a cell with its
-# trials file is skipped, so the script resumes where it stopped. A finished cell whose checkpoints
-# are gone (they stay on the machine that trained it; results/ never holds them) cannot get its trials
+# trials file is skipped, so the script resumes where it stopped. A finished cell without its final
+# checkpoint/ (it stays on the machine that trained it; results/ never holds it) cannot get its trials
 # evaluation: the script says so and goes on. Wall seconds of each trials evaluation go to the sweep's
 # wall.tsv (cell, seconds, modes, nproc, bf16 units or not).
 # SET="KEY=VALUE ..." trains every cell of this call with those settings (`crl-bench sweep --set`) in

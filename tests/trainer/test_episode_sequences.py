@@ -140,8 +140,11 @@ def _loss_and_grads(model, samples, pad_id, temperature):
 @pytest.mark.slow
 def test_whole_episode_loss_and_gradient_equal_the_per_turn_samples(default_model_dir, tokenizer):
     """The real default model (float32): two 3-turn Sokoban episodes sampled by it with the
-    multi-turn prompt, advantages +1 and -1: one sequence per episode gives the per-turn samples' loss
-    and gradient under ``seq-mean-token-mean``, putting far fewer tokens through the model."""
+    multi-turn prompt, advantages +1 and -0.5: one sequence per episode gives the per-turn samples' loss
+    and gradient under ``seq-mean-token-mean``, putting far fewer tokens through the model.
+
+    The advantages do not cancel: at ratio 1 the loss is then about -0.25, not a difference of two
+    equal means whose float32 rounding (about 1e-6 here) would decide its sign."""
     from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(str(default_model_dir), "float32")
@@ -149,12 +152,13 @@ def test_whole_episode_loss_and_gradient_equal_the_per_turn_samples(default_mode
     trajs = _rollout(HFEngine(model, tokenizer), tokenizer, "multiturn", steps=3, n=2)
     assert [len(t.turns) for t in trajs] == [3, 3]
     counts: dict[str, int] = {}
-    whole = episode_samples(trajs, [1.0, -1.0], counts=counts)
-    per_turn = episode_samples(trajs, [1.0, -1.0], layout="turn")
+    whole = episode_samples(trajs, [1.0, -0.5], counts=counts)
+    per_turn = episode_samples(trajs, [1.0, -0.5], layout="turn")
     assert counts["episode_sequences"] == 2 and len(whole) == 2 and len(per_turn) == 6
     out_w, g_w = _loss_and_grads(model, whole, tokenizer.pad_token_id, 1.0)
     out_t, g_t = _loss_and_grads(model, per_turn, tokenizer.pad_token_id, 1.0)
     assert out_w["tokens"] == out_t["tokens"] == sum(t.response_tokens for t in trajs)
+    assert abs(out_t["loss"]) > 0.1
     assert out_w["loss"] == pytest.approx(out_t["loss"], rel=1e-4, abs=1e-6)
     assert out_w["stats"]["ratio_mean"] == pytest.approx(out_t["stats"]["ratio_mean"], rel=1e-4)
     assert set(g_w) == set(g_t)

@@ -264,14 +264,17 @@ def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "crl_bench.cli", *args, "--run-id", "killed"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt2 = killed / "checkpoints" / "step-000002"
+    ckpt2, ckpt3 = (killed / "checkpoints" / f"step-00000{s}" for s in (2, 3))
     acknowledged: list[tuple] = []
     try:
-        while True:               # wait for step 3's distillation to reach the bank, then kill
+        # wait for step 3's distillation to reach the bank (an entry created at step 3), then kill.
+        # The entry count is no signal: the bank's merge at step 3 can first shrink it below step 2's.
+        while True:
             assert proc.poll() is None, "the run ended before it could be killed"
+            assert not ckpt3.exists(), "step 3's checkpoint was written before step 3's distillation was seen"
             if (ckpt2 / "meta.json").is_file() and (killed / "experience.sqlite").is_file():
                 now = _entries(killed / "experience.sqlite")
-                if len(now) > len(_entries(ckpt2 / "experience.sqlite")):
+                if any(created == 3 for *_, created in now):
                     acknowledged = now
                     break
             time.sleep(0.05)

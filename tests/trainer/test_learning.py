@@ -12,7 +12,7 @@ import torch
 
 
 @pytest.mark.slow
-def test_cpu_preset_step_raises_the_winning_actions_probability():
+def test_cpu_preset_step_favours_the_winning_actions():
     from crl_bench.config import build_config, preset_data
     from crl_bench.trainer.loop import Trainer
     from crl_bench.trainer.policy import TokenSample, build_batch, sequence_logprobs

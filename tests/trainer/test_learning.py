@@ -31,7 +31,8 @@ def test_cpu_preset_step_favours_the_winning_actions():
         advs = tr.advantages(res.trajectories)
         turns = [(turn, a) for traj, a in zip(res.trajectories, advs) for turn in traj.turns if a != 0]
         samples = [TokenSample(t.prompt_ids, t.response_ids, t.logprobs, a) for t, a in turns]
-        win = torch.tensor([a > 0 for _, a in turns])
+        adv = torch.tensor([a for _, a in turns])
+        win = adv > 0
         assert win.any() and (~win).any()
 
         def action_logprobs() -> torch.Tensor:
@@ -52,7 +53,6 @@ def test_cpu_preset_step_favours_the_winning_actions():
         # is positive, and the winning episodes' replies gained against the losing ones'. (The winners'
         # own mean may fall: a reply such as "north" that is in both, mostly in losing episodes, is
         # pushed down by both; measured on a 2-core Intel Xeon with AMX: winners -0.02, losers -0.31.)
-        adv = torch.tensor([a for _, a in turns])
         assert float((adv * delta).sum()) > 0.0, (adv, delta)
         assert float(delta[win].mean()) > float(delta[~win].mean()) + 0.05, delta
         # and the sampling engine acts with the updated weights (its copy in the compute dtype)

@@ -26,7 +26,9 @@ from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.llm.base import Generation
 from crl_bench.results.run_folder import RunWriter, read_metrics
 from crl_bench.trainer.checkpoint import (
+    CHECKPOINTS,
     CheckpointError,
+    checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -264,7 +266,7 @@ def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "crl_bench.cli", *args, "--run-id", "killed"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt2, ckpt3 = (killed / "checkpoints" / f"step-00000{s}" for s in (2, 3))
+    ckpt2, ckpt3 = (killed / CHECKPOINTS / checkpoint_name(s) for s in (2, 3))
     acknowledged: list[tuple] = []
     try:
         # wait for step 3's distillation to reach the bank (an entry created at step 3), then kill.

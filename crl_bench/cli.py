@@ -251,11 +251,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     The result, with its protocol, goes to ``RUN/checkpoint-<split>-split.json`` unless ``--out``
     says otherwise (the leaderboard reads it as a row of that protocol). Without ``--run``: the model
     free (no bank to guide it).
+
+    A greedy evaluation (``eval.temperature`` 0) also keeps each finished mode in ``<out>.partial``
+    (no leaderboard reads it) until the whole result is written, so an interrupted one, run again
+    with the same arguments, evaluates only the modes it had not finished: every mode starts from an
+    empty prefix store and greedy decoding draws nothing, so a mode's result does not depend on the
+    modes before it (a sampled evaluation's draws do, so it always runs whole). A partial file is
+    used only when it was written for the same settings, model and bank files (path, size,
+    modification time); any other is ignored and replaced. An ``--out`` whose folder does not exist
+    is a ``ConfigError`` before any model loads.
     """
     from tqdm import tqdm
 
     from crl_bench.experience.bank import EmbeddingDimError, ExperienceBank, NotABankError
     from crl_bench.methods import get_method
+    from crl_bench.results.summary import write_json_atomic
     from crl_bench.trainer.loop import Trainer
 
     run_dir = Path(args.run) if args.run else None
@@ -284,6 +294,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         # a LoRA run's checkpoint is peft's adapter: load_model_and_tokenizer loads its base model and
         # merges the adapter in, so the eval must not wrap the merged weights in a fresh adapter
         cfg.model.lora = False
+    out = Path(args.out) if args.out else (run_dir / f"checkpoint-{cfg.eval.split}-split.json" if run_dir else None)
+    if out is not None and not out.parent.is_dir():
+        raise ConfigError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
     bank = None
     if run_dir is not None and get_method(cfg.method).uses_experience:
         bank = run_dir / "experience.sqlite"
@@ -301,6 +314,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--run {args.run!r}: {e}; evaluate with the run's own experience.embedder "
                           f"({cfg.experience.embedder!r} is set here)") from None
     ev: dict[str, Any] = {"model": cfg.model.name, "method": cfg.method, "run": str(run_dir) if run_dir else None}
+    partial = out.with_name(out.name + ".partial") if out is not None and cfg.eval.temperature == 0 else None
     try:
         modes = list(trainer.eval_modes if bank is not None else ["free"]) if args.modes is None else args.modes
         if bank is None and any(m != "free" for m in modes):
@@ -308,22 +322,66 @@ def cmd_eval(args: argparse.Namespace) -> int:
                               "experience bank (--run RUN of a method with experience)")
         ev["protocol"] = trainer.eval_protocol()
         data_files = trainer.data_files
+        key = _partial_eval_key(cfg, args.model, bank, ev) if partial is not None else {}
+        done = _partial_eval_modes(partial, key) if partial is not None else {}
+        if done and any(m in done for m in modes):
+            print(f"resuming from {partial}: {', '.join(m for m in modes if m in done)} already evaluated",
+                  file=sys.stderr)
         total = trainer.eval_episode_count(modes=modes)
         with tqdm(total=total, desc=f"eval {cfg.eval.split}", unit="ep", disable=args.quiet) as bar:
             for mode in modes:
+                if mode in done:
+                    ev[mode] = done[mode]
+                    bar.update(trainer.eval_episode_count(modes=[mode]))
+                    continue
                 ev[mode] = trainer.evaluate(progress=bar.update, mode=mode)
+                if partial is not None:
+                    write_json_atomic(partial, {"key": key, "modes": {**done, **{m: ev[m] for m in modes if m in ev}}})
     finally:
         trainer.close()
     print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "tasks"} if isinstance(v, dict) else v)
                       for k, v in ev.items()}, indent=2))
-    out = Path(args.out) if args.out else (run_dir / f"checkpoint-{cfg.eval.split}-split.json" if run_dir else None)
     if out:
         out.write_text(json.dumps(ev, indent=2))
         print(f"wrote {out}")
+        if partial is not None:
+            partial.unlink(missing_ok=True)
     if save is not None:
         _save_eval_run(save, cfg, ev, data_files)
         print(f"wrote {save} (an evaluation-only run folder: crl-bench leaderboard {save.parent})")
     return 0
+
+
+def _partial_eval_key(cfg: Any, model: str | None, bank: Path | None, ev: dict[str, Any]) -> dict[str, Any]:
+    """What an evaluation's finished modes depend on, as JSON data: its settings (``cfg.to_dict()``),
+    model name, method, run and protocol (``ev`` so far), and the path, size and modification time
+    (ns) of each file of the model folder (when ``model`` is a local path) and of the bank with its
+    write-ahead log. Equal keys mean :func:`cmd_eval` may keep a partial file's modes."""
+    files: dict[str, list[int]] = {}
+    paths = [Path(model)] if model and Path(model).exists() else []
+    if bank is not None:
+        paths += [bank, bank.with_name(bank.name + "-wal")]
+    for p in paths:
+        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+            if f.is_file():
+                st = f.stat()
+                files[str(f)] = [st.st_size, st.st_mtime_ns]
+    return json.loads(json.dumps({"settings": cfg.to_dict(), "eval": ev, "files": files}, default=str))
+
+
+def _partial_eval_modes(partial: Path, key: dict[str, Any]) -> dict[str, Any]:
+    """The finished modes (``{mode: result block}``) that ``partial`` holds for an evaluation with
+    ``key`` (:func:`_partial_eval_key`); ``{}`` when there is no such file, or it is unreadable or
+    was written for another key (it is then replaced by the first mode this evaluation finishes)."""
+    if not partial.is_file():
+        return {}
+    try:
+        data = json.loads(partial.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("modes"), dict):
+        return {}
+    return data["modes"]
 
 
 def _save_eval_run(folder: Path, cfg: Any, ev: dict[str, Any], data_files: dict[str, dict[str, str]]) -> None:

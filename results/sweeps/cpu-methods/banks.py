@@ -34,6 +34,26 @@ def pct(block) -> str:
     return "-" if not block else f"{100 * block['success_rate']:.1f}"
 
 
+def trials_cell(tri, ev) -> str:
+    """The 3-trial rates per mode; for a trials evaluation over other tasks than ``ev``'s (an
+    earlier run.sh evaluated all 500), its task count and its rates on ``ev``'s tasks."""
+    if not tri:
+        return "-"
+    txt = " / ".join(pct(tri.get(m)) for m in MODES)
+    mine, theirs = tri["free"]["tasks"][ENV], ev["free"]["tasks"][ENV]
+    if mine == theirs:
+        return txt
+    where = {t: i for i, t in enumerate(mine)}
+
+    def on_theirs(block):
+        if not block:
+            return "-"
+        won = block["per_env"][ENV]["successes"]
+        return f"{100 * np.mean([won[where[t]] for t in theirs]):.1f}"
+
+    return f"{txt} ({len(mine)} tasks; on the {len(theirs)} above: {' / '.join(on_theirs(tri.get(m)) for m in MODES)})"
+
+
 def successes(block) -> np.ndarray | None:
     per = (block or {}).get("per_env", {}).get(ENV) or {}
     return None if per.get("successes") is None else np.asarray(per["successes"], dtype=float)
@@ -126,7 +146,7 @@ def main() -> None:
         peak = max((r.get("peak_rss_gb", 0) for r in train), default=0)
         lines.append(f"| {run.name} | {pct(init)} | {' | '.join(pct(ev.get(m)) for m in MODES)} | "
                      f"{lift(ev.get('guided'), ev.get('shuffled'))} | {lift(ev.get('guided'), ev.get('free'))} | "
-                     f"{' / '.join(pct(tri.get(m)) for m in MODES) if tri else '-'} | {lf_txt} | {wall} | "
+                     f"{trials_cell(tri, ev)} | {lf_txt} | {wall} | "
                      f"{peak:.1f} |")
     lines += ["", "## Final banks", "",
               "Counts over training: retrievals for guided training episodes (each shows the case), "

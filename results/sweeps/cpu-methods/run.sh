@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The cpu-methods sweep (PREDICTION.md beside this file): casebank, reflexion and expel on the `cpu`
 # preset, each cell's final evaluation in every mode (free, guided, shuffled, empty), then a second
-# evaluation of each finished cell on `eval` with eval.trials = TRIALS (Reflexion's protocol: an
-# unsolved task gets another attempt, up to TRIALS; rows of their own protocol,
-# checkpoint-eval-trials<N>-split.json). The trials evaluation runs every mode for `reflexion` (its
-# memory between attempts needs the controls) and `free` and `guided` for the others, whose attempts
-# share no memory (each costs about three one-attempt evaluations on 2 cores).
+# evaluation of each finished cell on the same eval tasks (the preset's 200) with eval.trials = TRIALS
+# (Reflexion's protocol: an unsolved task gets another attempt, up to TRIALS; rows of their own
+# protocol, checkpoint-eval-trials<N>-split.json). The trials evaluation runs every mode for
+# `reflexion` (its memory between attempts needs the controls) and `free` and `guided` for the
+# others, whose attempts share no memory (each costs about three one-attempt evaluations on 2 cores).
 # Cells run one at a time, seeds outer and methods inner, and each finished cell gets its trials
 # evaluation before the next cell starts, so a session's stop leaves whole cells. `crl-bench sweep`
 # skips finished cells and resumes an interrupted one from its last checkpoint; a cell with its
-# trials file is skipped, so the script resumes where it stopped. A finished cell without its final
-# checkpoint/ (it stays on the machine that trained it; results/ never holds it) cannot get its trials
-# evaluation: the script says so and goes on. Wall seconds of each trials evaluation go to the sweep's
-# wall.tsv (cell, seconds, modes, nproc, bf16 units or not).
+# trials file is skipped, and an interrupted trials evaluation goes on from its first unfinished mode
+# (`crl-bench eval` keeps finished modes in <file>.partial), so the script resumes where it stopped.
+# A finished cell without its final checkpoint/ (it stays on the machine that trained it; results/
+# never holds it) cannot get its trials evaluation: the script says so and goes on. Wall seconds of
+# each trials evaluation go to the sweep's wall.tsv (cell, seconds, modes, nproc, bf16 units or not).
 # SET="KEY=VALUE ..." trains every cell of this call with those settings (`crl-bench sweep --set`) in
 # the sweep folder NAME, which must then differ from cpu-methods, e.g. SET=experience.rerank=utility
 # NAME=cpu-methods-utility.
@@ -43,7 +44,7 @@ trials() {  # the cell's evaluation with eval.trials, unless it is unfinished or
     *) modes=free,guided ;;
   esac
   t0=$(date +%s)
-  "$bin" eval --run "$run" --split eval --episodes all --set "eval.trials=$trials_n" --modes "$modes" \
+  "$bin" eval --run "$run" --split eval --set "eval.trials=$trials_n" --modes "$modes" \
     --out "$out" --quiet > /dev/null
   printf '%s\t%s\t%s\t%s\t%s\n' "$id" "$(($(date +%s) - t0))" "$modes" "$(nproc)" "$bf16" >> "$sweep/wall.tsv"
 }

@@ -322,8 +322,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                               "experience bank (--run RUN of a method with experience)")
         ev["protocol"] = trainer.eval_protocol()
         data_files = trainer.data_files
-        key = _partial_eval_key(cfg, args.model, bank, ev) if partial is not None else {}
-        done = _partial_eval_modes(partial, key) if partial is not None else {}
+        key: dict[str, Any] = {}
+        done: dict[str, Any] = {}
+        if partial is not None:
+            key = _partial_eval_key(cfg, args.model, bank, ev)
+            done = _partial_eval_modes(partial, key)
         if done and any(m in done for m in modes):
             print(f"resuming from {partial}: {', '.join(m for m in modes if m in done)} already evaluated",
                   file=sys.stderr)
@@ -373,11 +376,13 @@ def _partial_eval_modes(partial: Path, key: dict[str, Any]) -> dict[str, Any]:
     """The finished modes (``{mode: result block}``) that ``partial`` holds for an evaluation with
     ``key`` (:func:`_partial_eval_key`); ``{}`` when there is no such file, or it is unreadable or
     was written for another key (it is then replaced by the first mode this evaluation finishes)."""
+    from crl_bench.safe_io import InputFileError, load_json
+
     if not partial.is_file():
         return {}
     try:
-        data = json.loads(partial.read_text())
-    except (OSError, ValueError):
+        data = load_json(partial)
+    except InputFileError:
         return {}
     if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("modes"), dict):
         return {}

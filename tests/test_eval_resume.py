@@ -103,7 +103,7 @@ def test_an_interrupted_evaluation_resumes_at_its_first_unfinished_mode(tmp_path
     assert _eval(run, out) == 0 and stand_in.evaluated == MODES
 
 
-@pytest.mark.parametrize("change", ["episodes", "checkpoint", "bank", "sampled"])
+@pytest.mark.parametrize("change", ["episodes", "checkpoint", "bank", "sampled", "unreadable"])
 def test_a_partial_file_of_another_evaluation_is_not_used(tmp_path, stand_in, change):
     run = _run(tmp_path)
     out = tmp_path / "trials.json"
@@ -123,6 +123,8 @@ def test_a_partial_file_of_another_evaluation_is_not_used(tmp_path, stand_in, ch
         bank.apply([Operation("ADD", "another case", "south")], env_id="sokoban", step=2,
                    extraction_id="y", extractor_version=0)
         bank.close()
+    elif change == "unreadable":
+        (tmp_path / "trials.json.partial").write_text('{"key": ')
     else:
         extra = ["--set", "eval.temperature=1.0"]       # sampled: draws depend on earlier modes
     assert _eval(run, out, *extra) == 0

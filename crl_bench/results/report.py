@@ -592,7 +592,11 @@ def _plot_lesson_follow(runs: Sequence[RunData], path: Path) -> str | None:
 
 
 def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
-    """Plot 4: bank size per method; cumulative applied operations per kind (colour) and method (style)."""
+    """Plot 4: bank size per method; cumulative applied operations per kind (colour) and method (style).
+
+    An operation kind no run of a method applied (zero at every step) gets no line: a flat line at 0
+    says nothing and, over many methods, its legend entries crowd out the plot. One legend under both
+    panels, as in the other figures."""
     groups = _group(runs)
     colours = _colours(groups)
     sizes, ops = [], []
@@ -603,7 +607,7 @@ def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
             sizes.append((m, sum(1 for d in per_run if d), agg))
         for kind in OP_KIND_ORDER:
             k_agg = _aggregate([_series(r, _op_kind_getter(kind)) for r in rs])
-            if k_agg is not None:
+            if k_agg is not None and k_agg.hi.max() > 0:
                 ops.append((m, kind, k_agg))
     if not sizes and not ops:
         return "no run logged bank_size or op_kinds (only the methods with an experience bank do)"
@@ -615,8 +619,6 @@ def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
     ax.set_xlabel("training step")
     ax.set_ylabel("entries")
     ax.grid(alpha=0.3)
-    if sizes:
-        ax.legend(fontsize=8)
     ax = axes[1]
     kind_colours = {"ADD": "#2ca02c", "UPDATE": "#1f77b4", "MERGE": "#9467bd", "UPVOTE": "#ff7f0e",
                     "DOWNVOTE": "#d62728", "NONE": "#7f7f7f"}
@@ -631,8 +633,7 @@ def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
     ax.set_xlabel("training step")
     ax.set_ylabel("operations")
     ax.grid(alpha=0.3)
-    if ops:
-        ax.legend(fontsize=8)
+    _legend(fig, axes)
     fig.suptitle("Experience bank", fontsize=11)
     _save(fig, path)
     return None

@@ -374,3 +374,19 @@ def test_report_renders_in_headless_chromium(built, tmp_path):
     assert rgb.shape[:2] == (2000, 1200)
     assert len(np.unique(rgb.reshape(-1, 3), axis=0)) > 50, "screenshot has too few colours"
     assert _saturated_fraction(rgb) > 0.001, "no plot (coloured pixels) visible in the screenshot"
+
+
+def test_bank_plot_leaves_out_operation_kinds_never_applied(tmp_path, monkeypatch):
+    # the runs apply ADD, UPDATE, MERGE and NONE; UPVOTE and DOWNVOTE stay 0 at every step
+    runs = [rep.load_run(write_run(tmp_path, "complementary", seed)) for seed in (0, 1)]
+    drawn: list[str] = []
+    real_draw = rep._draw
+
+    def draw(ax, agg, colour, label, **kw):
+        drawn.append(label)
+        real_draw(ax, agg, colour, label, **kw)
+
+    monkeypatch.setattr(rep, "_draw", draw)
+    assert rep._plot_bank(runs, tmp_path / "bank.png") is None
+    assert drawn == ["complementary (n=2)", "ADD", "UPDATE", "MERGE", "NONE"]
+    _check_image(tmp_path / "bank.png")

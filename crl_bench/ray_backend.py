@@ -592,6 +592,9 @@ class RemoteManager:
                  count_retrievals: bool = True) -> list:
         return self._run("retrieve", queries, timeout=timeout, count_retrievals=count_retrievals)
 
+    def begin_evaluation(self, key: str) -> None:
+        self._run("begin_evaluation", key)
+
     def submit(self, requests: list) -> None:
         self._run("submit", requests)
 

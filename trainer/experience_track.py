@@ -388,6 +388,12 @@ class ExperienceTrack:
         """Wait until every queued distillation and merge has been applied to the bank."""
         self.manager.drain()
 
+    def begin_evaluation(self, key: str) -> None:
+        """Before a read-only evaluation mode: the retriever's read-only draws are reseeded from
+        ``key`` and its clock fixed at the bank's last training retrieval
+        (:meth:`ExperienceManager.begin_evaluation`)."""
+        self.manager.begin_evaluation(key)
+
     # ---- before a step's rollout ----------------------------------------------------------------
     def before_rollout(self, step: int) -> dict[str, Any]:
         """The merge pass, where the released pipeline runs it: at the start of 0-based step ``step``

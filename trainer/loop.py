@@ -682,6 +682,10 @@ class Trainer:
             raise ValueError(f"{mode} evaluation needs an experience bank; method {self.cfg.method!r} has none")
         if mode != "free":
             self.experience.flush()         # the bank evaluated is the one training has written
+            # a mode's read-only retrievals (the released re-rank's random demotion of a recently
+            # retrieved top entry) depend neither on the evaluations before it nor on the wall time
+            # since training, so `crl-bench eval` reproduces eval.json's guided and control blocks
+            self.experience.begin_evaluation(f"{self.cfg.train.seed}:{mode}")
         # every evaluation starts from an empty prefix store: a cached prefix equals its recomputation
         # only up to rounding, which can flip a greedy choice at a near-tie, so without this a mode's
         # episodes would depend on which evaluations ran before it (and `crl-bench eval --modes free`

@@ -1070,6 +1070,12 @@ class ExperienceBank:
             c.executemany(f"UPDATE entries SET {col} = {col} + 1, utility = (1 - ?) * utility + ? * ? WHERE id = ?",
                           [(float(utility_beta), float(utility_beta), target, int(i)) for i in ids])
 
+    def last_retrieval_time(self) -> float:
+        """The latest ``last_retrieved`` over the bank's entries (seconds since the epoch; 0.0 when
+        no entry was ever retrieved): the bank's clock at the end of the training that used it."""
+        row = self._conn().execute("SELECT COALESCE(MAX(last_retrieved), 0) FROM entries").fetchone()
+        return float(row[0])
+
     def total_retrievals(self, env_id: str | None = None) -> int:
         """Sum of ``times_retrieved`` over the entries (of ``env_id``, or of the whole bank)."""
         c = self._conn()

@@ -258,6 +258,13 @@ class ExperienceManager:
         futures = [self.retrieve_async(env_id, text, count_retrievals) for env_id, text in queries]
         return [f.result(timeout=timeout) for f in futures]
 
+    def begin_evaluation(self, key: str) -> None:
+        """Before a read-only evaluation (one mode): reseed the retriever's read-only draws from
+        ``key`` and fix its read-only clock at the bank's last training retrieval
+        (:meth:`Retriever.begin_readonly`), so the evaluation's retrievals do not depend on the
+        evaluations before it or on when it runs. Call it with no read-only query in flight."""
+        self.retriever.begin_readonly(key, self.bank.last_retrieval_time())
+
     def _batch_loop(self) -> None:
         while True:
             first = self._queries.get()

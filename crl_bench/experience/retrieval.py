@@ -52,7 +52,11 @@ crl-bench follows the paper.
 
 A read-only call (``count_retrievals=False``, used by evaluation) changes nothing: no counters are written and
 its demotion draws come from a separate generator, so evaluating between training steps leaves the
-training retrievals exactly as they would have been.
+training retrievals exactly as they would have been. :meth:`Retriever.begin_readonly` (called by the
+trainer before each evaluation mode) reseeds that generator from a key and fixes the read-only clock
+at the bank's last training retrieval, so a read-only evaluation's retrievals depend neither on the
+evaluations run before it (another mode, the extra attempts of ``eval.trials``) nor on how long
+after training it runs: "recent" then means retrieved in the last ``recency_window_s`` of training.
 
 As in the released code, the usage counters are read once per ``retrieve`` call, before its
 retrievals are recorded: queries in the same batch do not see each other's retrievals. The returned
@@ -124,8 +128,18 @@ class Retriever:
         self.count_retrievals = count_retrievals
         self._rng = random.Random(seed)
         self._readonly_rng = random.Random(seed + 1)
+        self._readonly_now: float | None = None     # read-only clock (begin_readonly); None: wall clock
         self._rng_lock = threading.Lock()
         self.query_cache = QueryCache(bank.embedder, query_cache)
+
+    def begin_readonly(self, key: str, now: float) -> None:
+        """Start a read-only evaluation: reseed the read-only demotion draws from ``key`` (e.g. the
+        run's seed and the eval mode) and let read-only calls without an explicit ``now`` take
+        ``now`` (seconds since the epoch; the bank's :meth:`last_retrieval_time`) as the time instead
+        of the wall clock. Counting calls (training) are unaffected. See the module docstring."""
+        with self._rng_lock:
+            self._readonly_rng = random.Random(f"readonly:{key}")
+            self._readonly_now = float(now)
 
     def state_dict(self) -> dict:
         """The retriever's generators (training and read-only demotion draws), for checkpoints."""
@@ -189,7 +203,9 @@ class Retriever:
         count_retrievals = self.count_retrievals if count_retrievals is None else count_retrievals
         if len(queries) != len(env_ids):
             raise ValueError("queries and env_ids must have the same length")
-        now = time.time() if now is None else float(now)
+        if now is None:
+            now = self._readonly_now if not count_retrievals and self._readonly_now is not None else time.time()
+        now = float(now)
         out: list[list[ExperienceEntry]] = [[] for _ in queries]
         if not queries or self.k <= 0:
             return out

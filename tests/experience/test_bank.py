@@ -637,6 +637,34 @@ def test_top1_demotion_probability_and_seed(tmp_path):
     assert [again.retrieve([q], ["e"], now=now)[0][0].id for _ in range(200)] == picks
 
 
+def test_readonly_evaluation_clock_and_draws(tmp_path):
+    """A read-only evaluation judges "recent" by the bank's last training retrieval, not the wall
+    clock, and begin_readonly reseeds its demotion draws, so re-running it gives the same picks."""
+    bank, q, (a, b, c) = _rank_bank(tmp_path)
+    trained = 1000.0                                             # training ended long ago (1970)
+    bank.record_retrieval([b, c], when=trained - 400)            # outside the window at its end
+    bank.record_retrieval([a], when=trained - 10)                # retrieved in its last 300 s
+    assert bank.last_retrieval_time() == trained - 10
+    r = Retriever(bank, k=1, freq_penalty=0.0, top1_demote_p=1.0, count_retrievals=False)
+    assert r.retrieve([q], ["e"])[0][0].id == a                  # wall clock: nothing is recent
+    r.begin_readonly("0:guided", bank.last_retrieval_time())
+    assert r.retrieve([q], ["e"])[0][0].id == b                  # a is recent: penalised and demoted
+    assert r.retrieve([q], ["e"], now=trained + 400)[0][0].id == a   # an explicit time still rules
+    counted = Retriever(bank, k=1, freq_penalty=0.0, top1_demote_p=1.0)
+    counted.begin_readonly("0:guided", trained)
+    assert counted.retrieve([q], ["e"], count_retrievals=True)[0][0].id == a   # training: wall clock
+    bank.record_retrieval([b, c], when=trained - 5)              # all three recent, same order
+    half = Retriever(bank, k=1, freq_penalty=0.0, top1_demote_p=0.5, seed=7, count_retrievals=False)
+    half.begin_readonly("0:shuffled", bank.last_retrieval_time())
+    picks = [half.retrieve([q], ["e"])[0][0].id for _ in range(50)]
+    assert set(picks) == {a, b}
+    half.retrieve([q] * 13, ["e"] * 13)                          # another mode's or attempt's draws
+    half.begin_readonly("0:shuffled", bank.last_retrieval_time())
+    assert [half.retrieve([q], ["e"])[0][0].id for _ in range(50)] == picks
+    half.begin_readonly("0:guided", bank.last_retrieval_time())
+    assert [half.retrieve([q], ["e"])[0][0].id for _ in range(50)] != picks
+
+
 def test_retrieval_records_and_is_deterministic(tmp_path):
     runs = []
     for name in ("r1.db", "r2.db"):

@@ -245,6 +245,34 @@ def test_every_evaluation_starts_from_an_empty_prefix_store(tokenizer, tiny_mode
     tr.close()
 
 
+def test_a_modes_retrievals_depend_neither_on_earlier_modes_nor_on_the_clock(tokenizer, tiny_model, monkeypatch):
+    """The released re-rank demotes a recently retrieved top entry at random. A read-only evaluation
+    draws those demotions from a generator reseeded per mode and judges "recent" by the bank's last
+    training retrieval, so re-running a mode (after other modes, or an hour later, as
+    `crl-bench eval` does) shows every episode the same entries."""
+    import crl_bench.experience.retrieval as retrieval
+
+    tr = _diag_trainer(tokenizer, tiny_model, experience={"top1_demote_p": 0.5, "oversample": 4})
+    tr.train_step()
+    tr.train_step()
+    shown = _collected(tr)
+
+    def entries_shown() -> list:
+        return [(t.task, tuple(t.experience_ids)) for t in shown[-1]]
+
+    tr.evaluate(mode="guided")
+    first = entries_shown()
+    assert sum(1 for _, ids in first if ids) > 0
+    tr.evaluate(mode="shuffled")
+    tr.evaluate(mode="guided")
+    assert entries_shown() == first
+    later = retrieval.time.time() + 3600.0
+    monkeypatch.setattr(retrieval.time, "time", lambda: later)
+    tr.evaluate(mode="guided")
+    assert entries_shown() == first
+    tr.close()
+
+
 def test_evaluate_all_runs_every_mode_on_the_same_tasks(tokenizer, tiny_model):
     tr = _diag_trainer(tokenizer, tiny_model, eval={"episodes": 4, "lesson_follow": 2})
     tr.train_step()

@@ -245,7 +245,8 @@ class EvalConfig:
             guided prompt with its knowledge block but no entry in it). Both are read-only.
         lesson_follow: probe states of the ``diag-vault`` diagnostic on which the actor's lesson
             following is measured after every training step (``lesson_follow`` in metrics.jsonl;
-            :mod:`crl_bench.trainer.lesson_follow`); 0 = off.
+            :mod:`crl_bench.trainer.lesson_follow`); 0 = off, the default: the probe means something
+            only for an actor trained on ``diag-vault``, and the ``diag`` preset sets 8 (every context).
         trials: attempts per eval task (Reflexion's protocol, arXiv 2303.11366, section 4): attempt
             k + 1 runs the tasks no earlier attempt solved, and a task counts as solved if any
             attempt solved it (``success_by_trial`` in each mode's block: the share solved after each
@@ -267,7 +268,7 @@ class EvalConfig:
     split: str = "eval"
     writes_counters: bool = False
     controls: list[str] = field(default_factory=lambda: ["shuffled", "empty"])
-    lesson_follow: int = 8
+    lesson_follow: int = 0
     trials: int = 1
     samples: int = 1
 

@@ -41,11 +41,26 @@ def test_grpo_step_updates_full_model(tokenizer, tiny_model):
     tr.close()
 
 
+def test_lesson_follow_is_off_by_default_and_on_in_the_diag_preset(tokenizer, tiny_model):
+    """The probe means something only for an actor trained on diag-vault: off unless asked (the diag
+    preset asks for all 8 contexts), and off means no probe is built and no metric is logged."""
+    assert build_config([]).eval.lesson_follow == 0
+    assert build_config([preset_data("diag")]).eval.lesson_follow == 8
+    tr = Trainer(_cfg(), model=tiny_model, tokenizer=tokenizer)
+    try:
+        m = tr.train_step().metrics
+        assert not any(k.startswith("lesson_follow") for k in m) and tr._lesson_probe is None
+        assert "lesson_follow" not in tr.evaluate_all()
+    finally:
+        tr.close()
+
+
 def test_eval_all_and_protocol(tokenizer, tiny_model):
     """`eval.episodes: all` evaluates every eval task; grpo's eval.json has only the free block, with
     the protocol that makes it comparable (docs/evaluation.md)."""
     cfg = _cfg()
     cfg.eval.episodes = "all"
+    cfg.eval.lesson_follow = 8
     tr = Trainer(cfg, model=tiny_model, tokenizer=tokenizer)
     n_eval = len(tr.eval_tasks["test-coin"])
     assert tr.eval_task_ids() == {"test-coin": [int(t) for t in tr.eval_tasks["test-coin"]]}

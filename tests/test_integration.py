@@ -1,5 +1,9 @@
-"""End to end with the real default model (SmolLM2-135M on CPU): the smoke preset and a real update.
+"""End to end: the smoke preset of each method and env, and a real update.
 
+Runs whose assertions hold for any model (the run folder, metrics, constrained decoding, eval blocks,
+env plumbing, sweeps) use the tiny random model of the default architecture (conftest
+``tiny_model_dir``); the real default model (SmolLM2-135M on CPU) plays one complementary run end to
+end, whose extractor writes a bank the actor is then guided by, and the real update's log-probs.
 Bounded: the smoke preset is 2 steps of 2 groups x 4 rollouts of at most 6 actions, and a 4-episode eval.
 """
 
@@ -45,8 +49,9 @@ def _check_run_folder(run: Path, steps: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mix", ["minihack-room", "sokoban"])
-def test_smoke_run(tmp_path, mix, capsys):
+def test_smoke_run(tmp_path, mix, capsys, tiny_model_dir):
     rc = main(["run", "--method", "grpo", "--mix", mix, "--preset", "smoke", "--output-dir", str(tmp_path),
+               "--model", str(tiny_model_dir),
                "--run-id", "smoke", "--set", "eval.at_start=true", "--set", "logging.transcripts=true"])
     assert rc == 0
     run = tmp_path / "smoke"
@@ -80,11 +85,20 @@ def test_smoke_run(tmp_path, mix, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["complementary", "static"])
-def test_experience_smoke_run(tmp_path, method, capsys):
-    """The smoke preset of the experience methods with the real actor, extractor and embedder."""
+@pytest.mark.parametrize("method,model", [("complementary", "real"), ("static", "tiny")])
+def test_experience_smoke_run(tmp_path, method, model, capsys, request):
+    """The smoke preset of the experience methods with the real embedder: complementary with the real
+    actor and extractor (their replies fill the bank that guides step 2), static with the tiny model
+    and an extractor that writes a lesson per extraction (tests_helpers.LessonWriterEngine): what
+    differs between the two, the frozen extractor, holds for any model."""
+    extra = []
+    if model == "tiny":
+        from tests_helpers import install_lesson_writer
+
+        install_lesson_writer(request.getfixturevalue("monkeypatch"))
+        extra = ["--model", str(request.getfixturevalue("tiny_model_dir"))]
     rc = main(["run", "--method", method, "--mix", "minihack-room", "--preset", "smoke",
-               "--output-dir", str(tmp_path), "--run-id", "smoke"])
+               "--output-dir", str(tmp_path), "--run-id", "smoke", *extra])
     assert rc == 0
     run = tmp_path / "smoke"
     _check_run_folder(run, steps=2)
@@ -175,11 +189,11 @@ def test_real_model_update_changes_policy():
 
 
 @pytest.mark.slow
-def test_alfworld_smoke_run_and_eval(tmp_path, capsys):
+def test_alfworld_smoke_run_and_eval(tmp_path, capsys, tiny_model_dir):
     """`crl-bench run --mix alfworld --preset smoke` and `crl-bench eval --mix alfworld --split eval`
-    with the real model and real ALFWorld games (data from the data dir, ../shared/data in CI)."""
+    with real ALFWorld games (data from the data dir, ../shared/data in CI) and the tiny model."""
     rc = main(["run", "--method", "grpo", "--mix", "alfworld", "--preset", "smoke",
-               "--output-dir", str(tmp_path), "--run-id", "smoke"])
+               "--output-dir", str(tmp_path), "--run-id", "smoke", "--model", str(tiny_model_dir)])
     assert rc == 0
     run = tmp_path / "smoke"
     _check_run_folder(run, steps=2)
@@ -202,7 +216,7 @@ def test_alfworld_smoke_run_and_eval(tmp_path, capsys):
     assert any(name.endswith("eval_134.jsonl") for name in data)
     capsys.readouterr()
     rc = main(["eval", "--mix", "alfworld", "--split", "eval", "--episodes", "2", "--preset", "smoke",
-               "--quiet", "--out", str(tmp_path / "ev.json")])
+               "--quiet", "--out", str(tmp_path / "ev.json"), "--model", str(tiny_model_dir)])
     assert rc == 0
     ev = json.loads((tmp_path / "ev.json").read_text())["free"]     # no bank without --run: free only
     assert ev["episodes"] == 2 and ev["split"] == "eval" and ev["tasks"]["alfworld"] == [10000, 10001]
@@ -210,11 +224,11 @@ def test_alfworld_smoke_run_and_eval(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_webshop_smoke_run_and_eval(tmp_path, capsys):
+def test_webshop_smoke_run_and_eval(tmp_path, capsys, tiny_model_dir):
     """`crl-bench run --mix webshop --preset smoke` and `crl-bench eval --mix webshop` with the real
-    model, the real catalogue, BM25 search and the spaCy-based reward."""
+    catalogue, BM25 search and the spaCy-based reward, and the tiny model."""
     rc = main(["run", "--method", "grpo", "--mix", "webshop", "--preset", "smoke",
-               "--output-dir", str(tmp_path), "--run-id", "smoke"])
+               "--output-dir", str(tmp_path), "--run-id", "smoke", "--model", str(tiny_model_dir)])
     assert rc == 0
     run = tmp_path / "smoke"
     for name in ("config.yaml", "metrics.jsonl", "eval.json", "episodes.jsonl"):
@@ -227,7 +241,7 @@ def test_webshop_smoke_run_and_eval(tmp_path, capsys):
     assert 0.0 <= ev["per_env"]["webshop"]["score_mean"] <= 1.0      # WebShop's score beside success
     capsys.readouterr()
     rc = main(["eval", "--mix", "webshop", "--episodes", "2", "--preset", "smoke", "--quiet",
-               "--out", str(tmp_path / "ev.json")])
+               "--out", str(tmp_path / "ev.json"), "--model", str(tiny_model_dir)])
     assert rc == 0
     ev = json.loads((tmp_path / "ev.json").read_text())["free"]
     assert ev["episodes"] == 2 and ev["tasks"]["webshop"] == [0, 1] and ev["env_errors"] == 0
@@ -250,10 +264,11 @@ def test_missing_engine_is_a_clear_error_and_leaves_no_run_folder(tmp_path, monk
 
 
 @pytest.mark.slow
-def test_sweep_runs_real_cells_in_subprocesses_and_resumes(tmp_path, capsys):
-    """`crl-bench sweep` with the real model: one cell per subprocess, summary.json in each run, the
-    leaderboard reads them, and a rerun skips the finished cells."""
+def test_sweep_runs_real_cells_in_subprocesses_and_resumes(tmp_path, capsys, tiny_model_dir):
+    """`crl-bench sweep` of real cells (the tiny model): one cell per subprocess, summary.json in each
+    run, the leaderboard reads them, and a rerun skips the finished cells."""
     args = ["sweep", "--methods", "grpo", "--seeds", "0,1", "--mix", "sokoban", "--preset", "smoke",
+            "--model", str(tiny_model_dir),
             "--set", "train.steps=1", "--set", "eval.episodes=1", "--output-dir", str(tmp_path), "--name", "s"]
     assert main(args) == 0
     out = capsys.readouterr().out

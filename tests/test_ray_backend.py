@@ -1,9 +1,13 @@
 """The Ray backend (crl_bench/ray_backend.py) on a local Ray with 2 CPUs: a complementary smoke run
-writes what the local backend writes, and a killed env actor fails only the episodes it hosted."""
+writes what the local backend writes, and a killed env actor fails only the episodes it hosted.
+
+Ray clusters share the machine badly with each other: this module and the data-parallel tests form
+one xdist group."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,12 +19,18 @@ from crl_bench.results.run_folder import read_metrics
 from crl_bench.rollout import EpisodeSpec, PromptBuilder, RolloutRunner
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """One local Ray for the module (2 logical CPUs, as on this project's CI machine)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    """One local Ray for the module (2 logical CPUs, as on this project's CI machine). Its workers
+    import the tests' helpers and extract through tests_helpers.LessonWriterEngine (the smoke run's
+    manager actor: an extractor that writes a lesson per extraction, whatever the model)."""
+    tests_dir = str(Path(__file__).resolve().parent)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": tests_dir},
+                          "worker_process_setup_hook": "tests_helpers.install_lesson_writer"})
     yield
     ray.shutdown()
 
@@ -73,11 +83,16 @@ def test_a_killed_env_actor_fails_only_its_episodes_and_is_replaced(local_ray, t
 
 
 @pytest.mark.slow
-def test_ray_smoke_run_writes_what_the_local_backend_writes(local_ray, tmp_path):
+def test_ray_smoke_run_writes_what_the_local_backend_writes(local_ray, tmp_path, tiny_model_dir, monkeypatch):
     """``crl-bench run --backend ray --method complementary --mix minihack-room --preset smoke``: the
-    same run folder files, metric keys and eval blocks as the same run on the local backend."""
+    same run folder files, metric keys and eval blocks as the same run on the local backend. The tiny
+    model acts and extracts; its extractor writes a lesson per extraction on both backends
+    (tests_helpers.LessonWriterEngine), so the bank fills and guides step 2."""
+    from tests_helpers import install_lesson_writer
+
+    install_lesson_writer(monkeypatch)
     args = ["run", "--method", "complementary", "--mix", "minihack-room", "--preset", "smoke",
-            "--output-dir", str(tmp_path), "--quiet"]
+            "--output-dir", str(tmp_path), "--quiet", "--model", str(tiny_model_dir)]
     assert main(args + ["--run-id", "local"]) == 0
     assert main(args + ["--run-id", "ray", "--backend", "ray"]) == 0
     local, remote = tmp_path / "local", tmp_path / "ray"

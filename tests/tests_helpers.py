@@ -41,6 +41,68 @@ def coin_config(method, **extra):
     }, extra])
 
 
+class LessonWriterEngine:
+    """An extractor engine that writes one ADD per extraction, its title and content a digest of the
+    prompt's tokens: the same prompt gets the same lesson in any process, and every distillation adds
+    to the bank. It stands in for an extractor able to write (a random tiny model writes nothing that
+    parses) where what is tested is the bank's and the run's bookkeeping, not the lesson. Replies carry
+    placeholder log-probs (-1.0 per token), as :class:`OracleExtractorEngine`'s do."""
+
+    def __init__(self, tokenizer, prefill=""):
+        self.tokenizer = tokenizer
+        self.prefill = prefill
+        self.written = 0
+
+    def generate(self, prompts, params, allowed=None):
+        import hashlib
+
+        from crl_bench.llm.base import Generation
+
+        out = []
+        for p in prompts:
+            digest = hashlib.sha256(",".join(map(str, p)).encode()).hexdigest()[:10]
+            text = (f"<ops>\n<op>ADD</op><title>Lesson {digest}</title>"
+                    f"<content>Head for the stairs; seen in episode {digest}.</content>\n</ops>")
+            text = text[len(self.prefill):] if text.startswith(self.prefill) else text
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            self.written += 1
+            out.append(Generation(list(p), ids, [-1.0] * len(ids), text, "stop"))
+        return out
+
+    def sync_weights(self, model):
+        pass
+
+
+def install_lesson_writer(monkeypatch=None):
+    """Make every extractor (:class:`~crl_bench.experience.extractor.Extractor`) built from now on in
+    this process extract through a :class:`LessonWriterEngine`; with ``monkeypatch`` the change is
+    undone after the test. A child process gets the same from :data:`LESSON_WRITER_CLI`, a Ray worker
+    from ``runtime_env={"worker_process_setup_hook": "tests_helpers.install_lesson_writer"}``."""
+    from crl_bench.experience.extractor import Extractor
+
+    real_init = Extractor.__init__
+
+    def init(self, engine, tokenizer, prompt_builder, *args, **kwargs):
+        real_init(self, engine, tokenizer, prompt_builder, *args, **kwargs)
+        self.engine = LessonWriterEngine(tokenizer, prompt_builder.prefill)
+
+    if monkeypatch is not None:
+        monkeypatch.setattr(Extractor, "__init__", init)
+    else:
+        Extractor.__init__ = init
+
+
+#: ``python -c LESSON_WRITER_CLI <crl-bench args...>`` (with tests/ on PYTHONPATH): the CLI with
+#: :func:`install_lesson_writer` in force.
+LESSON_WRITER_CLI = """
+import sys
+from tests_helpers import install_lesson_writer
+install_lesson_writer()
+from crl_bench.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 class OracleExtractorEngine:
     """An extractor engine for ``diag-vault`` that knows the codes: after a successful episode it writes
     one ADD naming the context's code (the lesson the episode holds), after a failure NONE.

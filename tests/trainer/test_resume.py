@@ -1,7 +1,8 @@
 """Resumable checkpoints and ``crl-bench run --resume`` (trainer/checkpoint.py).
 
 Fast tests drive the real loop with a tiny random actor and a scripted extractor on a toy env; the
-slow test SIGKILLs a real smoke run of the default model mid-step and resumes it.
+slow test SIGKILLs a real complementary smoke run (the tiny model, an extractor that writes a lesson
+per extraction) mid-step and resumes it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests_helpers import CoinEnv, coin_config
+from tests_helpers import LESSON_WRITER_CLI, CoinEnv, coin_config, install_lesson_writer
 
 from crl_bench.cli import main
 from crl_bench.env_api import register_env
@@ -246,12 +247,14 @@ def _entries(path: Path) -> list[tuple]:
 
 
 @pytest.mark.slow
-def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path):
-    """A real complementary smoke run (default model, extractor, embedder) is killed with SIGKILL
-    after the step-3 distillation wrote to the bank but before step 3's checkpoint; ``--resume``
-    continues it. Its steps are 1, 2, 3 once each, every metrics line parses, step 3 equals the
-    uninterrupted run's, the bank holds every entry once (as the uninterrupted run's bank), and the
-    final actor and extractor weights are the same bytes."""
+def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path, tiny_model_dir, monkeypatch):
+    """A real complementary smoke run (the tiny model as actor and extractor, the real embedder; the
+    extractor writes one lesson per extraction, tests_helpers.LessonWriterEngine, in every process) is
+    killed with SIGKILL after the step-3 distillation wrote to the bank but before step 3's checkpoint;
+    ``--resume`` continues it. Its steps are 1, 2, 3 once each, every metrics line parses, step 3
+    equals the uninterrupted run's, the bank holds every entry once (as the uninterrupted run's bank),
+    and the final actor and extractor weights are the same bytes."""
+    install_lesson_writer(monkeypatch)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(
         "train: {steps: 3}\n"
@@ -259,13 +262,16 @@ def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path):
         "generation: {temperature: 1.5}\n"
         "experience: {recency_window_s: 0}\n")       # the re-rank's demotion then ignores wall time
     args = ["run", "--method", "complementary", "--mix", "minihack-room", "--preset", "smoke",
-            "--config", str(cfg), "--output-dir", str(tmp_path), "--quiet"]
+            "--config", str(cfg), "--output-dir", str(tmp_path), "--quiet", "--model", str(tiny_model_dir)]
     assert main(args + ["--run-id", "whole"]) == 0
     whole = tmp_path / "whole"
+    assert any(created == 3 for *_, created in _entries(whole / "experience.sqlite"))
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "crl_bench.cli", *args, "--run-id", "killed"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-c", LESSON_WRITER_CLI, *args, "--run-id", "killed"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     ckpt2, ckpt3 = (killed / CHECKPOINTS / checkpoint_name(s) for s in (2, 3))
     acknowledged: list[tuple] = []
     try:

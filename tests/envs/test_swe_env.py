@@ -24,7 +24,8 @@ from crl_bench.envs.swebench.sandbox import LABEL, DockerSandbox, ImageUnavailab
 sys.path.insert(0, str(Path(__file__).parent))
 from swe_synthetic import GOLD, INSTANCE_ID, TASK_IMAGE, build_task
 
-pytestmark = pytest.mark.filterwarnings("ignore:swebench-verified. no task_list")
+pytestmark = [pytest.mark.filterwarnings("ignore:swebench-verified. no task_list"),
+              pytest.mark.xdist_group("containers")]     # one container engine user at a time
 
 
 def call(name: str, **args) -> str:

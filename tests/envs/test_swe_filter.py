@@ -16,7 +16,8 @@ from crl_bench.rollout import EnvPool, PromptBuilder, RolloutRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from swe_synthetic import INSTANCE_ID, build_task
 
-pytestmark = pytest.mark.filterwarnings("ignore:swebench-verified. no task_list")
+pytestmark = [pytest.mark.filterwarnings("ignore:swebench-verified. no task_list"),
+              pytest.mark.xdist_group("containers")]     # one container engine user at a time
 
 FIX = json.dumps({"command": "str_replace", "path": "/testbed/calc/__init__.py", "old_str": "return a - b",
                   "new_str": "return a + b"})

@@ -33,7 +33,8 @@ from crl_bench.envs.swebench.sandbox import LABEL, DockerSandbox
 sys.path.insert(0, str(Path(__file__).parent))
 from swe_synthetic import INSTANCE_ID, TASK_IMAGE, build_task
 
-pytestmark = pytest.mark.filterwarnings("ignore:swebench-verified. no task_list")
+pytestmark = [pytest.mark.filterwarnings("ignore:swebench-verified. no task_list"),
+              pytest.mark.xdist_group("containers")]     # one container engine user at a time
 
 ROOTLESS_USER = "crl-rootless"
 

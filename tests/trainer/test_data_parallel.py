@@ -20,6 +20,7 @@ from crl_bench.trainer.losses import cispo_loss
 from crl_bench.trainer.policy import PolicyUpdater, TokenSample, build_batch, sequence_logprobs
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")          # one Ray cluster at a time (tests/test_ray_backend.py)
 
 
 @pytest.fixture(scope="module")

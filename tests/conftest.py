@@ -125,7 +125,7 @@ def pytest_configure(config):
 #: xdist groups dispatched first, heaviest first, so that the longest run of one worker starts at once
 #: instead of at the end of the session (a group is sent to a worker where its first test stands in
 #: the collection order).
-FIRST_GROUPS = ("learning", "real-model", "vllm", "containers", "ray")
+FIRST_GROUPS = ("learning", "vllm", "containers", "ray")
 
 
 def _group_of(item) -> str | None:

@@ -122,10 +122,10 @@ def pytest_configure(config):
     torch.set_num_threads(len(share))
 
 
-#: xdist groups dispatched first, heaviest first, so that the longest run of one worker starts at once
-#: instead of at the end of the session (a group is sent to a worker where its first test stands in
-#: the collection order).
-FIRST_GROUPS = ("learning", "vllm", "containers", "ray")
+#: xdist groups dispatched first, heaviest first, so that the longest runs start at once instead of
+#: at the end of the session (a group is sent to a worker where its first test stands in the
+#: collection order): the two learning tests (minutes each of the real model) on the two workers.
+FIRST_GROUPS = ("learning-lessons", "learning-cpu-step", "vllm", "containers", "ray")
 
 
 def _group_of(item) -> str | None:
@@ -135,6 +135,7 @@ def _group_of(item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)       # before pytest-xdist reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
     """Keep a module's tests on one worker when they share a module-scoped fixture (an env with its
     worker processes, a run, a catalogue: built once, not once per worker), and put the groups of

@@ -13,7 +13,7 @@ import torch
 
 @pytest.mark.slow
 @pytest.mark.learning
-@pytest.mark.xdist_group("learning")
+@pytest.mark.xdist_group("learning-cpu-step")
 def test_cpu_preset_step_favours_the_winning_actions():
     from crl_bench.config import build_config, preset_data
     from crl_bench.trainer.loop import Trainer

@@ -331,7 +331,7 @@ def test_action_probabilities_are_the_constrained_samplers(tokenizer, tiny_model
 # ---- the loop with perfect lessons: the actor learns to follow them -----------------------------------
 @pytest.mark.slow
 @pytest.mark.learning
-@pytest.mark.xdist_group("learning")
+@pytest.mark.xdist_group("learning-lessons")
 def test_with_perfect_lessons_the_actor_learns_to_follow_them():
     """complementary on diag-vault with the real default actor and an oracle extractor that writes the
     winning symbol after every success (tests_helpers.OracleExtractorEngine), so the extractor's

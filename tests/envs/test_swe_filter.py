@@ -77,7 +77,12 @@ def test_filter_keeps_pass_rates_in_the_interval_and_resumes(tokenizer, instance
         res = run_filter(runner.collect, env, "swebench-verified", k=2, low=0.0, high=0.8, out=out,
                          model="scripted", per_call=2, progress=False)
         assert res["pass_rates"] == {INSTANCE_ID: 0.5} and res["kept"] == [INSTANCE_ID]
-        assert res["samples"] == {INSTANCE_ID: 2} and res["incomplete"] == [] and res["env_errors"] == 0
+        assert res["samples"] == {INSTANCE_ID: 2} and res["incomplete"] == []
+        # an episode whose container the engine lost (seen once in a parallel run of the suite: its
+        # inspect answered "No such container") is an infrastructure error that run_filter plays
+        # again (test_infrastructure_failures_are_retried_to_k_samples): each error here was made
+        # up by a retry, and an error that every retry repeats leaves the samples incomplete
+        assert res["env_errors"] == res["retried"] <= 1
         assert json.loads(out.read_text())["kept"] == [INSTANCE_ID]
         header, results, _ = read_samples(out.with_name(out.name + ".samples.jsonl"))
         assert header["model"] == "scripted" and sorted(results[INSTANCE_ID]) == [False, True]

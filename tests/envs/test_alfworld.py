@@ -21,11 +21,10 @@ from crl_bench.envs.alfworld import data as data_mod
 from crl_bench.envs.alfworld.env import _task_table
 
 
-@pytest.fixture(scope="module")
-def env():
-    e = make_env("alfworld")
-    yield e
-    e.close()
+@pytest.fixture()
+def env(alfworld_env):
+    """The session's ALFWorld env (conftest ``alfworld_env``)."""
+    return alfworld_env
 
 
 def test_task_lists_resolve_to_existing_games():

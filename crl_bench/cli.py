@@ -264,7 +264,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from crl_bench.experience.bank import EmbeddingDimError, ExperienceBank, NotABankError
-    from crl_bench.methods import get_method
     from crl_bench.results.summary import write_json_atomic
     from crl_bench.trainer.loop import Trainer
 
@@ -298,7 +297,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if out is not None and not out.parent.is_dir():
         raise ConfigError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
     bank = None
-    if run_dir is not None and get_method(cfg.method).uses_experience:
+    if run_dir is not None and cfg.method_spec.uses_experience:
         bank = run_dir / "experience.sqlite"
         if not bank.is_file():
             raise ConfigError(f"--run {args.run!r} is a {cfg.method} run without its experience.sqlite")
@@ -316,11 +315,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ev: dict[str, Any] = {"model": cfg.model.name, "method": cfg.method, "run": str(run_dir) if run_dir else None}
     partial = out.with_name(out.name + ".partial") if out is not None and cfg.eval.temperature == 0 else None
     try:
-        modes = list(trainer.eval_modes if bank is not None else ["free"]) if args.modes is None else args.modes
+        modes = list(trainer.evaluator.modes if bank is not None else ["free"]) if args.modes is None else args.modes
         if bank is None and any(m != "free" for m in modes):
             raise ConfigError(f"--modes {','.join(modes)}: only 'free' can be evaluated without a run's "
                               "experience bank (--run RUN of a method with experience)")
-        ev["protocol"] = trainer.eval_protocol()
+        ev["protocol"] = trainer.evaluator.protocol()
         data_files = trainer.data_files
         key: dict[str, Any] = {}
         done: dict[str, Any] = {}
@@ -330,14 +329,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if done and any(m in done for m in modes):
             print(f"resuming from {partial}: {', '.join(m for m in modes if m in done)} already evaluated",
                   file=sys.stderr)
-        total = trainer.eval_episode_count(modes=modes)
+        total = trainer.evaluator.episode_count(modes=modes)
         with tqdm(total=total, desc=f"eval {cfg.eval.split}", unit="ep", disable=args.quiet) as bar:
             for mode in modes:
                 if mode in done:
                     ev[mode] = done[mode]
-                    bar.update(trainer.eval_episode_count(modes=[mode]))
+                    bar.update(trainer.evaluator.episode_count(modes=[mode]))
                     continue
-                ev[mode] = trainer.evaluate(progress=bar.update, mode=mode)
+                ev[mode] = trainer.evaluator.evaluate(progress=bar.update, mode=mode)
                 if partial is not None:
                     write_json_atomic(partial, {"key": key, "modes": {**done, **{m: ev[m] for m in modes if m in ev}}})
     finally:

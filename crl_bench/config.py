@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from crl_bench.methods import get_method, list_methods
+from crl_bench.methods import MethodSpec, get_method, list_methods
 from crl_bench.safe_io import InputFileError, parse_yaml
 
 
@@ -602,6 +602,20 @@ class RunConfig:
         """Plain nested dict (YAML-serialisable)."""
         return dataclasses.asdict(self)
 
+    @property
+    def method_spec(self) -> MethodSpec:
+        """The :class:`~crl_bench.methods.MethodSpec` of :attr:`method`: the one place where a run's
+        method name is looked up (in :mod:`crl_bench.methods`); everything that acts on the method
+        (the trainer, its updaters, the experience manager, the Ray backend) reads it from here.
+
+        Raises:
+            ConfigError: no method of that name is declared (nor registered by a plugin).
+        """
+        try:
+            return get_method(self.method)
+        except KeyError as e:
+            raise ConfigError(f"method: {e.args[0]}") from None
+
 
 def _check_type(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
@@ -901,13 +915,12 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.logprob_temperature == "raw" and not cfg.train.recompute_old_logprobs:
         raise ConfigError("train.logprob_temperature=raw needs train.recompute_old_logprobs=true: the behaviour "
                           "log-probs of the sampler are of the tempered distribution, the trainer's of the raw one")
-    if cfg.method in list_methods() and get_method(cfg.method).entries != "lessons" \
-            and cfg.experience.integration != "trajectory":
+    spec = cfg.method_spec if cfg.method in list_methods() else None    # a plugin's method may load later
+    if spec is not None and spec.entries != "lessons" and cfg.experience.integration != "trajectory":
         raise ConfigError(f"experience.integration={cfg.experience.integration} is not available with method "
                           f"{cfg.method}: a case or a reflection is about a whole finished episode, so its bank "
                           "is written and read once per episode (experience.integration: trajectory)")
-    if cfg.method in list_methods() and get_method(cfg.method).entries == "reflections" \
-            and cfg.experience.search_tool != "off":
+    if spec is not None and spec.entries == "reflections" and cfg.experience.search_tool != "off":
         raise ConfigError(f"experience.search_tool={cfg.experience.search_tool} is not available with method "
                           f"{cfg.method}: reflections are shown per task, not searched")
     if isinstance(cfg.eval.samples, int) and cfg.eval.samples > 1 and cfg.eval.temperature <= 0:

@@ -519,13 +519,12 @@ class ManagerHost:
         from crl_bench.experience.manager import build_manager
         from crl_bench.llm.hf_engine import load_model_and_tokenizer, load_tokenizer
         from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
-        from crl_bench.methods import get_method
 
         c = build_config([cfg])
         _threads(cpus)
         torch.manual_seed(c.train.seed)
         self.model = None
-        if not get_method(c.method).uses_extractor:     # a case bank: the actor's tokenizer, no model
+        if not c.method_spec.uses_extractor:     # a case bank: the actor's tokenizer, no model
             self.dtype = resolve_dtype(c.model.dtype)
             self.manager = build_manager(c, bank_path, None, load_tokenizer(c.model.name),
                                          compute_dtype=DTYPES[self.dtype])
@@ -703,7 +702,6 @@ class RayBackend:
     def needed_resources(self) -> dict[str, float]:
         """CPUs and GPUs the run's actors declare (:class:`~crl_bench.config.RayConfig`): env actors,
         engines (a GPU each on a GPU cluster) and, for methods with a bank, the manager."""
-        from crl_bench.methods import get_method
 
         rc = self.cfg.ray
         cpu = rc.env_actors * rc.env_actor_cpus
@@ -713,7 +711,7 @@ class RayBackend:
             gpu += rc.engines * rc.engine_gpus
         else:
             cpu += rc.engines * rc.engine_cpus
-        if get_method(self.cfg.method).uses_experience:
+        if self.cfg.method_spec.uses_experience:
             cpu += rc.manager_cpus
         return {"CPU": cpu, **({"GPU": gpu} if gpu else {})}
 
@@ -740,7 +738,6 @@ class RayBackend:
         ``initial_extractor``'s trainable parameters when given (the trainer's copy)."""
 
         from crl_bench.llm.weights import trainable_state
-        from crl_bench.methods import get_method
 
         state = None
         if initial_extractor is not None:
@@ -748,7 +745,7 @@ class RayBackend:
         host = _remote(ManagerHost).options(num_cpus=self.cfg.ray.manager_cpus, max_concurrency=8,
                                                scheduling_strategy=_driver_node_affinity()).remote(
             self.cfg.to_dict(), str(Path(bank_path).resolve()), state,
-            get_method(self.cfg.method).trains_extractor, self.cfg.ray.manager_cpus)
+            self.cfg.method_spec.trains_extractor, self.cfg.ray.manager_cpus)
         self._actors.append(host)
         return RemoteManager(host)
 

@@ -119,3 +119,36 @@ def test_logging_config_validation():
                         parse_override("logging.wandb_mode=disabled")])
     assert cfg.logging.backends == ["jsonl", "wandb"] and cfg.logging.wandb_mode == "disabled"
     assert build_config([parse_override("logging.backends=tensorboard")]).logging.backends == ["tensorboard"]
+
+
+def test_the_method_is_resolved_in_the_config_alone(monkeypatch):
+    """``RunConfig.method_spec`` is the one lookup of a run's method name: the declared spec, a plugin's
+    registered spec, and a ``ConfigError`` naming the key for an unknown name. Outside the registry
+    itself, the config, the CLI's ``--method`` check and the summary (which reads method names from
+    files), no module of the package resolves a method name again."""
+    import ast
+    from dataclasses import replace
+    from pathlib import Path
+
+    from crl_bench import methods
+    from crl_bench.config import RunConfig
+    from crl_bench.methods import COMPLEMENTARY, MethodSpec
+
+    assert RunConfig(method="complementary").method_spec is COMPLEMENTARY
+    plugin = MethodSpec(name="test-plugin-method", description="a plugin", uses_experience=True)
+    monkeypatch.setitem(methods._METHODS, plugin.name, plugin)      # registered for this test only
+    assert replace(RunConfig(), method="test-plugin-method").method_spec is plugin
+    with pytest.raises(ConfigError, match=r"^method: unknown method 'nope'; known: .*complementary"):
+        RunConfig(method="nope").method_spec   # noqa: B018 - the property raises
+
+    root = Path(__file__).resolve().parents[1]
+    allowed = {"crl_bench/methods.py", "crl_bench/config.py", "crl_bench/cli.py", "crl_bench/results/summary.py"}
+    calls = []
+    for top in ("crl_bench", "trainer", "envs", "baselines"):
+        for path in sorted((root / top).rglob("*.py")):
+            rel = str(path.relative_to(root))
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                name = getattr(node.func, "id", getattr(node.func, "attr", "")) if isinstance(node, ast.Call) else ""
+                if name == "get_method" and rel not in allowed:
+                    calls.append(f"{rel}:{node.lineno}")
+    assert not calls, f"a method name resolved outside RunConfig.method_spec: {calls}"

@@ -32,14 +32,15 @@ class _StandInTrainer:
 
     def __init__(self, cfg, writer=None, read_only_bank=None, **_):
         self.cfg = cfg
-        self.eval_modes = list(MODES)
+        self.evaluator = self           # the trainer's Evaluator: modes, protocol, episode_count, evaluate
+        self.modes = list(MODES)
         self.data_files = {}
 
-    def eval_protocol(self):
+    def protocol(self):
         return {"split": self.cfg.eval.split, "episodes": self.cfg.eval.episodes,
                 "temperature": self.cfg.eval.temperature}
 
-    def eval_episode_count(self, modes=None):
+    def episode_count(self, modes=None):
         return 3 * len(modes)
 
     def evaluate(self, progress=None, mode=None):

@@ -162,9 +162,9 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
     if cfg.eval.at_start and trainer.step == 0 and initial is None:
         # the untrained actor on the same tasks and protocol as the final eval (the step-0 point of
         # the eval curve); a method with a bank has nothing in it yet, so this is experience-free
-        with tqdm(total=sum(map(len, trainer.eval_task_ids().values())), desc="eval (step 0)",
+        with tqdm(total=sum(map(len, trainer.evaluator.task_ids().values())), desc="eval (step 0)",
                   unit="ep", disable=quiet, leave=False) as bar:
-            initial = trainer.evaluate(progress=bar.update, guided=False)
+            initial = trainer.evaluator.evaluate(progress=bar.update, guided=False)
         writer.log_metrics({"step": 0, "eval": {"free": initial}, **trainer.peaks.take()})
         if not quiet:
             print(f"eval at step 0 ({cfg.eval.split}, free): success {initial['success_rate']:.3f}  "
@@ -185,7 +185,7 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
                 print(alert_line(alert), flush=True)
         if cfg.eval.every and trainer.step % cfg.eval.every == 0 and trainer.step < cfg.train.steps:
             trainer.prepare_step()      # released order: flush and merge pass, then the evaluation
-            ev = trainer.evaluate()
+            ev = trainer.evaluator.evaluate()
             writer.log_metrics({"step": trainer.step, "eval": ev, **trainer.peaks.take()})
         if cfg.train.checkpoint_every and (trainer.step % cfg.train.checkpoint_every == 0
                                            or trainer.step == cfg.train.steps):
@@ -196,14 +196,14 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
     # training is over and its resumable state is on disk: the final evaluation runs without the
     # optimisers' moments resident (about 1.1 GB per trainable 135M model)
     trainer.release_training_state()
-    with tqdm(total=trainer.eval_episode_count(), desc="eval", unit="ep", disable=quiet, leave=False) as bar:
-        ev = trainer.evaluate_all(progress=bar.update)
+    with tqdm(total=trainer.evaluator.episode_count(), desc="eval", unit="ep", disable=quiet, leave=False) as bar:
+        ev = trainer.evaluator.evaluate_all(progress=bar.update)
     if initial is not None:
         ev["initial"] = {"step": 0, "free": initial}
     writer.write_json("eval.json", ev)
-    writer.log_to_trackers({"step": trainer.step, "eval": {m: ev[m] for m in trainer.eval_modes if m in ev}})
+    writer.log_to_trackers({"step": trainer.step, "eval": {m: ev[m] for m in trainer.evaluator.modes if m in ev}})
     if not quiet:
-        for mode in trainer.eval_modes:
+        for mode in trainer.evaluator.modes:
             if mode in ev:
                 e = ev[mode]
                 print(f"eval ({cfg.eval.split}, {mode}): success {e['success_rate']:.3f}  steps {e['steps_mean']:.1f}  "
@@ -296,7 +296,6 @@ def resume_training(run_dir: str | Path, quiet: bool = False, start_over: bool =
     import sys
 
     from crl_bench.config import ConfigError, build_config, load_yaml
-    from crl_bench.methods import get_method
     from crl_bench.results.run_folder import RunFolderError
     from crl_bench.results.summary import write_summary
     from crl_bench.trainer.checkpoint import config_sha256, restore_run_files, select_checkpoint
@@ -350,7 +349,7 @@ def resume_training(run_dir: str | Path, quiet: bool = False, start_over: bool =
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for folder, _ in skipped:
             folder.rename(folder.with_name(f".unusable-{folder.name}-{stamp}"))
-        restore_run_files(run_dir, loaded.path if loaded else None, get_method(cfg.method).uses_experience)
+        restore_run_files(run_dir, loaded.path if loaded else None, cfg.method_spec.uses_experience)
         for stale in ("eval.json", FINAL_WEIGHTS, f".{FINAL_WEIGHTS}.tmp"):   # a kill during the final eval or save
             p = run_dir / stale
             if p.is_dir():

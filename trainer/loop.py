@@ -1,4 +1,5 @@
-"""The training loop: rollout -> trajectories -> group advantages -> actor update, plus evaluation.
+"""The training loop: rollout -> trajectories -> group advantages -> actor update; evaluation of the
+actor is :class:`~crl_bench.trainer.evaluation.Evaluator` (``Trainer.evaluator``).
 
 One loop serves every method (``crl_bench.methods``): a method only switches parts on or off.  For
 ``grpo`` each step samples ``groups_per_step`` train tasks from the mixture, rolls each out
@@ -11,8 +12,6 @@ from __future__ import annotations
 import os
 import random
 import time
-import zlib
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,18 +25,15 @@ from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
 from crl_bench.llm.memory import PhasePeaks, rss_gb, trim_heap
 from crl_bench.llm.precision import DTYPES, resolve_dtype
-from crl_bench.methods import MethodSpec, get_method
+from crl_bench.methods import MethodSpec
 from crl_bench.mixtures import TaskSampler, resolve_mixture
 from crl_bench.results.alarms import LearningAlarms
-from crl_bench.results.passk import pass_curves
 from crl_bench.results.run_folder import RunWriter
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
 from crl_bench.trainer.advantages import grouped_advantages
+from crl_bench.trainer.evaluation import Evaluator, summarise
 from crl_bench.trainer.policy import episode_samples, linear_warmup
 from crl_bench.trainer.updaters import logprob_temperature, make_updater
-
-#: the memory controls of evaluation (``eval.controls``; docs/evaluation.md "Memory controls")
-EVAL_CONTROLS = ("shuffled", "empty")
 
 
 def seed_everything(seed: int) -> None:
@@ -53,52 +49,6 @@ def set_threads(threads: int) -> int:
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, threads))
     return torch.get_num_threads()
-
-
-def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
-    """Success rate, mean reward/steps, invalid-action rate (invalid / actions), errors, per env, and
-    the actor's entropy.
-
-    Returns a flat dict; per-env success rates appear as ``success_rate/<env_id>``.  ``entropy`` is the
-    mean over every generated token of the entropy (nats) of the actor's unconstrained next-token
-    distribution at the sampling temperature (as verl's ``actor/entropy``); ``reply_entropy`` the mean
-    over turns of the summed entropies of the distributions the reply's tokens were drawn from (the
-    allowed-reply mask applied): with a closed action set its mean estimates the entropy of the action
-    choice, 0 for a collapsed policy (one action per state) and at most ln(number of actions) (one
-    reply's sum can exceed that when replies share leading tokens).  Both are absent when the
-    engine does not report entropies (vLLM).
-    """
-    if not trajs:
-        return {"episodes": 0, "success_rate": 0.0, "reward_mean": 0.0, "steps_mean": 0.0,
-                "invalid_action_rate": 0.0, "env_errors": 0}
-    steps = sum(t.steps for t in trajs)
-    out: dict[str, Any] = {
-        "episodes": len(trajs),
-        "success_rate": float(np.mean([t.success for t in trajs])),
-        "reward_mean": float(np.mean([t.reward for t in trajs])),
-        "steps_mean": float(np.mean([t.steps for t in trajs])),
-        "invalid_action_rate": (sum(t.invalid_actions for t in trajs) / steps) if steps else 0.0,
-        "env_errors": sum(1 for t in trajs if t.error),
-    }
-    ents = [e for t in trajs for turn in t.turns for e in turn.entropy]
-    if ents:
-        out["entropy"] = float(np.mean(ents))
-    replies = [sum(turn.sampling_entropy) for t in trajs for turn in t.turns if turn.sampling_entropy]
-    if replies:
-        out["reply_entropy"] = float(np.mean(replies))
-    by_env = episodes_by_env(trajs)
-    if len(by_env) > 1:
-        for env_id, ts in sorted(by_env.items()):
-            out[f"success_rate/{env_id}"] = float(np.mean([t.success for t in ts]))
-    return out
-
-
-def episodes_by_env(trajs: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
-    """The episodes of each env id, in the order given (envs in order of first appearance)."""
-    by_env: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        by_env[t.env_id].append(t)
-    return dict(by_env)
 
 
 @dataclass
@@ -132,7 +82,7 @@ class Trainer:
                  tokenizer: Any = None, embedder: Any = None, extractor_model: Any = None,
                  extractor_tokenizer: Any = None, read_only_bank: str | Path | None = None) -> None:
         self.cfg = cfg
-        self.method: MethodSpec = get_method(cfg.method)
+        self.method: MethodSpec = cfg.method_spec
         self.writer = writer
         self.threads = set_threads(cfg.model.threads)
         seed_everything(cfg.train.seed)
@@ -152,8 +102,6 @@ class Trainer:
         self.max_steps: dict[str, int] = {}
         self.task_types: dict[str, dict[int, str]] = {}       # eval task id -> benchmark task type
         self.eval_contexts: dict[str, dict[int, str | None]] = {}   # eval task id -> context (diagnostics)
-        self._first_queries: dict[tuple[str, int], str] = {}       # (env, task) -> its retrieval query
-        self._panels: dict[tuple[str, str, tuple[int, ...]], str] = {}   # (env, split, task ids) -> panel hash
         self.data_files: dict[str, dict[str, str]] = {}
         for env_id in self.mixture.envs:
             env = self.pool.acquire(env_id)
@@ -222,6 +170,7 @@ class Trainer:
                                               actor_engine=self.engine, actor_sampling=self.sampling,
                                               eval_sampling=self.eval_sampling, gate=self.gate,
                                               read_only_bank=read_only_bank, backend=self.backend)
+        self.evaluator = Evaluator(self)           # the eval modes, tasks, panels and protocol of this run
 
     # ---- setup ------------------------------------------------------------------------------------
     def _prepare_model(self, model: Any) -> Any:
@@ -537,308 +486,6 @@ class Trainer:
         if exp.search_tool != "off":
             hooks["tool"] = track.search_tool(count_retrievals=writes)
         return hooks
-
-    # ---- evaluation -------------------------------------------------------------------------------
-    @property
-    def guided_eval(self) -> bool:
-        """Whether evaluation also runs guided: the method has a bank and ``experience.eval_guided``."""
-        return self.experience is not None and self.cfg.experience.eval_guided
-
-    @property
-    def eval_modes(self) -> list[str]:
-        """The modes of the final evaluation, in the order they run: ``guided`` and the memory controls
-        of ``eval.controls`` for a method with a bank (and ``experience.eval_guided``), then ``free``."""
-        if not self.guided_eval:
-            return ["free"]
-        return ["guided", *[c for c in EVAL_CONTROLS if c in self.cfg.eval.controls], "free"]
-
-    def eval_task_ids(self, episodes: int | str | None = None) -> dict[str, list[int]]:
-        """The eval tasks of each env: the first ``episodes`` ids of its eval split (``"all"``: every
-        one; default ``eval.episodes``)."""
-        n = self.cfg.eval.episodes if episodes is None else episodes
-        return {e: [int(t) for t in (self.eval_tasks[e] if n == "all" else self.eval_tasks[e][:int(n)])]
-                for e in self.mixture.envs}
-
-    def eval_protocol(self, episodes: int | str | None = None) -> dict[str, Any]:
-        """What makes two evaluations comparable (docs/evaluation.md): split, episodes per env (as
-        asked and as run), sampling, each env's step limit, for envs that have any, their
-        constructor settings (``rollout.env_kwargs``, e.g. a MiniHack variant) as ``env_settings``,
-        each env's task panel hash as ``panels`` (:meth:`eval_panels`), ``trials`` when
-        ``eval.trials`` is more than 1 and ``samples`` when ``eval.samples`` is."""
-        tasks = self.eval_task_ids(episodes)
-        g = self.cfg.generation
-        return {"split": self.cfg.eval.split,
-                "episodes": self.cfg.eval.episodes if episodes is None else episodes,
-                "tasks_per_env": {e: len(ids) for e, ids in tasks.items()},
-                "temperature": self.cfg.eval.temperature, "top_p": g.top_p, "top_k": g.top_k,
-                "max_new_tokens": g.max_new_tokens, "max_steps": dict(self.max_steps),
-                **({"env_settings": settings} if (settings := {
-                    e: dict(kw) for e, kw in self.cfg.rollout.env_kwargs.items() if e in tasks and kw}) else {}),
-                "panels": self.eval_panels(episodes),
-                **({"trials": self.cfg.eval.trials} if self.cfg.eval.trials > 1 else {}),
-                **({"samples": self.cfg.eval.samples} if self.cfg.eval.samples > 1 else {})}
-
-    def eval_panels(self, episodes: int | str | None = None) -> dict[str, str]:
-        """Each env's task panel hash (:mod:`crl_bench.results.panel`) for the eval tasks of
-        :meth:`eval_task_ids`: ``{env id: sha256 hex}``, what ``crl-bench panel export`` writes for the
-        same env, split, episodes and settings. Computed once per env and task list (procedural envs
-        reset each task once, on an env of the pool)."""
-        from crl_bench.results.panel import build_panel
-
-        out: dict[str, str] = {}
-        for env_id, ids in self.eval_task_ids(episodes).items():
-            key = (env_id, self.cfg.eval.split, tuple(ids))
-            if key not in self._panels:
-                env = self.pool.acquire(env_id)
-                try:
-                    self._panels[key] = build_panel(env, env_id, self.cfg.eval.split, ids)["panel_hash"]
-                finally:
-                    self.pool.release(env_id, env)
-            out[env_id] = self._panels[key]
-        return out
-
-    def shuffled_donors(self, tasks: dict[str, list[int]]) -> dict[str, dict[int, int]]:
-        """For the ``shuffled`` memory control: each eval task's donor, another task of the same
-        env's ``tasks`` whose retrieval query it is shown the experience of.
-
-        Where the env has contexts (:meth:`TextEnv.context`, the diagnostics) the donor is drawn
-        from the tasks of other contexts, else from every other task.  Drawn uniformly with a
-        generator seeded by ``train.seed`` and the env id, so a run's control is reproducible.  An env
-        with a single task gives no donor (the task is left out of the mapping and then shown what
-        its own retrieval returns).
-        """
-        out: dict[str, dict[int, int]] = {}
-        for env_id, ids in tasks.items():
-            ctx = self.eval_contexts.get(env_id, {})
-            gen = np.random.default_rng([self.cfg.train.seed, zlib.crc32(env_id.encode())])
-            donors: dict[int, int] = {}
-            for t in ids:
-                pool = [d for d in ids if d != t and (not ctx or ctx.get(d) != ctx.get(t))] or \
-                       [d for d in ids if d != t]
-                if pool:
-                    donors[t] = int(pool[int(gen.integers(len(pool)))])
-            out[env_id] = donors
-        return out
-
-    def first_query(self, env_id: str, task: int) -> str:
-        """The retrieval query of task ``task``'s first observation (a reset of a pool env; cached)."""
-        key = (env_id, int(task))
-        if key not in self._first_queries:
-            env = self.pool.acquire(env_id)
-            try:
-                obs, _ = env.reset(options={"task": int(task)})
-                self._first_queries[key] = env.retrieval_query(obs)
-            finally:
-                self.pool.release(env_id, env)
-        return self._first_queries[key]
-
-    def _control_guide(self) -> Any:
-        """The ``empty`` control's guide: the knowledge block's header with no entry, no retrieval."""
-        from crl_bench.rollout import Guidance
-
-        text = self.experience.empty_guidance
-        return lambda requests: [Guidance(text) for _ in requests]
-
-    def evaluate(self, episodes: int | str | None = None, progress: Any = None,
-                 guided: bool | None = None, mode: str | None = None) -> dict[str, Any]:
-        """Roll out the eval tasks of each env (:meth:`eval_task_ids`) once, with the eval sampling.
-
-        Args:
-            episodes: per env, an int or ``"all"`` (default ``eval.episodes``).
-            progress: called with 1 per finished episode.
-            guided: retrieve from the bank (read-only); default: the method has experience and
-                ``experience.eval_guided``. Raises ``ValueError`` if asked without a bank.
-            mode: ``free``, ``guided`` or a memory control (docs/evaluation.md "Memory controls"):
-                ``shuffled`` (each episode retrieves with the query of another eval task of its env,
-                :meth:`shuffled_donors`) or ``empty`` (the knowledge block's header and no entry);
-                overrides ``guided``.  The controls replace the episode-start experience only:
-                turn-level retrieval and the search tool are off in them.
-
-        Returns ``summarise`` of the episodes plus ``per_env`` (episodes, success rate, mean steps,
-        invalid-action rate, ``score_mean`` = mean episode reward, e.g. WebShop's score, ``successes``:
-        0/1 per task in the order of ``tasks``, and for envs with task types ``per_type``: episodes
-        and success rate per type, e.g. ALFWorld's six), ``mode``, ``guided`` (experience in the
-        prompt: every mode but ``free``), ``episodes_with_experience``, ``split``, ``temperature``,
-        ``wall_s`` and the task ids used (``tasks``; ``donors`` for ``shuffled``); for ``reflexion``
-        outside ``free``, ``attempts_with_reflections`` (attempts shown at least one reflection: its
-        guidance is not a bank entry, so ``episodes_with_experience`` stays 0).  With
-        ``eval.trials`` n > 1 each task is attempted until solved, at most n times, and every
-        figure is of each task's best attempt (:meth:`_trials`); the block adds
-        ``success_by_trial`` (share solved after each attempt) and ``attempts`` (episodes run).
-        With ``eval.samples`` n > 1 each task is run n times independently: rates are over all
-        episodes, ``successes`` is each task's share of successful samples, and the block and each
-        env add ``pass_at_k`` and ``pass_hat_k`` (``{"1": ..., ..., "n": ...}``,
-        :func:`crl_bench.results.passk.pass_curves`; the block's pooled over all tasks) and
-        ``samples``.
-
-        Raises:
-            ValueError: an unknown mode, or a mode with experience for a method without a bank.
-        """
-        if mode is None:
-            mode = "guided" if (self.guided_eval if guided is None else guided) else "free"
-        if mode not in ("free", "guided", *EVAL_CONTROLS):
-            raise ValueError(f"unknown eval mode {mode!r}; known: free, guided, {', '.join(EVAL_CONTROLS)}")
-        if mode != "free" and self.experience is None:
-            raise ValueError(f"{mode} evaluation needs an experience bank; method {self.cfg.method!r} has none")
-        if mode != "free":
-            self.experience.flush()         # the bank evaluated is the one training has written
-            # a mode's read-only retrievals (the released re-rank's random demotion of a recently
-            # retrieved top entry) depend neither on the evaluations before it nor on the wall time
-            # since training, so `crl-bench eval` reproduces eval.json's guided and control blocks
-            self.experience.begin_evaluation(f"{self.cfg.train.seed}:{mode}")
-        # every evaluation starts from an empty prefix store: a cached prefix equals its recomputation
-        # only up to rounding, which can flip a greedy choice at a near-tie, so without this a mode's
-        # episodes would depend on which evaluations ran before it (and `crl-bench eval --modes free`
-        # would not reproduce eval.json's free block)
-        self.clear_actor_prefix_store()
-        tasks = self.eval_task_ids(episodes)
-        exp = self.cfg.experience
-        donors = self.shuffled_donors(tasks) if mode == "shuffled" else {}
-        live = mode == "guided"
-        specs = [EpisodeSpec(env_id, t, group_id=i, subgroup="free" if mode == "free" else "guided",
-                             retrieve=mode != "free" and (exp.integration != "turn" or not live),
-                             turn_retrieve=live and exp.integration != "trajectory",
-                             tool=live and exp.search_tool != "off",
-                             query=self.first_query(env_id, donors[env_id][t])
-                             if t in donors.get(env_id, {}) and not self.reflexion else "")
-                 for env_id, ids in tasks.items() for i, t in enumerate(ids)]
-        t0 = time.perf_counter()
-        # evaluation leaves the bank and its usage counters as they were, unless eval.writes_counters
-        # (the released evaluation counts its retrievals)
-        hooks = self.rollout_hooks(training=False, guided=mode != "free")
-        if mode != "guided":
-            hooks = {"guide": self._control_guide()} if mode == "empty" else \
-                {k: v for k, v in hooks.items() if k == "guide"}
-        prepare = learn = None
-        shown = [0]                         # reflexion: attempts whose prompt held a reflection
-        if self.reflexion and mode != "free":
-            prepare, learn = self._reflexion_trials(mode, donors, shown)
-            specs = [replace(s, retrieve=False, turn_retrieve=False, tool=False) for s in specs]
-            hooks = {}
-        samples = self.cfg.eval.samples
-        specs = [s for s in specs for _ in range(samples)]     # eval.samples: independent episodes per task
-        with self.peaks.phase("eval"):
-            trajs, by_trial, attempts = self._trials(specs, progress, hooks, prepare, learn)
-        out = summarise(trajs)
-        per_env = {}
-        all_counts: list[int] = []                  # successful samples per task, every env (eval.samples)
-        by_env = episodes_by_env(trajs)
-        for env_id in self.mixture.envs:
-            ts = by_env.get(env_id)
-            if not ts:
-                continue
-            env_summary = summarise(ts)
-            row = {k: env_summary[k] for k in ("episodes", "success_rate", "steps_mean", "invalid_action_rate")}
-            row["score_mean"] = env_summary["reward_mean"]
-            won: dict[int, int] = defaultdict(int)          # successful episodes per task
-            for t in ts:
-                won[int(t.task)] += int(bool(t.success))
-            counts = [won.get(t, 0) for t in tasks[env_id]]
-            all_counts += counts
-            row["successes"] = counts if samples == 1 else [c / samples for c in counts]
-            if samples > 1:
-                row["pass_at_k"], row["pass_hat_k"] = pass_curves(samples, counts)
-            types = self.task_types.get(env_id)
-            if types:
-                by_type: dict[str, list[bool]] = defaultdict(list)
-                for t in ts:
-                    by_type[types.get(int(t.task), "unknown")].append(bool(t.success))
-                row["per_type"] = {k: {"episodes": len(v), "success_rate": float(np.mean(v))}
-                                   for k, v in sorted(by_type.items())}
-            per_env[env_id] = row
-        out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=time.perf_counter() - t0,
-                   mode=mode, guided=mode != "free", temperature=self.cfg.eval.temperature, tasks=tasks,
-                   # with experience: how many episodes the bank actually had experience for
-                   episodes_with_experience=sum(1 for t in trajs if t.experience_ids))
-        if self.reflexion and mode != "free":
-            out["attempts_with_reflections"] = shown[0]
-        if donors:
-            out["donors"] = {e: {str(t): d for t, d in m.items()} for e, m in donors.items()}
-        if self.cfg.eval.trials > 1:
-            out.update(success_by_trial=by_trial, attempts=attempts)
-        if samples > 1:                 # pooled over the tasks of every env
-            out["samples"] = samples
-            out["pass_at_k"], out["pass_hat_k"] = pass_curves(samples, all_counts)
-        return out
-
-    def _reflexion_trials(self, mode: str, donors: dict[str, dict[int, int]],
-                          shown: list[int]) -> tuple[Any, Any]:
-        """``reflexion``'s evaluation attempts: ``(prepare, learn)`` for :meth:`_trials`.
-
-        ``learn`` has the actor reflect on an attempt's failed episodes, kept for this evaluation only
-        (the bank is not written); ``prepare`` shows each attempt its task's reflections (stored in
-        training, then those of this evaluation's earlier attempts): ``guided`` its own task's,
-        ``shuffled`` those of its donor task (another context's, where the env has contexts),
-        ``empty`` the header with no reflection.  ``shown[0]`` counts the attempts whose block held
-        at least one reflection."""
-        track = self.experience
-        memory: dict[tuple[str, int], list[str]] = defaultdict(list)
-
-        def prepare(spec: EpisodeSpec) -> EpisodeSpec:
-            if mode == "empty":
-                return replace(spec, guidance=track.empty_guidance)
-            task = donors.get(spec.env_id, {}).get(spec.task, spec.task) if mode == "shuffled" else spec.task
-            block = track.reflection_guidance(spec.env_id, task, memory[(spec.env_id, task)])
-            shown[0] += bool(block)
-            return replace(spec, guidance=block)
-
-        def learn(failed: list[Trajectory]) -> None:
-            if mode == "empty" or not failed:
-                return
-            for t, text in zip(failed, track.reflect(failed)):
-                if text:
-                    memory[(t.env_id, int(t.task))].append(text)
-
-        return prepare, learn
-
-    def _trials(self, specs: list[EpisodeSpec], progress: Any, hooks: dict[str, Any], prepare: Any = None,
-                learn: Any = None) -> tuple[list[Trajectory], list[float], int]:
-        """Run ``specs`` for ``eval.trials`` attempts: attempt k + 1 runs the specs whose task no
-        earlier attempt solved.  ``prepare(spec)``, if given, gives the spec an attempt runs (called
-        before each attempt: what it is shown); ``learn(failed trajectories)`` is called after each
-        attempt but the last.  Returns one trajectory per spec, in order (the first successful
-        attempt, else the attempt with the highest reward, the earliest on ties), the share of
-        specs solved after each attempt and the number of episodes run."""
-        best: dict[int, Trajectory] = {}
-        by_trial: list[float] = []
-        pending = list(range(len(specs)))
-        attempts = 0
-        trials = self.cfg.eval.trials
-        for k in range(trials):
-            if pending:
-                run = [prepare(specs[i]) if prepare is not None else specs[i] for i in pending]
-                ran = self.runner.collect(run, self.eval_sampling, progress=progress, **hooks)
-                attempts += len(ran)
-                if learn is not None and k + 1 < trials:
-                    learn([t for t in ran if not t.success])
-                for i, t in zip(pending, ran):
-                    prev = best.get(i)
-                    if prev is None or (not prev.success and (t.success or t.reward > prev.reward)):
-                        best[i] = t
-                pending = [i for i in pending if not best[i].success]
-            by_trial.append(sum(1 for t in best.values() if t.success) / max(len(specs), 1))
-        return [best[i] for i in range(len(specs))], by_trial, attempts
-
-    def evaluate_all(self, episodes: int | str | None = None, progress: Any = None,
-                     modes: Sequence[str] | None = None) -> dict[str, Any]:
-        """The final evaluation written to ``eval.json``: ``{"step", "protocol", MODE: ...}`` for each
-        of ``modes`` (default :attr:`eval_modes`: ``free`` and, for methods with an experience bank
-        and ``experience.eval_guided``, ``guided`` and the memory controls of ``eval.controls``), the
-        same tasks in every mode (blocks as :meth:`evaluate`), and the final actor's ``lesson_follow``
-        (with ``eval.lesson_follow``)."""
-        out: dict[str, Any] = {"step": self.step, "protocol": self.eval_protocol(episodes)}
-        for mode in (self.eval_modes if modes is None else modes):
-            out[mode] = self.evaluate(episodes, progress, mode=mode)
-        follow = self.lesson_follow()
-        if follow:                            # the final actor's lesson following
-            out["lesson_follow"] = {k: v for k, v in follow.items() if not k.startswith("time_")}
-        return out
-
-    def eval_episode_count(self, episodes: int | str | None = None, modes: Sequence[str] | None = None) -> int:
-        """Episodes :meth:`evaluate_all` runs (for progress bars; with ``eval.trials`` the most it
-        can run, as solved tasks are not attempted again)."""
-        n = len(self.eval_modes if modes is None else modes) * self.cfg.eval.trials * self.cfg.eval.samples
-        return n * sum(len(v) for v in self.eval_task_ids(episodes).values())
 
     def save_checkpoint(self, path: str) -> None:
         """The final weights: ``save_pretrained`` of the actor (adapters only with LoRA) and its

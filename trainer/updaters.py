@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from crl_bench.config import RunConfig
-from crl_bench.methods import get_method
 from crl_bench.trainer.policy import PolicyUpdater
 
 
@@ -45,7 +44,7 @@ def make_updater(cfg: RunConfig, model: Any, optimizer: torch.optim.Optimizer, *
     threads = max(1, torch.get_num_threads() // cfg.train.workers)
     if not ray.is_initialized():
         # room for the actor's and (complementary) the extractor's workers: Ray's CPUs are logical
-        updaters = 2 if get_method(cfg.method).trains_extractor else 1
+        updaters = 2 if cfg.method_spec.trains_extractor else 1
         need = cfg.train.workers * threads * updaters
         init_ray(dataclasses.replace(cfg.ray, num_cpus=cfg.ray.num_cpus or max(os.cpu_count() or 1, need)))
     return DataParallelUpdater(model, optimizer, **kwargs, workers=cfg.train.workers, sharding=cfg.train.sharding,

@@ -758,7 +758,6 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     from crl_bench.experience.embedding import SentenceEmbedder
     from crl_bench.experience.extractor import extractor_for
     from crl_bench.llm.hf_engine import HFEngine
-    from crl_bench.methods import get_method
 
     exp_cfg = cfg.experience
     embedder = embedder or SentenceEmbedder(exp_cfg.embedder)
@@ -770,7 +769,7 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
                           utility_alpha=exp_cfg.utility_alpha, utility_ucb=exp_cfg.utility_ucb,
                           utility_min_sim=exp_cfg.utility_min_sim)
     extractor: Any = None
-    method = get_method(cfg.method)
+    method = cfg.method_spec
     if not read_only and method.entries == "cases" and not method.insights:
         extractor = CaseWriter(tokenizer, exp_cfg.case_tokens, exp_cfg.cases)
     elif not read_only and extractor_model is not None:

@@ -1,7 +1,7 @@
 """Task panels: the tasks an evaluation runs, named by content, so a result can be cited and checked.
 
 A panel is the ordered list of task ids an evaluation of one env runs on one split (the first
-``eval.episodes`` ids of the split, or all of them: ``Trainer.eval_task_ids``) together with a content
+``eval.episodes`` ids of the split, or all of them: ``Evaluator.task_ids``) together with a content
 hash per task, taken from :meth:`crl_bench.env_api.TextEnv.task_fingerprint` (ALFWorld: the game file
 and goal; WebShop: the goal and the target's price; Sokoban, MiniHack and the diagnostics: the rendered
 first observation, MiniHack with its NetHack seeds; SWE-bench: the instance). The **panel hash** covers
@@ -66,7 +66,7 @@ def panel_hash(env_id: str, split: str, tasks: Sequence[dict[str, Any]]) -> str:
 
 def panel_task_ids(env: Any, split: str, episodes: int | str) -> list[int]:
     """The task ids an evaluation with ``eval.episodes`` = ``episodes`` runs on ``env``'s ``split``: the
-    first ``episodes`` of the split, or all of them for ``"all"`` (as ``Trainer.eval_task_ids``).
+    first ``episodes`` of the split, or all of them for ``"all"`` (as ``Evaluator.task_ids``).
     Raises ``KeyError`` for an unknown split."""
     ids = [int(t) for t in env.task_ids(split)]
     return ids if episodes == "all" else ids[:int(episodes)]

@@ -110,13 +110,15 @@ def test_cli_eval_of_a_lora_run(tmp_path, monkeypatch, base_dir, tokenizer):
         trainer.close()
 
     seen = []
-    original = Trainer.evaluate
+    from crl_bench.trainer.evaluation import Evaluator
+
+    original = Evaluator.evaluate
 
     def spy(self, *a, **kw):
-        seen.append((type(self.model), self.cfg.model.lora, self.cfg.model.name))
+        seen.append((type(self.trainer.model), self.cfg.model.lora, self.cfg.model.name))
         return original(self, *a, **kw)
 
-    monkeypatch.setattr(Trainer, "evaluate", spy)
+    monkeypatch.setattr(Evaluator, "evaluate", spy)
     assert main(["eval", "--run", str(run), "--episodes", "2", "--quiet"]) == 0
     (model_type, lora, name), = seen
     assert not issubclass(model_type, peft.PeftModel) and lora is False

@@ -144,11 +144,11 @@ def test_eval_protocol_names_the_panel_export_writes(tokenizer, tiny_model, tmp_
                                                "eval": {"episodes": episodes}}])
     tr = Trainer(cfg, model=tiny_model, tokenizer=tokenizer)
     try:
-        proto = tr.eval_protocol()
+        proto = tr.evaluator.protocol()
         env = make_env("test-coin")
-        ids = tr.eval_task_ids()["test-coin"]
+        ids = tr.evaluator.task_ids()["test-coin"]
         assert proto["panels"] == {"test-coin": build_panel(env, "test-coin", "eval", ids)["panel_hash"]}
-        assert tr.eval_panels() is not proto["panels"] and tr.eval_panels() == proto["panels"]
+        assert tr.evaluator.panels() is not proto["panels"] and tr.evaluator.panels() == proto["panels"]
     finally:
         tr.close()
 

@@ -203,7 +203,7 @@ def test_release_training_state_frees_both_optimisers_before_the_final_eval(toke
     assert not comp.optimizer.state and not comp.experience.updater.optimizer.state
     assert all(p.grad is None for p in comp.model.parameters())
     assert all(torch.equal(v, comp.model.state_dict()[k]) for k, v in weights.items())
-    assert comp.evaluate(2, mode="guided")["episodes"] == 2      # evaluation still runs
+    assert comp.evaluator.evaluate(2, mode="guided")["episodes"] == 2      # evaluation still runs
     with pytest.raises(RuntimeError, match="release_training_state"):
         comp.train_step()
     comp.close()
@@ -297,17 +297,17 @@ def test_guided_eval_leaves_the_bank_and_its_counters_untouched(tokenizer, tiny_
     assert any(row[3] for row in before)                 # training retrievals were counted
     rng_state = tr.experience.retriever._rng.getstate()
     queries = tr.experience.manager.stats()["queries"]
-    ev = tr.evaluate()
+    ev = tr.evaluator.evaluate()
     assert ev["guided"] is True and ev["episodes"] == 2
     assert tr.experience.manager.stats()["queries"] == queries + 2      # eval did retrieve
     assert _bank_state(bank) == before
     assert tr.experience.retriever._rng.getstate() == rng_state
     # the final evaluation runs the same tasks guided and free, both read-only
-    both = tr.evaluate_all()
+    both = tr.evaluator.evaluate_all()
     assert both["guided"]["guided"] is True and both["free"]["guided"] is False
     assert both["guided"]["tasks"] == both["free"]["tasks"]
-    assert tr.eval_modes == ["guided", "shuffled", "empty", "free"]       # the memory controls by default
-    assert tr.eval_episode_count() == 8
+    assert tr.evaluator.modes == ["guided", "shuffled", "empty", "free"]       # the memory controls by default
+    assert tr.evaluator.episode_count() == 8
     assert _bank_state(bank) == before
     tr.close()
 
@@ -334,7 +334,7 @@ def test_read_only_bank_evaluates_a_finished_runs_bank(tmp_path, tokenizer, tiny
                     read_only_bank=bank_file)
     try:
         assert ev_tr.experience.extractor is None and ev_tr.experience.model is None
-        ev = ev_tr.evaluate(guided=True)
+        ev = ev_tr.evaluator.evaluate(guided=True)
         assert ev["guided"] is True and ev["episodes_with_experience"] == ev["episodes"] == 2
         with pytest.raises(RuntimeError, match="read-only"):
             ev_tr.train_step()

@@ -71,7 +71,7 @@ def test_each_task_runs_n_times_and_the_block_gives_pass_curves(tmp_path, tokeni
     writer = RunWriter(tmp_path / "runs", "run")
     tr = Trainer(cfg, writer=writer, model=tiny_model, tokenizer=tokenizer)
     tr.runner = _ScriptedRunner({100: [True, False, False, False], 101: [True, True, True, False]})
-    ev = tr.evaluate_all()
+    ev = tr.evaluator.evaluate_all()
     assert tr.runner.calls == [[100] * 4 + [101] * 4]            # one collect: 4 independent samples per task
     block = ev["free"]
     assert block["episodes"] == 8 and block["success_rate"] == pytest.approx(4 / 8)
@@ -81,7 +81,7 @@ def test_each_task_runs_n_times_and_the_block_gives_pass_curves(tmp_path, tokeni
     assert env["pass_at_k"] == pytest.approx(at) and env["pass_hat_k"] == pytest.approx(hat)
     assert block["pass_at_k"] == pytest.approx(at) and block["samples"] == 4
     assert ev["protocol"]["samples"] == 4 and "4 samples" in protocol_label(ev["protocol"])
-    assert tr.eval_episode_count() == 8
+    assert tr.evaluator.episode_count() == 8
     written = cfg.to_dict()
     written["train"]["steps"] = 0
     writer.write_config(written)
@@ -98,7 +98,7 @@ def test_each_task_runs_n_times_and_the_block_gives_pass_curves(tmp_path, tokeni
     md = leaderboard_markdown(df)
     assert "repeated samples, pass@k and pass^k" in md and "0.500 / 1.000 / 0.000" in md
     one = Trainer(coin_config("grpo"), model=tiny_model, tokenizer=tokenizer)
-    assert "samples" not in one.eval_protocol()
+    assert "samples" not in one.evaluator.protocol()
     one.close()
 
 

@@ -43,7 +43,7 @@ def test_each_attempt_runs_the_unsolved_tasks_and_the_best_attempt_is_kept(token
         4: [(False, 0.0), (True, 1.0)],
     })
     specs = [EpisodeSpec("test-coin", t) for t in (1, 2, 3, 4)]
-    best, by_trial, attempts = tr._trials(specs, None, {})
+    best, by_trial, attempts = tr.evaluator.trials(specs, None, {})
     assert tr.runner.calls == [[1, 2, 3, 4], [1, 3, 4], [1, 3]]
     assert [(b.task, b.attempt) for b in best] == [(1, 2), (2, 0), (3, 0), (4, 1)]
     assert by_trial == [0.25, 0.5, 0.75] and attempts == 4 + 3 + 2
@@ -58,7 +58,7 @@ def test_trials_in_the_evaluation_protocol_and_summary(tmp_path, tokenizer, tiny
     cfg = coin_config("grpo", eval={"trials": 3, "temperature": 1.0, "episodes": 6})
     writer = RunWriter(tmp_path, "run")
     tr = Trainer(cfg, writer=writer, model=tiny_model, tokenizer=tokenizer)
-    ev = tr.evaluate_all()
+    ev = tr.evaluator.evaluate_all()
     block = ev["free"]
     tasks = block["per_env"]["test-coin"]["successes"]
     assert block["episodes"] == len(tasks) == 6
@@ -67,7 +67,7 @@ def test_trials_in_the_evaluation_protocol_and_summary(tmp_path, tokenizer, tiny
     # attempt k + 1 ran the tasks still unsolved after attempt k
     assert block["attempts"] == 6 + round(6 * (1 - sbt[0])) + round(6 * (1 - sbt[1]))
     assert ev["protocol"]["trials"] == 3 and "3 trials" in protocol_label(ev["protocol"])
-    assert tr.eval_episode_count() == 18
+    assert tr.evaluator.episode_count() == 18
     written = cfg.to_dict()
     written["train"]["steps"] = 0                    # an evaluation-only run folder: no training rows
     writer.write_config(written)
@@ -79,7 +79,7 @@ def test_trials_in_the_evaluation_protocol_and_summary(tmp_path, tokenizer, tiny
     assert s["runs"][0]["eval"]["free"]["success_by_trial"] == sbt
     validate_summary(s)                              # the schema knows the trial keys
     one = Trainer(coin_config("grpo"), model=tiny_model, tokenizer=tokenizer)
-    assert "trials" not in one.eval_protocol() and "trials" not in protocol_label(one.eval_protocol())
+    assert "trials" not in one.evaluator.protocol() and "trials" not in protocol_label(one.evaluator.protocol())
     one.close()
 
 

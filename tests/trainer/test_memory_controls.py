@@ -164,18 +164,18 @@ def _collected(tr):
 
 def test_default_modes_and_controls_setting(tokenizer, tiny_model):
     tr = _diag_trainer(tokenizer, tiny_model)
-    assert tr.eval_modes == ["guided", "shuffled", "empty", "free"]
+    assert tr.evaluator.modes == ["guided", "shuffled", "empty", "free"]
     tr.close()
     tr = _diag_trainer(tokenizer, tiny_model, eval={"episodes": 4, "controls": "empty"})
-    assert tr.eval_modes == ["guided", "empty", "free"]
-    assert tr.eval_episode_count() == 12
+    assert tr.evaluator.modes == ["guided", "empty", "free"]
+    assert tr.evaluator.episode_count() == 12
     tr.close()
     tr = _diag_trainer(tokenizer, tiny_model, method="grpo")
-    assert tr.eval_modes == ["free"]
+    assert tr.evaluator.modes == ["free"]
     with pytest.raises(ValueError, match="needs an experience bank"):
-        tr.evaluate(mode="shuffled")
+        tr.evaluator.evaluate(mode="shuffled")
     with pytest.raises(ValueError, match="unknown eval mode"):
-        tr.evaluate(mode="sideways")
+        tr.evaluator.evaluate(mode="sideways")
     tr.close()
 
 
@@ -184,21 +184,21 @@ def test_shuffled_retrieves_with_another_contexts_query(tokenizer, tiny_model):
     tr.train_step()
     tr.experience.flush()
     assert tr.experience.bank.entries("diag-vault")
-    tasks = tr.eval_task_ids()
-    donors = tr.shuffled_donors(tasks)["diag-vault"]
+    tasks = tr.evaluator.task_ids()
+    donors = tr.evaluator.shuffled_donors(tasks)["diag-vault"]
     ctx = tr.eval_contexts["diag-vault"]
     assert set(donors) == set(tasks["diag-vault"]) and len(set(ctx[t] for t in donors)) > 1
     assert all(d != t and ctx[d] != ctx[t] for t, d in donors.items())
-    assert tr.shuffled_donors(tasks)["diag-vault"] == donors          # reproducible
+    assert tr.evaluator.shuffled_donors(tasks)["diag-vault"] == donors          # reproducible
     asked = _recording(tr)
     calls = _collected(tr)
-    ev = tr.evaluate(mode="shuffled")
+    ev = tr.evaluator.evaluate(mode="shuffled")
     trajs = calls[-1]
     own = {int(t.task): t.query for t in trajs}
     ids = tasks["diag-vault"]
-    assert asked == [tr.first_query("diag-vault", donors[t]) for t in ids]
+    assert asked == [tr.evaluator.first_query("diag-vault", donors[t]) for t in ids]
     assert all(q != own[t] and ctx[donors[t]] in q and ctx[t] not in q for t, q in zip(ids, asked))
-    assert all(t.query == tr.first_query("diag-vault", int(t.task)) for t in trajs)   # own query kept
+    assert all(t.query == tr.evaluator.first_query("diag-vault", int(t.task)) for t in trajs)   # own query kept
     assert ev["mode"] == "shuffled" and ev["guided"] is True
     assert ev["donors"]["diag-vault"] == {str(t): d for t, d in donors.items()}
     assert ev["per_env"]["diag-vault"]["successes"] == [
@@ -213,10 +213,10 @@ def test_empty_shows_the_header_and_no_entry_without_retrieving(tokenizer, tiny_
     tr.train_step()
     asked = _recording(tr)
     calls = _collected(tr)
-    ev = tr.evaluate(mode="empty")
+    ev = tr.evaluator.evaluate(mode="empty")
     assert asked == [] and ev["episodes_with_experience"] == 0 and ev["mode"] == "empty"
     assert all(t.guidance == EMPTY_GUIDANCE and GUIDANCE_HEADER in t.guidance for t in calls[-1])
-    guided = tr.evaluate(mode="guided")
+    guided = tr.evaluator.evaluate(mode="guided")
     assert len(asked) == 16 and guided["episodes_with_experience"] > 0
     tr.close()
 
@@ -239,7 +239,7 @@ def test_every_evaluation_starts_from_an_empty_prefix_store(tokenizer, tiny_mode
 
     tr.runner.collect = collect
     for mode in ("guided", "free", "empty"):
-        tr.evaluate(mode=mode)
+        tr.evaluator.evaluate(mode=mode)
         assert len(tr.engine.store) > 0           # the evaluation cached prefixes ...
     assert sizes == [0, 0, 0]                     # ... and the next one started without them
     tr.close()
@@ -260,15 +260,15 @@ def test_a_modes_retrievals_depend_neither_on_earlier_modes_nor_on_the_clock(tok
     def entries_shown() -> list:
         return [(t.task, tuple(t.experience_ids)) for t in shown[-1]]
 
-    tr.evaluate(mode="guided")
+    tr.evaluator.evaluate(mode="guided")
     first = entries_shown()
     assert sum(1 for _, ids in first if ids) > 0
-    tr.evaluate(mode="shuffled")
-    tr.evaluate(mode="guided")
+    tr.evaluator.evaluate(mode="shuffled")
+    tr.evaluator.evaluate(mode="guided")
     assert entries_shown() == first
     later = retrieval.time.time() + 3600.0
     monkeypatch.setattr(retrieval.time, "time", lambda: later)
-    tr.evaluate(mode="guided")
+    tr.evaluator.evaluate(mode="guided")
     assert entries_shown() == first
     tr.close()
 
@@ -276,7 +276,7 @@ def test_a_modes_retrievals_depend_neither_on_earlier_modes_nor_on_the_clock(tok
 def test_evaluate_all_runs_every_mode_on_the_same_tasks(tokenizer, tiny_model):
     tr = _diag_trainer(tokenizer, tiny_model, eval={"episodes": 4, "lesson_follow": 2})
     tr.train_step()
-    ev = tr.evaluate_all()
+    ev = tr.evaluator.evaluate_all()
     assert [m for m in ("guided", "shuffled", "empty", "free") if m in ev] == ["guided", "shuffled", "empty", "free"]
     assert len({json.dumps(ev[m]["tasks"]) for m in ("guided", "shuffled", "empty", "free")}) == 1
     assert set(ev["lesson_follow"]) == {"lesson_follow", "lesson_follow_wrong", "lesson_follow_none"}
@@ -377,13 +377,13 @@ def test_with_perfect_lessons_the_actor_learns_to_follow_them():
             rows.append(tr.train_step().metrics)
             final = tr.lesson_follow()
             if follows(final, rows[0]["lesson_follow"]):
-                guided = tr.evaluate(mode="guided")["success_rate"]
-                shuffled = tr.evaluate(mode="shuffled")["success_rate"]
+                guided = tr.evaluator.evaluate(mode="guided")["success_rate"]
+                shuffled = tr.evaluator.evaluate(mode="shuffled")["success_rate"]
                 if beats_chance_and_shuffled(guided, shuffled):
                     break
         if guided is None:
-            guided = tr.evaluate(mode="guided")["success_rate"]
-            shuffled = tr.evaluate(mode="shuffled")["success_rate"]
+            guided = tr.evaluator.evaluate(mode="guided")["success_rate"]
+            shuffled = tr.evaluator.evaluate(mode="shuffled")["success_rate"]
     finally:
         tr.close()
     assert ex.engine.written > 0 and rows[-1]["bank_correct_lessons"] == 1.0

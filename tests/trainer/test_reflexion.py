@@ -76,12 +76,13 @@ def test_evaluation_attempts_see_the_reflections_of_earlier_attempts(tokenizer, 
     tr = _trainer(tokenizer, tiny_model, eval={"trials": 3, "episodes": 4})
     runner = _Failing()
     tr.runner = runner
-    tasks = tr.eval_task_ids()["test-coin"]
-    donors = tr.shuffled_donors({"test-coin": tasks})["test-coin"] if mode == "shuffled" else {}
+    tasks = tr.evaluator.task_ids()["test-coin"]
+    donors = tr.evaluator.shuffled_donors({"test-coin": tasks})["test-coin"] if mode == "shuffled" else {}
     shown = [0]
-    prepare, learn = tr._reflexion_trials(mode, {"test-coin": donors}, shown) if mode != "free" else (None, None)
+    prepare, learn = (tr.evaluator.reflexion_trials(mode, {"test-coin": donors}, shown) if mode != "free"
+                      else (None, None))
     specs = [EpisodeSpec("test-coin", t, group_id=i, subgroup="guided") for i, t in enumerate(tasks)]
-    tr._trials(specs, None, {}, prepare, learn)
+    tr.evaluator.trials(specs, None, {}, prepare, learn)
     assert len(runner.calls) == 3
     # every task fails every attempt: attempts 2 and 3 of each are shown reflections (not in empty)
     assert shown[0] == (0 if mode in ("free", "empty") else 2 * len(tasks))
@@ -105,7 +106,7 @@ def test_evaluation_attempts_see_the_reflections_of_earlier_attempts(tokenizer, 
 
 def test_reflexion_evaluation_end_to_end(tokenizer, tiny_model):
     tr = _trainer(tokenizer, tiny_model, eval={"trials": 2, "episodes": 3})
-    ev = tr.evaluate_all()
+    ev = tr.evaluator.evaluate_all()
     assert set(ev) >= {"free", "guided", "shuffled", "empty"} and ev["protocol"]["trials"] == 2
     for mode in ("free", "guided", "shuffled", "empty"):
         assert len(ev[mode]["success_by_trial"]) == 2

@@ -21,6 +21,7 @@ from crl_bench.experience.manager import NO_KNOWLEDGE
 from crl_bench.experience.operations import ParseResult
 from crl_bench.experience.types import Operation
 from crl_bench.llm.base import Generation
+from crl_bench.trainer.evaluation import Evaluator
 from crl_bench.trainer.loop import Trainer
 
 ADD = "<op>ADD</op><title>Call heads</title><content>Heads wins the coin toss.</content>"
@@ -396,7 +397,7 @@ def test_eval_writes_counters_only_when_asked(tokenizer, tiny_model):
         tr.train_step()
         tr.train_step()
         before = sum(e.times_retrieved for e in tr.experience.bank.entries())
-        tr.evaluate(guided=True)
+        tr.evaluator.evaluate(guided=True)
         after = sum(e.times_retrieved for e in tr.experience.bank.entries())
         assert (after > before) == writes
         tr.close()
@@ -409,10 +410,10 @@ def test_periodic_eval_sees_the_bank_after_the_next_steps_merge(tokenizer, tiny_
                       eval={"every": 2, "episodes": 2}, experience={"merge_every": 2},
                       output_dir=str(tmp_path), run_id="r")
     seen = {}
-    orig = Trainer.evaluate
+    orig = Evaluator.evaluate
 
     def evaluate(self, *a, **k):
-        seen.setdefault(self.step, self.experience.manager.stats()["merge_passes"])
+        seen.setdefault(self.trainer.step, self.trainer.experience.manager.stats()["merge_passes"])
         return orig(self, *a, **k)
 
     import crl_bench.trainer.lifecycle as lifecycle
@@ -424,12 +425,13 @@ def test_periodic_eval_sees_the_bank_after_the_next_steps_merge(tokenizer, tiny_
                              extractor_model=copy.deepcopy(tiny_model))
             ex = self.experience.extractor
             ex.engine = ByPrompt(tokenizer, _fold_reply(1), ex.prompts.prefill)
-    Patched.evaluate = evaluate
     lifecycle.Trainer = Patched
+    Evaluator.evaluate = evaluate
     try:
         run_training(cfg, quiet=True)
     finally:
         lifecycle.Trainer = real_trainer
+        Evaluator.evaluate = orig
     assert seen[2] == 1            # the eval after step 2 ran after step 3's merge pass (released order)
     import json
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]

@@ -36,7 +36,7 @@ def test_grpo_step_updates_full_model(tokenizer, tiny_model):
     advs = tr.advantages(res.trajectories)
     for g in {t.group_id for t in res.trajectories}:
         assert sum(a for a, t in zip(advs, res.trajectories) if t.group_id == g) == pytest.approx(0.0, abs=1e-6)
-    ev = tr.evaluate()
+    ev = tr.evaluator.evaluate()
     assert ev["episodes"] == 4 and ev["tasks"] == {"test-coin": [100, 101, 102, 103]}
     tr.close()
 
@@ -50,7 +50,7 @@ def test_lesson_follow_is_off_by_default_and_on_in_the_diag_preset(tokenizer, ti
     try:
         m = tr.train_step().metrics
         assert not any(k.startswith("lesson_follow") for k in m) and tr._lesson_probe is None
-        assert "lesson_follow" not in tr.evaluate_all()
+        assert "lesson_follow" not in tr.evaluator.evaluate_all()
     finally:
         tr.close()
 
@@ -63,9 +63,9 @@ def test_eval_all_and_protocol(tokenizer, tiny_model):
     cfg.eval.lesson_follow = 8
     tr = Trainer(cfg, model=tiny_model, tokenizer=tokenizer)
     n_eval = len(tr.eval_tasks["test-coin"])
-    assert tr.eval_task_ids() == {"test-coin": [int(t) for t in tr.eval_tasks["test-coin"]]}
-    assert tr.eval_task_ids(3) == {"test-coin": [int(t) for t in tr.eval_tasks["test-coin"][:3]]}
-    ev = tr.evaluate_all()
+    assert tr.evaluator.task_ids() == {"test-coin": [int(t) for t in tr.eval_tasks["test-coin"]]}
+    assert tr.evaluator.task_ids(3) == {"test-coin": [int(t) for t in tr.eval_tasks["test-coin"][:3]]}
+    ev = tr.evaluator.evaluate_all()
     assert set(ev) == {"step", "protocol", "free", "lesson_follow"}     # eval.lesson_follow: the final actor
     assert ev["free"]["episodes"] == n_eval and ev["free"]["guided"] is False
     p = ev["protocol"]
@@ -74,7 +74,7 @@ def test_eval_all_and_protocol(tokenizer, tiny_model):
     row = ev["free"]["per_env"]["test-coin"]
     assert row["score_mean"] == pytest.approx(ev["free"]["reward_mean"]) and "per_type" not in row
     with pytest.raises(ValueError, match="experience bank"):
-        tr.evaluate(guided=True)
+        tr.evaluator.evaluate(guided=True)
     tr.close()
 
 

@@ -180,10 +180,14 @@ class _Checker:
 
     # ---- bookkeeping ------------------------------------------------------------------------------
     def fail(self, prop: str, detail: str, task: int | None = None) -> None:
-        self.failures.append(EnvCheckFailure(self.env_id, prop, task, detail))
+        failure = EnvCheckFailure(self.env_id, prop, task, detail)
+        if failure not in self.failures:         # two episodes of a task may break the same way
+            self.failures.append(failure)
 
     def note(self, text: str) -> None:
-        self.notes.append(f"{self.env_id}: {text}")
+        line = f"{self.env_id}: {text}"
+        if line not in self.notes:
+            self.notes.append(line)
 
     def run(self, prop: str, fn: Callable[..., Any], *args: Any, task: int | None = None) -> Any:
         """Run one check; a broken expectation (:class:`_Failed`) or an exception of the env is a
@@ -300,8 +304,10 @@ class _Checker:
 
     # ---- per task ----------------------------------------------------------------------------------
     def info(self, info: Any, task: int, steps: int, invalid_total: int, where: str) -> None:
-        """The common info keys of one reset or step."""
-        expect = self.expect
+        """The common info keys of one reset or step (failures filed under ``"info"``)."""
+        def expect(ok: bool, detail: str) -> None:
+            self.expect(ok, detail, "info")
+
         expect(isinstance(info, dict), f"{where}: info must be a dict, got {type(info).__name__}")
         missing = [k for k in COMMON_INFO_KEYS if k not in info]
         expect(not missing, f"{where}: info lacks the key(s) {missing}")
@@ -331,8 +337,7 @@ class _Checker:
         try:
             _canonical(extra)
         except (TypeError, ValueError) as e:
-            self.note(f"task {task}: {where}: extra_info is not JSON-serialisable ({e}); the rollout keeps "
-                      f"it in trajectories")
+            self.note(f"extra_info is not JSON-serialisable ({e}); the rollout keeps it in trajectories")
 
     def reset_result(self, out: Any, task: int, where: str) -> str:
         self.expect(isinstance(out, tuple) and len(out) == 2,
@@ -364,7 +369,10 @@ class _Checker:
     def seeded_resets(self, task: int, first: str, train: Sequence[int]) -> None:
         """``reset(seed=t)`` is task ``t``; a reset without a task draws one of the train split."""
         env = self.env
-        obs = self.reset_result(env.reset(seed=task), task, "reset(seed=t)")
+        out = env.reset(seed=task)
+        got = out[1].get("task") if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) else None
+        self.expect(got == task, f"reset(seed=t) must start task t (a seed is the task id), it started task {got!r}")
+        obs = self.reset_result(out, task, "reset(seed=t)")
         self.expect(obs == first, "reset(seed=t) must start task t: its observation differs from "
                                   "reset(options={'task': t})'s")
         _obs, info = env.reset()
@@ -378,7 +386,8 @@ class _Checker:
         env = self.env
         actions = env.admissible_actions()
         if actions is None:
-            self.note(f"task {task}: open action set at the first state (admissible_actions() is None)")
+            self.note("open action set at a first state (admissible_actions() is None): the policy's "
+                      "replies there are free text")
             return
         problem = ""
         if not actions:
@@ -426,8 +435,8 @@ class _Checker:
             if term or trunc:
                 break
         if all(r[5]["invalid_action"] for r in record):
-            self.note(f"task {task}: the policy's replies were all invalid: determinism was checked on "
-                      f"invalid actions only (pass policy= to check_env)")
+            self.note("the policy's replies were all invalid: determinism was checked on invalid "
+                      "actions only (pass policy= to check_env)")
         return first, record
 
     def replay(self, task: int, first: str, record: list[tuple]) -> None:
@@ -515,12 +524,16 @@ class _Checker:
                     "task_fingerprint depends on the env's state: it differs after episodes were played")
 
     def close(self, other: TextEnv | None, close_env: bool) -> None:
-        if other is not None:
-            other.close()
-            other.close()
-        if close_env:
-            self.env.close()
-            self.env.close()
+        """``close()`` twice: on the second instance (never reset) and on the checked env."""
+        for which, env in (("a never-reset instance", other), ("the checked env", self.env if close_env else None)):
+            if env is None:
+                continue
+            for n in ("first", "second"):
+                try:
+                    env.close()
+                except Exception as e:
+                    raise _Failed(f"the {n} close() of {which} raised {type(e).__name__}: {e} (close must "
+                                  f"be idempotent)") from e
 
 
 def _flagged(out: Any) -> bool:
@@ -599,7 +612,7 @@ def check_env(env: TextEnv, *, tasks: Sequence[int] | None = None, steps: int = 
         c.run("hooks", c.hooks)
         ids = c.run("splits", c.splits)
         if make is not None:
-            other = make()
+            other = c.run("make", make)
         else:
             c.note("no make= given: task ids and fingerprints were not compared with a second instance")
         if ids is not None:

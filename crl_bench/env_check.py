@@ -218,6 +218,7 @@ class _Checker:
         expect(isinstance(env.system_prompt, str), f"system_prompt must be a str, got {_short(env.system_prompt)}")
         if not env.system_prompt.strip():
             self.note("system_prompt is empty: the actor is shown no rules or answer format")
+        expect(isinstance(env.prefetch_resets, bool), "prefetch_resets must be a bool")
         fmt = env.reply_format
         expect(isinstance(fmt, ReplyFormat), f"reply_format must be a ReplyFormat, got {_short(fmt)}")
         expect(isinstance(fmt.instruction, str) and bool(fmt.instruction.strip()),
@@ -663,7 +664,7 @@ def _setting(text: str) -> tuple[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m crl_bench.env_check ENV_ID [--task T ...] [--steps N] [--set KEY=VALUE ...]``: run
     :func:`check_env` on a registered env. Exit 0: it passes (notes printed); 1: violations (one per
-    line); 2: the env cannot run here or is unknown."""
+    line); 2: the env cannot run here, or its id or a setting is unknown."""
     p = argparse.ArgumentParser(prog="python -m crl_bench.env_check",
                                 description="Check that an environment keeps the TextEnv contract.")
     p.add_argument("env_id", help=f"a registered env: {', '.join(list_envs())}")
@@ -678,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = make_env(args.env_id, **kwargs)
         notes = check_env(env, tasks=args.tasks, steps=args.steps,
                           make=lambda: make_env(args.env_id, **kwargs))
-    except (EnvUnavailableError, KeyError) as e:
+    except (EnvUnavailableError, KeyError, TypeError) as e:    # cannot run here, unknown id or setting
         print(f"error: {e}", file=sys.stderr)
         return 2
     except EnvCheckError as e:

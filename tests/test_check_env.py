@@ -54,7 +54,7 @@ def test_every_registered_env_keeps_the_contract(env_id, request):
         env = request.getfixturevalue("alfworld_env")
         notes = check_env(env, close=False, make=lambda: make_env("alfworld"))
     elif env_id == "swebench-verified":
-        notes = _check_swe(request)
+        env, notes = _check_swe(request)
     else:
         try:
             env = make_env(env_id)
@@ -64,18 +64,29 @@ def test_every_registered_env_keeps_the_contract(env_id, request):
             pytest.skip(f"a plugin env whose engine is not installed here: {e}")
         notes = check_env(env, make=lambda: make_env(env_id),
                           policy=_webshop_policy if env_id == "webshop" else None)
+    assert env.env_id == env_id                                       # the id it is registered under
     assert not [n for n in notes if "all invalid" in n], notes       # the trajectories took real actions
 
 
-def _check_swe(request) -> list[str]:
+def _check_swe(request) -> tuple[TextEnv, list[str]]:
     from swe_synthetic import build_task
 
-    instances = build_task(request.getfixturevalue("tmp_path"))
-    notes = check_env(make_env("swebench-verified", instances=str(instances)), policy=_swe_policy,
-                      make=lambda: make_env("swebench-verified", instances=str(instances)))
+    from crl_bench.envs.swebench.engine import docker_client
+    from crl_bench.envs.swebench.sandbox import LABEL
+
+    client = docker_client(timeout=600)
+
+    def ours() -> set[str]:
+        return {c.name for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"})}
+
+    before = ours()
+    instances = build_task(request.getfixturevalue("tmp_path"), client)
+    env = make_env("swebench-verified", instances=str(instances))
+    notes = check_env(env, policy=_swe_policy, make=lambda: make_env("swebench-verified", instances=str(instances)))
     # the default eval list is the training list: the same instance under two task ids, noted
     assert any("same fingerprint" in n for n in notes), notes
-    return notes
+    assert ours() <= before, "check_env left a sandbox container behind"
+    return env, notes
 
 
 # ---- a small env that keeps the contract, and one break of it per property ---------------------------

@@ -12,7 +12,8 @@ env (:mod:`crl_bench.env_api`, :mod:`crl_bench.rollout`, :mod:`crl_bench.results
 * splits: ``train`` and ``eval`` exist, no task id is in two splits, the ids are integers and the
   same on every call (and on a second instance), unknown ids and splits are ``KeyError``;
 * invalid actions (garbage, no ``<answer>`` tags, an empty answer, an action outside a closed set)
-  are fed back: the ``invalid_action`` flag set, the episode goes on, nothing raised;
+  are fed back: the ``invalid_action`` flag set, the observation says the action was invalid, no
+  reward, the episode goes on, nothing raised;
 * the step limit: ``max_steps`` actions, valid or not, end the episode as truncated (not
   terminated, no success) with the env's failure reward (:meth:`TextEnv.truncation_reward`), and
   a step after the end raises ``RuntimeError``;
@@ -577,9 +578,9 @@ def check_env(env: TextEnv, *, tasks: Sequence[int] | None = None, steps: int = 
     SWE-bench's default eval list, the training list) and ``extra_info`` values JSON cannot hold are
     allowed and returned as notes; everything else is a failure.
 
-    Cost: per task, three resets (five for the first), ``steps`` actions twice and ``max_steps``
-    invalid replies (which do not reach the simulator), so slow envs (ALFWorld, WebShop, SWE-bench
-    in containers) are checked on a few tasks.
+    Cost: per task, three resets (five for the first; a default ``task_fingerprint`` resets too),
+    ``steps`` actions twice and ``max_steps`` invalid replies (which do not reach the simulator), so
+    slow envs (ALFWorld, WebShop, SWE-bench in containers) are checked on a few tasks.
 
     Args:
         env: the env, newly made or between episodes; it is reset many times.

@@ -282,6 +282,36 @@ def test_check_env_fails_on_a_broken_env(cls, props):
                for f in e.value.failures), str(e.value)
 
 
+class Unusual(Walk):
+    """Allowed, and worth a note: no system prompt, an open action set, an id listed twice in a split,
+    extra info JSON cannot hold and two tasks of the same content."""
+
+    system_prompt = ""
+    splits = {"train": [0, 1, 1, 3], "eval": [50, 53]}
+
+    def admissible_actions(self):
+        return None
+
+    def _apply(self, action):
+        if action in ("one", "two", "three"):
+            return super()._apply(action)
+        return 0.0, False, False, f"Nothing happens when you {action}."
+
+    def extra_info(self):
+        return {"visited": {self.pos}}
+
+    def task_fingerprint(self, task):
+        return {"start": self.check_task(task) % 3}
+
+
+def test_what_is_allowed_is_noted_not_failed():
+    notes = check_env(Unusual(), tasks=[0, 3, 50], make=Unusual)
+    text = "\n".join(notes)
+    for expected in ("system_prompt is empty", "open action set", "split 'train' lists a task id more than once",
+                     "extra_info is not JSON-serialisable", "tasks 0 and 3 have the same fingerprint"):
+        assert expected in text, text
+
+
 def test_a_failure_names_the_env_the_task_and_the_property():
     with pytest.raises(EnvCheckError) as e:
         check_env(NoTruncation(), tasks=[3])

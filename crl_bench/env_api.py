@@ -7,10 +7,13 @@ Every crl-bench environment is a :class:`gymnasium.Env` whose observations and a
 * ``step(action: str) -> (obs: str, reward: float, terminated: bool, truncated: bool, info: dict)``
 
 ``info`` always carries ``success: bool``, ``invalid_action: bool`` and ``steps: int``; envs with a
-closed action set also carry ``admissible_actions: list[str]``.  ``step`` accepts the actor's raw reply
-(e.g. ``"<think>...</think><answer>up</answer>"``) or a bare action; a reply that does not parse to a
-legal action is an *invalid action*: the episode goes on, the step counts towards the step limit and the
-observation tells the agent what was wrong.  It never raises.
+closed action set also carry ``admissible_actions: list[str]``.  ``step`` takes the actor's raw reply
+(e.g. ``"<think>...</think><answer>up</answer>"``; a bare action without the tags is accepted only by a
+parser with ``allow_bare``, which no env here uses: ``crl-bench envs play`` wraps what a human types);
+a reply that does not parse to a legal action is an *invalid action*: the episode goes on, the step
+counts towards the step limit and the observation tells the agent what was wrong.  It never raises.
+``crl_bench.env_check.check_env`` checks an env against this contract (Gymnasium's ``check_env`` for
+TextEnvs; a module of its own, since this one imports nothing of the project).
 
 Environments are found by id through the ``crl_bench.envs`` entry-point group (ours are declared in
 pyproject.toml the same way a user's package declares its own) and registered with gymnasium under the

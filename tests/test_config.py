@@ -152,3 +152,21 @@ def test_the_method_is_resolved_in_the_config_alone(monkeypatch):
                 if name == "get_method" and rel not in allowed:
                     calls.append(f"{rel}:{node.lineno}")
     assert not calls, f"a method name resolved outside RunConfig.method_spec: {calls}"
+
+
+def test_the_paper_preset_trains_on_the_released_minihack_room():
+    """The released example (``examples/singletask-agentic/single_task_complementaryrl.yaml``, tags
+    ``MiniHackRoomUltimate`` for training and validation) runs ``MiniHack-Room-Ultimate-5x5-v0``: a
+    random room, dark, with a monster and a trap, so tasks differ and so do their retrieval queries."""
+    from crl_bench.env_api import make_env
+
+    cfg = build_config([preset_data("paper")])
+    assert cfg.rollout.mix == "minihack-room"
+    kwargs = cfg.rollout.env_kwargs["minihack-room"]
+    assert kwargs == {"variant": "MiniHack-Room-Ultimate-5x5-v0"}
+    env = make_env("minihack-room", **kwargs)
+    try:
+        queries = {env.retrieval_query(env.reset(options={"task": t})[0]) for t in env.task_ids("train")[:4]}
+    finally:
+        env.close()
+    assert len(queries) > 1                 # the rooms differ by task (one fixed layout would give one)

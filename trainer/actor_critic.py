@@ -117,7 +117,7 @@ class ActorCritic:
     Args:
         engine: the actor's generation engine.
         tokenizer: the actor's tokenizer (with a chat template).
-        sampling: the actor's sampling settings; generation stops at ``</answer>``.
+        sampling: the actor's sampling settings (a judgement has no stop string: :meth:`judge_sampling`).
         max_new_tokens: reply budget of a judgement.
     """
 
@@ -128,9 +128,12 @@ class ActorCritic:
         self.sampling = self.judge_sampling(sampling)
 
     def judge_sampling(self, sampling: SamplingParams) -> SamplingParams:
-        """The actor's ``sampling`` (temperature, top-p, top-k) with the judgement's budget and stop."""
+        """The actor's ``sampling`` (temperature, top-p, top-k) with the judgement's budget and no stop
+        string: as released (``actor_critic`` generates with the actor's generating args, whose only
+        stop string is the search tool's tag, and ``_parse_actor_critic_response`` reads the last
+        ``<answer>``), a judgement runs to its end or its budget and its last answer counts."""
         return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                              max_new_tokens=self.max_new_tokens, stop=("</answer>",))
+                              max_new_tokens=self.max_new_tokens, stop=())
 
     def prompt(self, task: str, knowledge: str, avg_score: float, episodes: int) -> list[int]:
         """Prompt ids for one judgement: ``task`` is the episode's first task prompt, ``avg_score`` the

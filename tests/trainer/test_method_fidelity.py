@@ -145,6 +145,40 @@ def test_parse_judgement_and_reward_mapping():
     assert use_reward(_guided(False, 0.0, [e], "invalid"), [], "binary") == -1.0
 
 
+class StopAtStrings(Scripted):
+    """:class:`Scripted`, cut as an engine cuts a reply: at the first of the sampling's stop strings."""
+
+    def generate(self, prompts, params, allowed=None):
+        text = self.text
+        for stop in params.stop:
+            if stop in text:
+                text = text[:text.index(stop) + len(stop)]
+        self.prompts += [list(p) for p in prompts]
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return [Generation(list(p), ids, [-1.0] * len(ids), text, "stop") for p in prompts]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_the_judges_last_answer_decides_as_released(tokenizer, tiny_model, training):
+    """A judgement that answers twice is read by its last answer, in training and in evaluation: the
+    released judge generates with the actor's generating args (no ``</answer>`` stop) and parses the
+    last ``<answer>`` (``memory_integration_mixin.py`` ``actor_critic``, ``_parse_actor_critic_response``)."""
+    tr = _trainer(tokenizer, tiny_model, experience={"actor_critic": True})
+    tr.train_step()                                                    # the warm-up writes a lesson
+    tr.experience.critic.engine = StopAtStrings(
+        tokenizer, '<answer>{"function_name": "reject", "parameters": {}}</answer> On reflection: '
+                   '<answer>{"function_name": "accept", "parameters": {}}</answer>')
+    if training:
+        records = [t.retrieval for t in tr.train_step().trajectories if t.subgroup == "guided"]
+    else:                                                    # the evaluation's guide, eval sampling
+        task = tr.evaluator.task_ids(1)["test-coin"][0]
+        records = [g.record for g in tr.experience.eval_guide(
+            [("test-coin", "Call the coin.", tr.evaluator.first_query("test-coin", task))])]
+    assert records and all(r is not None and r.entries for r in records)
+    assert [r.judgement for r in records] == ["accept"] * len(records)
+    tr.close()
+
+
 @pytest.mark.parametrize("decision,shown", [("accept", "Heads wins"), ("refine", "Always say heads."),
                                             ("reject", None)])
 def test_actor_critic_gate_decides_what_is_shown(tokenizer, tiny_model, decision, shown):

@@ -352,3 +352,24 @@ def test_paper_preset_is_the_released_configuration():
     assert cfg.train.recompute_old_logprobs
     for name in ("default", "smoke"):
         assert not build_config([preset_data(name)]).experience.actor_critic
+
+
+def test_evaluation_sampled_as_released_uses_the_actors_generating_args(tokenizer, tiny_model):
+    """The released validation env managers get the actor's generating args (``agentic_config.py``:
+    ``val_env_manager.generating_args = actor_infer.generating_args``). ``eval.temperature`` set to the
+    actor's temperature gives evaluation episodes and the judge in evaluation exactly the actor's
+    sampling (temperature, top-p, top-k); the default stays greedy."""
+    released = {"temperature": 0.99, "top_p": 0.99, "top_k": 100}
+    tr = _trainer(tokenizer, tiny_model, generation=released, eval={"temperature": 0.99},
+                  experience={"actor_critic": True})
+    try:
+        for sampling in (tr.eval_sampling, tr.experience._eval_judging):
+            assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.99, 0.99, 100)
+        assert tr.evaluator.protocol()["temperature"] == 0.99
+    finally:
+        tr.close()
+    greedy = _trainer(tokenizer, tiny_model, generation=released, experience={"actor_critic": True})
+    try:
+        assert greedy.eval_sampling.temperature == 0.0 == greedy.experience._eval_judging.temperature
+    finally:
+        greedy.close()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -495,14 +496,15 @@ class Extractor:
         fold_prompts: prompt builder of the merge pass's fold (default: :class:`FoldPromptBuilder`
             with the same prefill).
         answer_prompts: prompt builder of search-tool answers (default: :class:`AnswerPromptBuilder`).
-        parse_fn: ``parse_fn(reply, shown_ids) -> ParseResult`` reading a reply whose extractor was
-            shown ``shown_ids``; default: the one-line format (:func:`parse_operations`).
+        parse_fn: ``parse_fn(reply, shown_ids, max_ops) -> ParseResult`` reading a reply whose
+            extractor was shown ``shown_ids``, keeping at most ``max_ops`` operations; default: the
+            one-line format (:func:`parse_operations`).
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, prompt_builder: ExtractorPromptBuilder,
                  sampling: SamplingParams = DEFAULT_SAMPLING, extractor_version: int = 0,
                  restrict_ids: bool = True, merge_prompts: MergePromptBuilder | None = None,
-                 parse_fn: Callable[[str, list[int]], ParseResult] | None = None,
+                 parse_fn: Callable[[str, list[int], int], ParseResult] | None = None,
                  fold_prompts: FoldPromptBuilder | None = None,
                  answer_prompts: AnswerPromptBuilder | None = None) -> None:
         self.engine = engine
@@ -526,10 +528,13 @@ class Extractor:
             return contextlib.nullcontext()
         return gate.background()
 
-    def _parse(self, text: str, shown_ids: list[int]) -> ParseResult:
+    def _parse(self, text: str, shown_ids: list[int], max_ops: int | None = None) -> ParseResult:
+        """Read a reply, keeping at most ``max_ops`` operations (default: the distillation prompt's
+        ``max_ops``)."""
+        limit = self.prompts.max_ops if max_ops is None else max_ops
         if self.parse_fn is not None:
-            return self.parse_fn(text, shown_ids)
-        return parse_operations(text, self.prompts.max_ops, shown_ids if self.restrict_ids else None)
+            return self.parse_fn(text, shown_ids, limit)
+        return parse_operations(text, limit, shown_ids if self.restrict_ids else None)
 
     def extract(self, records: Sequence[EpisodeRecord],
                 retrieved: Sequence[Sequence[ExperienceEntry]] | None = None) -> list[Extraction]:
@@ -593,8 +598,10 @@ class Extractor:
                             self.fold_prompts.prefill, "merge", [[] for _ in chunks], self._parse_fold)
 
     def _parse_fold(self, text: str, _shown: list[int]) -> ParseResult:
-        # a fold reply lists lessons (ADD operations) or says NONE / return; no lesson number is named
-        return self._parse(text, [])
+        # a fold reply lists lessons (ADD operations) or says NONE / return; no lesson number is named.
+        # Its prompt names no limit and the released parse_answer_to_list keeps every item, so every
+        # lesson is kept: the chunk's originals are deleted once the reply is applied
+        return self._parse(text, [], max_ops=sys.maxsize)
 
     def answer(self, queries: Sequence[str], knowledge: Sequence[str], env_ids: Sequence[str]) -> list[Extraction]:
         """The extractor's answers to the actor's search-tool queries, each given the retrieved
@@ -799,7 +806,7 @@ def extractor_for(xc: ExtractorConfig, engine: Engine, tokenizer: Any) -> Extrac
         sampling = SamplingParams(temperature=xc.temperature, top_p=xc.top_p, top_k=xc.top_k,
                                   max_new_tokens=xc.max_new_tokens, stop=())
         return Extractor(engine, tokenizer, builder, sampling, merge_prompts=merge, fold_prompts=fold,
-                         parse_fn=lambda text, shown: json_ops.parse_json_operations(text, shown, xc.max_ops))
+                         parse_fn=json_ops.parse_json_operations)
     if xc.format != "line":
         raise ValueError(f"extractor.format must be line or json, got {xc.format!r}")
     stop = (STOP, "\n") if xc.one_op_per_reply else (STOP,)

@@ -7,6 +7,7 @@ counters, raw-logit log-probs."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import pytest
@@ -118,6 +119,31 @@ def test_fold_folds_an_env_down_to_one_calls_output_and_credits_the_last_call(to
         track.manager._finished.append(o)
     track._collect_extractions()
     assert calls[-1].extraction.id in track.waiting_reward
+    tr.close()
+
+
+@pytest.mark.parametrize("fmt", ["line", "json"])
+def test_a_fold_keeps_every_lesson_it_returns(tokenizer, tiny_model, fmt):
+    """The fold prompt names no limit and the released ``parse_answer_to_list`` keeps every item: a
+    merge pass whose calls return 10 lessons leaves a 10-entry bank with those 10 lessons, not the
+    distillation's operation cap (``extractor.max_ops`` 3) of them, in both answer formats."""
+    def keep_ten(text: str) -> str:
+        if "Your lessons:" not in text and "REPLACE ALL" not in text:
+            return "<ops>\n" + ADD + "\n</ops>"
+        lessons = [(f"kept {k}", f"Lesson {k} kept as it was, since every lesson still holds.") for k in range(10)]
+        if fmt == "json":
+            ops = [{"function_name": "add", "parameters": {"title": t, "content": c}} for t, c in lessons]
+            return "<answer>" + json.dumps(ops) + "</answer>"
+        return "<ops>\n" + "\n".join(f"<op>ADD</op><title>{t}</title><content>{c}</content>"
+                                       for t, c in lessons) + "\n</ops>"
+
+    tr = _trainer(tokenizer, tiny_model, reply=keep_ten, extractor={"format": fmt, "max_ops": 3})
+    bank = tr.experience.bank
+    _seed(bank, "test-coin", 10)
+    tr.experience.manager.merge_pass(step=5, mode="fold", max_size=5)
+    left = bank.entries("test-coin")
+    assert sorted(e.title for e in left) == sorted(f"kept {k}" for k in range(10))
+    assert all(e.origin == "fold" for e in left)
     tr.close()
 
 

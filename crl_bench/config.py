@@ -124,6 +124,11 @@ class RolloutConfig:
             resets are slow (``prefetch_resets``, e.g. ALFWorld); the tasks drawn are the same.
         max_concurrent: episodes live at once (0 = a whole batch); bigger batches (e.g. a 134-task
             eval) run in waves, bounding the env instances (ALFWorld worker processes) in use.
+        max_context_tokens: the most tokens an episode's prompt and reply may hold together (0 = the
+            actor's context window, ``max_position_embeddings`` of its config). As released
+            (``sequence_length`` 32,768, ``TrajEnvManager.make_decision``): a turn's reply gets at most
+            what is left of it, and an episode whose next prompt fills it ends there, truncated
+            (``Trajectory.context_full``).
     """
 
     mix: str = "minihack-room"
@@ -133,6 +138,7 @@ class RolloutConfig:
     env_kwargs: dict = field(default_factory=dict)
     prefetch: bool = True
     max_concurrent: int = 32
+    max_context_tokens: int = 0
 
 
 @dataclass
@@ -843,6 +849,7 @@ def validate(cfg: RunConfig) -> None:
         ("generation.vllm_kv_cache_gb", cfg.generation.vllm_kv_cache_gb is None or cfg.generation.vllm_kv_cache_gb > 0),
         ("rollout.max_steps", cfg.rollout.max_steps >= 0),
         ("rollout.history", cfg.rollout.history >= 0),
+        ("rollout.max_context_tokens", cfg.rollout.max_context_tokens >= 0),
         ("eval.episodes", cfg.eval.episodes == "all" if isinstance(cfg.eval.episodes, str)
          else cfg.eval.episodes >= 0),
         ("eval.trials", isinstance(cfg.eval.trials, int) and cfg.eval.trials >= 1),

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from crl_bench.env_api import DEFAULT_REPLY_INSTRUCTION, TextEnv, feedback_of, make_env
 from crl_bench.experience.types import RetrievalRecord
-from crl_bench.llm.base import Engine, SamplingParams
+from crl_bench.llm.base import Engine, Generation, SamplingParams
 
 if TYPE_CHECKING:
     from crl_bench.experience.extractor import Extraction
@@ -152,7 +152,9 @@ class Trajectory:
         success: the env's ``info["success"]`` at the end.
         steps: actions taken (valid or not).
         invalid_actions: replies that did not parse to a legal action.
-        terminated / truncated: how the episode ended (truncated = step limit).
+        terminated / truncated: how the episode ended (truncated = step limit, or the context).
+        context_full: the episode ended because its next prompt filled the actor's context
+            (:class:`RolloutRunner` ``max_context_tokens``); ``truncated`` is then set too.
         error: set when the env raised and the episode was ended as a failure.
         task_prompt: the env's one-line goal.
         guidance: the guidance text the actor's prompts carried ("" for experience-free episodes).
@@ -177,6 +179,7 @@ class Trajectory:
     invalid_actions: int = 0
     terminated: bool = False
     truncated: bool = False
+    context_full: bool = False
     error: str = ""
     meta: dict = field(default_factory=dict)
     task_prompt: str = ""
@@ -499,17 +502,34 @@ class RolloutRunner:
         constrained: restrict replies to admissible actions for envs with a closed action set.
         max_concurrent: at most this many episodes live at once (0 = all); larger batches run in
             waves of this size. Bounds the env instances (ALFWorld: worker processes) a batch needs.
+        max_context_tokens: the most tokens a prompt and its reply may hold together (0 = no limit).
+            As released (``TrajEnvManager.make_decision``): a reply gets at most what the prompt leaves
+            of it, and an episode whose prompt holds ``max_context_tokens`` or more ends before the
+            turn, truncated, with ``context_full`` set.
     """
 
     def __init__(self, engine: Engine, prompt_builder: PromptBuilder, pool: EnvPool,
-                 sampling: SamplingParams, constrained: bool = True, max_concurrent: int = 0) -> None:
+                 sampling: SamplingParams, constrained: bool = True, max_concurrent: int = 0,
+                 max_context_tokens: int = 0) -> None:
         self.engine = engine
         self.prompts = prompt_builder
         self.pool = pool
         self.sampling = sampling
         self.constrained = constrained
         self.max_concurrent = max(0, int(max_concurrent))
+        self.max_context_tokens = max(0, int(max_context_tokens))
         self.last_stats = RolloutStats()
+
+    def _fit_reply(self, gen: Generation, room: int) -> Generation:
+        """``gen`` cut to its first ``room`` tokens (the reply a budget of ``room`` new tokens gives:
+        the first tokens of a sample do not depend on how many follow), ``finish_reason`` "length";
+        ``gen`` itself when it fits."""
+        if len(gen.response_ids) <= room:
+            return gen
+        ids = list(gen.response_ids[:room])
+        extra = {k: list(v[:room]) if isinstance(v, list) else v for k, v in gen.extra.items()}
+        return Generation(gen.prompt_ids, ids, list(gen.logprobs[:room]),
+                          self.prompts.tokenizer.decode(ids, skip_special_tokens=True), "length", extra)
 
     def _allowed(self, env: TextEnv) -> list[str] | None:
         if not self.constrained:
@@ -641,10 +661,22 @@ class RolloutRunner:
                 stops += [x for x in fmt.stop if x not in stops]
                 if has_tool[i] and tool_uses[i] < tool.max_uses and TOOL_CLOSE not in stops:
                     stops.append(TOOL_CLOSE)
+            if self.max_context_tokens:
+                full = [k for k, ids in enumerate(prompt_ids) if len(ids) >= self.max_context_tokens]
+                for k in reversed(full):        # no room for a reply: the episode ends before the turn
+                    i = live[k]
+                    trajs[i].truncated = trajs[i].context_full = True
+                    trajs[i].final_obs = obs[i]
+                    self._finish(i, specs, envs, progress)
+                    del live[k], prompt_ids[k], allowed[k]
+                if not live:
+                    break
             turn_sampling = sampling if (budget, tuple(stops)) == (sampling.max_new_tokens, tuple(sampling.stop)) \
                 else dataclasses.replace(sampling, max_new_tokens=budget, stop=tuple(stops))
             t0 = time.perf_counter()
             gens = self.engine.generate(prompt_ids, turn_sampling, allowed)
+            if self.max_context_tokens:
+                gens = [self._fit_reply(g, self.max_context_tokens - len(ids)) for g, ids in zip(gens, prompt_ids)]
             stats.generate_s += time.perf_counter() - t0
             stats.generate_calls += 1
             t0 = time.perf_counter()

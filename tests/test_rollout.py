@@ -239,3 +239,49 @@ def test_background_engine_prefills_in_chunks_with_the_same_outputs(tokenizer, t
     # everything but each prompt's last token came from the chunks
     assert eng.counters["prefill_tokens"] == len(prompts)
     assert eng.counters["head_tokens"] == sum(len(p) - 1 for p in prompts)
+
+
+class _Talkative:
+    """An engine whose every reply is a valid Sokoban action followed by ~40 tokens of chatter; records
+    the prompt lengths it was asked to continue."""
+
+    REPLY = "up</answer> " + "and then I would think about the boxes and walls some more " * 4
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.prompt_lengths: list[int] = []
+
+    def generate(self, prompts, params, allowed=None):
+        from crl_bench.llm.base import Generation
+
+        out = []
+        for p in prompts:
+            self.prompt_lengths.append(len(p))
+            ids = self.tokenizer.encode(self.REPLY, add_special_tokens=False)[:params.max_new_tokens]
+            out.append(Generation(list(p), ids, [-1.0] * len(ids), self.tokenizer.decode(ids), "length",
+                                  {"entropy": [0.5] * len(ids)}))
+        return out
+
+
+def test_a_reply_gets_what_the_context_leaves_and_a_full_context_ends_the_episode(tokenizer):
+    """As released (``TrajEnvManager.make_decision``: ``max_new_tokens = min(..., sequence_length -
+    prompt length)``, and ``MAX_LENGTH`` ends the episode when the prompt fills ``sequence_length``): a
+    reply is cut to the room its prompt leaves, and an episode whose next prompt fills the context
+    ends there, truncated, without another generate call; other episodes go on."""
+    engine = _Talkative(tokenizer)
+    prompts = PromptBuilder(tokenizer, layout="multiturn")
+    first = RolloutRunner(engine, prompts, EnvPool(max_steps=6), SamplingParams(temperature=1.0, max_new_tokens=64),
+                          constrained=False).collect([EpisodeSpec("sokoban", 0)])[0]
+    assert first.steps == 6 and not first.context_full            # no limit: the step limit ends it
+    p1 = len(first.turns[0].prompt_ids)
+    room = 12
+    engine.prompt_lengths.clear()
+    runner = RolloutRunner(engine, prompts, EnvPool(max_steps=6),
+                           SamplingParams(temperature=1.0, max_new_tokens=64), constrained=False,
+                           max_context_tokens=p1 + room)
+    tr = runner.collect([EpisodeSpec("sokoban", 0)])[0]
+    (turn,) = tr.turns                                                # the second prompt no longer fits
+    assert len(turn.response_ids) == room == len(turn.logprobs) == len(turn.entropy)
+    assert turn.reply.endswith(tokenizer.decode(turn.response_ids)) and turn.action == "up"
+    assert tr.context_full and tr.truncated and not tr.terminated and not tr.success
+    assert tr.steps == 1 and engine.prompt_lengths == [p1]            # no generate call past the limit

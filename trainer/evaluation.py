@@ -31,8 +31,9 @@ EVAL_MODES = ("guided", *EVAL_CONTROLS, "free")
 
 
 def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
-    """Success rate, mean reward/steps, invalid-action rate (invalid / actions), errors, per env, and
-    the actor's entropy.
+    """Success rate, mean reward/steps, invalid-action rate (invalid / actions), errors, episodes
+    ended by the actor's context (``context_full``, only when there were any), per env, and the
+    actor's entropy.
 
     Returns a flat dict; per-env success rates appear as ``success_rate/<env_id>``.  ``entropy`` is the
     mean over every generated token of the entropy (nats) of the actor's unconstrained next-token
@@ -55,6 +56,9 @@ def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
         "invalid_action_rate": (sum(t.invalid_actions for t in trajs) / steps) if steps else 0.0,
         "env_errors": sum(1 for t in trajs if t.error),
     }
+    full = sum(1 for t in trajs if t.context_full)
+    if full:                                # episodes ended by the actor's context (rollout.max_context_tokens)
+        out["context_full"] = full
     ents = [e for t in trajs for turn in t.turns for e in turn.entropy]
     if ents:
         out["entropy"] = float(np.mean(ents))

@@ -51,6 +51,14 @@ def set_threads(threads: int) -> int:
     return torch.get_num_threads()
 
 
+
+def context_window(model: Any) -> int:
+    """The actor's context window in tokens: ``max_position_embeddings`` of its config (of the base
+    model under a LoRA wrapper); 0 when the config does not say (no limit is then applied)."""
+    cfg = getattr(model, "config", None)
+    return int(getattr(cfg, "max_position_embeddings", 0) or 0)
+
+
 @dataclass
 class StepResult:
     """Metrics of one training step and the trajectories it used."""
@@ -138,7 +146,8 @@ class Trainer:
         self.eval_sampling = SamplingParams(temperature=cfg.eval.temperature, top_p=g.top_p, top_k=g.top_k,
                                             max_new_tokens=g.max_new_tokens)
         self.runner = RolloutRunner(self.engine, self.prompts, self.pool, self.sampling, g.constrained,
-                                    max_concurrent=cfg.rollout.max_concurrent)
+                                    max_concurrent=cfg.rollout.max_concurrent,
+                                    max_context_tokens=cfg.rollout.max_context_tokens or context_window(model))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.updater = make_updater(

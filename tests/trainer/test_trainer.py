@@ -158,3 +158,17 @@ def test_progress_note_gives_last_step_and_eta():
     assert progress_note([], 5) == ""
     assert progress_note([100.0, 140.0], 98) == " (last step 2 min, ETA 3.3 h for 98 more)"
     assert [format_duration(x) for x in (45, 600, 12_000)] == ["45 s", "10 min", "3.3 h"]
+
+
+def test_the_rollout_keeps_to_the_actors_context_window(tokenizer, tiny_model):
+    """``rollout.max_context_tokens`` 0 is the actor's ``max_position_embeddings``; a setting overrides
+    it (the ``paper`` preset: 32,768, the released ``sequence_length``)."""
+    tr = Trainer(_cfg(), model=tiny_model, tokenizer=tokenizer)
+    assert tr.runner.max_context_tokens == tiny_model.config.max_position_embeddings == 2048
+    tr.close()
+    cfg = _cfg()
+    cfg.rollout.max_context_tokens = 300
+    tr = Trainer(cfg, model=tiny_model, tokenizer=tokenizer)
+    assert tr.runner.max_context_tokens == 300
+    tr.close()
+    assert build_config([preset_data("paper")]).rollout.max_context_tokens == 32768

@@ -143,6 +143,18 @@ def test_every_command_is_a_module_of_the_commands_table():
         command("nope")
 
 
+def test_run_help_lists_every_method(capsys):
+    """``crl-bench run --help`` names each registered method and the page that describes them."""
+    from crl_bench.methods import list_methods
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())        # argparse wraps the help to the terminal width
+    assert e.value.code == 0
+    assert f"one of: {', '.join(list_methods())}" in text and "docs/method.md" in text
+    assert {"grpo", "static", "complementary", "casebank", "expel", "reflexion"} <= set(list_methods())
+
+
 def test_bank_show_and_stats(tmp_path, capsys):
     """`crl-bench bank show/stats RUN` read a run's experience.sqlite."""
     from crl_bench.experience.bank import ExperienceBank

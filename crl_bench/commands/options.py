@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
-from crl_bench.methods import get_method
+from crl_bench.methods import get_method, list_methods
 
 __all__ = ["add_backend_args", "add_config_args", "episodes", "resolve_config"]
 
@@ -19,7 +19,8 @@ def add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> Non
     false), ``--mix``, ``--preset``, ``--config``, ``--model``, ``--extractor-model``, ``--seed`` and
     ``--set`` (read back by :func:`resolve_config`)."""
     if with_method:
-        p.add_argument("--method", default="grpo", help="training method (grpo; see docs)")
+        p.add_argument("--method", default="grpo",
+                       help=f"training method, one of: {', '.join(list_methods())} (default grpo; docs/method.md)")
     p.add_argument("--mix", help="env id, mixture name (3task, 6task), mixture YAML or id:w,id:w")
     p.add_argument("--preset", default="default", help="preset: default, smoke, cpu, diag, paper")
     p.add_argument("--config", help="YAML file with the same sections as a run's config.yaml")

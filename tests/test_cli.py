@@ -1,11 +1,12 @@
-"""The command line: listing, playing, config errors."""
+"""The command line: listing, playing, config errors, the command modules."""
 
 import io
 import warnings
 
 import pytest
 
-from crl_bench.cli import build_parser, env_doc, main, play
+from crl_bench.cli import build_parser, main
+from crl_bench.commands.envs import env_doc, play
 
 
 def test_envs_list(capsys):
@@ -121,6 +122,37 @@ def test_parser_has_commands():
     p = build_parser()
     args = p.parse_args(["run", "--method", "grpo", "--mix", "sokoban", "--steps", "3", "--seed", "7"])
     assert args.steps == 3 and args.seed == 7 and args.method == "grpo"
+
+
+def test_every_command_is_a_module_of_the_commands_table():
+    """``crl-bench --help`` lists the commands of ``crl_bench.commands.COMMANDS`` in order; each module
+    has ``HELP``, ``add_parser`` and ``run``, and a parsed command carries its module's ``run``."""
+    import argparse
+
+    from crl_bench.commands import COMMANDS, command
+
+    p = build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == list(COMMANDS)
+    for name in COMMANDS:
+        mod = command(name)
+        assert isinstance(mod.HELP, str) and mod.HELP and callable(mod.add_parser) and callable(mod.run), name
+    assert p.parse_args(["leaderboard"]).func is command("leaderboard").run
+    assert p.parse_args(["envs", "list"]).func is command("envs").run
+    with pytest.raises(KeyError, match="known: run, sweep"):
+        command("nope")
+
+
+def test_run_help_lists_every_method(capsys):
+    """``crl-bench run --help`` names each registered method and the page that describes them."""
+    from crl_bench.methods import list_methods
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())        # argparse wraps the help to the terminal width
+    assert e.value.code == 0
+    assert f"one of: {', '.join(list_methods())}" in text and "docs/method.md" in text
+    assert {"grpo", "static", "complementary", "casebank", "expel", "reflexion"} <= set(list_methods())
 
 
 def test_bank_show_and_stats(tmp_path, capsys):
@@ -274,7 +306,7 @@ def test_eval_refuses_a_run_without_checkpoint(tmp_path, capsys):
 
 
 def test_flags_resolve_into_config():
-    from crl_bench.cli import resolve_config
+    from crl_bench.commands.options import resolve_config
 
     args = build_parser().parse_args(["run", "--method", "static", "--mix", "sokoban", "--preset", "smoke",
                                       "--extractor-model", "some/model", "--model", "a/b", "--seed", "3",

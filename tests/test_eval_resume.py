@@ -55,11 +55,11 @@ class _StandInTrainer:
 
 @pytest.fixture()
 def stand_in(monkeypatch):
-    import crl_bench.trainer.loop as loop
+    import crl_bench.trainer.lifecycle as lifecycle
 
     _StandInTrainer.evaluated = []
     _StandInTrainer.stop_at = None
-    monkeypatch.setattr(loop, "Trainer", _StandInTrainer)
+    monkeypatch.setattr(lifecycle, "Trainer", _StandInTrainer)
     return _StandInTrainer
 
 

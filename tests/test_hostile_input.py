@@ -304,12 +304,12 @@ def _eval_run(tmp_path: Path, bank_bytes: bytes | None) -> Path:
                          ids=["foreign", "corrupt", "not-sqlite"])
 def test_eval_run_with_a_bad_bank_is_a_clear_error_before_any_model_loads(tmp_path, capsys, monkeypatch,
                                                                            bank_bytes):
-    import crl_bench.trainer.loop as loop
+    import crl_bench.trainer.lifecycle as lifecycle
 
     def no_trainer(*a, **k):
         raise AssertionError("the trainer (and its models) must not be built for a bad bank")
 
-    monkeypatch.setattr(loop, "Trainer", no_trainer)
+    monkeypatch.setattr(lifecycle, "Trainer", no_trainer)
     run = _eval_run(tmp_path, bank_bytes)
     assert main(["eval", "--run", str(run), "--episodes", "1"]) == 2
     err = capsys.readouterr().err
@@ -327,13 +327,13 @@ def test_eval_run_with_another_embedder_is_a_clear_error(tmp_path, capsys, monke
     """``eval --run`` with an ``experience.embedder`` of another dimension than the run's bank: one
     ``crl-bench: error:`` line naming the bank and the setting, not a traceback. The stand-in trainer
     opens the run's bank as the real one does, with a 16-dim embedder (models are not loaded)."""
-    import crl_bench.trainer.loop as loop
+    import crl_bench.trainer.lifecycle as lifecycle
 
     def trainer_with_a_16_dim_embedder(cfg, writer=None, read_only_bank=None, **_):
         ExperienceBank(read_only_bank, HashEmbedder(16), read_only=True)
         raise AssertionError("the bank opened with an embedder of another dimension")
 
-    monkeypatch.setattr(loop, "Trainer", trainer_with_a_16_dim_embedder)
+    monkeypatch.setattr(lifecycle, "Trainer", trainer_with_a_16_dim_embedder)
     run = make_run(tmp_path, "ev", method="complementary")
     (run / "checkpoint").mkdir()
     _bank(run / "experience.sqlite")

@@ -1,7 +1,7 @@
 """ruff (configured in pyproject.toml: pycodestyle, pyflakes, import order, bugbear, blind excepts,
 pyupgrade, and no unused ``noqa``; every ``noqa`` left says why) passes on the whole repository, and
 the layers import as docs/architecture.md states: ``envs/`` and ``crl_bench/experience/`` never import
-``trainer/``; no ``crl_bench/`` module but the CLI, ``sweep`` and ``bench/`` imports ``trainer/``;
+``trainer/``; no ``crl_bench/`` module but the commands, ``sweep`` and ``bench/`` imports ``trainer/``;
 ``env_api`` imports nothing of the project; no import circle anywhere (imports inside functions
 count: a circle is a circle whether Python resolves it at import time or later)."""
 
@@ -41,7 +41,7 @@ def test_every_noqa_says_why():
 INSTALLED_AS = {"crl_bench": "crl_bench", "trainer": "crl_bench.trainer", "envs": "crl_bench.envs",
                 "baselines": "crl_bench.baselines"}
 # the modules of crl_bench/ (outside trainer/) that may import the trainer: the CLI's entry points
-MAY_IMPORT_TRAINER = ("crl_bench.cli", "crl_bench.sweep", "crl_bench.bench")
+MAY_IMPORT_TRAINER = ("crl_bench.commands", "crl_bench.sweep", "crl_bench.bench")
 
 
 def _module_name(root: Path, path: Path) -> str:
@@ -101,7 +101,7 @@ def layer_violations(graph: dict[str, list[tuple[int, str]]]) -> list[str]:
                 bad.append(f"{mod}:{line} -> {target} (envs/ and experience/ never import trainer/)")
             elif (_is_trainer(target) and not _is_trainer(mod)
                   and not any(_under(mod, allowed) for allowed in MAY_IMPORT_TRAINER)):
-                bad.append(f"{mod}:{line} -> {target} (only the CLI, sweep and bench/ import trainer/)")
+                bad.append(f"{mod}:{line} -> {target} (only the CLI's commands, sweep and bench/ import trainer/)")
             if mod == "crl_bench.env_api":
                 bad.append(f"{mod}:{line} -> {target} (env_api imports nothing of the project)")
     return bad

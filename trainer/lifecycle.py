@@ -6,12 +6,18 @@ versions.json, and removes its folder again if it fails before its first step. A
 and reads a checkpoint before it changes anything in the folder (docs/resume.md). Both then go
 through one body: the step-0 eval, the training steps with periodic evals and checkpoints, the final
 eval, the final weights and summary.json. Each holds the folder's lock throughout.
+
+``crl-bench eval`` evaluates a saved actor again, a finished run's checkpoint with its own bank opened
+read-only, or any model (:func:`evaluate_saved`), resuming an interrupted greedy evaluation at its
+first unfinished mode.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -396,3 +402,118 @@ def step_line(m: dict[str, Any]) -> str:
                if "bank_size" in m else "")
             + (f"  extractor update {m['extractor_update']}: reward {m['extractor_reward_mean']:.2f} "
                f"loss {m['extractor_loss']:.4f}" if "extractor_update" in m else ""))
+
+
+# ---- an evaluation of a saved actor (crl-bench eval) -------------------------------------------------
+
+
+def partial_eval_key(cfg: RunConfig, model: str | None, bank: Path | None, ev: dict[str, Any]) -> dict[str, Any]:
+    """What an evaluation's finished modes depend on, as JSON data: its settings (``cfg.to_dict()``),
+    model name, method, run and protocol (``ev`` so far), and the path, size and modification time
+    (ns) of each file of the model folder (when ``model`` is a local path) and of the bank with its
+    write-ahead log. Equal keys mean :func:`evaluate_saved` may keep a partial file's modes."""
+    files: dict[str, list[int]] = {}
+    paths = [Path(model)] if model and Path(model).exists() else []
+    if bank is not None:
+        paths += [bank, bank.with_name(bank.name + "-wal")]
+    for p in paths:
+        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+            if f.is_file():
+                st = f.stat()
+                files[str(f)] = [st.st_size, st.st_mtime_ns]
+    return json.loads(json.dumps({"settings": cfg.to_dict(), "eval": ev, "files": files}, default=str))
+
+
+def partial_eval_modes(partial: Path, key: dict[str, Any]) -> dict[str, Any]:
+    """The finished modes (``{mode: result block}``) that ``partial`` holds for an evaluation with
+    ``key`` (:func:`partial_eval_key`); ``{}`` when there is no such file, or it is unreadable or
+    was written for another key (it is then replaced by the first mode this evaluation finishes)."""
+    from crl_bench.safe_io import InputFileError, load_json
+
+    if not partial.is_file():
+        return {}
+    try:
+        data = load_json(partial)
+    except InputFileError:
+        return {}
+    if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("modes"), dict):
+        return {}
+    return data["modes"]
+
+
+def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[str] | None = None,
+                   partial: Path | None = None, model_key: str | None = None, run: str | None = None,
+                   where: str = "", quiet: bool = False) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    """Evaluate the actor ``cfg.model.name`` (a finished run's checkpoint, or any model) on
+    ``cfg.eval``'s split: what ``crl-bench eval`` runs.
+
+    Args:
+        cfg: the resolved settings (the run's own config for a run).
+        bank: the run's ``experience.sqlite``, opened read-only (no entry, counter or file changes);
+            ``None``: no bank, only ``free`` can be evaluated.
+        modes: the eval modes, in order (default: the method's final-evaluation modes with a bank,
+            else ``free``).
+        partial: with a greedy evaluation, a file that keeps each finished mode (with
+            :func:`partial_eval_key`) so that the same evaluation run again evaluates only the modes
+            it had not finished; ``None``: always run whole.
+        model_key: the model as given (a local folder is part of the partial file's key).
+        run: the run folder, recorded in the result.
+        where: what the errors name (e.g. ``--run 'RUN'``).
+        quiet: no progress bar.
+
+    Returns:
+        ``(ev, data_files)``: ``{"model", "method", "run", "protocol", MODE: block...}`` (blocks as
+        :meth:`~crl_bench.trainer.evaluation.Evaluator.evaluate`) and the data files each env read (for checksums).
+
+    Raises:
+        ConfigError: the bank is not a bank, unreadable, filled with another embedder, or a mode
+            other than ``free`` was asked without a bank.
+    """
+    from tqdm import tqdm
+
+    from crl_bench.config import ConfigError
+    from crl_bench.experience.bank import EmbeddingDimError, ExperienceBank, NotABankError
+    from crl_bench.results.summary import write_json_atomic
+
+    if bank is not None:
+        try:                            # checked before the models load: a bad bank fails at once
+            ExperienceBank.stored_dim(bank)
+        except NotABankError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    try:
+        trainer = Trainer(cfg, writer=None, read_only_bank=bank)
+    except NotABankError as e:          # unreadable past its header (corrupt pages, bad embeddings)
+        raise ConfigError(f"{where}: {e}") from None
+    except EmbeddingDimError as e:      # the bank was filled with another experience.embedder
+        raise ConfigError(f"{where}: {e}; evaluate with the run's own experience.embedder "
+                          f"({cfg.experience.embedder!r} is set here)") from None
+    ev: dict[str, Any] = {"model": cfg.model.name, "method": cfg.method, "run": run}
+    try:
+        evaluator = trainer.evaluator
+        modes = list(evaluator.modes if bank is not None else ["free"]) if modes is None else list(modes)
+        if bank is None and any(m != "free" for m in modes):
+            raise ConfigError(f"--modes {','.join(modes)}: only 'free' can be evaluated without a run's "
+                              "experience bank (--run RUN of a method with experience)")
+        ev["protocol"] = evaluator.protocol()
+        data_files = trainer.data_files
+        key: dict[str, Any] = {}
+        done: dict[str, Any] = {}
+        if partial is not None:
+            key = partial_eval_key(cfg, model_key, bank, ev)
+            done = partial_eval_modes(partial, key)
+        if done and any(m in done for m in modes):
+            print(f"resuming from {partial}: {', '.join(m for m in modes if m in done)} already evaluated",
+                  file=sys.stderr)
+        with tqdm(total=evaluator.episode_count(modes=modes), desc=f"eval {cfg.eval.split}", unit="ep",
+                  disable=quiet) as bar:
+            for mode in modes:
+                if mode in done:
+                    ev[mode] = done[mode]
+                    bar.update(evaluator.episode_count(modes=[mode]))
+                    continue
+                ev[mode] = evaluator.evaluate(progress=bar.update, mode=mode)
+                if partial is not None:
+                    write_json_atomic(partial, {"key": key, "modes": {**done, **{m: ev[m] for m in modes if m in ev}}})
+    finally:
+        trainer.close()
+    return ev, data_files

@@ -19,12 +19,12 @@ Numbers (the header of ``leaderboard.md`` says the same):
   number of runs that evaluated that env (a run without the env makes n smaller, never a 0);
 * overall: per run the unweighted mean of its per-env success rates (only runs that evaluated every
   env of the row), then mean and std over runs, and for n >= 3 a 95% percentile bootstrap CI of the
-  mean (``scipy.stats.bootstrap``, 9,999 resamples, seeded: deterministic);
+  mean (``scipy.stats.bootstrap``, 9,999 resamples, seeded: deterministic; :mod:`.stats`);
 * mean eval steps and invalid-action rate, train steps, train episodes and train wall seconds:
   per-run values averaged over the row's runs;
 * memory lift (:func:`lift_frame`): per env, ``guided - shuffled`` success over the same eval tasks,
   with a 95% paired bootstrap CI that resamples tasks (each task's difference averaged over the
-  row's runs first).
+  row's runs first; :func:`~crl_bench.results.stats.task_differences`).
 
 Duplicates: a run id met twice in one row (e.g. a run folder and a submission packed from it, or
 overlapping paths) is counted once, with a warning. Two different runs with the same seed are both
@@ -34,7 +34,6 @@ counted (n counts runs; e.g. re-runs on nondeterministic kernels), with a warnin
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -45,11 +44,18 @@ from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from crl_bench.results.panel import content_hash, short_hash
 from crl_bench.results.reported import load_reported, reported_markdown
 from crl_bench.results.run_folder import is_run_folder
+from crl_bench.results.stats import (
+    CI_RESAMPLES,
+    CI_SEED,
+    mean_ci,
+    mean_or_nan,
+    std_or_nan,
+    task_differences,
+)
 from crl_bench.results.submission import is_verified
 from crl_bench.results.summary import (
     LABEL_MAX_KEYS,
@@ -68,9 +74,6 @@ MODES = ("guided", "shuffled", "empty", "free", "initial")
 #: Columns of the memory-lift table (:func:`lift_frame`).
 LIFT_COLUMNS = ["method", "model", "extractor", "mix", "protocol", "env", "n_runs", "tasks", "guided",
                 "shuffled", "lift", "lift_ci_low", "lift_ci_high", "run_ids", "settings"]
-CI_LEVEL = 0.95
-CI_RESAMPLES = 9999
-CI_SEED = 0
 #: Folders never walked into.
 SKIP_DIRS = {"checkpoint", "__pycache__", "node_modules"}
 #: Columns before the per-env ones, in order.
@@ -221,41 +224,6 @@ def _canon(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
-def _mean(values: list[float]) -> float:
-    return float(np.mean(values)) if values else math.nan
-
-
-def _std(values: list[float]) -> float:
-    return float(np.std(values, ddof=1)) if len(values) >= 2 else math.nan
-
-
-def bootstrap_ci(values: Sequence[float], level: float = CI_LEVEL, seed: int = CI_SEED) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of the mean of ``values``.
-
-    Args:
-        values: one number per seed (e.g. overall success rates), at least 3.
-        level: confidence level (0.95).
-        seed: seed of the resampling generator (same input -> same interval).
-
-    Returns:
-        ``(low, high)``; ``(v, v)`` when all values are equal.
-
-    Raises:
-        ValueError: fewer than 3 values.
-    """
-    x = np.asarray(values, dtype=float)
-    if x.size < 3:
-        raise ValueError(f"bootstrap_ci needs at least 3 values, got {x.size}")
-    if np.all(x == x[0]):
-        return float(x[0]), float(x[0])
-    gen = np.random.default_rng(seed)
-    # scipy >= 1.15 names the generator ``rng``; older versions ``random_state``
-    kw = {"rng": gen} if "rng" in inspect.signature(stats.bootstrap).parameters else {"random_state": gen}
-    res = stats.bootstrap((x,), np.mean, confidence_level=level, n_resamples=CI_RESAMPLES,
-                          method="percentile", **kw)
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
 def _model_label(model: dict[str, Any]) -> str:
     return model["name"] + (f" ({model['variant']})" if model.get("variant") else "")
 
@@ -334,19 +302,20 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
                 overall.append(float(np.mean([per_env[e]["success_rate"] for e in envs])))
                 by_seed.append(f"{v['seed']}={overall[-1]!r}")
         row["per_seed"] = ";".join(by_seed)
-        row["overall_mean"], row["overall_std"], row["overall_n"] = _mean(overall), _std(overall), len(overall)
-        row["overall_ci_low"], row["overall_ci_high"] = (bootstrap_ci(overall) if len(overall) >= 3
-                                                         else (math.nan, math.nan))
+        row["overall_mean"], row["overall_std"] = mean_or_nan(overall), std_or_nan(overall)
+        row["overall_n"] = len(overall)
+        row["overall_ci_low"], row["overall_ci_high"] = mean_ci(overall)
         for e in envs:
             vals = [float(v["eval"]["per_env"][e]["success_rate"]) for _, v in runs if e in v["eval"]["per_env"]]
-            row[f"success_mean/{e}"], row[f"success_std/{e}"], row[f"n/{e}"] = _mean(vals), _std(vals), len(vals)
+            row[f"success_mean/{e}"], row[f"success_std/{e}"] = mean_or_nan(vals), std_or_nan(vals)
+            row[f"n/{e}"] = len(vals)
             if e not in all_envs:
                 all_envs.append(e)
             blocks = [v["eval"]["per_env"][e] for _, v in runs if e in v["eval"]["per_env"]]
             scores = [float(b["score_mean"]) for b in blocks if "score_mean" in b]
             if scores and any(abs(float(b["score_mean"]) - float(b["success_rate"])) > 1e-9
                               for b in blocks if "score_mean" in b):
-                row[f"score_mean/{e}"] = _mean(scores)
+                row[f"score_mean/{e}"] = mean_or_nan(scores)
                 if e not in score_envs:
                     score_envs.append(e)
             curves = [b for b in blocks if b.get("pass_at_k")]
@@ -354,21 +323,21 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
                 k = str(max(int(x) for x in curves[0]["pass_at_k"]))
                 for name, key in (("pass@k", "pass_at_k"), ("pass^k", "pass_hat_k")):
                     col = f"{name}/{e}"
-                    row[col] = _mean([float(b[key][k]) for b in curves if k in (b.get(key) or {})])
+                    row[col] = mean_or_nan([float(b[key][k]) for b in curves if k in (b.get(key) or {})])
                     if col not in pass_cols:
                         pass_cols.append(col)
             types = sorted({t for b in blocks for t in (b.get("per_type") or {})})
             for t in types:
                 col = f"type_success/{e}/{t}"
-                row[col] = _mean([float(b["per_type"][t]["success_rate"]) for b in blocks
+                row[col] = mean_or_nan([float(b["per_type"][t]["success_rate"]) for b in blocks
                                   if t in (b.get("per_type") or {})])
                 if col not in type_cols:
                     type_cols.append(col)
-        row["steps_mean"] = _mean([float(v["eval"]["steps_mean"]) for _, v in runs])
-        row["invalid_action_rate"] = _mean([float(v["eval"]["invalid_action_rate"]) for _, v in runs])
-        row["train_steps"] = _mean([float(v["train"]["steps"]) for _, v in runs])
-        row["train_episodes"] = _mean([float(v["train"]["episodes"]) for _, v in runs])
-        row["train_wall_s"] = _mean([float(v["train"]["wall_s"]) for _, v in runs])
+        row["steps_mean"] = mean_or_nan([float(v["eval"]["steps_mean"]) for _, v in runs])
+        row["invalid_action_rate"] = mean_or_nan([float(v["eval"]["invalid_action_rate"]) for _, v in runs])
+        row["train_steps"] = mean_or_nan([float(v["train"]["steps"]) for _, v in runs])
+        row["train_episodes"] = mean_or_nan([float(v["train"]["episodes"]) for _, v in runs])
+        row["train_wall_s"] = mean_or_nan([float(v["train"]["wall_s"]) for _, v in runs])
         row["run_ids"] = ",".join(v["run_id"] for _, v in runs)
         checked = [v["verified"] for _, v in runs]
         row["verified"] = "yes" if all(checked) else "partly" if any(checked) else ""
@@ -444,7 +413,8 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
     panel).  ``guided``/``shuffled``: mean success over runs and tasks; ``lift``: their difference;
     ``lift_ci_low``/``lift_ci_high``: 95% percentile bootstrap CI of the mean over tasks of each
     task's difference averaged over runs (a paired bootstrap: guided and shuffled outcomes of one task
-    are resampled together; :func:`bootstrap_ci`, deterministic), NaN for fewer than 3 tasks.  Runs
+    are resampled together; :func:`~crl_bench.results.stats.mean_ci`, deterministic), NaN for fewer
+    than 3 tasks.  Runs
     met twice in one row are counted once.
 
     Returns:
@@ -474,8 +444,8 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
                     ids.append(rid)
             if not pairs or len({len(a) for a, _ in pairs}) != 1:
                 continue
-            diff = np.mean([a - b for a, b in pairs], axis=0)          # per task, mean over runs
-            low, high = bootstrap_ci(diff) if diff.size >= 3 else (math.nan, math.nan)
+            diff = task_differences(pairs)                             # per task, mean over runs
+            low, high = mean_ci(diff)
             rows.append({"method": s["method"], "model": _model_label(s["model"]),
                          "extractor": s["model"].get("extractor") or "", "mix": s["mix"]["name"],
                          "protocol": protocol_label(s["eval_protocol"]), "env": env, "n_runs": len(pairs),

@@ -13,7 +13,6 @@ import yaml
 from test_summary import make_run
 
 from crl_bench.results.leaderboard import (
-    bootstrap_ci,
     collect,
     leaderboard_frame,
     leaderboard_markdown,
@@ -21,6 +20,7 @@ from crl_bench.results.leaderboard import (
     protocol_label,
     write_leaderboard,
 )
+from crl_bench.results.stats import bootstrap_ci
 from crl_bench.results.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
 from crl_bench.results.summary import SummaryError, build_summary, config_settings_hash, write_summary
 

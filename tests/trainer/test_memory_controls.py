@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from test_summary import _eval_block, make_run
 
-from crl_bench.results.leaderboard import bootstrap_ci, collect, leaderboard_frame, leaderboard_markdown, lift_frame
+from crl_bench.results.leaderboard import collect, leaderboard_frame, leaderboard_markdown, lift_frame
+from crl_bench.results.stats import bootstrap_ci
 from crl_bench.results.summary import build_summary, validate_summary
 
 ENV = "sokoban"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crl_bench.results.leaderboard import bootstrap_ci
+from crl_bench.results.stats import bootstrap_ci
 from crl_bench.safe_io import printable
 
 HERE = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent

@@ -142,7 +142,7 @@ def test_the_method_is_resolved_in_the_config_alone(monkeypatch):
         RunConfig(method="nope").method_spec   # noqa: B018 - the property raises
 
     root = Path(__file__).resolve().parents[1]
-    allowed = {"crl_bench/methods.py", "crl_bench/config.py", "crl_bench/cli.py", "crl_bench/results/summary.py"}
+    allowed = {"crl_bench/methods.py", "crl_bench/config.py", "crl_bench/commands/options.py", "crl_bench/results/summary.py"}
     calls = []
     for top in ("crl_bench", "trainer", "envs", "baselines"):
         for path in sorted((root / top).rglob("*.py")):

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from crl_bench.experience.memory import get_memory
 from crl_bench.methods import MethodSpec, get_method, list_methods
 from crl_bench.safe_io import InputFileError, parse_yaml
 
@@ -916,13 +917,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("train.logprob_temperature=raw needs train.recompute_old_logprobs=true: the behaviour "
                           "log-probs of the sampler are of the tempered distribution, the trainer's of the raw one")
     spec = cfg.method_spec if cfg.method in list_methods() else None    # a plugin's method may load later
-    if spec is not None and spec.entries != "lessons" and cfg.experience.integration != "trajectory":
+    kind = get_memory(spec.memory) if spec is not None else None
+    if kind is not None and kind.whole_episodes and cfg.experience.integration != "trajectory":
         raise ConfigError(f"experience.integration={cfg.experience.integration} is not available with method "
-                          f"{cfg.method}: a case or a reflection is about a whole finished episode, so its bank "
+                          f"{cfg.method}: its {spec.memory} are about a whole finished episode, so its bank "
                           "is written and read once per episode (experience.integration: trajectory)")
-    if spec is not None and spec.entries == "reflections" and cfg.experience.search_tool != "off":
+    if kind is not None and not kind.retrieves and cfg.experience.search_tool != "off":
         raise ConfigError(f"experience.search_tool={cfg.experience.search_tool} is not available with method "
-                          f"{cfg.method}: reflections are shown per task, not searched")
+                          f"{cfg.method}: its {spec.memory} are shown per task, not searched")
     if isinstance(cfg.eval.samples, int) and cfg.eval.samples > 1 and cfg.eval.temperature <= 0:
         raise ConfigError(f"eval.samples={cfg.eval.samples} needs eval.temperature above 0: greedy samples of "
                           "one task repeat each other, so pass@k would equal pass@1")

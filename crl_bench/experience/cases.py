@@ -13,14 +13,15 @@ entry's layout are this project's own choices.
 :class:`CaseWriter` stands where the extractor stands in the experience manager's distillation
 worker (:meth:`extract` has the extractor's signature), so queueing, the bank's write lock,
 capacity, eviction and the per-entry use counts are those of the other methods. Its "extractions"
-carry no tokens and are never trained.
+carry no tokens and are never trained. :class:`CasesMemory` is the memory kind ``cases``
+(:mod:`crl_bench.experience.memory`).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from crl_bench.experience.extractor import (
     EpisodeRecord,
@@ -29,8 +30,15 @@ from crl_bench.experience.extractor import (
     outcome_text,
     strip_observation,
 )
+from crl_bench.experience.memory import Memory, register_memory
 from crl_bench.experience.operations import ParseResult
+from crl_bench.experience.records import by_group, episode_record
+from crl_bench.experience.requests import DistillRequest
 from crl_bench.experience.types import ExperienceEntry, Operation
+
+CASES_HEADER = ("Earlier episodes of similar tasks, each with its outcome. Use them where they apply to this "
+                "task; do not copy them blindly.")
+"""The header of a case bank's block (``casebank``): its entries are whole earlier episodes."""
 
 CASE_OUTCOMES = ("successes", "all")
 """Values of ``experience.cases``: which finished episodes become cases."""
@@ -80,6 +88,8 @@ class CaseWriter:
         ValueError: ``outcomes`` is not one of :data:`CASE_OUTCOMES`, or ``max_tokens`` < 1.
     """
 
+    answers: ClassVar[bool] = False        # no model: it merges nothing and answers no search-tool question
+
     def __init__(self, tokenizer: Any, max_tokens: int = 256, outcomes: str = "successes") -> None:
         if outcomes not in CASE_OUTCOMES:
             raise ValueError(f"experience.cases must be one of {', '.join(CASE_OUTCOMES)}, got {outcomes!r}")
@@ -109,3 +119,35 @@ class CaseWriter:
                                   logprobs=[], text=text, parse=ParseResult(ops=[op], ok=True, blocks=1),
                                   group_id=rec.group_id, source_episode=rec.source, kind="case"))
         return out
+
+
+def case_requests(trajs: Sequence[Any], step: int, outcomes: str, key: str) -> list[DistillRequest]:
+    """The requests of a finished step for a case bank: every episode of both subgroups whose outcome
+    ``outcomes`` admits (:func:`admits_case`; ``experience.cases``), whole, keyed by its retrieval
+    query when ``key`` (``experience.key``) is ``query``, as the other kinds' entries are."""
+    return [DistillRequest(episode_record(t), [], t.env_id, step, t.query if key == "query" else "")
+            for members in by_group(trajs).values() for t in members
+            if admits_case(bool(t.turns), t.success, outcomes)]
+
+
+@register_memory("cases")
+class CasesMemory(Memory):
+    """Finished episodes as cases (:class:`CaseWriter`), retrieved by similarity and shown under
+    :data:`CASES_HEADER`; no extractor model, no merge pass. The memory of ``casebank``."""
+
+    header: ClassVar[str] = CASES_HEADER
+    whole_episodes: ClassVar[bool] = True
+
+    def writer(self, engine: Any, tokenizer: Any) -> Any:
+        """A :class:`CaseWriter` measuring with ``tokenizer`` (``experience.case_tokens``,
+        ``experience.cases``); ``engine`` is not used."""
+        exp_cfg = self.cfg.experience
+        return CaseWriter(tokenizer, exp_cfg.case_tokens, exp_cfg.cases)
+
+    def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:
+        """Queue the step's cases (:func:`case_requests`); returns their number."""
+        exp_cfg = self.cfg.experience
+        reqs = case_requests(trajs, step, exp_cfg.cases, exp_cfg.key)
+        if reqs:
+            manager.submit(reqs)
+        return len(reqs)

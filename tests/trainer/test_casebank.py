@@ -6,9 +6,9 @@ from tests_helpers import CoinEnv, coin_config
 
 from crl_bench.config import ConfigError
 from crl_bench.env_api import register_env
-from crl_bench.experience.cases import CaseWriter
+from crl_bench.experience.cases import CASES_HEADER, CaseWriter
 from crl_bench.experience.embedding import HashEmbedder
-from crl_bench.trainer.experience_track import CASES_HEADER, GUIDANCE_HEADER
+from crl_bench.experience.memory import GUIDANCE_HEADER
 from crl_bench.trainer.loop import Trainer
 
 

@@ -9,10 +9,11 @@ from tests_helpers import CoinEnv, ScriptedReplies, coin_config, replay_from_che
 
 from crl_bench.config import ConfigError
 from crl_bench.env_api import register_env
+from crl_bench.experience.cases import CASES_HEADER
 from crl_bench.experience.embedding import HashEmbedder
-from crl_bench.experience.insights import InsightWriter
+from crl_bench.experience.insights import INSIGHTS_HEADER, InsightWriter
+from crl_bench.experience.memory import GUIDANCE_HEADER
 from crl_bench.methods import get_method
-from crl_bench.trainer.experience_track import CASES_HEADER, GUIDANCE_HEADER, INSIGHTS_HEADER
 from crl_bench.trainer.loop import Trainer
 
 RULE = "Call heads: tails always loses."
@@ -38,8 +39,8 @@ def _trainer(tokenizer, tiny_model, **extra):
 
 def test_expel_method_spec():
     m = get_method("expel")
-    assert m.uses_experience and m.insights and m.uses_extractor and not m.trains_extractor
-    assert m.entries == "cases"
+    assert m.uses_experience and m.uses_extractor and not m.trains_extractor
+    assert m.memory == "insights"
 
 
 def test_expel_writes_insights_and_guides_with_them(tokenizer, tiny_model):

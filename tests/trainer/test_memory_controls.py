@@ -207,7 +207,7 @@ def test_shuffled_retrieves_with_another_contexts_query(tokenizer, tiny_model):
 
 
 def test_empty_shows_the_header_and_no_entry_without_retrieving(tokenizer, tiny_model):
-    from crl_bench.trainer.experience_track import EMPTY_GUIDANCE, GUIDANCE_HEADER
+    from crl_bench.experience.memory import EMPTY_GUIDANCE, GUIDANCE_HEADER
 
     tr = _diag_trainer(tokenizer, tiny_model)
     tr.train_step()
@@ -287,8 +287,8 @@ def test_evaluate_all_runs_every_mode_on_the_same_tasks(tokenizer, tiny_model):
 def test_lesson_follow_probes_show_the_guided_prompt(tokenizer):
     from crl_bench.config import RunConfig
     from crl_bench.envs.diag import DiagVaultEnv
+    from crl_bench.experience.memory import GUIDANCE_HEADER
     from crl_bench.rollout import PromptBuilder
-    from crl_bench.trainer.experience_track import GUIDANCE_HEADER
     from crl_bench.trainer.lesson_follow import build_probes
 
     cfg = RunConfig()

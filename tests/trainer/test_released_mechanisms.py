@@ -17,6 +17,7 @@ from crl_bench.config import ConfigError, build_config, preset_data
 from crl_bench.env_api import register_env
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.extractor import EpisodeRecord, Extraction, extractor_for, full_transcript
+from crl_bench.experience.lessons import merge_pass
 from crl_bench.experience.manager import NO_KNOWLEDGE
 from crl_bench.experience.operations import ParseResult
 from crl_bench.experience.types import Operation
@@ -95,7 +96,7 @@ def test_fold_folds_an_env_down_to_one_calls_output_and_credits_the_last_call(to
     _seed(bank, "test-coin", 40)
     _seed(bank, "other", 3)
     _seed(bank, "lonely", 1)                       # a task with one entry is not merged
-    track.manager.merge_pass(step=7, mode="fold", max_size=5)
+    merge_pass(track.manager, step=7, mode="fold", max_size=5)
     left = bank.entries("test-coin")
     assert len(left) == 1 and left[0].origin == "fold" and left[0].parent_ids == tuple(range(1, 41))
     assert left[0].content == "Joined 6 lessons into one piece of advice number 0."   # 5 originals + 1 carried
@@ -125,7 +126,7 @@ def test_fold_keeps_failed_chunks_and_the_lessons_carried_into_them(tokenizer, t
     tr = _trainer(tokenizer, tiny_model, reply=_fold_reply(2, fail_on="lesson 17:"))
     track, bank = tr.experience, tr.experience.bank
     _seed(bank, "test-coin", 40)
-    track.manager.merge_pass(step=3, mode="fold", max_size=5)
+    merge_pass(track.manager, step=3, mode="fold", max_size=5)
     left = bank.entries("test-coin")
     kept = [e for e in left if e.origin == "add"]
     made = [e for e in left if e.origin == "fold"]
@@ -144,7 +145,7 @@ def test_fold_none_keeps_everything(tokenizer, tiny_model):
     bank = tr.experience.bank
     _seed(bank, "test-coin", 12)
     before = [(e.id, e.title) for e in bank.entries()]
-    tr.experience.manager.merge_pass(step=1, mode="fold", max_size=5)
+    merge_pass(tr.experience.manager, step=1, mode="fold", max_size=5)
     assert [(e.id, e.title) for e in bank.entries()] == before
     assert all(o.valid and not o.wrote for o in tr.experience.manager.pop_outcomes())
     tr.close()
@@ -270,7 +271,7 @@ def test_an_invalid_judgement_hides_the_entries_from_the_extractor(tokenizer, ti
     res = tr.train_step()
     guided = [t for t in res.trajectories if t.subgroup == "guided"]
     assert guided and all(t.retrieval.judgement == "invalid" and t.retrieval.entries for t in guided)
-    reqs = tr.experience._distill_requests({0: res.trajectories}, 2)
+    reqs = tr.experience.memory.requests(res.trajectories, 2)
     assert reqs and all(r.retrieved == [] for r in reqs)
     tr.close()
 

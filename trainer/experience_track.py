@@ -15,7 +15,7 @@ docs/method.md).  Beside the actor's GRPO loop:
 2. Finished episodes of the guided subgroup (``experience.distill: guided``; ``all`` for every
    episode) go to the background experience manager, whose extractor turns each into operations on
    the bank (with turn integration, every step of a guided episode too); entries are keyed by the
-   episode's retrieval query (``experience.key: query``).  At the start of every ``merge_every``-th
+   episode's retrieval query (``experience.key: query``).  At the start of every ``experience.merge.every``-th
    step the merge pass runs (:meth:`ExperienceTrack.before_rollout`; the released fold by default).
 3. Credit: each use of an entry by a guided episode adds a reward to the extraction recorded at
    retrieval time (``binary``: the episode's score, 0 counting -1; ``relative``: +1 / 0 / -1 against
@@ -330,7 +330,7 @@ class ExperienceTrack:
     # ---- before a step's rollout ----------------------------------------------------------------
     def before_rollout(self, step: int) -> dict[str, Any]:
         """The memory kind's upkeep at the start of 0-based step ``step``, after the flush (the caller
-        flushes first): for lessons the merge pass every ``experience.merge_every`` steps, skipped
+        flushes first): for lessons the merge pass every ``experience.merge.every`` steps, skipped
         when the extractor was updated in the step before
         (:meth:`crl_bench.experience.lessons.LessonsMemory.upkeep`, which names its metrics).
 

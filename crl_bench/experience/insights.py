@@ -22,11 +22,11 @@ The ``expel`` method (crl_bench/methods.py; docs/method.md, "ExpeL insights") fo
 This project's own choices, where the paper and code leave room or where a training loop differs
 from ExpeL's gather-then-extract protocol: insights are extracted during training, from the episodes
 of each step (a group is G attempts at one task, so a group with a success and a failure gives the
-comparison pair ExpeL gets from Reflexion retries); ``experience.insight_pairs`` pairs per group,
-then one call over the first success of up to ``experience.insight_successes`` different tasks (the
+comparison pair ExpeL gets from Reflexion retries); ``experience.insights.pairs`` pairs per group,
+then one call over the first success of up to ``experience.insights.successes`` different tasks (the
 paper's L), comparisons before success lists as in Algorithm 2; calls batched together see the same
 list. The released code's larger DOWNVOTE on a long list (3 instead of 1) is not followed: the
-paper's arithmetic is. When the list holds ``experience.insights_max`` insights or more, the prompt
+paper's arithmetic is. When the list holds ``experience.insights.max`` insights or more, the prompt
 asks for downvotes and edits before new insights (the released prompt's nudge; the paper has no cap).
 
 :class:`InsightsMemory` is the memory kind ``insights`` (:mod:`crl_bench.experience.memory`): the
@@ -59,6 +59,29 @@ _OP_LINE = re.compile(r"^\s*(?:[-*]\s*|\d+[.)]\s+)?(ADD|EDIT|UPVOTE|DOWNVOTE|AGR
                       r"\s*(\d+)?\s*[:.\-]?\s*(.*?)\s*$", re.IGNORECASE)
 MIN_INSIGHT_CHARS = 8
 """Shortest text an ADD or EDIT may write (shorter is not a rule)."""
+
+
+@dataclass
+class InsightsConfig:
+    """Section ``experience.insights``: ExpeL's insight calls (``expel``).
+
+    Attributes:
+        pairs: comparison calls per group with a success and a failure (each a success against a
+            failure of the group's task), per step.
+        successes: most successes of different tasks in one success-list call (ExpeL's L: 4 as for
+            WebShop; 8 for ALFWorld does not fit a small model's prompt); one call per step when at
+            least two tasks had a success (0 = no success-list calls; else at least 2).
+        ops: most operations of one insight reply (4, as released).
+        max: from this many insights of an env on, the extractor is asked to downvote and edit before
+            adding (released prompt; 10 as in the released ALFWorld runs; 0 = never).
+        new_tokens: most tokens of one insight reply (at least 8).
+    """
+
+    pairs: int = 1
+    successes: int = 4
+    ops: int = 4
+    max: int = 10
+    new_tokens: int = 160
 
 
 @dataclass(frozen=True)
@@ -269,7 +292,7 @@ class InsightPromptBuilder:
             ``min_attempt_tokens``).
         max_ops: the operation cap told to the model (the parser's too).
         full_at: from this many insights on, the prompt adds :data:`INSIGHT_FULL_NOTE`
-            (``experience.insights_max``; 0 = never).
+            (``experience.insights.max``; 0 = never).
         demo: show :data:`DEMO_SUCCESS` / :data:`DEMO_FAILURE` -> :data:`DEMO_REPLY` first.
         min_attempt_tokens: the least budget of one attempt.
     """
@@ -375,7 +398,7 @@ class InsightWriter(CaseWriter):
             same`` it is the actor's).
         prompts: the :class:`InsightPromptBuilder`.
         sampling: the extractor's sampling for insight replies.
-        case_tokens, cases: as :class:`CaseWriter` (``experience.case_tokens``, ``experience.cases``).
+        case_tokens, cases: as :class:`CaseWriter` (``experience.cases.tokens``, ``.outcomes``).
 
     Raises:
         ValueError: as :class:`CaseWriter`.
@@ -407,17 +430,16 @@ class InsightWriter(CaseWriter):
 
 def insight_writer_for(cfg: Any, engine: Any, tokenizer: Any) -> InsightWriter:
     """The :class:`InsightWriter` a :class:`~crl_bench.config.RunConfig` describes: prompts capped at
-    ``extractor.max_prompt_tokens``, ``experience.insight_ops`` operations, the long-list note from
-    ``experience.insights_max`` on, replies of at most ``experience.insight_new_tokens`` tokens
+    ``extractor.max_prompt_tokens``, ``experience.insights.ops`` operations, the long-list note from
+    ``experience.insights.max`` on, replies of at most ``experience.insights.new_tokens`` tokens
     decoded greedily (ExpeL extracts at temperature 0, paper appendix D.5) and ended by a blank
-    line; cases by ``experience.case_tokens`` and ``experience.cases``."""
+    line; cases by ``experience.cases``."""
     from crl_bench.llm.base import SamplingParams
 
-    exp_cfg = cfg.experience
-    prompts = InsightPromptBuilder(tokenizer, cfg.extractor.max_prompt_tokens, exp_cfg.insight_ops,
-                                   exp_cfg.insights_max)
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=exp_cfg.insight_new_tokens, stop=("\n\n",))
-    return InsightWriter(engine, tokenizer, prompts, sampling, exp_cfg.case_tokens, exp_cfg.cases)
+    ins, cases = cfg.experience.insights, cfg.experience.cases
+    prompts = InsightPromptBuilder(tokenizer, cfg.extractor.max_prompt_tokens, ins.ops, ins.max)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=ins.new_tokens, stop=("\n\n",))
+    return InsightWriter(engine, tokenizer, prompts, sampling, cases.tokens, cases.outcomes)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -488,9 +510,9 @@ def insight_pass(manager: Any, reqs: list[InsightRequest]) -> None:
 
 def insight_requests(trajs: Sequence[Any], step: int, pairs: int, successes: int) -> list[InsightRequest]:
     """The insight calls of a finished step: for each group (one task) with a success and a failure,
-    ``pairs`` comparisons (``experience.insight_pairs``), the i-th success against the i-th failure
+    ``pairs`` comparisons (``experience.insights.pairs``), the i-th success against the i-th failure
     (both subgroups); then, per env, the first success of each task in chunks of ``successes``
-    (``experience.insight_successes``, ExpeL's L), only chunks of two tasks or more."""
+    (``experience.insights.successes``, ExpeL's L), only chunks of two tasks or more."""
     reqs: list[InsightRequest] = []
     firsts: dict[str, list[EpisodeRecord]] = {}
     for members in by_group(trajs).values():
@@ -537,8 +559,9 @@ class InsightsMemory(CasesMemory):
         """Queue the step's cases (:func:`~crl_bench.experience.cases.case_requests`), then its insight
         calls (:func:`insight_requests`); returns their number."""
         exp_cfg = self.cfg.experience
-        reqs: list[Request] = [*case_requests(trajs, step, exp_cfg.cases, exp_cfg.key),
-                               *insight_requests(trajs, step, exp_cfg.insight_pairs, exp_cfg.insight_successes)]
+        ins = exp_cfg.insights
+        reqs: list[Request] = [*case_requests(trajs, step, exp_cfg.cases.outcomes, exp_cfg.key),
+                               *insight_requests(trajs, step, ins.pairs, ins.successes)]
         if reqs:
             manager.submit(reqs)
         return len(reqs)

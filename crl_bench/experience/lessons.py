@@ -11,7 +11,7 @@ extractions whose lessons guided episodes).
   ``distill_per_group``), shown the entries it retrieved (none after an ``invalid`` judgement, as
   released); with turn integration one per step of each guided episode (released
   ``hook_on_turn_end``).
-* Upkeep (:meth:`LessonsMemory.upkeep`): every ``experience.merge_every`` steps the merge pass
+* Upkeep (:meth:`LessonsMemory.upkeep`): every ``experience.merge.every`` steps the merge pass
   (:func:`merge_pass`): the released fold (``merge_memory``, :class:`FoldRequest`) or groups of
   similar entries (:class:`MergeRequest`), both handled on the manager's worker thread.
 """
@@ -30,8 +30,33 @@ from crl_bench.experience.types import JUDGED_INVALID, ApplyResult, ExperienceEn
 
 
 @dataclass
+class MergeConfig:
+    """Section ``experience.merge``: the merge pass of a bank of lessons.
+
+    Attributes:
+        every: a merge pass runs at the start of every 0-based step divisible by N, after the flush
+            (0 = never; released 5), except when the extractor was updated in the step before (the
+            released asynchronous update is then still pending, and the pipeline skips the flush
+            and the merge).
+        mode: ``fold`` (released ``merge_memory``: each env's entries, oldest first, go to the
+            extractor in chunks of ``max``; each call's lessons are carried into the next chunk, the
+            originals of every chunk that gave lessons are deleted and the last call's lessons stay,
+            crediting the last call that gave lessons) or ``similar`` (groups of at most ``max``
+            entries whose index vectors have cosine >= ``threshold``, one MERGE / UPDATE / NONE call
+            per group).
+        max: entries per extractor call of the pass (released 5; at least 2).
+        threshold: cosine similarity that groups entries for ``similar``.
+    """
+
+    every: int = 5
+    mode: str = "fold"
+    max: int = 5
+    threshold: float = 0.8
+
+
+@dataclass
 class MergeRequest(Request):
-    """Consolidate ``entries`` (all of one env) with one extractor call (``experience.merge: similar``)."""
+    """Consolidate ``entries`` (all of one env) with one extractor call (``experience.merge.mode: similar``)."""
 
     order: ClassVar[int] = 30
     needs: ClassVar[str] = "extract_merges"
@@ -225,22 +250,22 @@ class LessonsMemory(Memory):
 
     def upkeep(self, manager: Any, step: int, updated_at_step: int) -> dict[str, Any]:
         """The merge pass, where the released pipeline runs it: at the start of 0-based step ``step``
-        when ``step`` is a positive multiple of ``experience.merge_every``, except when the extractor
+        when ``step`` is a positive multiple of ``experience.merge.every``, except when the extractor
         was updated in the step before (``updated_at_step == step``): the released asynchronous update
         is then still pending at this point, and the pipeline skips the flush and the merge of that
         step (``should_flush_pending_updates_before_rollout``).  Returns the metrics ``merge_pass``
         (1 when it ran) and ``merge_skipped`` (1 when skipped for that reason) and, for a pass that
         ran, ``merge_pass_calls`` (its extractor calls) and ``merge_pass_writes`` (entries it wrote:
         MERGE and UPDATE operations applied plus the entries a fold rewrote)."""
-        exp_cfg = self.cfg.experience
-        every = exp_cfg.merge_every
+        merge = self.cfg.experience.merge
+        every = merge.every
         if not every or step <= 0 or step % every:
             return {}
         if updated_at_step == step:          # updated at the end of the previous (1-based ``step``) step
             return {"merge_pass": 0, "merge_skipped": 1}
         manager.drain()        # queued distillation first (the pass drains too), so the counts are the pass's
         before = manager.stats()
-        merge_pass(manager, step, exp_cfg.merge, exp_cfg.merge_max, exp_cfg.merge_threshold)
+        merge_pass(manager, step, merge.mode, merge.max, merge.threshold)
         after = manager.stats()
         return {"merge_pass": 1, "merge_skipped": 0, "merge_pass_calls": after["merges"] - before["merges"],
                 "merge_pass_writes": merge_writes(after) - merge_writes(before)}

@@ -151,7 +151,7 @@ class ExperienceManager:
         query_timeout_ms: longest wait for a batch to fill after its first query.
         distill_batch: most episodes per extractor call.
         utility_beta: step of an entry's utility towards the outcome of each guided episode it was
-            shown to (:meth:`record_outcomes`; ``experience.utility_beta``).
+            shown to (:meth:`record_outcomes`; ``experience.utility.beta``).
     """
 
     def __init__(self, bank: ExperienceBank, retriever: Retriever, extractor: Extractor | Any = None, *,
@@ -609,8 +609,8 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     retriever = Retriever(bank, k=exp_cfg.k, oversample=exp_cfg.oversample, freq_penalty=exp_cfg.freq_penalty,
                           recency_window_s=exp_cfg.recency_window_s, top1_demote_p=exp_cfg.top1_demote_p,
                           seed=cfg.train.seed, query_cache=exp_cfg.query_cache, rerank=exp_cfg.rerank,
-                          utility_alpha=exp_cfg.utility_alpha, utility_ucb=exp_cfg.utility_ucb,
-                          utility_min_sim=exp_cfg.utility_min_sim)
+                          utility_alpha=exp_cfg.utility.alpha, utility_ucb=exp_cfg.utility.ucb,
+                          utility_min_sim=exp_cfg.utility.min_sim)
     memory = get_memory(cfg.method_spec.memory)(cfg)
     engine: Any = None
     if not read_only and memory.uses_extractor and extractor_model is not None:
@@ -632,4 +632,4 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     extractor = None if read_only else memory.writer(engine, tokenizer)
     return ExperienceManager(bank, retriever, extractor, search_workers=exp_cfg.search_workers,
                              query_batch=exp_cfg.query_batch, query_timeout_ms=exp_cfg.query_timeout_ms,
-                             utility_beta=exp_cfg.utility_beta)
+                             utility_beta=exp_cfg.utility.beta)

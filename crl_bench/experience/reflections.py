@@ -7,14 +7,14 @@ The ``reflexion`` method (crl_bench/methods.py; docs/method.md, "Reflexion") fol
 * After an episode that failed, a reflection is written from the task, the trajectory and its outcome
   (the paper's self-reflection model; here the actor itself, with its weights of the moment).
 * Reflections are kept per task (the env and the task id); an attempt at a task is shown the task's
-  most recent ``experience.reflections_shown`` (the paper's Omega: 3 for ALFWorld and HotpotQA,
+  most recent ``experience.reflections.shown`` (the paper's Omega: 3 for ALFWorld and HotpotQA,
   section 4), oldest first, under :data:`REFLECTIONS_HEADER`.
 * Reflexion's gains come from retrying the same task: in evaluation the reflections of a task's
   earlier attempts are what ``eval.trials`` gives the next attempt
   (:meth:`ReflectionsMemory.eval_attempts`); reflections written in training reach later training
   episodes of the same task only.
 
-This project's own choices: the prompt wording, the reply budget (``experience.reflection_tokens``),
+This project's own choices: the prompt wording, the reply budget (``experience.reflections.tokens``),
 greedy decoding of the reflection (the released reflections are written at temperature 0) and a
 reflection after every failed episode (the released ALFWorld code reflects on every environment
 not yet solved at the end of a trial).
@@ -33,6 +33,21 @@ from crl_bench.experience.extractor import EpisodeRecord, compact_trajectory, ou
 from crl_bench.experience.insights import copies_example
 from crl_bench.experience.memory import Attempts, Memory, register_memory
 from crl_bench.experience.records import episode_record
+
+
+@dataclasses.dataclass
+class ReflectionsConfig:
+    """Section ``experience.reflections``: Reflexion's reflections (``reflexion``).
+
+    Attributes:
+        shown: the most recent reflections on a task shown to an attempt at it (Reflexion's Omega, 3
+            as in its ALFWorld and HotpotQA runs; at least 1).
+        tokens: most tokens of one reflection (at least 8).
+    """
+
+    shown: int = 3
+    tokens: int = 64
+
 
 REFLECTIONS_HEADER = ("Your reflections on your earlier failed attempts at this same task, oldest first. "
                       "Use them to do better this time.")
@@ -86,7 +101,7 @@ class ReflectionWriter:
     Args:
         engine: the actor's generation engine (``generate(prompts, sampling)``; unconstrained).
         tokenizer: the actor's tokenizer.
-        max_tokens: most tokens of one reflection (``experience.reflection_tokens``).
+        max_tokens: most tokens of one reflection (``experience.reflections.tokens``).
         max_prompt_tokens: cap on a reflection prompt.
     """
 
@@ -125,7 +140,7 @@ class ReflectionsMemory(Memory):
 
     def __init__(self, cfg: Any, actor_engine: Any = None, tokenizer: Any = None) -> None:
         super().__init__(cfg, actor_engine, tokenizer)
-        self.reflector = ReflectionWriter(actor_engine, tokenizer, cfg.experience.reflection_tokens) \
+        self.reflector = ReflectionWriter(actor_engine, tokenizer, cfg.experience.reflections.tokens) \
             if actor_engine is not None else None
 
     def reflect(self, trajs: Sequence[Any]) -> list[str]:
@@ -142,8 +157,8 @@ class ReflectionsMemory(Memory):
     def task_guidance(self, manager: Any, env_id: str, task: int, later: Sequence[str] = ()) -> str:
         """The block an attempt at ``env_id``'s task ``task`` is shown: the task's stored reflections
         followed by ``later`` ones (an evaluation's earlier attempts), the last
-        ``experience.reflections_shown`` of them (:func:`reflection_block`; ``""`` without any)."""
-        shown = self.cfg.experience.reflections_shown
+        ``experience.reflections.shown`` of them (:func:`reflection_block`; ``""`` without any)."""
+        shown = self.cfg.experience.reflections.shown
         texts = [*manager.reflections(env_id, task, shown), *later]
         return reflection_block(texts[-shown:])
 

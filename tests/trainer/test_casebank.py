@@ -39,7 +39,8 @@ def test_casebank_stores_successes_and_guides_with_them(tokenizer, tiny_model):
 
 
 def test_casebank_failures_on_request(tokenizer, tiny_model):
-    tr = Trainer(coin_config("casebank", experience={"cases": "all"}), model=tiny_model, tokenizer=tokenizer,
+    tr = Trainer(coin_config("casebank", experience={"cases": {"outcomes": "all"}}), model=tiny_model,
+                 tokenizer=tokenizer,
                  embedder=HashEmbedder(64))
     res = tr.train_step()
     assert res.metrics["bank_size"] == len(res.trajectories) == 8

@@ -78,16 +78,16 @@ def test_expel_writes_insights_and_guides_with_them(tokenizer, tiny_model):
 
 
 def test_expel_without_success_lists(tokenizer, tiny_model):
-    tr, engine = _trainer(tokenizer, tiny_model, experience={"insight_successes": 0, "insight_pairs": 0})
+    tr, engine = _trainer(tokenizer, tiny_model, experience={"insights": {"successes": 0, "pairs": 0}})
     res = tr.train_step()
     assert res.metrics["insight_calls_step"] == 0 and not engine.prompts and res.metrics["insights"] == 0
     tr.close()
 
 
-@pytest.mark.parametrize("key, value", [("insight_successes", 1), ("insight_ops", 0), ("insight_pairs", -1)])
+@pytest.mark.parametrize("key, value", [("successes", 1), ("ops", 0), ("pairs", -1)])
 def test_expel_settings_are_checked(key, value):
-    with pytest.raises(ConfigError, match=f"experience.{key}"):
-        coin_config("expel", experience={key: value})
+    with pytest.raises(ConfigError, match=f"experience.insights.{key}"):
+        coin_config("expel", experience={"insights": {key: value}})
 
 
 def test_expel_refuses_turn_integration():

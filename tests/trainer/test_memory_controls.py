@@ -356,7 +356,7 @@ def test_with_perfect_lessons_the_actor_learns_to_follow_them():
     cfg = build_config([preset_data("diag"), {
         "method": "complementary",
         "train": {"steps": max_steps, "lr_warmup_steps": 0, "save_checkpoint": False},
-        "experience": {"wait_distill": True, "merge_every": 0, "distill_per_group": 0},
+        "experience": {"wait_distill": True, "merge": {"every": 0}, "distill_per_group": 0},
         "extractor": {"batch_size": 64},            # no extractor update: its replies are scripted
     }])
 

@@ -52,7 +52,7 @@ def test_failed_episodes_are_reflected_on_and_shown_to_later_attempts(tokenizer,
              EpisodeSpec("test-coin", t0.task, subgroup="free"),
              EpisodeSpec("test-coin", 99, subgroup="guided", retrieve=True)]
     own, free, other = tr.experience.place_guidance(specs)
-    shown = tr.cfg.experience.reflections_shown
+    shown = tr.cfg.experience.reflections.shown
     assert own.guidance.startswith(REFLECTIONS_HEADER) and not own.retrieve
     assert own.guidance.count("Attempt ") == min(len(stored), shown)
     assert free.guidance == "" and other.guidance == "" and not other.retrieve

@@ -89,7 +89,7 @@ def _fold_reply(lessons: int = 1, fail_on: str | None = None):
 # ---- 1. the merge pass as released: the fold -------------------------------------------------------
 
 def test_fold_folds_an_env_down_to_one_calls_output_and_credits_the_last_call(tokenizer, tiny_model):
-    """Released ``_merge_single_task``: chunks of merge_max, each call's lessons carried into the next
+    """Released ``_merge_single_task``: chunks of merge.max, each call's lessons carried into the next
     chunk, every merged original deleted, only the last call's lessons remain; they credit that call."""
     tr = _trainer(tokenizer, tiny_model, reply=_fold_reply(1))
     track, bank = tr.experience, tr.experience.bank
@@ -156,7 +156,7 @@ def test_merge_runs_at_step_start_after_the_flush_and_is_skipped_after_an_extrac
     flush (so it folds what the previous step distilled), and not at a step that starts with the
     extractor's (asynchronous) update still pending."""
     tr = _trainer(tokenizer, tiny_model, reply=_fold_reply(1),
-                  experience={"merge_every": 2, "warmup_train_steps": 9}, extractor={"batch_size": 64})
+                  experience={"merge": {"every": 2}, "warmup_train_steps": 9}, extractor={"batch_size": 64})
     rows = [tr.train_step().metrics for _ in range(3)]
     assert [r.get("merge_pass") for r in rows] == [None, None, 1]
     # the pass at the start of 0-based step 2 folded everything steps 0 and 1 distilled (4 ADDs each)
@@ -170,9 +170,9 @@ def test_merge_runs_at_step_start_after_the_flush_and_is_skipped_after_an_extrac
 
 def test_smoke_preset_runs_a_merge_pass(tokenizer, tiny_model):
     cfg = build_config([preset_data("smoke")])
-    assert cfg.experience.merge_every == 1 and cfg.experience.merge == "fold"
+    assert cfg.experience.merge.every == 1 and cfg.experience.merge.mode == "fold"
     tr = _trainer(tokenizer, tiny_model, reply=_fold_reply(1),
-                  experience={"merge_every": cfg.experience.merge_every})
+                  experience={"merge": {"every": cfg.experience.merge.every}})
     rows = [tr.train_step().metrics for _ in range(2)]
     assert rows[1]["merge_pass"] == 1 and rows[1]["merge_passes"] == 1
     tr.close()
@@ -408,7 +408,7 @@ def test_periodic_eval_sees_the_bank_after_the_next_steps_merge(tokenizer, tiny_
     from crl_bench.trainer.lifecycle import run_training
 
     cfg = coin_config("complementary", train={"steps": 3, "save_checkpoint": False, "checkpoint_every": 0},
-                      eval={"every": 2, "episodes": 2}, experience={"merge_every": 2},
+                      eval={"every": 2, "episodes": 2}, experience={"merge": {"every": 2}},
                       output_dir=str(tmp_path), run_id="r")
     seen = {}
     orig = Evaluator.evaluate

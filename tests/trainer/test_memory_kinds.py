@@ -98,6 +98,9 @@ def test_memory_kind_contract(kind, tmp_path, tokenizer, tiny_model, monkeypatch
     b = _trainer(b_dir, method, tokenizer, copy.deepcopy(actor))
     load_checkpoint(b, ckpt)
     assert b.experience.memory.state_dict() == state["memory"] == track.memory.state_dict()
+    # a track state without the kind's entry (checkpoints of kinds that keep none) loads too
+    b.experience.load_state_dict({k: v for k, v in state.items() if k != "memory"})
+    b.experience.load_state_dict(state)
     assert b.experience.manager.stats()["bank_size"] == stats["bank_size"]
     assert b.experience.empty_guidance == track.empty_guidance
     row = b.train_step().metrics                       # and trains on

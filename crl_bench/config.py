@@ -12,6 +12,7 @@ import dataclasses
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -19,6 +20,11 @@ from typing import Any
 
 import yaml
 
+from crl_bench.experience.cases import CASE_OUTCOMES, CasesConfig
+from crl_bench.experience.insights import InsightsConfig
+from crl_bench.experience.lessons import MergeConfig
+from crl_bench.experience.memory import get_memory
+from crl_bench.experience.reflections import ReflectionsConfig
 from crl_bench.methods import MethodSpec, get_method, list_methods
 from crl_bench.safe_io import InputFileError, parse_yaml
 
@@ -309,6 +315,25 @@ class AlarmConfig:
 
 
 @dataclass
+class UtilityConfig:
+    """Section ``experience.utility``: the ``utility`` re-rank of retrieval (RetroAgent's SimUtil-UCB,
+    :mod:`crl_bench.experience.retrieval`) and the entries' utility it reads.
+
+    Attributes:
+        alpha: the re-rank's weight of similarity (0.7, RetroAgent Table 10; in [0, 1]).
+        ucb: its exploration constant kappa (1.0; at least 0).
+        min_sim: its similarity floor (0.4; in [-1, 1]).
+        beta: step of an entry's utility towards the success (1 or 0) of each guided training episode
+            it was shown to (0.05, RetroAgent); updated whatever ``experience.rerank`` is.
+    """
+
+    alpha: float = 0.7
+    ucb: float = 1.0
+    min_sim: float = 0.4
+    beta: float = 0.05
+
+
+@dataclass
 class ExperienceConfig:
     """Experience bank, retrieval and the background manager (docs/method.md).
 
@@ -323,16 +348,8 @@ class ExperienceConfig:
             at most 20,000 entries, ``hnsw`` above; see :mod:`crl_bench.experience.bank`), ``flat``
             (always exact), ``ivf`` or ``hnsw`` (approximate; search settings tuned for recall@16 >=
             0.95 at 100k entries).
-        merge_every: a merge pass runs at the start of every 0-based step divisible by N, after the
-            flush (0 = never; released 5), except when the extractor was updated in the step before
-            (the released asynchronous update is then still pending, and the pipeline skips the flush
-            and the merge).
-        merge: ``fold`` (released ``merge_memory``: each env's entries, oldest first, go to the
-            extractor in chunks of ``merge_max``; each call's lessons are carried into the next chunk,
-            the originals of every chunk that gave lessons are deleted and the last call's lessons
-            stay, crediting the last call that gave lessons) or ``similar`` (groups of at most
-            ``merge_max`` entries whose index vectors have cosine >= ``merge_threshold``, one MERGE /
-            UPDATE / NONE call per group).
+        merge: section :class:`~crl_bench.experience.lessons.MergeConfig`: the merge pass of a bank
+            of lessons (``every``, ``mode``, ``max``, ``threshold``).
         search_workers: parallel search threads; ``query_batch``/``query_timeout_ms``: retrieval
             micro-batching (released 32 / 5 ms).
         distill: which finished episodes go to the extractor: ``guided`` (released: the episodes of
@@ -379,33 +396,20 @@ class ExperienceConfig:
             never changes the bank, nor its counters unless ``eval.writes_counters``.
         query_cache: query embeddings kept in the retriever's LRU cache, keyed by the query text (0 =
             off; the released code caches query embeddings too).
-        cases: for a method whose bank holds cases (``casebank``): which finished episodes, of both
-            subgroups, become cases: ``successes`` (default, as ExpeL retrieves successful
-            trajectories) or ``all`` (failures too, their outcome stated). ``distill`` and
-            ``distill_per_group`` choose what goes to an extractor and do not apply.
-        case_tokens: token budget of one case's compacted trajectory (actor's tokenizer; the outcome
-            line comes on top). :mod:`crl_bench.experience.cases`.
+        cases: section :class:`~crl_bench.experience.cases.CasesConfig`: the cases of a bank of cases
+            (``casebank``, ``expel``: ``outcomes``, ``tokens``).
         rerank: how retrieval orders the candidates: ``released`` (the diversity re-rank) or
             ``utility`` (RetroAgent's SimUtil-UCB: similarity, the entry's utility and an
             exploration bonus; :mod:`crl_bench.experience.retrieval`). Any method with a bank.
-        utility_alpha, utility_ucb, utility_min_sim: the ``utility`` re-rank's weight of similarity
-            (0.7), exploration constant kappa (1.0) and similarity floor (0.4) (RetroAgent, Table 10).
-        utility_beta: step of an entry's utility towards the success (1 or 0) of each guided training
-            episode it was shown to (0.05, RetroAgent); updated whatever ``rerank`` is.
-        insight_pairs: for a method with insights (``expel``): comparison calls per group with a
-            success and a failure (each a success against a failure of the group's task), per step.
-            :mod:`crl_bench.experience.insights`.
-        insight_successes: most successes of different tasks in one success-list call (ExpeL's L:
-            4 as for WebShop; 8 for ALFWorld does not fit a small model's prompt); one call per step
-            when at least two tasks had a success (0 = no success-list calls).
-        insight_ops: most operations of one insight reply (4, as released).
-        insights_max: from this many insights of an env on, the extractor is asked to downvote and
-            edit before adding (released prompt; 10 as in the released ALFWorld runs; 0 = never).
-        insight_new_tokens: most tokens of one insight reply.
-        reflections_shown: for a method with reflections (``reflexion``): the most recent
-            reflections on a task shown to an attempt at it (Reflexion's Omega, 3 as in its ALFWorld
-            and HotpotQA runs). :mod:`crl_bench.experience.reflections`.
-        reflection_tokens: most tokens of one reflection.
+        utility: section :class:`UtilityConfig`: the ``utility`` re-rank and the entries' utility
+            (``alpha``, ``ucb``, ``min_sim``, ``beta``).
+        insights: section :class:`~crl_bench.experience.insights.InsightsConfig`: ExpeL's insight
+            calls (``expel``: ``pairs``, ``successes``, ``ops``, ``max``, ``new_tokens``).
+        reflections: section :class:`~crl_bench.experience.reflections.ReflectionsConfig`:
+            Reflexion's reflections (``reflexion``: ``shown``, ``tokens``).
+
+    Configs that name the sections' keys flat (``experience.case_tokens``) are read through
+    :data:`RENAMED_KEYS`.
     """
 
     free_size: int = -1
@@ -418,10 +422,7 @@ class ExperienceConfig:
     capacity: int = 0
     eviction: str = "fifo"
     index: str = "auto"
-    merge_every: int = 5
-    merge: str = "fold"
-    merge_max: int = 5
-    merge_threshold: float = 0.8
+    merge: MergeConfig = field(default_factory=MergeConfig)
     search_workers: int = 2
     query_batch: int = 32
     query_timeout_ms: float = 5.0
@@ -442,20 +443,11 @@ class ExperienceConfig:
     distill_min_gap_s: float = 0.25
     eval_guided: bool = True
     query_cache: int = 4096
-    cases: str = "successes"
-    case_tokens: int = 256
+    cases: CasesConfig = field(default_factory=CasesConfig)
     rerank: str = "released"
-    utility_alpha: float = 0.7
-    utility_ucb: float = 1.0
-    utility_min_sim: float = 0.4
-    utility_beta: float = 0.05
-    insight_pairs: int = 1
-    insight_successes: int = 4
-    insight_ops: int = 4
-    insights_max: int = 10
-    insight_new_tokens: int = 160
-    reflections_shown: int = 3
-    reflection_tokens: int = 64
+    utility: UtilityConfig = field(default_factory=UtilityConfig)
+    insights: InsightsConfig = field(default_factory=InsightsConfig)
+    reflections: ReflectionsConfig = field(default_factory=ReflectionsConfig)
 
 
 @dataclass
@@ -666,14 +658,76 @@ def _check_type(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+RENAMED_KEYS: dict[str, str] = {
+    "experience.cases": "experience.cases.outcomes",
+    "experience.case_tokens": "experience.cases.tokens",
+    "experience.insight_pairs": "experience.insights.pairs",
+    "experience.insight_successes": "experience.insights.successes",
+    "experience.insight_ops": "experience.insights.ops",
+    "experience.insights_max": "experience.insights.max",
+    "experience.insight_new_tokens": "experience.insights.new_tokens",
+    "experience.reflections_shown": "experience.reflections.shown",
+    "experience.reflection_tokens": "experience.reflections.tokens",
+    "experience.merge_every": "experience.merge.every",
+    "experience.merge": "experience.merge.mode",
+    "experience.merge_max": "experience.merge.max",
+    "experience.merge_threshold": "experience.merge.threshold",
+    "experience.utility_alpha": "experience.utility.alpha",
+    "experience.utility_ucb": "experience.utility.ucb",
+    "experience.utility_min_sim": "experience.utility.min_sim",
+    "experience.utility_beta": "experience.utility.beta",
+}
+"""The flat names of the keys of ``experience``'s sections (each owned by a memory kind's module, or,
+for ``utility``, by retrieval): old key -> new key. Configs that use the flat names (the committed run
+folders' config.yaml, ``--set experience.case_tokens=...``) are read through this table with a
+``DeprecationWarning`` naming both. ``experience.cases`` and ``experience.merge`` are a value in the
+old layout and a section in the new: a mapping there is the section."""
+
+
+def _renamed(data: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``data`` (the mapping at ``prefix``) with the old keys of :data:`RENAMED_KEYS` moved to their
+    sections (a new dict; ``data`` is left as it is); warns once per call naming each rename.
+
+    Raises:
+        ConfigError: a key is given both by its old and its new name.
+    """
+    if not any(f"{prefix}{key}" in RENAMED_KEYS for key in data):
+        return data
+    out: dict[str, Any] = {}
+    moved = []
+    for key, value in data.items():
+        new = RENAMED_KEYS.get(f"{prefix}{key}")
+        if new is None or isinstance(value, dict):
+            if isinstance(value, dict) and isinstance(out.get(key), dict):      # old keys came first
+                both = sorted(set(out[key]) & set(value))
+                if both:
+                    raise ConfigError(f"{prefix}{key}.{both[0]} is given by its old and its new name")
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = dict(value) if isinstance(value, dict) else value
+            continue
+        section, _, leaf = new[len(prefix):].partition(".")
+        target = out.setdefault(section, {})
+        if leaf in target:
+            raise ConfigError(f"{new} is given by its old and its new name ({prefix}{key})")
+        target[leaf] = value
+        moved.append(f"{prefix}{key} -> {new}")
+    if moved:
+        warnings.warn(f"renamed config keys (read under their new names): {', '.join(moved)}",
+                      DeprecationWarning, stacklevel=3)
+    return out
+
+
 def merge_into(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
-    """Recursively set fields of dataclass ``obj`` from ``data``.
+    """Recursively set fields of dataclass ``obj`` from ``data`` (old keys read through
+    :data:`RENAMED_KEYS`).
 
     Raises:
         ConfigError: a key is not a field (message lists the valid keys) or has the wrong type.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    data = _renamed(data, prefix)
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in data.items():
@@ -884,28 +938,28 @@ def validate(cfg: RunConfig) -> None:
         ("train.sequences", cfg.train.sequences in ("episode", "turn")),
         ("rollout.prompt", cfg.rollout.prompt in ("window", "multiturn")),
         ("experience.distill", cfg.experience.distill in ("guided", "all")),
-        ("experience.cases", cfg.experience.cases in ("successes", "all")),
-        ("experience.case_tokens", cfg.experience.case_tokens >= 16),
+        ("experience.cases.outcomes", cfg.experience.cases.outcomes in CASE_OUTCOMES),
+        ("experience.cases.tokens", cfg.experience.cases.tokens >= 16),
         ("experience.rerank", cfg.experience.rerank in ("released", "utility")),
-        ("experience.utility_alpha", 0 <= cfg.experience.utility_alpha <= 1),
-        ("experience.utility_ucb", cfg.experience.utility_ucb >= 0),
-        ("experience.utility_min_sim", -1 <= cfg.experience.utility_min_sim <= 1),
-        ("experience.utility_beta", 0 <= cfg.experience.utility_beta <= 1),
-        ("experience.insight_pairs", cfg.experience.insight_pairs >= 0),
-        ("experience.insight_successes", cfg.experience.insight_successes == 0
-         or cfg.experience.insight_successes >= 2),
-        ("experience.insight_ops", cfg.experience.insight_ops >= 1),
-        ("experience.insights_max", cfg.experience.insights_max >= 0),
-        ("experience.insight_new_tokens", cfg.experience.insight_new_tokens >= 8),
-        ("experience.reflections_shown", cfg.experience.reflections_shown >= 1),
-        ("experience.reflection_tokens", cfg.experience.reflection_tokens >= 8),
+        ("experience.utility.alpha", 0 <= cfg.experience.utility.alpha <= 1),
+        ("experience.utility.ucb", cfg.experience.utility.ucb >= 0),
+        ("experience.utility.min_sim", -1 <= cfg.experience.utility.min_sim <= 1),
+        ("experience.utility.beta", 0 <= cfg.experience.utility.beta <= 1),
+        ("experience.insights.pairs", cfg.experience.insights.pairs >= 0),
+        ("experience.insights.successes", cfg.experience.insights.successes == 0
+         or cfg.experience.insights.successes >= 2),
+        ("experience.insights.ops", cfg.experience.insights.ops >= 1),
+        ("experience.insights.max", cfg.experience.insights.max >= 0),
+        ("experience.insights.new_tokens", cfg.experience.insights.new_tokens >= 8),
+        ("experience.reflections.shown", cfg.experience.reflections.shown >= 1),
+        ("experience.reflections.tokens", cfg.experience.reflections.tokens >= 8),
         ("experience.key", cfg.experience.key in ("query", "lesson")),
         ("experience.placement", cfg.experience.placement in ("system", "user")),
         ("experience.warmup_steps", cfg.experience.warmup_steps >= 0),
         ("experience.warmup_train_steps", cfg.experience.warmup_train_steps >= -1),
-        ("experience.merge", cfg.experience.merge in ("fold", "similar")),
-        ("experience.merge_max", cfg.experience.merge_max >= 2),
-        ("experience.merge_every", cfg.experience.merge_every >= 0),
+        ("experience.merge.mode", cfg.experience.merge.mode in ("fold", "similar")),
+        ("experience.merge.max", cfg.experience.merge.max >= 2),
+        ("experience.merge.every", cfg.experience.merge.every >= 0),
         ("experience.integration", cfg.experience.integration in ("trajectory", "turn", "both")),
         ("experience.search_tool", cfg.experience.search_tool in ("off", "guided", "all")),
         ("experience.max_tool_uses", cfg.experience.max_tool_uses >= 1),
@@ -923,13 +977,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("train.logprob_temperature=raw needs train.recompute_old_logprobs=true: the behaviour "
                           "log-probs of the sampler are of the tempered distribution, the trainer's of the raw one")
     spec = cfg.method_spec if cfg.method in list_methods() else None    # a plugin's method may load later
-    if spec is not None and spec.entries != "lessons" and cfg.experience.integration != "trajectory":
+    kind = get_memory(spec.memory) if spec is not None else None
+    if kind is not None and kind.whole_episodes and cfg.experience.integration != "trajectory":
         raise ConfigError(f"experience.integration={cfg.experience.integration} is not available with method "
-                          f"{cfg.method}: a case or a reflection is about a whole finished episode, so its bank "
+                          f"{cfg.method}: its {spec.memory} are about a whole finished episode, so its bank "
                           "is written and read once per episode (experience.integration: trajectory)")
-    if spec is not None and spec.entries == "reflections" and cfg.experience.search_tool != "off":
+    if kind is not None and not kind.retrieves and cfg.experience.search_tool != "off":
         raise ConfigError(f"experience.search_tool={cfg.experience.search_tool} is not available with method "
-                          f"{cfg.method}: reflections are shown per task, not searched")
+                          f"{cfg.method}: its {spec.memory} are shown per task, not searched")
     if isinstance(cfg.eval.samples, int) and cfg.eval.samples > 1 and cfg.eval.temperature <= 0:
         raise ConfigError(f"eval.samples={cfg.eval.samples} needs eval.temperature above 0: greedy samples of "
                           "one task repeat each other, so pass@k would equal pass@1")
@@ -963,8 +1018,9 @@ def validate(cfg: RunConfig) -> None:
                           "train.kl_coef=0")
     for key, ok in checks:
         if not ok:
-            section, _, name = key.partition(".")
-            value = getattr(getattr(cfg, section), name) if name else getattr(cfg, section)
+            value: Any = cfg
+            for name in key.split("."):             # section.key, or section.subsection.key
+                value = getattr(value, name)
             raise ConfigError(f"invalid value for {key}: {value!r}")
 
 

@@ -24,15 +24,16 @@ Beside them, memory baselines of the same loop:
   reflections (in evaluation, the attempts of ``eval.trials``). docs/method.md, "Reflexion".
 
 ``crl-bench run --method NAME`` looks the name up here; :func:`register_method` adds a method from
-outside the package (a plugin), which must also be a configuration of the same loop.
+outside the package (a plugin), which must also be a configuration of the same loop.  What a method's
+bank holds is its memory kind (:attr:`MethodSpec.memory`), one module per kind registered in
+:mod:`crl_bench.experience.memory`: a method that stores something new brings one such module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-ENTRY_KINDS = ("lessons", "cases", "reflections")
-"""What a method's bank can hold (:attr:`MethodSpec.entries`)."""
+from crl_bench.experience.memory import get_memory
 
 
 @dataclass(frozen=True)
@@ -44,37 +45,42 @@ class MethodSpec:
         description: one line for ``crl-bench run --help`` and the leaderboard.
         uses_experience: retrieve from an experience bank and split groups into guided/free subgroups.
         trains_extractor: update the experience extractor (CISPO).
-        entries: what the bank's entries are: ``lessons`` (an extractor model distils them from
-            finished episodes), ``cases`` (the episodes themselves, compacted; no extractor model
-            is loaded, there is no merge pass, and the search tool answers with the cases found) or
-            ``reflections`` (the actor's own reflections on its failed attempts, kept per task and
-            shown to later attempts at that task, without retrieval; :mod:`crl_bench.experience.reflections`).
-        insights: beside the cases, a frozen extractor model keeps a list of insights per env that
-            every guided episode of the env is shown (ExpeL; :mod:`crl_bench.experience.insights`).
-            Only with ``entries="cases"``; never trained.
+        memory: the memory kind, what the bank holds (a name of
+            :func:`crl_bench.experience.memory.list_memories`): ``lessons`` (an extractor model
+            distils them from finished episodes), ``cases`` (the episodes themselves, compacted; no
+            extractor model is loaded, there is no merge pass, and the search tool answers with the
+            cases found), ``insights`` (cases, and a list of insights per env that a frozen extractor
+            model edits and every guided episode of the env is shown: ExpeL) or ``reflections`` (the
+            actor's own reflections on its failed attempts, kept per task and shown to later attempts
+            at that task, without retrieval: Reflexion).
+
+    Raises:
+        ValueError: an unknown memory kind, or ``trains_extractor`` for a method without experience or
+            whose memory kind has no trainable extractor (only ``lessons`` has).
+        TypeError: an argument this spec does not have (the bank's kind is ``memory``: a bank of
+            cases is ``memory="cases"``, cases with insights ``memory="insights"``).
     """
 
     name: str
     description: str
     uses_experience: bool = False
     trains_extractor: bool = False
-    entries: str = "lessons"
-    insights: bool = False
+    memory: str = "lessons"
 
     def __post_init__(self) -> None:
-        if self.entries not in ENTRY_KINDS:
-            raise ValueError(f"method {self.name!r}: entries must be one of {', '.join(ENTRY_KINDS)}, "
-                             f"got {self.entries!r}")
-        if self.trains_extractor and (not self.uses_experience or self.entries != "lessons"):
+        try:
+            kind = get_memory(self.memory)
+        except KeyError as e:
+            raise ValueError(f"method {self.name!r}: {e.args[0]}") from None
+        if self.trains_extractor and (not self.uses_experience or not kind.trainable):
             raise ValueError(f"method {self.name!r}: only a method whose bank holds lessons has an extractor "
                              "to train")
-        if self.insights and (not self.uses_experience or self.entries != "cases"):
-            raise ValueError(f"method {self.name!r}: insights come with a bank of cases")
 
     @property
     def uses_extractor(self) -> bool:
-        """Whether the method loads an extractor model (a bank of lessons, or a list of insights)."""
-        return self.uses_experience and (self.entries == "lessons" or self.insights)
+        """Whether the method loads an extractor model (its memory kind's ``uses_extractor``: a bank of
+        lessons, or a list of insights)."""
+        return self.uses_experience and get_memory(self.memory).uses_extractor
 
 
 GRPO = MethodSpec(
@@ -97,22 +103,21 @@ CASEBANK = MethodSpec(
     name="casebank",
     description="GRPO actor guided by the most similar earlier episodes, stored as cases (no extractor model)",
     uses_experience=True,
-    entries="cases",
+    memory="cases",
 )
 
 EXPEL = MethodSpec(
     name="expel",
     description="GRPO actor guided by ExpeL insights of a frozen extractor and the most similar successful case",
     uses_experience=True,
-    entries="cases",
-    insights=True,
+    memory="insights",
 )
 
 REFLEXION = MethodSpec(
     name="reflexion",
     description="GRPO actor shown its own reflections on its earlier failed attempts at the same task",
     uses_experience=True,
-    entries="reflections",
+    memory="reflections",
 )
 
 _METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY, CASEBANK, EXPEL, REFLEXION)}

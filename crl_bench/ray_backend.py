@@ -630,8 +630,10 @@ class RemoteManager:
     def similar_groups(self, threshold: float, max_size: int) -> list:
         return self._run("similar_groups", threshold, max_size)
 
-    def merge_pass(self, step: int, mode: str = "fold", max_size: int = 5, threshold: float = 0.8) -> None:
-        self._run("merge_pass", step, mode, max_size, threshold)
+    @property
+    def has_model(self) -> bool:
+        """The manager's ``has_model`` (an extractor model writes the bank: the merge pass can run)."""
+        return self._run("__getattribute__", "has_model")
 
     def answer(self, queries: Sequence[tuple[str, str]], count_retrievals: bool = True,
                timeout: float | None = 60.0) -> list:

@@ -142,7 +142,8 @@ def test_the_method_is_resolved_in_the_config_alone(monkeypatch):
         RunConfig(method="nope").method_spec   # noqa: B018 - the property raises
 
     root = Path(__file__).resolve().parents[1]
-    allowed = {"crl_bench/methods.py", "crl_bench/config.py", "crl_bench/commands/options.py", "crl_bench/results/summary.py"}
+    allowed = {"crl_bench/methods.py", "crl_bench/config.py", "crl_bench/commands/options.py",
+               "crl_bench/results/summary.py"}
     calls = []
     for top in ("crl_bench", "trainer", "envs", "baselines"):
         for path in sorted((root / top).rglob("*.py")):
@@ -170,3 +171,51 @@ def test_the_paper_preset_trains_on_the_released_minihack_room():
     finally:
         env.close()
     assert len(queries) > 1                 # the rooms differ by task (one fixed layout would give one)
+
+
+def test_old_flat_experience_keys_are_read_under_their_new_names():
+    """The keys of the memory kinds' sections (``experience.cases.*``, ``.insights.*``,
+    ``.reflections.*``, ``.merge.*``, ``.utility.*``) are read under their flat names too, through the
+    one rename table, with a DeprecationWarning naming old and new key; a key given under both names
+    is an error."""
+    from crl_bench.config import RENAMED_KEYS
+
+    old = {"cases": "all", "case_tokens": 128, "insight_pairs": 2, "insight_successes": 3, "insight_ops": 5,
+           "insights_max": 7, "insight_new_tokens": 99, "reflections_shown": 2, "reflection_tokens": 32,
+           "merge_every": 3, "merge": "similar", "merge_max": 4, "merge_threshold": 0.7, "utility_alpha": 0.6,
+           "utility_ucb": 0.5, "utility_min_sim": 0.3, "utility_beta": 0.1}
+    assert {f"experience.{k}" for k in old} == set(RENAMED_KEYS)
+    with pytest.warns(DeprecationWarning, match=r"experience.case_tokens -> experience.cases.tokens"):
+        cfg = build_config([{"experience": old}])
+    for key, value in old.items():
+        section, leaf = RENAMED_KEYS[f"experience.{key}"].split(".")[1:]
+        assert getattr(getattr(cfg.experience, section), leaf) == value, key
+    new = build_config([{"experience": {"merge": {"every": 3, "mode": "similar"}}}])
+    assert (new.experience.merge.every, new.experience.merge.mode) == (3, "similar")
+    with pytest.warns(DeprecationWarning):           # --set with the old name
+        assert build_config([parse_override("experience.merge_max=6")]).experience.merge.max == 6
+    with pytest.raises(ConfigError, match="experience.merge.every is given by its old and its new name"):
+        build_config([{"experience": {"merge": {"every": 2}, "merge_every": 3}}])
+    assert "case_tokens" not in str(build_config([]).to_dict())      # config.yaml is written nested
+
+
+def test_committed_run_configs_still_load():
+    """Every committed run folder's config.yaml (written with the flat keys) builds, its settings read
+    under the new names."""
+    import warnings
+    from pathlib import Path
+
+    from crl_bench.config import load_yaml
+
+    paths = sorted(Path(__file__).resolve().parents[1].glob("results/**/config.yaml"))
+    assert paths
+    for path in paths:
+        data = load_yaml(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            cfg = build_config([data])
+        exp = data.get("experience", {})
+        if "merge_every" in exp:
+            assert cfg.experience.merge.every == exp["merge_every"], path
+        if "case_tokens" in exp:
+            assert cfg.experience.cases.tokens == exp["case_tokens"], path

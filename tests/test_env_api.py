@@ -217,10 +217,13 @@ def test_the_methods_are_declared_in_one_place_and_names_are_not_reused():
         get_method("nope")
 
 
-def test_a_method_with_insights_needs_a_bank_of_cases():
+def test_a_method_names_a_registered_memory_kind():
     from crl_bench.methods import MethodSpec
 
-    with pytest.raises(ValueError, match="insights"):
-        MethodSpec("x", "insights over lessons", uses_experience=True, insights=True)
-    with pytest.raises(ValueError, match="insights"):
-        MethodSpec("y", "insights without a bank", insights=True, entries="cases")
+    with pytest.raises(ValueError, match="unknown memory kind 'notes'; known: cases, insights, lessons, reflections"):
+        MethodSpec("x", "a bank of notes", uses_experience=True, memory="notes")
+    with pytest.raises(ValueError, match="extractor to train"):
+        MethodSpec("y", "a trained case bank", uses_experience=True, trains_extractor=True, memory="cases")
+    with pytest.raises(TypeError, match="entries"):       # the kind is named by memory=, as in the CHANGELOG
+        MethodSpec("z", "the old keyword", uses_experience=True, entries="cases")
+    assert MethodSpec("w", "ExpeL", uses_experience=True, memory="insights").uses_extractor

@@ -36,7 +36,7 @@ def coin_config(method, **extra):
         "train": {"groups_per_step": 2, "group_size": 4, "lr": 1e-3},
         "model": {"gradient_checkpointing": False},
         "eval": {"episodes": 2},
-        "experience": {"wait_distill": True, "merge_every": 0},
+        "experience": {"wait_distill": True, "merge": {"every": 0}},
         "extractor": {"batch_size": 2, "max_new_tokens": 24, "lr": 1e-3},
     }, extra])
 

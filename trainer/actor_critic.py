@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from crl_bench.experience.types import JUDGED_INVALID as INVALID
 from crl_bench.llm.base import Engine, SamplingParams
 
 DECISIONS = ("accept", "refine", "reject")
-INVALID = "invalid"
 
 CRITIC_SYSTEM_PROMPT = """\
 You are about to start a task as an agent. Before you start, you are shown advice that an assistant \

@@ -221,9 +221,10 @@ class Evaluator:
         0/1 per task in the order of ``tasks``, and for envs with task types ``per_type``: episodes
         and success rate per type, e.g. ALFWorld's six), ``mode``, ``guided`` (experience in the
         prompt: every mode but ``free``), ``episodes_with_experience``, ``split``, ``temperature``,
-        ``wall_s`` and the task ids used (``tasks``; ``donors`` for ``shuffled``); for ``reflexion``
-        outside ``free``, ``attempts_with_reflections`` (attempts shown at least one reflection: its
-        guidance is not a bank entry, so ``episodes_with_experience`` stays 0).  With
+        ``wall_s`` and the task ids used (``tasks``; ``donors`` for ``shuffled``); outside ``free``, a
+        memory kind that learns between attempts adds its own (:meth:`ExperienceTrack.eval_attempts`;
+        ``reflexion``: ``attempts_with_reflections`` (attempts shown at least one reflection: its
+        guidance is not a bank entry, so ``episodes_with_experience`` stays 0)).  With
         ``eval.trials`` n > 1 each task is attempted until solved, at most n times, and every
         figure is of each task's best attempt (:meth:`trials`); the block adds
         ``success_by_trial`` (share solved after each attempt) and ``attempts`` (episodes run).
@@ -262,7 +263,7 @@ class Evaluator:
                              turn_retrieve=live and exp.integration != "trajectory",
                              tool=live and exp.search_tool != "off",
                              query=self.first_query(env_id, donors[env_id][t])
-                             if t in donors.get(env_id, {}) and not self.trainer.reflexion else "")
+                             if t in donors.get(env_id, {}) and self.trainer.experience.memory.retrieves else "")
                  for env_id, ids in tasks.items() for i, t in enumerate(ids)]
         t0 = time.perf_counter()
         # evaluation leaves the bank and its usage counters as they were, unless eval.writes_counters
@@ -272,9 +273,10 @@ class Evaluator:
             hooks = {"guide": self.control_guide()} if mode == "empty" else \
                 {k: v for k, v in hooks.items() if k == "guide"}
         prepare = learn = None
-        shown = [0]                         # reflexion: attempts whose prompt held a reflection
-        if self.trainer.reflexion and mode != "free":
-            prepare, learn = self.reflexion_trials(mode, donors, shown)
+        # a memory kind that learns between attempts (reflexion) replaces retrieval in every attempt
+        between = self.trainer.experience.eval_attempts(mode, donors) if mode != "free" else None
+        if between is not None:
+            prepare, learn = between.prepare, between.learn
             specs = [replace(s, retrieve=False, turn_retrieve=False, tool=False) for s in specs]
             hooks = {}
         samples = self.cfg.eval.samples
@@ -312,8 +314,8 @@ class Evaluator:
                    mode=mode, guided=mode != "free", temperature=self.cfg.eval.temperature, tasks=tasks,
                    # with experience: how many episodes the bank actually had experience for
                    episodes_with_experience=sum(1 for t in trajs if t.experience_ids))
-        if self.trainer.reflexion and mode != "free":
-            out["attempts_with_reflections"] = shown[0]
+        if between is not None:
+            out.update(between.metrics())
         if donors:
             out["donors"] = {e: {str(t): d for t, d in m.items()} for e, m in donors.items()}
         if self.cfg.eval.trials > 1:
@@ -322,36 +324,6 @@ class Evaluator:
             out["samples"] = samples
             out["pass_at_k"], out["pass_hat_k"] = pass_curves(samples, all_counts)
         return out
-
-    def reflexion_trials(self, mode: str, donors: dict[str, dict[int, int]],
-                          shown: list[int]) -> tuple[Any, Any]:
-        """``reflexion``'s evaluation attempts: ``(prepare, learn)`` for :meth:`trials`.
-
-        ``learn`` has the actor reflect on an attempt's failed episodes, kept for this evaluation only
-        (the bank is not written); ``prepare`` shows each attempt its task's reflections (stored in
-        training, then those of this evaluation's earlier attempts): ``guided`` its own task's,
-        ``shuffled`` those of its donor task (another context's, where the env has contexts),
-        ``empty`` the header with no reflection.  ``shown[0]`` counts the attempts whose block held
-        at least one reflection."""
-        track = self.trainer.experience
-        memory: dict[tuple[str, int], list[str]] = defaultdict(list)
-
-        def prepare(spec: EpisodeSpec) -> EpisodeSpec:
-            if mode == "empty":
-                return replace(spec, guidance=track.empty_guidance)
-            task = donors.get(spec.env_id, {}).get(spec.task, spec.task) if mode == "shuffled" else spec.task
-            block = track.reflection_guidance(spec.env_id, task, memory[(spec.env_id, task)])
-            shown[0] += bool(block)
-            return replace(spec, guidance=block)
-
-        def learn(failed: list[Trajectory]) -> None:
-            if mode == "empty" or not failed:
-                return
-            for t, text in zip(failed, track.reflect(failed)):
-                if text:
-                    memory[(t.env_id, int(t.task))].append(text)
-
-        return prepare, learn
 
     def trials(self, specs: list[EpisodeSpec], progress: Any, hooks: dict[str, Any], prepare: Any = None,
                 learn: Any = None) -> tuple[list[Trajectory], list[float], int]:

@@ -15,7 +15,7 @@ docs/method.md).  Beside the actor's GRPO loop:
 2. Finished episodes of the guided subgroup (``experience.distill: guided``; ``all`` for every
    episode) go to the background experience manager, whose extractor turns each into operations on
    the bank (with turn integration, every step of a guided episode too); entries are keyed by the
-   episode's retrieval query (``experience.key: query``).  At the start of every ``merge_every``-th
+   episode's retrieval query (``experience.key: query``).  At the start of every ``experience.merge.every``-th
    step the merge pass runs (:meth:`ExperienceTrack.before_rollout`; the released fold by default).
 3. Credit: each use of an entry by a guided episode adds a reward to the extraction recorded at
    retrieval time (``binary``: the episode's score, 0 counting -1; ``relative``: +1 / 0 / -1 against
@@ -27,18 +27,19 @@ docs/method.md).  Beside the actor's GRPO loop:
    unless the method freezes it: the static-extractor baseline, whose buffer is bounded the same way
    and simply never drained by an update.
 
-The memory baselines are configurations of the same track: a bank of cases (``casebank``) is written
-with the finished episodes themselves instead of step 2's extractor, and ``expel`` also sends each
-step's success/failure pairs and successes to a frozen extractor that edits the env's insight list,
-shown above the cases in every guided prompt (:meth:`ExperienceTrack._insight_requests`); for
-``reflexion`` the actor reflects on each failed episode and the reflections are kept per task
-(:meth:`ExperienceTrack.reflection_guidance`), with no retrieval.
+What the bank holds is the method's memory kind (``MethodSpec.memory``,
+:mod:`crl_bench.experience.memory`), which the track reaches only through the kind's interface
+(:attr:`ExperienceTrack.memory`): the header and the block a guided episode is shown, what a finished
+step writes (step 2: lessons distilled by the extractor; the episodes themselves for a bank of cases,
+``casebank``; cases and ExpeL's insight calls for ``expel``; the actor's reflections, kept per task and
+shown instead of retrieved entries, for ``reflexion``), the periodic upkeep (the merge pass of
+lessons), its metrics and its state.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,59 +48,24 @@ from typing import Any
 import torch
 
 from crl_bench.config import RunConfig
-from crl_bench.env_api import feedback_of
-from crl_bench.experience.cases import admits_case
-from crl_bench.experience.extractor import EpisodeRecord, Extraction
-from crl_bench.experience.insights import Insight, format_insights
+from crl_bench.experience.extractor import Extraction
 from crl_bench.experience.json_ops import format_numbered
-from crl_bench.experience.manager import DistillRequest, InsightRequest, build_manager
-from crl_bench.experience.reflections import REFLECTIONS_HEADER, ReflectionWriter, reflection_block
+from crl_bench.experience.manager import build_manager
+from crl_bench.experience.memory import Attempts, Memory, get_memory, guidance_text
+from crl_bench.experience.records import by_group
 from crl_bench.experience.types import RetrievalRecord
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
 from crl_bench.llm.memory import trim_heap
 from crl_bench.llm.precision import DTYPES, cast_parameters, resolve_dtype
 from crl_bench.methods import MethodSpec
-from crl_bench.rollout import Guidance, SearchTool, Trajectory, Turn
-from crl_bench.trainer.actor_critic import INVALID, ActorCritic
+from crl_bench.rollout import EpisodeSpec, Guidance, SearchTool, Trajectory
+from crl_bench.trainer.actor_critic import ActorCritic
 from crl_bench.trainer.advantages import grouped_advantages
 from crl_bench.trainer.extractor_training import answer_reward, extraction_sample, use_reward
 from crl_bench.trainer.losses import cispo_loss
 from crl_bench.trainer.policy import PolicyUpdater
 from crl_bench.trainer.updaters import logprob_temperature, make_updater
-
-GUIDANCE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it applies to this task; "
-                    "do not follow it blindly.")
-
-
-#: the header of a case bank's block (``casebank``): its entries are whole earlier episodes
-CASES_HEADER = ("Earlier episodes of similar tasks, each with its outcome. Use them where they apply to this "
-                "task; do not copy them blindly.")
-
-#: the header of the insight list of a method with insights (``expel``), shown above its cases
-INSIGHTS_HEADER = ("Insights learned from earlier episodes of this game, most important first. Use them where they "
-                   "apply to this task; do not follow them blindly.")
-
-
-def empty_guidance_text(header: str = GUIDANCE_HEADER) -> str:
-    """The ``empty`` memory control's experience block: the header a guided episode sees, no entry."""
-    return f"{header}\n\n(no entries)"
-
-
-def insight_block(insights: Sequence[Insight]) -> str:
-    """The insight part of an ``expel`` guided prompt: :data:`INSIGHTS_HEADER` and the numbered
-    insights; ``""`` without insights."""
-    return guidance_text(format_insights(insights, empty=""), INSIGHTS_HEADER)
-
-
-#: the ``empty`` control's block of a bank of lessons
-EMPTY_GUIDANCE = empty_guidance_text()
-
-
-def guidance_text(body: str, header: str = GUIDANCE_HEADER) -> str:
-    """The experience block shown to the actor: ``header`` (:data:`GUIDANCE_HEADER` for lessons,
-    :data:`CASES_HEADER` for cases) and the numbered entries (``body``); ``""`` without entries."""
-    return f"{header}\n\n{body}" if body.strip() else ""
 
 
 @dataclass
@@ -113,38 +79,6 @@ class _Credit:
     @property
     def reward(self) -> float:
         return self.total / self.uses if self.uses else 0.0
-
-
-def _step_text(traj: Trajectory, k: int) -> tuple[str, str, str]:
-    """``(observation, action, feedback)`` of turn ``k`` (a search-tool call reads ``(search) question``)."""
-    turn = traj.turns[k]
-    nxt = traj.turns[k + 1].observation if k + 1 < len(traj.turns) else traj.final_obs
-    if turn.tool:
-        call = next((c for c in traj.tool_calls if c.turn == k), None)
-        return turn.observation, f"(search) {call.query if call else turn.reply}", \
-            f"Search results: {call.answer}" if call else ""
-    return turn.observation, turn.action or turn.reply, feedback_of(nxt)
-
-
-def episode_record(traj: Trajectory) -> EpisodeRecord:
-    """The text record of a finished episode that the extractor reads (each step's observation,
-    action and feedback, and the actor's whole replies for ``extractor.transcript: full``)."""
-    steps = [_step_text(traj, k) for k in range(len(traj.turns))]
-    return EpisodeRecord(env_id=traj.env_id, task_prompt=traj.task_prompt, steps=steps, success=traj.success,
-                         reward=traj.reward, final_obs=traj.final_obs, group_id=traj.group_id,
-                         source=(traj.group_id, traj.meta.get("rollout")), replies=[t.reply for t in traj.turns])
-
-
-def turn_record(traj: Trajectory, k: int) -> EpisodeRecord:
-    """The record of turn ``k`` alone that turn-level distillation reads (released turn-based update:
-    the step's action and the env's feedback, keyed by the observation it was taken in)."""
-    turn: Turn = traj.turns[k]
-    obs, action, feedback = _step_text(traj, k)
-    nxt = traj.turns[k + 1].observation if k + 1 < len(traj.turns) else traj.final_obs
-    return EpisodeRecord(env_id=traj.env_id, task_prompt=traj.task_prompt, steps=[(obs, action, feedback)],
-                         success=traj.success and k + 1 == len(traj.turns), reward=turn.reward, final_obs=nxt,
-                         group_id=traj.group_id, source=(traj.group_id, traj.meta.get("rollout"), k),
-                         replies=[turn.reply], outcome=f"one step of an episode (step reward {turn.reward:.2f})")
 
 
 class ExperienceTrack:
@@ -181,7 +115,9 @@ class ExperienceTrack:
 
         self.cfg = cfg
         self.method = method
-        self.header = {"cases": CASES_HEADER, "reflections": REFLECTIONS_HEADER}.get(method.entries, GUIDANCE_HEADER)
+        # the memory kind: what the bank holds, what a step writes and what a guided episode is shown
+        self.memory: Memory = get_memory(method.memory)(cfg, actor_engine, tokenizer)
+        self.header = self.memory.header
         exp_cfg, xc = cfg.experience, cfg.extractor
         self.read_only = read_only_bank is not None
         if self.read_only:
@@ -243,9 +179,6 @@ class ExperienceTrack:
             self.critic = ActorCritic(actor_engine, tokenizer, actor_sampling or SamplingParams(),
                                       max_new_tokens=max(256, cfg.generation.max_new_tokens))
             self._eval_judging = self.critic.judge_sampling(eval_sampling or actor_sampling or SamplingParams())
-        # reflexion: the actor writes reflections on its failed attempts (in evaluation too)
-        self.reflector = ReflectionWriter(actor_engine, tokenizer, exp_cfg.reflection_tokens) \
-            if method.entries == "reflections" and actor_engine is not None else None
         self.updater: PolicyUpdater | None = None
         if self.read_only:
             return
@@ -286,29 +219,31 @@ class ExperienceTrack:
     # ---- rollout side ---------------------------------------------------------------------------
     @property
     def empty_guidance(self) -> str:
-        """The ``empty`` memory control's block: this bank's header and no entry (with insights: the
-        insight header and no insight, then the case header and no case)."""
-        if self.method.insights:
-            return f"{empty_guidance_text(INSIGHTS_HEADER)}\n\n{empty_guidance_text(self.header)}"
-        return empty_guidance_text(self.header)
+        """The ``empty`` memory control's block: the memory kind's header and no entry
+        (:meth:`~crl_bench.experience.memory.Memory.empty_guidance`)."""
+        return self.memory.empty_guidance()
 
-    def reflection_guidance(self, env_id: str, task: int, later: Sequence[str] = ()) -> str:
-        """``reflexion``: the block an attempt at ``env_id``'s task ``task`` is shown: the task's
-        stored reflections followed by ``later`` ones (an evaluation's earlier attempts), the last
-        ``experience.reflections_shown`` of them (:func:`reflection_block`; ``""`` without any)."""
-        shown = self.cfg.experience.reflections_shown
-        texts = [*self.manager.reflections(env_id, task, shown), *later]
-        return reflection_block(texts[-shown:])
+    def task_guidance(self, env_id: str, task: int, later: Sequence[str] = ()) -> str:
+        """For a memory kind that does not retrieve (``reflexion``): the block an attempt at
+        ``env_id``'s task ``task`` is shown, with ``later`` texts of an evaluation's earlier attempts
+        (:meth:`~crl_bench.experience.memory.Memory.task_guidance`)."""
+        return self.memory.task_guidance(self.manager, env_id, task, later)
 
-    def reflect(self, trajs: Sequence[Trajectory]) -> list[str]:
-        """``reflexion``: the actor's reflection on each of ``trajs`` (one batched generate call).
+    def place_guidance(self, specs: list[EpisodeSpec]) -> list[EpisodeSpec]:
+        """The step's episode specs as the memory kind guides them: unchanged for a kind that
+        retrieves; for one that does not (``reflexion``), each spec that would retrieve (a guided
+        episode after the warm-up) is shown its task's :meth:`task_guidance` instead, read when the
+        step runs (after the previous step wrote, also when the specs were drawn ahead)."""
+        if self.memory.retrieves:
+            return specs
+        return [replace(s, retrieve=False, guidance=self.task_guidance(s.env_id, s.task)) if s.retrieve else s
+                for s in specs]
 
-        Raises:
-            RuntimeError: the track has no reflection writer (another method, or no actor engine).
-        """
-        if self.reflector is None:
-            raise RuntimeError(f"method {self.method.name!r} writes no reflections")
-        return self.reflector.reflect([episode_record(t) for t in trajs])
+    def eval_attempts(self, mode: str, donors: dict[str, dict[int, int]]) -> Attempts | None:
+        """The memory kind's evaluation attempts for ``mode`` (``reflexion``'s reflections between
+        attempts), or ``None`` when attempts are guided by retrieval
+        (:meth:`~crl_bench.experience.memory.Memory.eval_attempts`)."""
+        return self.memory.eval_attempts(self.manager, mode, donors)
 
     def free_size(self, group_size: int) -> int:
         """Experience-free episodes per group (the rest are guided)."""
@@ -322,8 +257,9 @@ class ExperienceTrack:
 
         Returns one :class:`~crl_bench.rollout.Guidance` per request, whose ``record`` is a
         :class:`RetrievalRecord` (snapshots of the entries, the text shown, the judge's decision).
-        With insights (``expel``) the text starts with the env's insight list (:func:`insight_block`),
-        shown whether or not a case was found; the judge sees only the cases.
+        The text is the memory kind's block (:meth:`~crl_bench.experience.memory.Memory.guidance`:
+        with insights, ``expel``, the env's insight list above the cases); the judge sees only the
+        retrieved entries.
         ``count_retrievals=False`` leaves the bank's counters untouched.  The actor-critic judge (if
         on) is shown the initial prompt, the guidance and the actor's average score on the env over
         the training episodes so far (released ``actor_critic``); it judges with the training
@@ -340,12 +276,9 @@ class ExperienceTrack:
             judging = None if (count_retrievals if judge_sampling is None else judge_sampling) else self._eval_judging
             for i, j in zip(asked, self.critic.judge(items, judging)):
                 decisions[i], bodies[i] = j.decision, j.guidance
-        lists = self.manager.insights([env_id for env_id, _, _ in requests]) if self.method.insights else {}
+        texts = self.memory.guidance(self.manager, [env_id for env_id, _, _ in requests], bodies)
         out = []
-        for (env_id, _, _), entries, body, decision in zip(requests, found, bodies, decisions):
-            text = guidance_text(body, self.header)
-            if lists.get(env_id):
-                text = "\n\n".join(p for p in (insight_block(lists[env_id]), text) if p)
+        for entries, text, decision in zip(found, texts, decisions):
             snap = [replace(e) for e in entries]
             out.append(Guidance(text, [e.id for e in entries], RetrievalRecord(snap, text, decision)))
         return out
@@ -396,29 +329,14 @@ class ExperienceTrack:
 
     # ---- before a step's rollout ----------------------------------------------------------------
     def before_rollout(self, step: int) -> dict[str, Any]:
-        """The merge pass, where the released pipeline runs it: at the start of 0-based step ``step``
-        when ``step`` is a positive multiple of ``experience.merge_every``, after the flush (the
-        caller flushes first), except when the extractor was updated in the step before: the released
-        asynchronous update is then still pending at this point, and the pipeline skips the flush and
-        the merge of that step (``should_flush_pending_updates_before_rollout``).  Returns the
-        metrics ``merge_pass`` (1 when it ran) and ``merge_skipped`` (1 when skipped for that reason)
-        and, for a pass that ran, ``merge_pass_calls`` (its extractor calls) and ``merge_pass_writes``
-        (entries it wrote: MERGE and UPDATE operations applied plus the entries a fold rewrote).
+        """The memory kind's upkeep at the start of 0-based step ``step``, after the flush (the caller
+        flushes first): for lessons the merge pass every ``experience.merge.every`` steps, skipped
+        when the extractor was updated in the step before
+        (:meth:`crl_bench.experience.lessons.LessonsMemory.upkeep`, which names its metrics).
 
         Raises ``RuntimeError`` on a read-only track."""
         self._check_trainable()
-        every = self.cfg.experience.merge_every
-        if not every or step <= 0 or step % every or self.method.entries != "lessons":   # cases are not merged
-            return {}
-        if self.updated_at_step == step:          # updated at the end of the previous (1-based ``step``) step
-            return {"merge_pass": 0, "merge_skipped": 1}
-        exp_cfg = self.cfg.experience
-        self.manager.drain()        # queued distillation first (the pass drains too), so the counts are the pass's
-        before = self.manager.stats()
-        self.manager.merge_pass(step, exp_cfg.merge, exp_cfg.merge_max, exp_cfg.merge_threshold)
-        after = self.manager.stats()
-        return {"merge_pass": 1, "merge_skipped": 0, "merge_pass_calls": after["merges"] - before["merges"],
-                "merge_pass_writes": _merge_writes(after) - _merge_writes(before)}
+        return self.memory.upkeep(self.manager, step, self.updated_at_step)
 
     # ---- after a step's rollout -----------------------------------------------------------------
     def after_rollout(self, trajs: Sequence[Trajectory], step: int, warmup: bool = False) -> dict[str, Any]:
@@ -450,27 +368,21 @@ class ExperienceTrack:
         Raises ``RuntimeError`` on a read-only track."""
         self._check_trainable()
         self._collect_extractions()
-        credited = self._credit(_by_group(trajs)) if not warmup else 0
+        credited = self._credit(by_group(trajs)) if not warmup else 0
         self._prune_waiting_reward()
         return credited
 
     def queue_distillation(self, trajs: Sequence[Trajectory], step: int) -> int:
-        """Queue this step's finished episodes for the extractor (step 2 of the module doc); returns at
-        once (the background manager distils).  Which episodes go is set by ``experience.distill`` and
-        ``distill_per_group``; with ``experience.integration`` ``turn`` or ``both`` every step of a
-        guided-subgroup episode goes as well (released ``hook_on_turn_end``).  Returns the number of
-        requests queued.  For ``reflexion`` the actor writes a reflection on every failed episode
-        now, stored per task; returns their number.  Raises ``RuntimeError`` on a read-only track."""
+        """Queue what this step's finished episodes write (step 2 of the module doc); returns at once
+        (the background manager distils).  What goes is the memory kind's
+        (:meth:`~crl_bench.experience.memory.Memory.write`): for lessons the episodes chosen by
+        ``experience.distill`` and ``distill_per_group``, and with ``experience.integration`` ``turn``
+        or ``both`` every step of a guided-subgroup episode as well (released ``hook_on_turn_end``);
+        for ``reflexion`` the actor writes a reflection on every failed episode now, stored per task.
+        Returns the number of requests queued (of reflections, the failed episodes).  Raises
+        ``RuntimeError`` on a read-only track."""
         self._check_trainable()
-        if self.method.entries == "reflections":          # reflexion: the actor reflects on its failures
-            failed = [t for t in trajs if not t.success and t.turns]
-            texts = self.reflect(failed)
-            self.manager.add_reflections([(t.env_id, int(t.task), x, step) for t, x in zip(failed, texts) if x])
-            return len(failed)
-        reqs = self._distill_requests(_by_group(trajs), step)
-        if reqs:
-            self.manager.submit(reqs)
-        return len(reqs)
+        return self.memory.write(self.manager, trajs, step)
 
     def episode_metrics(self, trajs: Sequence[Trajectory], credited: int, distill_queued: int,
                         warmup: bool = False) -> dict[str, Any]:
@@ -489,8 +401,7 @@ class ExperienceTrack:
             "guided_with_experience": sum(1 for t in guided if t.experience_ids),
             "extractions_credited": credited, "distill_queued": distill_queued, "warmup": warmup,
         }
-        if self.method.entries == "reflections":
-            out["guided_with_reflections"] = sum(1 for t in guided if t.guidance)
+        out.update(self.memory.episode_metrics(guided))
         if any(t.tool_calls for t in trajs):
             out["tool_calls/guided"] = sum(len(t.tool_calls) for t in guided)
             out["tool_calls/free"] = sum(len(t.tool_calls) for t in free)
@@ -533,68 +444,6 @@ class ExperienceTrack:
                     credited += 1
         self.manager.record_outcomes(episode_outcomes)
         return credited
-
-    def _distill_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[DistillRequest]:
-        """With trajectory integration, one request per chosen episode with at least one turn, shown
-        the entries it retrieved (none after an ``invalid`` judgement, as released); with
-        turn integration, one request per step of each guided-subgroup episode, shown the entries
-        retrieved before that step and keyed by that step's observation query.  A case bank takes
-        every episode of both subgroups whose outcome ``experience.cases`` admits (successes by
-        default), whole, keyed as the other methods' entries are."""
-        exp_cfg = self.cfg.experience
-        reqs = []
-        if self.method.entries == "cases":
-            for t in (t for members in by_group.values() for t in members):
-                if admits_case(bool(t.turns), t.success, exp_cfg.cases):
-                    reqs.append(DistillRequest(episode_record(t), [], t.env_id, step,
-                                               t.query if exp_cfg.key == "query" else ""))
-            if self.method.insights:
-                reqs += self._insight_requests(by_group, step)
-            return reqs
-        for members in by_group.values():
-            if exp_cfg.integration in ("trajectory", "both"):
-                chosen = [t for t in members if exp_cfg.distill == "all" or t.subgroup == "guided"]
-                if exp_cfg.distill_per_group > 0:
-                    chosen = chosen[:exp_cfg.distill_per_group]
-                for t in chosen:
-                    if not t.turns:
-                        continue
-                    rec = t.retrieval
-                    shown = rec.entries if rec is not None and rec.judgement != INVALID else []
-                    key = t.query if exp_cfg.key == "query" else ""
-                    reqs.append(DistillRequest(episode_record(t), list(shown), t.env_id, step, key))
-            if exp_cfg.integration in ("turn", "both"):
-                for t in members:
-                    if t.subgroup != "guided":
-                        continue
-                    for k, turn in enumerate(t.turns):
-                        rec = turn.retrieval
-                        key = _turn_query(t, k) if exp_cfg.key == "query" else ""
-                        reqs.append(DistillRequest(turn_record(t, k), list(rec.entries) if rec else [], t.env_id,
-                                                   step, key))
-        return reqs
-
-    def _insight_requests(self, by_group: dict[int, list[Trajectory]], step: int) -> list[InsightRequest]:
-        """The step's insight calls (:mod:`crl_bench.experience.insights`): for each group (one task)
-        with a success and a failure, ``experience.insight_pairs`` comparisons, the i-th success
-        against the i-th failure (both subgroups); then, per env, the first success of each task in
-        chunks of ``experience.insight_successes`` (ExpeL's L), only chunks of two tasks or more."""
-        exp_cfg = self.cfg.experience
-        reqs: list[InsightRequest] = []
-        firsts: dict[str, list[EpisodeRecord]] = {}
-        for members in by_group.values():
-            wins = [t for t in members if t.success and t.turns]
-            losses = [t for t in members if not t.success and t.turns]
-            for w, loss in list(zip(wins, losses))[:exp_cfg.insight_pairs]:
-                reqs.append(InsightRequest(w.env_id, step, [episode_record(w)], [episode_record(loss)]))
-            if wins:
-                firsts.setdefault(wins[0].env_id, []).append(episode_record(wins[0]))
-        size = exp_cfg.insight_successes
-        for env_id, recs in firsts.items() if size else ():
-            for i in range(0, len(recs), size):
-                if len(recs[i:i + size]) >= 2:
-                    reqs.append(InsightRequest(env_id, step, recs[i:i + size]))
-        return reqs
 
     def _collect_extractions(self) -> None:
         """Take in the manager's finished extractions: one that wrote an entry can be credited from now
@@ -702,22 +551,16 @@ class ExperienceTrack:
     def metrics(self) -> dict[str, Any]:
         """Manager and bank counters for the step's metrics row, and the extractor replies finished since
         the previous row (``extractions_step``) with the share of them that parsed into at least one
-        operation (``extractions_parse_rate``, only when there were any); with insights the same for
-        the insight calls (``insight_calls_step``, ``insight_parse_rate``, from the outcomes the
-        manager reports, which this collects).  Called once per step."""
+        operation (``extractions_parse_rate``, only when there were any), then the memory kind's own
+        (:meth:`~crl_bench.experience.memory.Memory.metrics`: with insights the same for the insight
+        calls, ``insight_calls_step`` and ``insight_parse_rate``; with reflections their count).
+        Called once per step."""
         s = self.manager.stats()
         parsed, failed = s["extractions_parsed"] - self.parse_seen[0], s["extractions_failed"] - self.parse_seen[1]
         self.parse_seen = (s["extractions_parsed"], s["extractions_failed"])
         step_parse = {"extractions_step": parsed + failed,
                       **({"extractions_parse_rate": parsed / (parsed + failed)} if parsed + failed > 0 else {})}
-        if self.method.entries == "reflections":
-            step_parse["reflections"] = s["reflections"]
-        if self.method.insights:
-            done = self.manager.pop_insight_outcomes()        # the insight calls since the previous row
-            valid = sum(1 for o in done if o.call.parse.valid)
-            step_parse.update(insights=s["insights"], insight_calls=s["insight_calls"],
-                              insight_kinds=s["insight_kinds"], insight_calls_step=len(done),
-                              **({"insight_parse_rate": valid / len(done)} if done else {}))
+        step_parse.update(self.memory.metrics(self.manager, s))
         return {"bank_size": s["bank_size"], "extractions_parsed": s["extractions_parsed"],
                 "extractions_failed": s["extractions_failed"], "ops_applied": s["ops_applied"],
                 "ops_rejected": s["ops_rejected"], "op_kinds": s["op_kinds"], "merges": s["merges"],
@@ -736,7 +579,8 @@ class ExperienceTrack:
         extractions waiting for reward (they wrote entries still in the bank) and those credited and
         waiting for the next CISPO update, in order, the dropped-buffer count, the extractor version
         and update log, the CISPO optimiser and its shuffling generator, the retriever's generators
-        and the manager's counters and uncollected outcomes.  The extractor's weights and the bank
+        and the manager's counters and uncollected outcomes, and the memory kind's own state
+        (``memory``; ``{}`` for the built-in kinds).  The extractor's weights and the bank
         file are saved beside it by the caller (:meth:`save_bank`, the extractor model).
 
         Drains the manager first, so no distillation is half done.  Raises ``RuntimeError`` on a
@@ -752,7 +596,7 @@ class ExperienceTrack:
             "updated_at_step": self.updated_at_step, "parse_seen": list(self.parse_seen),
             "optimizer": self.updater.optimizer.state_dict() if self.updater is not None else None,
             "updater_rng": self.updater.rng.getstate() if self.updater is not None else None,
-            "manager": self.manager.state_dict(),
+            "manager": self.manager.state_dict(), "memory": self.memory.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -780,6 +624,7 @@ class ExperienceTrack:
             with self.manager.updating_extractor():       # generation follows the loaded weights
                 self.manager.extractor_updated(self.model, self.extractor_version)
         self.manager.load_state_dict(state["manager"])
+        self.memory.load_state_dict(state.get("memory", {}))
         s = self.manager.stats()            # a checkpoint without parse_seen: count from the restored counters
         self.parse_seen = tuple(state.get("parse_seen", (s["extractions_parsed"], s["extractions_failed"])))
 
@@ -799,30 +644,8 @@ class ExperienceTrack:
             close_updater()
 
 
-def _turn_query(traj: Trajectory, k: int) -> str:
-    """The retrieval query of turn ``k``'s observation (recorded by turn-level retrieval), else the
-    episode's query."""
-    return traj.turns[k].query or traj.query
-
-
-def _by_group(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:
-    """``trajs`` by GRPO group, groups and episodes in rollout order."""
-    by_group: dict[int, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        by_group[t.group_id].append(t)
-    return by_group
-
-
 def _mean(xs: Sequence[float]) -> float:
     return float(statistics.fmean(xs)) if xs else 0.0
-
-
-def _merge_writes(stats: dict[str, Any]) -> int:
-    """Entries merge passes wrote so far, from :meth:`ExperienceManager.stats`: MERGE and UPDATE
-    operations applied (``similar`` passes; distillation's too, hence the caller's difference around
-    one pass) plus the entries fold passes rewrote (``merge_entries_out``)."""
-    kinds = stats.get("op_kinds", {})
-    return int(kinds.get("MERGE", 0)) + int(kinds.get("UPDATE", 0)) + int(stats.get("merge_entries_out", 0))
 
 
 def _rate(trajs: Sequence[Trajectory]) -> float:

@@ -73,7 +73,7 @@ class Probe:
 
 def _knowledge(context: str, lesson: str) -> str:
     """The experience block a guided episode would see with one retrieved entry."""
-    from crl_bench.trainer.experience_track import guidance_text
+    from crl_bench.experience.memory import guidance_text
 
     return guidance_text(format_numbered([SimpleNamespace(title=context, content=lesson)], empty=""))
 

@@ -13,7 +13,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -245,18 +245,6 @@ class Trainer:
             (exp.warmup_steps + 1 if exp.warmup_steps > 0 else 0)
         return step >= n
 
-    @property
-    def reflexion(self) -> bool:
-        """Whether the method's experience is the actor's reflections per task (``reflexion``)."""
-        return self.experience is not None and self.method.entries == "reflections"
-
-    def _with_reflections(self, specs: list[EpisodeSpec]) -> list[EpisodeSpec]:
-        """``reflexion``: each spec that would retrieve (a guided episode after the warm-up) is shown
-        its task's reflections instead, read when the step runs (after the previous step wrote its
-        reflections, also when the specs were drawn ahead)."""
-        return [replace(s, retrieve=False, guidance=self.experience.reflection_guidance(s.env_id, s.task))
-                if s.retrieve else s for s in specs]
-
     def episode_specs(self, step: int | None = None) -> list[EpisodeSpec]:
         """The episodes of 0-based step ``step`` (default: the next one): ``groups_per_step`` sampled
         tasks x ``group_size`` rollouts each.
@@ -332,8 +320,8 @@ class Trainer:
         self._next_specs = None
         if self.cfg.rollout.prefetch and self.step + 1 < self.cfg.train.steps:
             self._next_specs = self.episode_specs(self.step + 1)
-        if self.reflexion:
-            specs = self._with_reflections(specs)
+        if self.experience is not None:          # a memory kind without retrieval shows its per-task guidance
+            specs = self.experience.place_guidance(specs)
         hooks = self.rollout_hooks(training=True)
         cache0 = dict(getattr(self.engine, "counters", {}))
         with self.peaks.phase("rollout"):

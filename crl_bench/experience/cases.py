@@ -1,7 +1,7 @@
 """Cases: finished episodes written to the experience bank as they happened, without an extractor model.
 
 The ``casebank`` method (crl_bench/methods.py; docs/method.md, "Case bank") keeps no lessons: each
-finished episode whose outcome ``experience.cases`` admits becomes one bank entry, its title the task
+finished episode whose outcome ``experience.cases.outcomes`` admits becomes one bank entry, its title the task
 as told to the actor and its content the compacted trajectory (:func:`compact_trajectory`: the first
 observation, one line per action with the env's feedback, the last observations) and the outcome.
 A guided episode is shown the entries retrieved for its retrieval query, as every method with a bank
@@ -13,14 +13,16 @@ entry's layout are this project's own choices.
 :class:`CaseWriter` stands where the extractor stands in the experience manager's distillation
 worker (:meth:`extract` has the extractor's signature), so queueing, the bank's write lock,
 capacity, eviction and the per-entry use counts are those of the other methods. Its "extractions"
-carry no tokens and are never trained.
+carry no tokens and are never trained. :class:`CasesMemory` is the memory kind ``cases``
+(:mod:`crl_bench.experience.memory`).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from crl_bench.experience.extractor import (
     EpisodeRecord,
@@ -29,15 +31,39 @@ from crl_bench.experience.extractor import (
     outcome_text,
     strip_observation,
 )
+from crl_bench.experience.memory import Memory, register_memory
 from crl_bench.experience.operations import ParseResult
+from crl_bench.experience.records import by_group, episode_record
+from crl_bench.experience.requests import DistillRequest
 from crl_bench.experience.types import ExperienceEntry, Operation
 
+CASES_HEADER = ("Earlier episodes of similar tasks, each with its outcome. Use them where they apply to this "
+                "task; do not copy them blindly.")
+"""The header of a case bank's block (``casebank``): its entries are whole earlier episodes."""
+
 CASE_OUTCOMES = ("successes", "all")
-"""Values of ``experience.cases``: which finished episodes become cases."""
+"""Values of ``experience.cases.outcomes``: which finished episodes become cases."""
+
+
+@dataclass
+class CasesConfig:
+    """Section ``experience.cases``: the cases of a bank of cases (``casebank``, ``expel``).
+
+    Attributes:
+        outcomes: which finished episodes, of both subgroups, become cases: ``successes`` (default,
+            as ExpeL retrieves successful trajectories) or ``all`` (failures too, their outcome
+            stated). ``experience.distill`` and ``distill_per_group`` choose what goes to an
+            extractor and do not apply.
+        tokens: token budget of one case's compacted trajectory (actor's tokenizer; the outcome line
+            comes on top; at least 16).
+    """
+
+    outcomes: str = "successes"
+    tokens: int = 256
 
 
 def admits_case(has_steps: bool, success: bool, outcomes: str) -> bool:
-    """Whether a finished episode becomes a case under ``experience.cases`` = ``outcomes``: one with
+    """Whether a finished episode becomes a case under ``experience.cases.outcomes`` = ``outcomes``: one with
     at least one action that succeeded, or any with ``all``."""
     return bool(has_steps) and (outcomes == "all" or bool(success))
 
@@ -72,7 +98,7 @@ class CaseWriter:
 
     Args:
         tokenizer: the actor's tokenizer (measures :func:`case_text`'s budget).
-        max_tokens: token budget of one case's trajectory (``experience.case_tokens``).
+        max_tokens: token budget of one case's trajectory (``experience.cases.tokens``).
         outcomes: ``successes`` (default: only episodes that succeeded become cases, as ExpeL
             retrieves successful trajectories) or ``all`` (failures too; their outcome line says so).
 
@@ -80,11 +106,14 @@ class CaseWriter:
         ValueError: ``outcomes`` is not one of :data:`CASE_OUTCOMES`, or ``max_tokens`` < 1.
     """
 
+    answers: ClassVar[bool] = False        # no model: it merges nothing and answers no search-tool question
+
     def __init__(self, tokenizer: Any, max_tokens: int = 256, outcomes: str = "successes") -> None:
         if outcomes not in CASE_OUTCOMES:
-            raise ValueError(f"experience.cases must be one of {', '.join(CASE_OUTCOMES)}, got {outcomes!r}")
+            raise ValueError(f"experience.cases.outcomes must be one of {', '.join(CASE_OUTCOMES)}, "
+                             f"got {outcomes!r}")
         if max_tokens < 1:
-            raise ValueError(f"experience.case_tokens must be positive, got {max_tokens}")
+            raise ValueError(f"experience.cases.tokens must be positive, got {max_tokens}")
         self.tokenizer = tokenizer
         self.max_tokens = int(max_tokens)
         self.outcomes = outcomes
@@ -109,3 +138,35 @@ class CaseWriter:
                                   logprobs=[], text=text, parse=ParseResult(ops=[op], ok=True, blocks=1),
                                   group_id=rec.group_id, source_episode=rec.source, kind="case"))
         return out
+
+
+def case_requests(trajs: Sequence[Any], step: int, outcomes: str, key: str) -> list[DistillRequest]:
+    """The requests of a finished step for a case bank: every episode of both subgroups whose outcome
+    ``outcomes`` admits (:func:`admits_case`; ``experience.cases.outcomes``), whole, keyed by its retrieval
+    query when ``key`` (``experience.key``) is ``query``, as the other kinds' entries are."""
+    return [DistillRequest(episode_record(t), [], t.env_id, step, t.query if key == "query" else "")
+            for members in by_group(trajs).values() for t in members
+            if admits_case(bool(t.turns), t.success, outcomes)]
+
+
+@register_memory("cases")
+class CasesMemory(Memory):
+    """Finished episodes as cases (:class:`CaseWriter`), retrieved by similarity and shown under
+    :data:`CASES_HEADER`; no extractor model, no merge pass. The memory of ``casebank``."""
+
+    header: ClassVar[str] = CASES_HEADER
+    whole_episodes: ClassVar[bool] = True
+
+    def writer(self, engine: Any, tokenizer: Any) -> Any:
+        """A :class:`CaseWriter` measuring with ``tokenizer`` (``experience.cases``); ``engine`` is not
+        used."""
+        cases = self.cfg.experience.cases
+        return CaseWriter(tokenizer, cases.tokens, cases.outcomes)
+
+    def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:
+        """Queue the step's cases (:func:`case_requests`); returns their number."""
+        exp_cfg = self.cfg.experience
+        reqs = case_requests(trajs, step, exp_cfg.cases.outcomes, exp_cfg.key)
+        if reqs:
+            manager.submit(reqs)
+        return len(reqs)

@@ -34,14 +34,11 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from crl_bench.experience.operations import STOP, ParseResult, format_entries, format_operations, parse_operations
 from crl_bench.experience.types import ExperienceEntry, Operation
 from crl_bench.llm.base import Engine, SamplingParams
-
-if TYPE_CHECKING:
-    from crl_bench.config import ExtractorConfig
 
 # --------------------------------------------------------------------------------------------------
 # Episode record and compaction
@@ -576,7 +573,7 @@ class Extractor:
         return out
 
     def extract_merges(self, groups: Sequence[Sequence[ExperienceEntry]]) -> list[Extraction]:
-        """One consolidation :class:`Extraction` per group of similar entries (``experience.merge:
+        """One consolidation :class:`Extraction` per group of similar entries (``experience.merge.mode:
         similar``).
 
         The extractor sees the entries with their ids and may MERGE some of them into one, UPDATE one,
@@ -652,7 +649,7 @@ Use only the lesson numbers shown. Keep titles short and the content to one or t
 
 
 class MergePromptBuilder:
-    """The chat prompt of ``experience.merge: similar``: the similar entries with their ids, then the prefill.
+    """The chat prompt of ``experience.merge.mode: similar``: the similar entries with their ids, then the prefill.
 
     Args:
         tokenizer: tokenizer with a chat template.
@@ -783,7 +780,7 @@ class AnswerPromptBuilder:
 # --------------------------------------------------------------------------------------------------
 # From the run configuration
 
-def extractor_for(xc: ExtractorConfig, engine: Engine, tokenizer: Any) -> Extractor:
+def extractor_for(xc: Any, engine: Engine, tokenizer: Any) -> Extractor:
     """The :class:`Extractor` an :class:`~crl_bench.config.ExtractorConfig` describes: its answer format
     (``line`` / ``json``), transcript (``compact`` / ``full``), prompt budget, operation cap and
     sampling, over ``engine`` and the extractor's own ``tokenizer``.

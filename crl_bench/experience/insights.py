@@ -22,12 +22,16 @@ The ``expel`` method (crl_bench/methods.py; docs/method.md, "ExpeL insights") fo
 This project's own choices, where the paper and code leave room or where a training loop differs
 from ExpeL's gather-then-extract protocol: insights are extracted during training, from the episodes
 of each step (a group is G attempts at one task, so a group with a success and a failure gives the
-comparison pair ExpeL gets from Reflexion retries); ``experience.insight_pairs`` pairs per group,
-then one call over the first success of up to ``experience.insight_successes`` different tasks (the
+comparison pair ExpeL gets from Reflexion retries); ``experience.insights.pairs`` pairs per group,
+then one call over the first success of up to ``experience.insights.successes`` different tasks (the
 paper's L), comparisons before success lists as in Algorithm 2; calls batched together see the same
 list. The released code's larger DOWNVOTE on a long list (3 instead of 1) is not followed: the
-paper's arithmetic is. When the list holds ``experience.insights_max`` insights or more, the prompt
+paper's arithmetic is. When the list holds ``experience.insights.max`` insights or more, the prompt
 asks for downvotes and edits before new insights (the released prompt's nudge; the paper has no cap).
+
+:class:`InsightsMemory` is the memory kind ``insights`` (:mod:`crl_bench.experience.memory`): the
+cases of :mod:`crl_bench.experience.cases` plus the insight list, whose calls are
+:class:`InsightRequest` on the manager's worker thread.
 """
 
 from __future__ import annotations
@@ -36,10 +40,13 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from crl_bench.experience.cases import CaseWriter
+from crl_bench.experience.cases import CasesMemory, CaseWriter, case_requests
 from crl_bench.experience.extractor import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
+from crl_bench.experience.memory import empty_guidance_text, guidance_text, register_memory
+from crl_bench.experience.records import by_group, episode_record
+from crl_bench.experience.requests import Request
 
 INSIGHT_INIT = 2
 """Importance of a new insight (ExpeL section 4.2)."""
@@ -52,6 +59,29 @@ _OP_LINE = re.compile(r"^\s*(?:[-*]\s*|\d+[.)]\s+)?(ADD|EDIT|UPVOTE|DOWNVOTE|AGR
                       r"\s*(\d+)?\s*[:.\-]?\s*(.*?)\s*$", re.IGNORECASE)
 MIN_INSIGHT_CHARS = 8
 """Shortest text an ADD or EDIT may write (shorter is not a rule)."""
+
+
+@dataclass
+class InsightsConfig:
+    """Section ``experience.insights``: ExpeL's insight calls (``expel``).
+
+    Attributes:
+        pairs: comparison calls per group with a success and a failure (each a success against a
+            failure of the group's task), per step.
+        successes: most successes of different tasks in one success-list call (ExpeL's L: 4 as for
+            WebShop; 8 for ALFWorld does not fit a small model's prompt); one call per step when at
+            least two tasks had a success (0 = no success-list calls; else at least 2).
+        ops: most operations of one insight reply (4, as released).
+        max: from this many insights of an env on, the extractor is asked to downvote and edit before
+            adding (released prompt; 10 as in the released ALFWorld runs; 0 = never).
+        new_tokens: most tokens of one insight reply (at least 8).
+    """
+
+    pairs: int = 1
+    successes: int = 4
+    ops: int = 4
+    max: int = 10
+    new_tokens: int = 160
 
 
 @dataclass(frozen=True)
@@ -262,7 +292,7 @@ class InsightPromptBuilder:
             ``min_attempt_tokens``).
         max_ops: the operation cap told to the model (the parser's too).
         full_at: from this many insights on, the prompt adds :data:`INSIGHT_FULL_NOTE`
-            (``experience.insights_max``; 0 = never).
+            (``experience.insights.max``; 0 = never).
         demo: show :data:`DEMO_SUCCESS` / :data:`DEMO_FAILURE` -> :data:`DEMO_REPLY` first.
         min_attempt_tokens: the least budget of one attempt.
     """
@@ -368,7 +398,7 @@ class InsightWriter(CaseWriter):
             same`` it is the actor's).
         prompts: the :class:`InsightPromptBuilder`.
         sampling: the extractor's sampling for insight replies.
-        case_tokens, cases: as :class:`CaseWriter` (``experience.case_tokens``, ``experience.cases``).
+        case_tokens, cases: as :class:`CaseWriter` (``experience.cases.tokens``, ``.outcomes``).
 
     Raises:
         ValueError: as :class:`CaseWriter`.
@@ -400,14 +430,149 @@ class InsightWriter(CaseWriter):
 
 def insight_writer_for(cfg: Any, engine: Any, tokenizer: Any) -> InsightWriter:
     """The :class:`InsightWriter` a :class:`~crl_bench.config.RunConfig` describes: prompts capped at
-    ``extractor.max_prompt_tokens``, ``experience.insight_ops`` operations, the long-list note from
-    ``experience.insights_max`` on, replies of at most ``experience.insight_new_tokens`` tokens
+    ``extractor.max_prompt_tokens``, ``experience.insights.ops`` operations, the long-list note from
+    ``experience.insights.max`` on, replies of at most ``experience.insights.new_tokens`` tokens
     decoded greedily (ExpeL extracts at temperature 0, paper appendix D.5) and ended by a blank
-    line; cases by ``experience.case_tokens`` and ``experience.cases``."""
+    line; cases by ``experience.cases``."""
     from crl_bench.llm.base import SamplingParams
 
-    exp_cfg = cfg.experience
-    prompts = InsightPromptBuilder(tokenizer, cfg.extractor.max_prompt_tokens, exp_cfg.insight_ops,
-                                   exp_cfg.insights_max)
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=exp_cfg.insight_new_tokens, stop=("\n\n",))
-    return InsightWriter(engine, tokenizer, prompts, sampling, exp_cfg.case_tokens, exp_cfg.cases)
+    ins, cases = cfg.experience.insights, cfg.experience.cases
+    prompts = InsightPromptBuilder(tokenizer, cfg.extractor.max_prompt_tokens, ins.ops, ins.max)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=ins.new_tokens, stop=("\n\n",))
+    return InsightWriter(engine, tokenizer, prompts, sampling, cases.tokens, cases.outcomes)
+
+
+# --------------------------------------------------------------------------------------------------
+# The memory kind
+
+INSIGHTS_HEADER = ("Insights learned from earlier episodes of this game, most important first. Use them where they "
+                   "apply to this task; do not follow them blindly.")
+"""The header of the insight list (``expel``), shown above the cases."""
+
+
+def insight_block(insights: Sequence[Insight]) -> str:
+    """The insight part of an ``expel`` guided prompt: :data:`INSIGHTS_HEADER` and the numbered
+    insights; ``""`` without insights."""
+    return guidance_text(format_insights(insights, empty=""), INSIGHTS_HEADER)
+
+
+@dataclass
+class InsightOutcome:
+    """An insight call and what the bank made of its operations (the manager's ``pop_insight_outcomes``)."""
+
+    call: InsightCall
+    applied: InsightResult
+
+
+@dataclass
+class InsightRequest(Request):
+    """One insight call: a comparison of ``successes[0]`` with ``failures[0]`` (one task), or, without
+    failures, a list of successes of different tasks.  The call is shown ``env_id``'s insight list as
+    it is when the worker takes the request; comparisons of a batch are applied before its success
+    lists (Algorithm 2)."""
+
+    order: ClassVar[int] = 10
+    needs: ClassVar[str] = "insight_calls"
+    env_id: str
+    step: int
+    successes: list[EpisodeRecord]
+    failures: list[EpisodeRecord] = field(default_factory=list)
+
+    @classmethod
+    def handle(cls, manager: Any, requests: list[InsightRequest]) -> None:
+        """The comparisons, then the success lists (:func:`insight_pass`)."""
+        for phase in ([r for r in requests if r.failures], [r for r in requests if not r.failures]):
+            insight_pass(manager, phase)
+
+
+def insight_pass(manager: Any, reqs: list[InsightRequest]) -> None:
+    """One batched extractor call for ``reqs`` on the manager's worker thread, each shown its env's
+    insight list as it is now; the replies are applied one after the other (a number names the insight
+    the call was shown, so an insight another reply of the batch removed is ``gone``) and reported as
+    :class:`InsightOutcome`."""
+    if not reqs:
+        return
+    bank = manager.bank
+    with manager.lock.read():
+        lists = {env: bank.insights(env) for env in {r.env_id for r in reqs}}
+    with manager.extractor_lock:
+        calls = manager.extractor.insight_calls([(r.env_id, r.successes, r.failures, lists[r.env_id]) for r in reqs])
+    for req, call in zip(reqs, calls):
+        with manager.lock.write():
+            result = bank.apply_insights(call.parse.ops, call.shown, env_id=req.env_id, step=req.step, call_id=call.id)
+        with manager.tally() as st:
+            st.insight_calls += 1
+            st.insight_calls_failed += 0 if call.parse.valid else 1
+            for op, _ in result.applied:
+                st.insight_kinds[op.kind] = st.insight_kinds.get(op.kind, 0) + 1
+        manager.report(insight_outcomes=[InsightOutcome(call, result)])
+
+
+def insight_requests(trajs: Sequence[Any], step: int, pairs: int, successes: int) -> list[InsightRequest]:
+    """The insight calls of a finished step: for each group (one task) with a success and a failure,
+    ``pairs`` comparisons (``experience.insights.pairs``), the i-th success against the i-th failure
+    (both subgroups); then, per env, the first success of each task in chunks of ``successes``
+    (``experience.insights.successes``, ExpeL's L), only chunks of two tasks or more."""
+    reqs: list[InsightRequest] = []
+    firsts: dict[str, list[EpisodeRecord]] = {}
+    for members in by_group(trajs).values():
+        wins = [t for t in members if t.success and t.turns]
+        losses = [t for t in members if not t.success and t.turns]
+        for w, loss in list(zip(wins, losses))[:pairs]:
+            reqs.append(InsightRequest(w.env_id, step, [episode_record(w)], [episode_record(loss)]))
+        if wins:
+            firsts.setdefault(wins[0].env_id, []).append(episode_record(wins[0]))
+    for env_id, recs in firsts.items() if successes else ():
+        for i in range(0, len(recs), successes):
+            if len(recs[i:i + successes]) >= 2:
+                reqs.append(InsightRequest(env_id, step, recs[i:i + successes]))
+    return reqs
+
+
+@register_memory("insights")
+class InsightsMemory(CasesMemory):
+    """ExpeL: cases, and a list of insights per env edited by a frozen extractor model; a guided
+    episode is shown its env's insights (:func:`insight_block`, whether or not a case was found) above
+    the most similar case. The memory of ``expel``."""
+
+    uses_extractor: ClassVar[bool] = True
+
+    def writer(self, engine: Any, tokenizer: Any) -> Any:
+        """The :class:`InsightWriter` over ``engine`` (:func:`insight_writer_for`); ``None`` without one."""
+        return None if engine is None else insight_writer_for(self.cfg, engine, tokenizer)
+
+    def empty_guidance(self) -> str:
+        """The insight header and no insight, then the case header and no case."""
+        return f"{empty_guidance_text(INSIGHTS_HEADER)}\n\n{empty_guidance_text(self.header)}"
+
+    def guidance(self, manager: Any, env_ids: Sequence[str], bodies: Sequence[str]) -> list[str]:
+        """Each episode's env's insight list (:func:`insight_block`) above its cases' block."""
+        lists = manager.insights(list(env_ids))
+        out = []
+        for env_id, text in zip(env_ids, super().guidance(manager, env_ids, bodies)):
+            if lists.get(env_id):
+                text = "\n\n".join(p for p in (insight_block(lists[env_id]), text) if p)
+            out.append(text)
+        return out
+
+    def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:
+        """Queue the step's cases (:func:`~crl_bench.experience.cases.case_requests`), then its insight
+        calls (:func:`insight_requests`); returns their number."""
+        exp_cfg = self.cfg.experience
+        ins = exp_cfg.insights
+        reqs: list[Request] = [*case_requests(trajs, step, exp_cfg.cases.outcomes, exp_cfg.key),
+                               *insight_requests(trajs, step, ins.pairs, ins.successes)]
+        if reqs:
+            manager.submit(reqs)
+        return len(reqs)
+
+    def metrics(self, manager: Any, stats: dict[str, Any]) -> dict[str, Any]:
+        """The insights held and the insight calls so far (``insights``, ``insight_calls``,
+        ``insight_kinds``), and those since the previous row (``insight_calls_step``) with the share
+        that parsed into at least one operation (``insight_parse_rate``, only when there were any),
+        from the outcomes the manager reports, which this collects."""
+        done = manager.pop_insight_outcomes()        # the insight calls since the previous row
+        valid = sum(1 for o in done if o.call.parse.valid)
+        return {"insights": stats["insights"], "insight_calls": stats["insight_calls"],
+                "insight_kinds": stats["insight_kinds"], "insight_calls_step": len(done),
+                **({"insight_parse_rate": valid / len(done)} if done else {})}

@@ -8,9 +8,11 @@ Two services run beside the actor's rollout:
   parallel with each other but never see a half-applied mutation.
 * **Distillation.** Finished episodes are put on a distillation queue (:meth:`submit` never blocks); a
   worker thread takes up to ``distill_batch`` requests at a time, asks the extractor for operations in
-  one batched generate call, and applies them to the bank under the *write* lock.  The merge pass
-  (:meth:`ExperienceManager.merge_pass`: the released fold, or groups of similar entries) goes through
-  the same worker.  The actor's rollout never waits on it.
+  one batched generate call, and applies them to the bank under the *write* lock.  Every request type
+  brings its own handler (:class:`Request`): the memory kinds' modules (:mod:`crl_bench.experience.memory`)
+  declare theirs, such as the merge pass of lessons (:func:`crl_bench.experience.lessons.merge_pass`)
+  and ExpeL's insight calls, and the worker runs a batch's handlers in their ``order``.  The actor's
+  rollout never waits on it.
   Each processed extraction is reported as an :class:`ExtractionOutcome` (the extraction and what the
   bank made of its operations), collected with :meth:`ExperienceManager.pop_outcomes`.
 * **Answers.** The actor's in-episode search tool (:meth:`ExperienceManager.answer`): retrieval with
@@ -23,84 +25,27 @@ generates and must be held by whoever updates the extractor.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from crl_bench.experience.bank import ExperienceBank
-from crl_bench.experience.cases import CaseWriter
-from crl_bench.experience.extractor import EpisodeRecord, Extraction, Extractor, answer_text, fold_items
-from crl_bench.experience.insights import Insight, InsightCall, InsightResult, InsightWriter
+from crl_bench.experience.extractor import Extraction, Extractor, answer_text
+from crl_bench.experience.insights import InsightOutcome
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.experience.locks import RWLock
+from crl_bench.experience.memory import get_memory
+from crl_bench.experience.requests import DistillRequest, Request  # noqa: F401 - DistillRequest: the manager's request type, imported from here by callers
 from crl_bench.experience.retrieval import Retriever
-from crl_bench.experience.types import WRITE_KINDS, ApplyResult, ExperienceEntry, Operation
+from crl_bench.experience.types import WRITE_KINDS, ApplyResult, ExperienceEntry
 
 NO_KNOWLEDGE = "No relevant knowledge found."
 """The search tool's answer when retrieval finds nothing (released ``search_and_ask``)."""
-
-
-@dataclass
-class DistillRequest:
-    """One finished episode for the extractor.
-
-    Attributes:
-        record: the episode as text.
-        retrieved: the entries that guided the episode (shown to the extractor; empty if free).
-        env_id: environment of the episode (entries are written for it).
-        step: actor step the episode belongs to.
-        key_text: what the entries written from this episode are indexed by ("" = their own text);
-            the released keying passes the episode's retrieval query.
-    """
-
-    record: EpisodeRecord
-    retrieved: list[ExperienceEntry]
-    env_id: str
-    step: int
-    key_text: str = ""
-
-
-@dataclass
-class InsightRequest:
-    """One insight call for a method with insights (``expel``; :mod:`crl_bench.experience.insights`):
-    a comparison of ``successes[0]`` with ``failures[0]`` (one task), or, without failures, a list of
-    successes of different tasks.  The call is shown ``env_id``'s insight list as it is when the
-    worker takes the request; comparisons of a batch are applied before its success lists."""
-
-    env_id: str
-    step: int
-    successes: list[EpisodeRecord]
-    failures: list[EpisodeRecord] = field(default_factory=list)
-
-
-@dataclass
-class InsightOutcome:
-    """An insight call and what the bank made of its operations (:meth:`ExperienceManager.pop_insight_outcomes`)."""
-
-    call: InsightCall
-    applied: InsightResult
-
-
-@dataclass
-class MergeRequest:
-    """Consolidate ``entries`` (all of one env) with one extractor call (``experience.merge: similar``)."""
-
-    entries: list[ExperienceEntry]
-    env_id: str
-    step: int
-
-
-@dataclass
-class FoldRequest:
-    """One merge pass over the whole bank as released (``merge_memory``): every env with two or more
-    entries is folded in chunks of ``chunk`` entries (:meth:`ExperienceManager.merge_pass`)."""
-
-    step: int
-    chunk: int = 5
 
 
 @dataclass
@@ -125,8 +70,8 @@ class ExtractionOutcome:
     """What the manager reports for one processed extraction (:meth:`ExperienceManager.pop_outcomes`).
 
     Attributes:
-        extraction: the extractor's sample (of a :class:`DistillRequest`, a :class:`MergeRequest` or a
-            call of a :class:`FoldRequest`).
+        extraction: the extractor's sample (of a :class:`DistillRequest`, or of a merge-pass call:
+            :mod:`crl_bench.experience.lessons`).
         applied: the bank's :class:`~crl_bench.experience.types.ApplyResult` for its parsed operations
             (applied and rejected ones), or ``None`` when nothing parsed (nothing was sent to the bank).
             For the merge pass, the call credited with the env's new entries has them as applied
@@ -195,20 +140,21 @@ class ExperienceManager:
     Args:
         bank: the experience bank.
         retriever: a retriever over ``bank``.
-        extractor: the extractor that samples operations for the queued episodes and merge groups,
-            a :class:`~crl_bench.experience.cases.CaseWriter` (a case bank: episodes stored as they
+        extractor: the writer of the memory kind (:meth:`crl_bench.experience.memory.Memory.writer`):
+            the extractor that samples operations for the queued episodes and merge groups, a
+            :class:`~crl_bench.experience.cases.CaseWriter` (a case bank: episodes stored as they
             happened, no merge pass), an :class:`~crl_bench.experience.insights.InsightWriter` (a case
-            bank with insight lists, which also takes :class:`InsightRequest`), or ``None``
-            (retrieval only: :meth:`submit` raises).
+            bank with insight lists, which also takes its insight requests), or ``None`` (retrieval
+            only: :meth:`submit` raises).
         search_workers: parallel search threads.
         query_batch: most queries per search batch.
         query_timeout_ms: longest wait for a batch to fill after its first query.
         distill_batch: most episodes per extractor call.
         utility_beta: step of an entry's utility towards the outcome of each guided episode it was
-            shown to (:meth:`record_outcomes`; ``experience.utility_beta``).
+            shown to (:meth:`record_outcomes`; ``experience.utility.beta``).
     """
 
-    def __init__(self, bank: ExperienceBank, retriever: Retriever, extractor: Extractor | CaseWriter | None = None, *,
+    def __init__(self, bank: ExperienceBank, retriever: Retriever, extractor: Extractor | Any = None, *,
                  search_workers: int = 2, query_batch: int = 32, query_timeout_ms: float = 5.0,
                  distill_batch: int = 8, utility_beta: float = 0.05) -> None:
         self.bank = bank
@@ -225,7 +171,7 @@ class ExperienceManager:
         self._finished: list[ExtractionOutcome] = []
         self._insight_outcomes: list[InsightOutcome] = []
         self._queries: queue.Queue[_Query | None] = queue.Queue()
-        self._distill: queue.Queue[DistillRequest | InsightRequest | MergeRequest | FoldRequest | None] = queue.Queue()
+        self._distill: queue.Queue[Request | None] = queue.Queue()
         self._pool = ThreadPoolExecutor(max_workers=search_workers, thread_name_prefix="crl-search")
         self._closed = False
         self._batcher = threading.Thread(target=self._batch_loop, name="crl-query-batcher", daemon=True)
@@ -237,9 +183,9 @@ class ExperienceManager:
 
     @property
     def has_model(self) -> bool:
-        """Whether an extractor model writes this bank (not a case bank's writer, not read-only):
-        only then can it merge entries and answer search-tool questions."""
-        return self.extractor is not None and not isinstance(self.extractor, CaseWriter)
+        """Whether an extractor model writes this bank (not a case bank's writer, whose ``answers``
+        is false, and not read-only): only then can it merge entries and answer search-tool questions."""
+        return self.extractor is not None and getattr(self.extractor, "answers", True)
 
     # ---- retrieval ------------------------------------------------------------------------------
     def retrieve_async(self, env_id: str, text: str, count_retrievals: bool = True) -> Future:
@@ -311,17 +257,20 @@ class ExperienceManager:
             self._stats.search_s += time.perf_counter() - t0
 
     # ---- distillation ---------------------------------------------------------------------------
-    def submit(self, requests: list[DistillRequest | InsightRequest | MergeRequest | FoldRequest]) -> None:
-        """Queue finished episodes (or merge or insight requests) for the extractor; returns at once.
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Queue requests (finished episodes, merge or insight requests) for the worker; returns at once.
 
         Raises:
-            RuntimeError: no extractor, or an :class:`InsightRequest` for a manager without an
-                :class:`~crl_bench.experience.insights.InsightWriter`.
+            RuntimeError: no extractor, or a request whose ``needs`` the writer does not have (an
+                insight request for a manager without an
+                :class:`~crl_bench.experience.insights.InsightWriter`).
         """
         if self.extractor is None:
             raise RuntimeError("this experience manager has no extractor")
-        if not isinstance(self.extractor, InsightWriter) and any(isinstance(r, InsightRequest) for r in requests):
-            raise RuntimeError("this experience manager keeps no insight list")
+        for r in requests:
+            if not hasattr(self.extractor, r.needs):
+                raise RuntimeError(f"this experience manager's writer takes no {type(r).__name__} "
+                                   f"(it has no {r.needs})")
         for r in requests:
             self._distill.put(r)
 
@@ -374,35 +323,32 @@ class ExperienceManager:
                 for _ in batch:
                     self._distill.task_done()
 
-    def _process(self, batch: list[DistillRequest | InsightRequest | MergeRequest | FoldRequest]) -> None:
+    def _process(self, batch: list[Request]) -> None:
+        """Hand the batch's requests to their types' handlers, types in their ``order``."""
         t0 = time.perf_counter()
-        for fold in [r for r in batch if isinstance(r, FoldRequest)]:
-            self._fold(fold)
-        insight_reqs = [r for r in batch if isinstance(r, InsightRequest)]
-        for phase in ([r for r in insight_reqs if r.failures], [r for r in insight_reqs if not r.failures]):
-            self._insights(phase)
-        episodes = [r for r in batch if isinstance(r, DistillRequest)]
-        merges = [r for r in batch if isinstance(r, MergeRequest)]
-        done: list[tuple[DistillRequest | MergeRequest, Extraction]] = []
-        with self.extractor_lock:
-            if episodes:
-                extractions = self.extractor.extract([r.record for r in episodes],
-                                                     [r.retrieved for r in episodes])
-                done += list(zip(episodes, extractions))
-            if merges:
-                extractions = self.extractor.extract_merges([r.entries for r in merges])
-                done += list(zip(merges, extractions))
+        by_type: dict[type[Request], list[Request]] = {}
+        for r in batch:
+            by_type.setdefault(type(r), []).append(r)
+        for kind in sorted(by_type, key=lambda k: k.order):
+            kind.handle(self, by_type[kind])
+        with self._mu:
+            self._stats.distill_s += time.perf_counter() - t0
+
+    def apply_extractions(self, done: Sequence[tuple[Any, Extraction]], merges: bool = False) -> None:
+        """Apply each ``(request, extraction)``'s parsed operations to the bank (under the write lock,
+        indexed by the request's ``key_text``), count it (``merges``: as a merge call, else as a
+        distilled episode) and report its :class:`ExtractionOutcome` (:meth:`pop_outcomes`).  Called
+        by request handlers on the worker thread."""
         for req, extraction in done:
             ops = list(extraction.parse.ops)
             result = None
             if ops:
-                key = req.key_text if isinstance(req, DistillRequest) else ""
                 with self.lock.write():
                     result = self.bank.apply(ops, env_id=req.env_id, step=req.step, extraction_id=extraction.id,
-                                             extractor_version=extraction.extractor_version, key_text=key)
+                                             extractor_version=extraction.extractor_version, key_text=req.key_text)
             with self._mu:
                 st = self._stats
-                if isinstance(req, MergeRequest):
+                if merges:
                     st.merges += 1
                 else:
                     st.distilled += 1
@@ -416,34 +362,24 @@ class ExperienceManager:
                     for op, _ in result.applied:
                         st.op_kinds[op.kind] = st.op_kinds.get(op.kind, 0) + 1
                 self._finished.append(ExtractionOutcome(extraction, result))
+
+    @contextlib.contextmanager
+    def tally(self) -> Iterator[ManagerStats]:
+        """The manager's counters, held under its lock while the block runs (for request handlers)."""
         with self._mu:
-            self._stats.distill_s += time.perf_counter() - t0
+            yield self._stats
 
-    def _insights(self, reqs: list[InsightRequest]) -> None:
-        """One batched extractor call for ``reqs``, each shown its env's insight list as it is now;
-        the replies are applied one after the other (a number names the insight the call was shown,
-        so an insight another reply of the batch removed is ``gone``)."""
-        if not reqs:
-            return
-        with self.lock.read():
-            lists = {env: self.bank.insights(env) for env in {r.env_id for r in reqs}}
-        with self.extractor_lock:
-            calls = self.extractor.insight_calls([(r.env_id, r.successes, r.failures, lists[r.env_id]) for r in reqs])
-        for req, call in zip(reqs, calls):
-            with self.lock.write():
-                result = self.bank.apply_insights(call.parse.ops, call.shown, env_id=req.env_id, step=req.step,
-                                                  call_id=call.id)
-            with self._mu:
-                st = self._stats
-                st.insight_calls += 1
-                st.insight_calls_failed += 0 if call.parse.valid else 1
-                for op, _ in result.applied:
-                    st.insight_kinds[op.kind] = st.insight_kinds.get(op.kind, 0) + 1
-                self._insight_outcomes.append(InsightOutcome(call, result))
+    def report(self, outcomes: Sequence[ExtractionOutcome] = (),
+               insight_outcomes: Sequence[InsightOutcome] = ()) -> None:
+        """Report processed extractions (:meth:`pop_outcomes`) and insight calls
+        (:meth:`pop_insight_outcomes`); called by request handlers on the worker thread."""
+        with self._mu:
+            self._finished += list(outcomes)
+            self._insight_outcomes += list(insight_outcomes)
 
-    def insights(self, env_ids: Sequence[str]) -> dict[str, list[Insight]]:
-        """The insight list of each env in ``env_ids`` (most important first); empty lists for a bank
-        without insights."""
+    def insights(self, env_ids: Sequence[str]) -> dict[str, list[Any]]:
+        """The insight list of each env in ``env_ids`` (most important first,
+        :class:`~crl_bench.experience.insights.Insight`); empty lists for a bank without insights."""
         with self.lock.read():
             return {env: self.bank.insights(env) for env in dict.fromkeys(env_ids)}
 
@@ -463,99 +399,6 @@ class ExperienceManager:
         with self._mu:
             out, self._insight_outcomes = self._insight_outcomes, []
         return out
-
-    def _fold(self, req: FoldRequest) -> None:
-        """The released merge pass (``merge_memory`` / ``_merge_single_task``), on the worker thread.
-
-        Per env with at least two entries: its entries, oldest first, are cut into chunks of
-        ``req.chunk``.  Call k shows chunk k's lessons (with the lessons call k - 1 gave, appended to
-        it); when its reply gives lessons (:func:`~crl_bench.experience.extractor.fold_items`), the
-        chunk's original entries are marked for deletion and the lessons go on into chunk k + 1 (after
-        the last chunk they stay); a reply that fails to parse or says NONE keeps the chunk's items
-        as they are.  Calls of the same chunk index of all envs share one batched ``generate``.  The
-        env's result is applied in one transaction (:meth:`ExperienceBank.replace`), crediting the
-        last call that gave lessons, and skipped when an entry it would delete is gone.
-        """
-        chunk = max(2, int(req.chunk))
-        with self.lock.read():
-            per_env = {env: self.bank.entries(env) for env in sorted({e.env_id for e in self.bank.entries()})}
-        # items: (entry id or None for a lesson a call wrote, title, content)
-        plans: dict[str, dict[str, Any]] = {}
-        for env, entries in per_env.items():
-            if len(entries) < 2:
-                continue
-            items = [(e.id, e.title, e.content) for e in entries]
-            plans[env] = {"chunks": [items[i:i + chunk] for i in range(0, len(items), chunk)], "final": [],
-                          "deleted": [], "last": None, "outcomes": []}
-        rounds = max((len(pl["chunks"]) for pl in plans.values()), default=0)
-        for k in range(rounds):
-            active = [env for env, pl in plans.items() if k < len(pl["chunks"])]
-            with self.extractor_lock:
-                calls = self.extractor.extract_fold([[(t, c) for _, t, c in plans[env]["chunks"][k]] for env in active],
-                                                    active)
-            for env, call in zip(active, calls):
-                pl = plans[env]
-                items = fold_items(call.parse)
-                current = pl["chunks"][k]
-                outcome = ExtractionOutcome(call, ApplyResult(), answered=items is not None)
-                pl["outcomes"].append(outcome)
-                if not items:                       # failed (None) or NONE ([]): keep the chunk's items
-                    pl["final"].extend(current)
-                    if items is None:
-                        outcome.applied = None
-                    continue
-                pl["last"] = outcome
-                pl["deleted"] += [uid for uid, _, _ in current if uid is not None]
-                made = [(None, t, c) for t, c in items]
-                if k + 1 < len(pl["chunks"]):
-                    pl["chunks"][k + 1].extend(made)
-                else:
-                    pl["final"].extend(made)
-        done: list[ExtractionOutcome] = []
-        for env, pl in plans.items():
-            new_items = [(t, c) for uid, t, c in pl["final"] if uid is None]
-            last = pl["last"]
-            if last is not None and (new_items or pl["deleted"]):
-                with self.lock.write():
-                    ids = self.bank.replace(env, pl["deleted"], new_items, step=req.step,
-                                            extraction_id=last.extraction.id,
-                                            extractor_version=last.extraction.extractor_version)
-                if ids is not None:
-                    last.applied = ApplyResult(applied=[(Operation("MERGE", t, c, tuple(pl["deleted"])), i)
-                                                        for (t, c), i in zip(new_items, ids)])
-            done += pl["outcomes"]
-        if done:
-            with self.lock.write():
-                self.bank.record_merge_calls(len(done), sum(1 for o in done if o.applied is None))
-        with self._mu:
-            st = self._stats
-            st.merge_passes += 1
-            st.merges += len(done)
-            self._finished += done
-
-    def merge_pass(self, step: int, mode: str = "fold", max_size: int = 5, threshold: float = 0.8) -> None:
-        """Run one merge pass now and wait until it is applied (queued distillation is applied first).
-
-        ``mode``: ``fold`` (the released pass, :class:`FoldRequest` with chunks of ``max_size``) or
-        ``similar`` (one :class:`MergeRequest` per group from :meth:`similar_groups`).  Its extractions
-        are reported through :meth:`pop_outcomes`.
-
-        Raises:
-            RuntimeError: the manager has no extractor model (none, or a case bank's writer).
-            ValueError: unknown ``mode``.
-        """
-        if not self.has_model:
-            raise RuntimeError("this experience manager has no extractor model to merge entries with")
-        if mode == "fold":
-            reqs: list[Any] = [FoldRequest(step, max_size)]
-        elif mode == "similar":
-            reqs = [MergeRequest(entries, env_id, step) for env_id, entries in self.similar_groups(threshold, max_size)]
-        else:
-            raise ValueError(f"merge mode must be fold or similar, got {mode!r}")
-        self.drain()
-        if reqs:
-            self.submit(reqs)
-            self.drain()
 
     def answer(self, queries: Sequence[tuple[str, str]], count_retrievals: bool = True,
                timeout: float | None = 60.0) -> list[ToolAnswer]:
@@ -735,9 +578,10 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     :class:`~crl_bench.llm.hf_engine.HFEngine` in ``compute_dtype`` (bf16 where the CPU has the units;
     background work of ``gate``), or with ``extractor.engine: vllm`` its own
     :class:`~crl_bench.llm.vllm_engine.VLLMEngine`, out of process.  The parts are reachable as
-    ``manager.bank``, ``.retriever`` and ``.extractor``.  For a method whose bank holds cases
-    (``casebank``) the distiller is a :class:`~crl_bench.experience.cases.CaseWriter` measuring with
-    ``tokenizer`` and ``extractor_model`` is not used; with insights too (``expel``) it is an
+    ``manager.bank``, ``.retriever`` and ``.extractor``.  The writer is the method's memory kind's
+    (:meth:`crl_bench.experience.memory.Memory.writer`): for cases (``casebank``) a
+    :class:`~crl_bench.experience.cases.CaseWriter` measuring with ``tokenizer``, with no engine made
+    (a kind that loads no extractor model); with insights (``expel``) an
     :class:`~crl_bench.experience.insights.InsightWriter` generating with ``extractor_model``.  Used
     by the experience track in the trainer's process and by the Ray backend's manager actor
     (crl_bench/ray_backend.py) alike.
@@ -756,7 +600,6 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
         ValueError: invalid bank or extractor settings (from the parts).
     """
     from crl_bench.experience.embedding import SentenceEmbedder
-    from crl_bench.experience.extractor import extractor_for
     from crl_bench.llm.hf_engine import HFEngine
 
     exp_cfg = cfg.experience
@@ -766,13 +609,11 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     retriever = Retriever(bank, k=exp_cfg.k, oversample=exp_cfg.oversample, freq_penalty=exp_cfg.freq_penalty,
                           recency_window_s=exp_cfg.recency_window_s, top1_demote_p=exp_cfg.top1_demote_p,
                           seed=cfg.train.seed, query_cache=exp_cfg.query_cache, rerank=exp_cfg.rerank,
-                          utility_alpha=exp_cfg.utility_alpha, utility_ucb=exp_cfg.utility_ucb,
-                          utility_min_sim=exp_cfg.utility_min_sim)
-    extractor: Any = None
-    method = cfg.method_spec
-    if not read_only and method.entries == "cases" and not method.insights:
-        extractor = CaseWriter(tokenizer, exp_cfg.case_tokens, exp_cfg.cases)
-    elif not read_only and extractor_model is not None:
+                          utility_alpha=exp_cfg.utility.alpha, utility_ucb=exp_cfg.utility.ucb,
+                          utility_min_sim=exp_cfg.utility.min_sim)
+    memory = get_memory(cfg.method_spec.memory)(cfg)
+    engine: Any = None
+    if not read_only and memory.uses_extractor and extractor_model is not None:
         g = cfg.generation
         if cfg.extractor.engine == "vllm":
             import dataclasses
@@ -788,12 +629,7 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
             engine = HFEngine(extractor_model, tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
                               compute_dtype=compute_dtype, cache_mb=g.cache_mb, gate=gate,
                               background=gate is not None)
-        if method.insights:
-            from crl_bench.experience.insights import insight_writer_for
-
-            extractor = insight_writer_for(cfg, engine, tokenizer)
-        else:
-            extractor = extractor_for(cfg.extractor, engine, tokenizer)
+    extractor = None if read_only else memory.writer(engine, tokenizer)
     return ExperienceManager(bank, retriever, extractor, search_workers=exp_cfg.search_workers,
                              query_batch=exp_cfg.query_batch, query_timeout_ms=exp_cfg.query_timeout_ms,
-                             utility_beta=exp_cfg.utility_beta)
+                             utility_beta=exp_cfg.utility.beta)

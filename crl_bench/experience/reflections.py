@@ -7,25 +7,47 @@ The ``reflexion`` method (crl_bench/methods.py; docs/method.md, "Reflexion") fol
 * After an episode that failed, a reflection is written from the task, the trajectory and its outcome
   (the paper's self-reflection model; here the actor itself, with its weights of the moment).
 * Reflections are kept per task (the env and the task id); an attempt at a task is shown the task's
-  most recent ``experience.reflections_shown`` (the paper's Omega: 3 for ALFWorld and HotpotQA,
+  most recent ``experience.reflections.shown`` (the paper's Omega: 3 for ALFWorld and HotpotQA,
   section 4), oldest first, under :data:`REFLECTIONS_HEADER`.
 * Reflexion's gains come from retrying the same task: in evaluation the reflections of a task's
-  earlier attempts are what ``eval.trials`` gives the next attempt (trainer/loop.py); reflections
-  written in training reach later training episodes of the same task only.
+  earlier attempts are what ``eval.trials`` gives the next attempt
+  (:meth:`ReflectionsMemory.eval_attempts`); reflections written in training reach later training
+  episodes of the same task only.
 
-This project's own choices: the prompt wording, the reply budget (``experience.reflection_tokens``),
+This project's own choices: the prompt wording, the reply budget (``experience.reflections.tokens``),
 greedy decoding of the reflection (the released reflections are written at temperature 0) and a
 reflection after every failed episode (the released ALFWorld code reflects on every environment
 not yet solved at the end of a trial).
+
+:class:`ReflectionsMemory` is the memory kind ``reflections`` (:mod:`crl_bench.experience.memory`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from crl_bench.experience.extractor import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
 from crl_bench.experience.insights import copies_example
+from crl_bench.experience.memory import Attempts, Memory, register_memory
+from crl_bench.experience.records import episode_record
+
+
+@dataclasses.dataclass
+class ReflectionsConfig:
+    """Section ``experience.reflections``: Reflexion's reflections (``reflexion``).
+
+    Attributes:
+        shown: the most recent reflections on a task shown to an attempt at it (Reflexion's Omega, 3
+            as in its ALFWorld and HotpotQA runs; at least 1).
+        tokens: most tokens of one reflection (at least 8).
+    """
+
+    shown: int = 3
+    tokens: int = 64
+
 
 REFLECTIONS_HEADER = ("Your reflections on your earlier failed attempts at this same task, oldest first. "
                       "Use them to do better this time.")
@@ -79,7 +101,7 @@ class ReflectionWriter:
     Args:
         engine: the actor's generation engine (``generate(prompts, sampling)``; unconstrained).
         tokenizer: the actor's tokenizer.
-        max_tokens: most tokens of one reflection (``experience.reflection_tokens``).
+        max_tokens: most tokens of one reflection (``experience.reflections.tokens``).
         max_prompt_tokens: cap on a reflection prompt.
     """
 
@@ -100,3 +122,87 @@ class ReflectionWriter:
         replies = self.engine.generate([self.prompts.build(r) for r in records], self.sampling)
         texts = [" ".join(r.text.split()) for r in replies]
         return ["" if copies_example(t, [REFLECTION_SYSTEM_PROMPT]) else t for t in texts]
+
+
+@register_memory("reflections")
+class ReflectionsMemory(Memory):
+    """Reflexion: the actor's reflections on its failed episodes (:class:`ReflectionWriter`, with the
+    actor's engine), kept per task in the bank and shown to later attempts at the task instead of
+    retrieved entries. The memory of ``reflexion``; no extractor model.
+
+    Attributes:
+        reflector: the :class:`ReflectionWriter` (``None`` without the actor's engine).
+    """
+
+    header: ClassVar[str] = REFLECTIONS_HEADER
+    retrieves: ClassVar[bool] = False
+    whole_episodes: ClassVar[bool] = True
+
+    def __init__(self, cfg: Any, actor_engine: Any = None, tokenizer: Any = None) -> None:
+        super().__init__(cfg, actor_engine, tokenizer)
+        self.reflector = ReflectionWriter(actor_engine, tokenizer, cfg.experience.reflections.tokens) \
+            if actor_engine is not None else None
+
+    def reflect(self, trajs: Sequence[Any]) -> list[str]:
+        """The actor's reflection on each of ``trajs`` (one batched generate call; ``""`` where the
+        reply was no reflection).
+
+        Raises:
+            RuntimeError: no reflection writer (built without the actor's engine).
+        """
+        if self.reflector is None:
+            raise RuntimeError("this reflections memory has no actor engine to reflect with")
+        return self.reflector.reflect([episode_record(t) for t in trajs])
+
+    def task_guidance(self, manager: Any, env_id: str, task: int, later: Sequence[str] = ()) -> str:
+        """The block an attempt at ``env_id``'s task ``task`` is shown: the task's stored reflections
+        followed by ``later`` ones (an evaluation's earlier attempts), the last
+        ``experience.reflections.shown`` of them (:func:`reflection_block`; ``""`` without any)."""
+        shown = self.cfg.experience.reflections.shown
+        texts = [*manager.reflections(env_id, task, shown), *later]
+        return reflection_block(texts[-shown:])
+
+    def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:
+        """The actor reflects on every failed episode (with at least one turn) now; the non-empty
+        reflections are stored per task. Returns the number of failed episodes."""
+        failed = [t for t in trajs if not t.success and t.turns]
+        texts = self.reflect(failed)
+        manager.add_reflections([(t.env_id, int(t.task), x, step) for t, x in zip(failed, texts) if x])
+        return len(failed)
+
+    def episode_metrics(self, guided: Sequence[Any]) -> dict[str, Any]:
+        """``guided_with_reflections``: guided episodes shown at least one reflection."""
+        return {"guided_with_reflections": sum(1 for t in guided if t.guidance)}
+
+    def metrics(self, manager: Any, stats: dict[str, Any]) -> dict[str, Any]:
+        """``reflections``: the reflections stored."""
+        return {"reflections": stats["reflections"]}
+
+    def eval_attempts(self, manager: Any, mode: str, donors: dict[str, dict[int, int]]) -> Attempts:
+        """Reflexion's evaluation attempts (``eval.trials``): ``learn`` has the actor reflect on an
+        attempt's failed episodes, kept for this evaluation only (the bank is not written);
+        ``prepare`` shows each attempt its task's reflections (stored in training, then those of this
+        evaluation's earlier attempts): ``guided`` its own task's, ``shuffled`` those of its donor
+        task (another context's, where the env has contexts), ``empty`` the header with no
+        reflection.  ``metrics`` gives ``attempts_with_reflections``: the attempts whose block held
+        at least one reflection (its guidance is not a bank entry, so ``episodes_with_experience``
+        stays 0)."""
+        memory: dict[tuple[str, int], list[str]] = defaultdict(list)
+        shown = [0]
+
+        def prepare(spec: Any) -> Any:
+            if mode == "empty":
+                return dataclasses.replace(spec, guidance=self.empty_guidance())
+            task = donors.get(spec.env_id, {}).get(spec.task, spec.task) if mode == "shuffled" else spec.task
+            block = self.task_guidance(manager, spec.env_id, task, memory[(spec.env_id, task)])
+            shown[0] += bool(block)
+            return dataclasses.replace(spec, guidance=block)
+
+        def learn(failed: list[Any]) -> None:
+            if mode == "empty" or not failed:
+                return
+            for t, text in zip(failed, self.reflect(failed)):
+                if text:
+                    memory[(t.env_id, int(t.task))].append(text)
+
+        return Attempts(prepare, learn, lambda: {"attempts_with_reflections": shown[0]})

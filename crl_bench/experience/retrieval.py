@@ -42,7 +42,7 @@ values of its Table 10). Candidates whose cosine similarity ``s(m)`` is below ``
     S(m) = alpha * s(m) + (1 - alpha) * (u(m) + kappa * sqrt(ln N / max(n(m), 1)))
 
 with ``u(m)`` the entry's utility (:attr:`ExperienceEntry.utility`: 0.5 for a new entry, moved by
-``experience.utility_beta`` towards the success of each guided training episode it was shown to),
+``experience.utility.beta`` towards the success of each guided training episode it was shown to),
 ``n(m)`` its ``times_retrieved``, ``N`` the sum of ``times_retrieved`` over the bank (at least 1, so
 an unused bank gives no bonus), ``alpha`` = ``utility_alpha`` (0.7) and ``kappa`` = ``utility_ucb``
 (1.0). Read-only calls (evaluation) leave the exploration bonus out, as the authors' released code

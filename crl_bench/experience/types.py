@@ -104,6 +104,11 @@ class ApplyResult:
     deleted_by_vote: list[int] = field(default_factory=list)
 
 
+JUDGED_INVALID = "invalid"
+"""The actor-critic judgement of a reply that was no decision (trainer/actor_critic.py): the extractor
+is then not shown the entries when it distils the episode."""
+
+
 @dataclass
 class RetrievalRecord:
     """What one guided episode was given, recorded at retrieval time (credit comes from here, never

@@ -43,7 +43,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from crl_bench.config import CONFIG_MAX_ALIASES
+from crl_bench.config import CONFIG_MAX_ALIASES, RENAMED_KEYS
 from crl_bench.methods import get_method, list_methods
 from crl_bench.results.panel import content_hash
 from crl_bench.results.run_folder import iter_metrics
@@ -235,16 +235,37 @@ NOT_TRAINING = {"run_id": None, "output_dir": None, "eval": None, "logging": Non
                 "train": ("seed", "save_checkpoint", "checkpoint_every", "keep_checkpoints")}
 
 
+def flat_experience(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the keys of ``experience``'s sections under their flat names
+    (:data:`~crl_bench.config.RENAMED_KEYS`: ``experience.cases.tokens`` as ``experience.case_tokens``),
+    a section's other keys as ``section.key``: one form for configs written in either layout, so that
+    equal settings give equal training settings and hashes. A new dict; ``config`` is left as it is."""
+    exp = config.get("experience")
+    sections = {new.split(".")[1] for new in RENAMED_KEYS.values()}
+    if not isinstance(exp, dict) or not any(isinstance(exp.get(name), dict) for name in sections):
+        return config
+    flat = {new.split(".", 1)[1]: old.split(".", 1)[1] for old, new in RENAMED_KEYS.items()}
+    out: dict[str, Any] = {}
+    for key, value in exp.items():
+        if key in sections and isinstance(value, dict):
+            for leaf, v in value.items():
+                out[flat.get(f"{key}.{leaf}", f"{key}.{leaf}")] = v
+        else:
+            out[key] = value
+    return {**config, "experience": out}
+
+
 def training_settings(config: dict[str, Any]) -> dict[str, Any]:
     """A run's training settings: its config (``config.yaml``, a mapping) without the keys of
     :data:`NOT_TRAINING` and without keys set to null (a setting added later with a null default
-    reads as absent in the configs written before it). Two runs whose training settings are equal
-    differ only in seed (and in what the config does not record, such as the code's version)."""
+    reads as absent in the configs written before it), ``experience``'s sections under their flat
+    names (:func:`flat_experience`). Two runs whose training settings are equal differ only in seed
+    (and in what the config does not record, such as the code's version)."""
     def drop_null(value: Any) -> Any:
         return {k: drop_null(v) for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 
     out: dict[str, Any] = {}
-    for key, value in config.items():
+    for key, value in flat_experience(config).items():
         drop = NOT_TRAINING.get(key, ())
         if drop is None or value is None:
             continue

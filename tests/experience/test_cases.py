@@ -9,6 +9,7 @@ from crl_bench.config import build_config, preset_data
 from crl_bench.experience.cases import CaseWriter, case_text
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.extractor import EpisodeRecord
+from crl_bench.experience.lessons import merge_pass
 from crl_bench.experience.manager import DistillRequest, build_manager
 
 
@@ -89,7 +90,7 @@ def test_manager_writes_cases_and_retrieves_the_most_similar(tmp_path, tokenizer
     (answer,) = m.answer([("minihack-room", LAMP)], count_retrievals=False)
     assert answer.extraction is None and "light lamp" in answer.text and LAMP in answer.text
     with pytest.raises(RuntimeError, match="no extractor model"):
-        m.merge_pass(step=2)
+        merge_pass(m, step=2)
     m.close()
 
 

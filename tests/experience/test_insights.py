@@ -16,10 +16,11 @@ from crl_bench.experience.insights import (
     Insight,
     InsightOp,
     InsightPromptBuilder,
+    InsightRequest,
     InsightWriter,
     parse_insight_ops,
 )
-from crl_bench.experience.manager import ExperienceManager, InsightRequest
+from crl_bench.experience.manager import ExperienceManager
 from crl_bench.experience.retrieval import Retriever
 from crl_bench.llm.base import SamplingParams
 

@@ -8,7 +8,8 @@ import uuid
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.extractor import EpisodeRecord, Extraction
-from crl_bench.experience.manager import DistillRequest, ExperienceManager, ExtractionOutcome, MergeRequest
+from crl_bench.experience.lessons import MergeRequest
+from crl_bench.experience.manager import DistillRequest, ExperienceManager, ExtractionOutcome
 from crl_bench.experience.operations import parse_operations
 from crl_bench.experience.retrieval import Retriever
 

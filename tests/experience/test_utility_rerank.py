@@ -83,7 +83,7 @@ def test_retriever_utility_mode_prefers_the_useful_entry_and_counts_only_trainin
 
 def test_manager_moves_utility_by_the_configured_beta(tmp_path, tokenizer):
     cfg = build_config([preset_data("smoke"), {"method": "casebank", "rollout": {"mix": "sokoban"},
-                                                "experience": {"rerank": "utility", "utility_beta": 0.5}}])
+                                                "experience": {"rerank": "utility", "utility": {"beta": 0.5}}}])
     m = build_manager(cfg, tmp_path / "b.sqlite", None, tokenizer, compute_dtype=torch.float32,
                       embedder=HashEmbedder(32))
     assert m.retriever.rerank_mode == "utility" and m.retriever.utility_alpha == 0.7
@@ -93,8 +93,9 @@ def test_manager_moves_utility_by_the_configured_beta(tmp_path, tokenizer):
     m.close()
 
 
-@pytest.mark.parametrize("key,value", [("rerank", "ucb"), ("utility_alpha", 1.5), ("utility_beta", -0.1),
-                                       ("utility_ucb", -1.0)])
+@pytest.mark.parametrize("key,value", [("rerank", "ucb"), ("utility.alpha", 1.5), ("utility.beta", -0.1),
+                                       ("utility.ucb", -1.0)])
 def test_bad_utility_settings_name_the_key(key, value):
+    section, _, leaf = key.rpartition(".")
     with pytest.raises(ConfigError, match=f"experience.{key}"):
-        build_config([preset_data("smoke"), {"experience": {key: value}}])
+        build_config([preset_data("smoke"), {"experience": {section: {leaf: value}} if section else {key: value}}])

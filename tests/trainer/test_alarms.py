@@ -289,7 +289,7 @@ def test_fold_merge_pass_reports_its_writes(tokenizer, tiny_model, fails):
 
     register_env("test-coin", CoinEnv)
     reply = (lambda text: "<ops>\n<op>ADD</op><title></title>") if fails else _fold_reply(1)
-    tr = _trainer(tokenizer, tiny_model, reply=reply, experience={"merge_every": 1, "merge": "fold"})
+    tr = _trainer(tokenizer, tiny_model, reply=reply, experience={"merge": {"every": 1, "mode": "fold"}})
     try:
         _seed(tr.experience.bank, "test-coin", 7)
         m = tr.experience.before_rollout(1)

@@ -6,9 +6,9 @@ from tests_helpers import CoinEnv, coin_config
 
 from crl_bench.config import ConfigError
 from crl_bench.env_api import register_env
-from crl_bench.experience.cases import CaseWriter
+from crl_bench.experience.cases import CASES_HEADER, CaseWriter
 from crl_bench.experience.embedding import HashEmbedder
-from crl_bench.trainer.experience_track import CASES_HEADER, GUIDANCE_HEADER
+from crl_bench.experience.memory import GUIDANCE_HEADER
 from crl_bench.trainer.loop import Trainer
 
 
@@ -39,7 +39,8 @@ def test_casebank_stores_successes_and_guides_with_them(tokenizer, tiny_model):
 
 
 def test_casebank_failures_on_request(tokenizer, tiny_model):
-    tr = Trainer(coin_config("casebank", experience={"cases": "all"}), model=tiny_model, tokenizer=tokenizer,
+    tr = Trainer(coin_config("casebank", experience={"cases": {"outcomes": "all"}}), model=tiny_model,
+                 tokenizer=tokenizer,
                  embedder=HashEmbedder(64))
     res = tr.train_step()
     assert res.metrics["bank_size"] == len(res.trajectories) == 8

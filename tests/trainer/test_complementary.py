@@ -258,7 +258,7 @@ def test_updates_start_without_the_old_weights_cached_prefixes(tokenizer, tiny_m
 def test_similar_merge_consolidates_similar_entries(tokenizer, tiny_model):
     merge = "<op>MERGE {a} {b}</op><title>Heads</title><content>Always call heads.</content>"
     tr = _trainer("complementary", tokenizer, tiny_model, scripted=ADD,
-                  experience={"merge_every": 1, "merge": "similar", "merge_threshold": 0.5})
+                  experience={"merge": {"every": 1, "mode": "similar", "threshold": 0.5}})
     bank = tr.experience.bank
     for _ in range(2):
         bank.apply([Operation("ADD", "Call heads", "Heads wins the coin toss.")], env_id="test-coin", step=0,

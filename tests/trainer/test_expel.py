@@ -9,10 +9,11 @@ from tests_helpers import CoinEnv, ScriptedReplies, coin_config, replay_from_che
 
 from crl_bench.config import ConfigError
 from crl_bench.env_api import register_env
+from crl_bench.experience.cases import CASES_HEADER
 from crl_bench.experience.embedding import HashEmbedder
-from crl_bench.experience.insights import InsightWriter
+from crl_bench.experience.insights import INSIGHTS_HEADER, InsightWriter
+from crl_bench.experience.memory import GUIDANCE_HEADER
 from crl_bench.methods import get_method
-from crl_bench.trainer.experience_track import CASES_HEADER, GUIDANCE_HEADER, INSIGHTS_HEADER
 from crl_bench.trainer.loop import Trainer
 
 RULE = "Call heads: tails always loses."
@@ -38,8 +39,8 @@ def _trainer(tokenizer, tiny_model, **extra):
 
 def test_expel_method_spec():
     m = get_method("expel")
-    assert m.uses_experience and m.insights and m.uses_extractor and not m.trains_extractor
-    assert m.entries == "cases"
+    assert m.uses_experience and m.uses_extractor and not m.trains_extractor
+    assert m.memory == "insights"
 
 
 def test_expel_writes_insights_and_guides_with_them(tokenizer, tiny_model):
@@ -77,16 +78,16 @@ def test_expel_writes_insights_and_guides_with_them(tokenizer, tiny_model):
 
 
 def test_expel_without_success_lists(tokenizer, tiny_model):
-    tr, engine = _trainer(tokenizer, tiny_model, experience={"insight_successes": 0, "insight_pairs": 0})
+    tr, engine = _trainer(tokenizer, tiny_model, experience={"insights": {"successes": 0, "pairs": 0}})
     res = tr.train_step()
     assert res.metrics["insight_calls_step"] == 0 and not engine.prompts and res.metrics["insights"] == 0
     tr.close()
 
 
-@pytest.mark.parametrize("key, value", [("insight_successes", 1), ("insight_ops", 0), ("insight_pairs", -1)])
+@pytest.mark.parametrize("key, value", [("successes", 1), ("ops", 0), ("pairs", -1)])
 def test_expel_settings_are_checked(key, value):
-    with pytest.raises(ConfigError, match=f"experience.{key}"):
-        coin_config("expel", experience={key: value})
+    with pytest.raises(ConfigError, match=f"experience.insights.{key}"):
+        coin_config("expel", experience={"insights": {key: value}})
 
 
 def test_expel_refuses_turn_integration():

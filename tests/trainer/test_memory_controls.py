@@ -208,7 +208,7 @@ def test_shuffled_retrieves_with_another_contexts_query(tokenizer, tiny_model):
 
 
 def test_empty_shows_the_header_and_no_entry_without_retrieving(tokenizer, tiny_model):
-    from crl_bench.trainer.experience_track import EMPTY_GUIDANCE, GUIDANCE_HEADER
+    from crl_bench.experience.memory import EMPTY_GUIDANCE, GUIDANCE_HEADER
 
     tr = _diag_trainer(tokenizer, tiny_model)
     tr.train_step()
@@ -288,8 +288,8 @@ def test_evaluate_all_runs_every_mode_on_the_same_tasks(tokenizer, tiny_model):
 def test_lesson_follow_probes_show_the_guided_prompt(tokenizer):
     from crl_bench.config import RunConfig
     from crl_bench.envs.diag import DiagVaultEnv
+    from crl_bench.experience.memory import GUIDANCE_HEADER
     from crl_bench.rollout import PromptBuilder
-    from crl_bench.trainer.experience_track import GUIDANCE_HEADER
     from crl_bench.trainer.lesson_follow import build_probes
 
     cfg = RunConfig()
@@ -357,7 +357,7 @@ def test_with_perfect_lessons_the_actor_learns_to_follow_them():
     cfg = build_config([preset_data("diag"), {
         "method": "complementary",
         "train": {"steps": max_steps, "lr_warmup_steps": 0, "save_checkpoint": False},
-        "experience": {"wait_distill": True, "merge_every": 0, "distill_per_group": 0},
+        "experience": {"wait_distill": True, "merge": {"every": 0}, "distill_per_group": 0},
         "extractor": {"batch_size": 64},            # no extractor update: its replies are scripted
     }])
 

@@ -26,19 +26,20 @@ def _coin():
 def _trainer(tokenizer, tiny_model, **extra):
     tr = Trainer(coin_config("reflexion", **extra), model=tiny_model, tokenizer=tokenizer, embedder=HashEmbedder(64))
     # the actor's reflection names the task it failed, so that what an attempt is shown is checkable
-    tr.experience.reflect = lambda trajs: [f"On task {t.task} I called {t.turns[0].action}; call heads." for t in trajs]
+    tr.experience.memory.reflect = lambda trajs: [f"On task {t.task} I called {t.turns[0].action}; call heads."
+                                                  for t in trajs]
     return tr
 
 
 def test_reflexion_method_spec():
     m = get_method("reflexion")
-    assert m.uses_experience and m.entries == "reflections" and not m.uses_extractor and not m.trains_extractor
+    assert m.uses_experience and m.memory == "reflections" and not m.uses_extractor and not m.trains_extractor
 
 
 def test_failed_episodes_are_reflected_on_and_shown_to_later_attempts(tokenizer, tiny_model):
     tr = _trainer(tokenizer, tiny_model)
     track = tr.experience
-    assert track.model is None and isinstance(track.reflector, ReflectionWriter)
+    assert track.model is None and isinstance(track.memory.reflector, ReflectionWriter)
     res = tr.train_step()                                    # warm-up: nothing shown, reflections written
     failed = [t for t in res.trajectories if not t.success]
     assert failed and res.metrics["distill_queued"] == len(failed) == res.metrics["reflections"]
@@ -50,8 +51,8 @@ def test_failed_episodes_are_reflected_on_and_shown_to_later_attempts(tokenizer,
     specs = [EpisodeSpec("test-coin", t0.task, subgroup="guided", retrieve=True),
              EpisodeSpec("test-coin", t0.task, subgroup="free"),
              EpisodeSpec("test-coin", 99, subgroup="guided", retrieve=True)]
-    own, free, other = tr._with_reflections(specs)
-    shown = tr.cfg.experience.reflections_shown
+    own, free, other = tr.experience.place_guidance(specs)
+    shown = tr.cfg.experience.reflections.shown
     assert own.guidance.startswith(REFLECTIONS_HEADER) and not own.retrieve
     assert own.guidance.count("Attempt ") == min(len(stored), shown)
     assert free.guidance == "" and other.guidance == "" and not other.retrieve
@@ -78,14 +79,14 @@ def test_evaluation_attempts_see_the_reflections_of_earlier_attempts(tokenizer, 
     tr.runner = runner
     tasks = tr.evaluator.task_ids()["test-coin"]
     donors = tr.evaluator.shuffled_donors({"test-coin": tasks})["test-coin"] if mode == "shuffled" else {}
-    shown = [0]
-    prepare, learn = (tr.evaluator.reflexion_trials(mode, {"test-coin": donors}, shown) if mode != "free"
-                      else (None, None))
+    between = tr.experience.eval_attempts(mode, {"test-coin": donors}) if mode != "free" else None
+    prepare, learn = (between.prepare, between.learn) if between is not None else (None, None)
     specs = [EpisodeSpec("test-coin", t, group_id=i, subgroup="guided") for i, t in enumerate(tasks)]
     tr.evaluator.trials(specs, None, {}, prepare, learn)
     assert len(runner.calls) == 3
     # every task fails every attempt: attempts 2 and 3 of each are shown reflections (not in empty)
-    assert shown[0] == (0 if mode in ("free", "empty") else 2 * len(tasks))
+    assert (between.metrics()["attempts_with_reflections"] if between else 0) == \
+        (0 if mode in ("free", "empty") else 2 * len(tasks))
     first, third = runner.calls[0], runner.calls[2]
     if mode == "free":
         assert all(s.guidance == "" for s in first + third)
@@ -139,7 +140,7 @@ def test_a_resumed_reflexion_run_takes_the_same_next_steps(tmp_path, tokenizer, 
         writer = RunWriter(run_dir.parent, run_dir.name) if not run_dir.exists() else RunWriter.reopen(run_dir)
         tr = Trainer(cfg, writer=writer, model=copy.deepcopy(tiny_model), tokenizer=tokenizer,
                      embedder=HashEmbedder(64))
-        tr.experience.reflect = lambda trajs: [f"On task {t.task} call heads." for t in trajs]
+        tr.experience.memory.reflect = lambda trajs: [f"On task {t.task} call heads." for t in trajs]
         return tr
 
     def rows(d):

@@ -18,6 +18,7 @@ from crl_bench.config import ConfigError, build_config, preset_data
 from crl_bench.env_api import register_env
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.extractor import EpisodeRecord, Extraction, extractor_for, full_transcript
+from crl_bench.experience.lessons import merge_pass
 from crl_bench.experience.manager import NO_KNOWLEDGE
 from crl_bench.experience.operations import ParseResult
 from crl_bench.experience.types import Operation
@@ -89,14 +90,14 @@ def _fold_reply(lessons: int = 1, fail_on: str | None = None):
 # ---- 1. the merge pass as released: the fold -------------------------------------------------------
 
 def test_fold_folds_an_env_down_to_one_calls_output_and_credits_the_last_call(tokenizer, tiny_model):
-    """Released ``_merge_single_task``: chunks of merge_max, each call's lessons carried into the next
+    """Released ``_merge_single_task``: chunks of merge.max, each call's lessons carried into the next
     chunk, every merged original deleted, only the last call's lessons remain; they credit that call."""
     tr = _trainer(tokenizer, tiny_model, reply=_fold_reply(1))
     track, bank = tr.experience, tr.experience.bank
     _seed(bank, "test-coin", 40)
     _seed(bank, "other", 3)
     _seed(bank, "lonely", 1)                       # a task with one entry is not merged
-    track.manager.merge_pass(step=7, mode="fold", max_size=5)
+    merge_pass(track.manager, step=7, mode="fold", max_size=5)
     left = bank.entries("test-coin")
     assert len(left) == 1 and left[0].origin == "fold" and left[0].parent_ids == tuple(range(1, 41))
     assert left[0].content == "Joined 6 lessons into one piece of advice number 0."   # 5 originals + 1 carried
@@ -140,7 +141,7 @@ def test_a_fold_keeps_every_lesson_it_returns(tokenizer, tiny_model, fmt):
     tr = _trainer(tokenizer, tiny_model, reply=keep_ten, extractor={"format": fmt, "max_ops": 3})
     bank = tr.experience.bank
     _seed(bank, "test-coin", 10)
-    tr.experience.manager.merge_pass(step=5, mode="fold", max_size=5)
+    merge_pass(tr.experience.manager, step=5, mode="fold", max_size=5)
     left = bank.entries("test-coin")
     assert sorted(e.title for e in left) == sorted(f"kept {k}" for k in range(10))
     assert all(e.origin == "fold" for e in left)
@@ -151,7 +152,7 @@ def test_fold_keeps_failed_chunks_and_the_lessons_carried_into_them(tokenizer, t
     tr = _trainer(tokenizer, tiny_model, reply=_fold_reply(2, fail_on="lesson 17:"))
     track, bank = tr.experience, tr.experience.bank
     _seed(bank, "test-coin", 40)
-    track.manager.merge_pass(step=3, mode="fold", max_size=5)
+    merge_pass(track.manager, step=3, mode="fold", max_size=5)
     left = bank.entries("test-coin")
     kept = [e for e in left if e.origin == "add"]
     made = [e for e in left if e.origin == "fold"]
@@ -170,7 +171,7 @@ def test_fold_none_keeps_everything(tokenizer, tiny_model):
     bank = tr.experience.bank
     _seed(bank, "test-coin", 12)
     before = [(e.id, e.title) for e in bank.entries()]
-    tr.experience.manager.merge_pass(step=1, mode="fold", max_size=5)
+    merge_pass(tr.experience.manager, step=1, mode="fold", max_size=5)
     assert [(e.id, e.title) for e in bank.entries()] == before
     assert all(o.valid and not o.wrote for o in tr.experience.manager.pop_outcomes())
     tr.close()
@@ -181,7 +182,7 @@ def test_merge_runs_at_step_start_after_the_flush_and_is_skipped_after_an_extrac
     flush (so it folds what the previous step distilled), and not at a step that starts with the
     extractor's (asynchronous) update still pending."""
     tr = _trainer(tokenizer, tiny_model, reply=_fold_reply(1),
-                  experience={"merge_every": 2, "warmup_train_steps": 9}, extractor={"batch_size": 64})
+                  experience={"merge": {"every": 2}, "warmup_train_steps": 9}, extractor={"batch_size": 64})
     rows = [tr.train_step().metrics for _ in range(3)]
     assert [r.get("merge_pass") for r in rows] == [None, None, 1]
     # the pass at the start of 0-based step 2 folded everything steps 0 and 1 distilled (4 ADDs each)
@@ -195,9 +196,9 @@ def test_merge_runs_at_step_start_after_the_flush_and_is_skipped_after_an_extrac
 
 def test_smoke_preset_runs_a_merge_pass(tokenizer, tiny_model):
     cfg = build_config([preset_data("smoke")])
-    assert cfg.experience.merge_every == 1 and cfg.experience.merge == "fold"
+    assert cfg.experience.merge.every == 1 and cfg.experience.merge.mode == "fold"
     tr = _trainer(tokenizer, tiny_model, reply=_fold_reply(1),
-                  experience={"merge_every": cfg.experience.merge_every})
+                  experience={"merge": {"every": cfg.experience.merge.every}})
     rows = [tr.train_step().metrics for _ in range(2)]
     assert rows[1]["merge_pass"] == 1 and rows[1]["merge_passes"] == 1
     tr.close()
@@ -296,7 +297,7 @@ def test_an_invalid_judgement_hides_the_entries_from_the_extractor(tokenizer, ti
     res = tr.train_step()
     guided = [t for t in res.trajectories if t.subgroup == "guided"]
     assert guided and all(t.retrieval.judgement == "invalid" and t.retrieval.entries for t in guided)
-    reqs = tr.experience._distill_requests({0: res.trajectories}, 2)
+    reqs = tr.experience.memory.requests(res.trajectories, 2)
     assert reqs and all(r.retrieved == [] for r in reqs)
     tr.close()
 
@@ -433,7 +434,7 @@ def test_periodic_eval_sees_the_bank_after_the_next_steps_merge(tokenizer, tiny_
     from crl_bench.trainer.lifecycle import run_training
 
     cfg = coin_config("complementary", train={"steps": 3, "save_checkpoint": False, "checkpoint_every": 0},
-                      eval={"every": 2, "episodes": 2}, experience={"merge_every": 2},
+                      eval={"every": 2, "episodes": 2}, experience={"merge": {"every": 2}},
                       output_dir=str(tmp_path), run_id="r")
     seen = {}
     orig = Evaluator.evaluate

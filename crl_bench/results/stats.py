@@ -181,19 +181,43 @@ def _percentile(dist: np.ndarray, level: float) -> tuple[float, float]:
     return float(low), float(high)
 
 
+def _task_level_ci(run: list[np.ndarray], level: float, seed: int) -> tuple[float, float]:
+    """The percentile bootstrap of one run's mean over envs of its per-task means, tasks resampled
+    within each env (``scipy.stats.bootstrap``, independent samples: one per env); one env: exactly
+    :func:`bootstrap_ci` of its tasks. NaN for fewer than :data:`CI_MIN_VALUES` tasks in all."""
+    if sum(x.size for x in run) < CI_MIN_VALUES:
+        return math.nan, math.nan
+    if len(run) == 1:
+        return bootstrap_ci(run[0], level, seed)
+    gen = np.random.default_rng(seed)
+    kw = {"rng": gen} if "rng" in inspect.signature(stats.bootstrap).parameters else {"random_state": gen}
+
+    def mean_of_envs(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.mean([x.mean(axis=axis) for x in samples], axis=0)
+
+    res = stats.bootstrap(tuple(run), mean_of_envs, confidence_level=level, n_resamples=CI_RESAMPLES,
+                          method="percentile", vectorized=True, **kw)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
 def two_level_ci(runs: Sequence[RunTasks], level: float = CI_LEVEL, seed: int = CI_SEED) -> tuple[float, float, str]:
     """Percentile interval of :func:`two_level_distribution` and what it resamples.
 
+    With one run it is the task-level interval of that run (:func:`_task_level_ci`, scipy's bootstrap:
+    for one env exactly :func:`bootstrap_ci` of its per-task values; NaN under :data:`CI_MIN_VALUES`
+    tasks).
+
     Returns:
-        ``(low, high, over)``: ``over`` is :data:`OVER_SEEDS` for 2+ runs, :data:`OVER_TASKS` for one
-        (then the interval is the task-level bootstrap of that run); ``(v, v, over)`` when every value
-        is equal.
+        ``(low, high, over)``: ``over`` is :data:`OVER_SEEDS` for 2+ runs, :data:`OVER_TASKS` for one;
+        ``(v, v, over)`` when every value is equal.
     """
     data = _as_runs(runs)
     over = OVER_SEEDS if len(data) > 1 else OVER_TASKS
     flat = np.concatenate([x for run in data for x in run])
     if np.all(flat == flat[0]):
         return float(flat[0]), float(flat[0]), over
+    if len(data) == 1:
+        return (*_task_level_ci(data[0], level, seed), over)
     return (*_percentile(two_level_distribution(data, seed=seed), level), over)
 
 
@@ -238,9 +262,14 @@ def difference_distribution(a: Sequence[RunTasks], b: Sequence[RunTasks], n_resa
 def difference_ci(a: Sequence[RunTasks], b: Sequence[RunTasks], level: float = CI_LEVEL,
                   seed: int = CI_SEED) -> tuple[float, float, str]:
     """Percentile interval of :func:`difference_distribution` and what it resamples (:data:`OVER_SEEDS`
-    when either side has 2+ runs, else :data:`OVER_TASKS`)."""
+    when either side has 2+ runs, else :data:`OVER_TASKS`: then the paired task-level interval of the
+    per-task differences, :func:`two_level_ci` of one run)."""
     da, db = _as_runs(a), _as_runs(b)
-    over = OVER_SEEDS if max(len(da), len(db)) > 1 else OVER_TASKS
+    if len(da) == len(db) == 1:
+        if [x.size for x in da[0]] != [x.size for x in db[0]]:
+            raise ValueError("the two sides were not evaluated on one task panel (tasks per env differ)")
+        return two_level_ci([[x - y for x, y in zip(da[0], db[0])]], level, seed)
+    over = OVER_SEEDS
     dist = difference_distribution(da, db, seed=seed)
     if np.all(dist == dist[0]):
         return float(dist[0]), float(dist[0]), over

@@ -17,13 +17,18 @@ ENVS = ("sokoban", "minihack-room")
 PANELS = {"sokoban": "a" * 64, "minihack-room": "b" * 64}
 
 
-def _run(root, run_id, method, seed, free, guided=None, panels=PANELS):
-    """A run folder whose eval blocks carry per-task ``successes`` (``free``/``guided``: env -> 4 outcomes)."""
+def _run(root, run_id, method, seed, free, guided=None, panels=PANELS, shuffled=None):
+    """A run folder whose eval blocks carry per-task ``successes`` (``free``/``guided``/``shuffled``:
+    env -> 4 outcomes; ``shuffled`` a copy of the guided block with its own outcomes)."""
     rate = {e: float(np.mean(v)) for e, v in free.items()}
     d = make_run(root, run_id, method=method, seed=seed, free=rate,
                  guided=None if guided is None else {e: float(np.mean(v)) for e, v in guided.items()}, panels=panels)
     ev = json.loads((d / "eval.json").read_text())
-    for mode, outcomes in (("free", free), ("guided", guided)):
+    if shuffled is not None:
+        ev["shuffled"] = json.loads(json.dumps(ev["guided"]))
+        for env, succ in shuffled.items():
+            ev["shuffled"]["per_env"][env]["success_rate"] = float(np.mean(succ))
+    for mode, outcomes in (("free", free), ("guided", guided), ("shuffled", shuffled)):
         for env, succ in (outcomes or {}).items():
             ev[mode]["per_env"][env]["successes"] = list(succ)
     (d / "eval.json").write_text(json.dumps(ev))

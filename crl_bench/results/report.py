@@ -780,7 +780,8 @@ _CAPTIONS = {
 
 
 def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir: str | os.PathLike,
-                table: Any | None = None, title: str | None = None) -> Path:
+                table: Any | None = None, title: str | None = None,
+                figures: Sequence[tuple[str, str]] = ()) -> Path:
     """Write the plots (PNG) and a self-contained ``report.html`` for the runs under ``paths``.
 
     Args:
@@ -789,6 +790,8 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
         table: optional leaderboard (``pandas.DataFrame``), embedded with ``DataFrame.to_html``
             (escaped).
         title: page title (default ``"crl-bench report"``).
+        figures: ``(PNG file name in out_dir, caption)`` pairs shown under "Intervals" (the charts of
+            :func:`crl_bench.results.interval_plots.draw_interval_charts`).
 
     Returns:
         The path of ``report.html`` in ``out_dir``.
@@ -853,6 +856,10 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
         shown = table.rename(columns=printable).apply(lambda col: col.map(
             lambda v: printable(v) if isinstance(v, str) else v))
         parts += ["<h2>Leaderboard</h2>", shown.to_html(escape=True, border=0, na_rep="", index=False)]
+    if figures:
+        parts.append("<h2>Intervals</h2>")
+        parts += [f"<figure><img alt='{_e(name)}' src='{_data_uri(out / name)}'><figcaption><b>{_e(name)}</b>: "
+                  f"{_e(caption)}</figcaption></figure>" for name, caption in figures]
     parts.append("<h2>Plots</h2>")
     for key in PLOT_FILES:
         reason = plots[key]

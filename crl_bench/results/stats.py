@@ -35,8 +35,8 @@ from scipy import stats
 
 __all__ = ["CI_LEVEL", "CI_MIN_VALUES", "CI_RESAMPLES", "CI_SEED", "OVER_RUNS", "OVER_SEEDS", "OVER_TASKS",
            "bootstrap_ci", "difference_ci", "difference_distribution", "iqm", "iqm_ci", "mean_ci", "mean_or_nan",
-           "probability_of_improvement", "run_means", "seeds_needed", "std_or_nan", "task_differences",
-           "two_level_ci", "two_level_distribution"]
+           "probability_of_improvement", "probability_of_improvement_ci", "run_means", "seeds_needed", "std_or_nan",
+           "task_differences", "two_level_ci", "two_level_distribution"]
 
 #: confidence level of every interval
 CI_LEVEL = 0.95
@@ -337,3 +337,25 @@ def seeds_needed(sd: float, effect: float, power: float = 0.8, alpha: float = 0.
         if stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc) >= power:
             return n
     return max_seeds + 1
+
+
+def probability_of_improvement_ci(x: np.ndarray, y: np.ndarray, level: float = CI_LEVEL, seed: int = CI_SEED,
+                                  n_resamples: int = CI_RESAMPLES) -> tuple[float, float, float]:
+    """:func:`probability_of_improvement` averaged over envs, with rliable's stratified bootstrap CI.
+
+    Args:
+        x, y: per-run, per-env scores of shapes ``(N, E)`` and ``(K, E)`` (the same envs).
+        level, seed, n_resamples: as :func:`iqm_ci`; each resample draws ``N`` runs of ``x`` and ``K``
+            of ``y`` with replacement, separately for each env.
+
+    Returns:
+        ``(point, low, high)``.
+    """
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    point = float(np.mean([probability_of_improvement(a[:, e], b[:, e]) for e in range(a.shape[1])]))
+    gen = np.random.default_rng(seed)
+    pa = a[gen.integers(0, a.shape[0], size=(n_resamples, a.shape[0], a.shape[1])), np.arange(a.shape[1])]
+    pb = b[gen.integers(0, b.shape[0], size=(n_resamples, b.shape[0], b.shape[1])), np.arange(b.shape[1])]
+    # (B, N, 1, E) against (B, 1, K, E): the U statistic per resample and env, then the mean over envs
+    wins = (pa[:, :, None, :] > pb[:, None, :, :]) + 0.5 * (pa[:, :, None, :] == pb[:, None, :, :])
+    return (point, *_percentile(wins.mean(axis=(1, 2)).mean(axis=1), level))

@@ -21,6 +21,7 @@ from crl_bench.results.stats import (
     mean_ci,
     mean_or_nan,
     probability_of_improvement,
+    probability_of_improvement_ci,
     run_means,
     seeds_needed,
     std_or_nan,
@@ -154,3 +155,13 @@ def test_seeds_needed_from_the_t_test_power():
     assert seeds_needed(0.0, 0.05) == 2
     assert seeds_needed(1.0, 1e-4, max_seeds=50) == 51
     assert seeds_needed(math.nan, 0.05, max_seeds=50) == 51
+
+
+def test_probability_of_improvement_interval():
+    x = np.array([[0.5, 0.2], [0.7, 0.4], [0.6, 0.3]])
+    y = np.array([[0.1, 0.2], [0.2, 0.1], [0.3, 0.3]])
+    point, low, high = probability_of_improvement_ci(x, y)
+    # env 0: every x beats every y -> 1; env 1: pairs (0.2: =, >, <), (0.4: >, >, >), (0.3: >, >, =) -> 7/9
+    assert point == pytest.approx((1 + 7 / 9) / 2)
+    assert low <= point <= high <= 1.0
+    assert probability_of_improvement_ci(x, y) == (point, low, high)

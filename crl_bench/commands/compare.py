@@ -20,6 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                                    "default free)")
     cp.add_argument("--mode-b", help="eval mode of B (default: --mode); A and B the same runs: a within-run "
                                      "difference, e.g. --mode guided --mode-b shuffled")
+    cp.add_argument("--protocol", help="the shared protocol whose label contains this text (e.g. eval_unseen, "
+                                       "'3 trials'; default: the one with the most runs)")
     cp.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     return cp
 
@@ -30,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from crl_bench.results.compare import CompareError, compare, compare_json, compare_markdown, load_side
 
     try:
-        res = compare(load_side(args.a, args.sweep), load_side(args.b, args.sweep), args.mode, args.mode_b)
+        res = compare(load_side(args.a, args.sweep), load_side(args.b, args.sweep), args.mode, args.mode_b,
+                      args.protocol)
     except CompareError as e:
         raise ConfigError(f"compare: {e}") from None
     print(compare_json(res) if args.json else compare_markdown(res), end="" if not args.json else "\n")

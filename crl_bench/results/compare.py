@@ -100,7 +100,7 @@ def _mode_runs(side: Side, mode: str) -> list[tuple[dict[str, Any], dict[str, An
     out, seen = [], set()
     for s, r in side.runs:
         block = r["eval"].get(mode)
-        ident = run_identity(s, r)
+        ident = (run_identity(s, r), _canon(s["eval_protocol"]))    # one run may have several protocols
         if block is None or ident in seen:
             continue
         if all(isinstance(v.get("successes"), list) and v["successes"] for v in block["per_env"].values()):
@@ -109,8 +109,13 @@ def _mode_runs(side: Side, mode: str) -> list[tuple[dict[str, Any], dict[str, An
     return out
 
 
-def compare(a: Side, b: Side, mode: str = "free", mode_b: str | None = None) -> dict[str, Any]:
+def compare(a: Side, b: Side, mode: str = "free", mode_b: str | None = None,
+            protocol: str | None = None) -> dict[str, Any]:
     """The comparison of ``a`` under ``mode`` with ``b`` under ``mode_b`` (default: ``mode``).
+
+    The protocol compared is the one both sides share whose label contains ``protocol`` (e.g.
+    ``eval_unseen``, ``3 trials``), or, without it, the shared one with the most runs (the first met
+    on a tie); the other shared protocols are named in ``notes``.
 
     Returns:
         A JSON-ready dict: ``a``/``b`` (name, mode, run ids, seeds), ``protocol`` (label and JSON),
@@ -137,9 +142,21 @@ def compare(a: Side, b: Side, mode: str = "free", mode_b: str | None = None) -> 
         pb = ", ".join(sorted({protocol_label(s["eval_protocol"]) for s, _ in rb}))
         raise CompareError(f"{a.name} and {b.name} were not evaluated on one task panel and protocol "
                            f"({a.name}: {pa}; {b.name}: {pb}); refusing to compare")
-    proto = max(common, key=lambda p: sum(_canon(s["eval_protocol"]) == p for s, _ in ra + rb))
+    if protocol is not None:
+        chosen = [p for p in common if protocol in protocol_label(protos_a[p])]
+        if len(chosen) != 1:
+            labels = "; ".join(protocol_label(protos_a[p]) for p in common)
+            raise CompareError(f"--protocol {protocol!r} matches {len(chosen)} of the protocols {a.name} and "
+                               f"{b.name} share ({labels})")
+        common = chosen + [p for p in common if p not in chosen]
+    proto = max(common, key=lambda p: sum(_canon(s["eval_protocol"]) == p for s, _ in ra + rb)) \
+        if protocol is None else common[0]
+    others = [protocol_label(protos_a[p]) for p in common if p != proto]
+    if others:
+        notes.append(f"also evaluated on both sides, under other protocols (choose with --protocol): "
+                     f"{'; '.join(others)}")
     for side, runs in ((a, ra), (b, rb)):
-        other = [r["run_id"] for s, r in runs if _canon(s["eval_protocol"]) != proto]
+        other = [r["run_id"] for s, r in runs if _canon(s["eval_protocol"]) not in common]
         if other:
             notes.append(f"{side.name}: set aside {', '.join(other)} (another protocol)")
     ra = [(s, r) for s, r in ra if _canon(s["eval_protocol"]) == proto]

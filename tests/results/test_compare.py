@@ -113,3 +113,10 @@ def test_refuses_a_folder_of_several_methods_and_unknown_names(sweep, capsys):
     assert "no runs named 'nope'" in capsys.readouterr().err
     assert main(["compare", "grpo", "casebank", "--sweep", str(sweep), "--mode", "guided"]) == 2
     assert "no run has per-task outcomes in eval mode 'guided'" in capsys.readouterr().err
+
+
+def test_protocol_option_must_match_one_shared_protocol(sweep, capsys):
+    assert main(["compare", "casebank", "grpo", "--sweep", str(sweep), "--protocol", "4 ep/env"]) == 0
+    assert "Note: also evaluated" not in capsys.readouterr().out
+    assert main(["compare", "casebank", "grpo", "--sweep", str(sweep), "--protocol", "eval_unseen"]) == 2
+    assert "--protocol 'eval_unseen' matches 0 of the protocols" in capsys.readouterr().err

@@ -156,9 +156,10 @@ def compare(a: Side, b: Side, mode: str = "free", mode_b: str | None = None,
         notes.append(f"also evaluated on both sides, under other protocols (choose with --protocol): "
                      f"{'; '.join(others)}")
     for side, runs in ((a, ra), (b, rb)):
-        other = [r["run_id"] for s, r in runs if _canon(s["eval_protocol"]) not in common]
+        kept = {r["run_id"] for s, r in runs if _canon(s["eval_protocol"]) == proto}
+        other = sorted({r["run_id"] for _, r in runs} - kept)
         if other:
-            notes.append(f"{side.name}: set aside {', '.join(other)} (another protocol)")
+            notes.append(f"{side.name}: set aside {', '.join(other)} (not evaluated under this protocol)")
     ra = [(s, r) for s, r in ra if _canon(s["eval_protocol"]) == proto]
     rb = [(s, r) for s, r in rb if _canon(s["eval_protocol"]) == proto]
     envs = list(protos_a[proto].get("tasks_per_env") or ra[0][1]["eval"][mode]["per_env"])

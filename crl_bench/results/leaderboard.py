@@ -16,15 +16,19 @@ max_new_tokens, max_steps, trials) are never pooled: the protocol is part of the
 Numbers (the header of ``leaderboard.md`` says the same):
 
 * per env: success rate, mean and sample standard deviation (ddof=1) over the row's runs, and n, the
-  number of runs that evaluated that env (a run without the env makes n smaller, never a 0);
+  number of runs that evaluated that env (a run without the env makes n smaller, never a 0), and
+  its 95% CI (CSV only, ``ci_low/<env>``, ``ci_high/<env>``);
 * overall: per run the unweighted mean of its per-env success rates (only runs that evaluated every
-  env of the row), then mean and std over runs, and for n >= 3 a 95% percentile bootstrap CI of the
-  mean (``scipy.stats.bootstrap``, 9,999 resamples, seeded: deterministic; :mod:`.stats`);
+  env of the row), then mean and std over runs, and a 95% CI that says what it resamples
+  (``overall_ci_over``): where the runs recorded per-task outcomes, the two-level bootstrap over runs
+  (seeds), then tasks within each run (``seeds and tasks``; one run: ``tasks (1 seed)``); else, for
+  n >= 3, the percentile bootstrap of the per-run means (``seeds``); 9,999 resamples, seeded
+  (:mod:`.stats`);
 * mean eval steps and invalid-action rate, train steps, train episodes and train wall seconds:
   per-run values averaged over the row's runs;
-* memory lift (:func:`lift_frame`): per env, ``guided - shuffled`` success over the same eval tasks,
-  with a 95% paired bootstrap CI that resamples tasks (each task's difference averaged over the
-  row's runs first; :func:`~crl_bench.results.stats.task_differences`).
+* a ``guided`` row's overall lifts ``guided - shuffled`` and ``guided - empty`` with the same CI,
+  paired per task within each run (:data:`LIFT_ROW_COLUMNS`); per env in :func:`lift_frame`;
+* the headline (:mod:`.headline`): one row per method and model per protocol.
 
 Duplicates: a run id met twice in one row (e.g. a run folder and a submission packed from it, or
 overlapping paths) is counted once, with a warning. Two different runs with the same seed are both

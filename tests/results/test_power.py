@@ -64,3 +64,14 @@ def test_sweep_plan_seeds_prints_and_runs_nothing(tmp_path, capsys):
     assert main(["sweep", "--plan-seeds", str(tmp_path), "--effect", "0.25"]) == 0
     out = capsys.readouterr().out
     assert "seeds needed on" in out and "lift guided - shuffled of 0.25" in out
+
+
+def test_a_sweep_prints_the_seeds_needed_for_its_own_runs_at_its_end(tmp_path, capsys, monkeypatch):
+    import crl_bench.sweep as sweep_mod
+
+    _sweep(tmp_path / "runs")
+    monkeypatch.setattr(sweep_mod, "run_sweep", lambda *a, **k: (tmp_path, []))
+    assert main(["sweep", "--methods", "casebank,static", "--seeds", "0,1,2", "--mix", "sokoban"]) == 0
+    out = capsys.readouterr().out
+    assert out.index(f"sweep folder: {tmp_path}") < out.index("seeds needed on")
+    assert "lift guided - shuffled of 0.05" in out

@@ -280,3 +280,14 @@ def parse_list(text: str, kind: type, what: str) -> list[Any]:
 def describe(spec: SweepSpec) -> Sequence[str]:
     """Human-readable lines for the start of a sweep."""
     return [f"sweep: {len(spec.methods)} methods x {len(spec.seeds)} seeds on {spec.mix} (preset {spec.preset})"]
+
+
+def seeds_needed_lines(paths: Sequence[str | Path], effect: float = 0.05) -> list[str]:
+    """The seeds a sweep needs (crl_bench/results/power.py), from the between-seed spread of the
+    finished runs under ``paths``; no line for a protocol where no method has 2 seeds yet."""
+    from crl_bench.results.leaderboard import collect, leaderboard_frame
+    from crl_bench.results.power import plan_lines
+
+    warnings: list[str] = []
+    summaries = collect(paths, warnings)
+    return plan_lines(leaderboard_frame(summaries, warnings), summaries, effect) if summaries else []

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "run": "crl_bench.commands.run",
     "sweep": "crl_bench.commands.sweep",
     "leaderboard": "crl_bench.commands.leaderboard",
+    "compare": "crl_bench.commands.compare",
     "report": "crl_bench.commands.report",
     "submission": "crl_bench.commands.submission",
     "eval": "crl_bench.commands.eval",

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: a path that is not a folder, no run folder under the paths, or a damaged one.
     """
+    from crl_bench.results.interval_plots import draw_interval_charts
     from crl_bench.results.leaderboard import collect, display_frame, leaderboard_frame
     from crl_bench.results.report import make_report
 
@@ -39,11 +40,13 @@ def run(args: argparse.Namespace) -> int:
                                            else Path("results") / "report")
     warnings: list[str] = []
     summaries = collect(args.paths, warnings=warnings)
-    table = display_frame(leaderboard_frame(summaries, warnings=warnings)) if summaries else None
+    frame = leaderboard_frame(summaries, warnings=warnings) if summaries else None
+    table = display_frame(frame) if frame is not None else None
     for w in warnings:
         print(f"crl-bench report: warning: {w}", file=sys.stderr)
     try:
-        path = make_report(args.paths, out, table=table, title=args.title)
+        figures = draw_interval_charts(frame, summaries, out) if frame is not None and not frame.empty else []
+        path = make_report(args.paths, out, table=table, title=args.title, figures=figures)
     except (ValueError, FileNotFoundError) as e:         # no run folder under the paths, or a damaged one
         raise ConfigError(f"report: {e}") from None
     print(f"report: {path}")

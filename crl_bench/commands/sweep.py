@@ -23,6 +23,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     sw.add_argument("--output-dir", default="results/sweeps", help="folder of sweeps (default results/sweeps)")
     sw.add_argument("--name", help="sweep folder name (default: <mix>-<preset>[-hash of the other settings])")
     sw.add_argument("--verbose", action="store_true", help="print every run's step lines too")
+    sw.add_argument("--effect", type=float, default=0.05,
+                    help="the lift and the difference between methods the seeds-needed lines are for (0.05)")
+    sw.add_argument("--plan-seeds", nargs="+", metavar="DIR",
+                    help="only print the seeds needed, from the spread of the finished runs under DIR, and exit")
     return sw
 
 
@@ -32,8 +36,12 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: no ``--mix``, ``--seed`` instead of ``--seeds``, a bad ``--name`` or setting.
     """
-    from crl_bench.sweep import SweepSpec, describe, parse_list, run_sweep
+    from crl_bench.sweep import SweepSpec, describe, parse_list, run_sweep, seeds_needed_lines
 
+    if args.plan_seeds:
+        for line in seeds_needed_lines(args.plan_seeds, args.effect):
+            print(line)
+        return 0
     if not args.mix:
         raise ConfigError("sweep: --mix is required")
     if args.seed is not None:
@@ -54,4 +62,6 @@ def run(args: argparse.Namespace) -> int:
                                print_fn=lambda line: print(line, flush=True))
     print(f"sweep folder: {path}" + (f"; {len(failures)} run(s) failed (rerun the same command to retry them)"
                                      if failures else ""))
+    for line in seeds_needed_lines([path], args.effect):
+        print(line)
     return 1 if failures else 0

@@ -16,15 +16,19 @@ max_new_tokens, max_steps, trials) are never pooled: the protocol is part of the
 Numbers (the header of ``leaderboard.md`` says the same):
 
 * per env: success rate, mean and sample standard deviation (ddof=1) over the row's runs, and n, the
-  number of runs that evaluated that env (a run without the env makes n smaller, never a 0);
+  number of runs that evaluated that env (a run without the env makes n smaller, never a 0), and
+  its 95% CI (CSV only, ``ci_low/<env>``, ``ci_high/<env>``);
 * overall: per run the unweighted mean of its per-env success rates (only runs that evaluated every
-  env of the row), then mean and std over runs, and for n >= 3 a 95% percentile bootstrap CI of the
-  mean (``scipy.stats.bootstrap``, 9,999 resamples, seeded: deterministic; :mod:`.stats`);
+  env of the row), then mean and std over runs, and a 95% CI that says what it resamples
+  (``overall_ci_over``): where the runs recorded per-task outcomes, the two-level bootstrap over runs
+  (seeds), then tasks within each run (``seeds and tasks``; one run: ``tasks (1 seed)``); else, for
+  n >= 3, the percentile bootstrap of the per-run means (``seeds``); 9,999 resamples, seeded
+  (:mod:`.stats`);
 * mean eval steps and invalid-action rate, train steps, train episodes and train wall seconds:
   per-run values averaged over the row's runs;
-* memory lift (:func:`lift_frame`): per env, ``guided - shuffled`` success over the same eval tasks,
-  with a 95% paired bootstrap CI that resamples tasks (each task's difference averaged over the
-  row's runs first; :func:`~crl_bench.results.stats.task_differences`).
+* a ``guided`` row's overall lifts ``guided - shuffled`` and ``guided - empty`` with the same CI,
+  paired per task within each run (:data:`LIFT_ROW_COLUMNS`); per env in :func:`lift_frame`;
+* the headline (:mod:`.headline`): one row per method and model per protocol.
 
 Duplicates: a run id met twice in one row (e.g. a run folder and a submission packed from it, or
 overlapping paths) is counted once, with a warning. Two different runs with the same seed are both
@@ -45,16 +49,18 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
+from crl_bench.results.headline import headline_frame, headline_markdown, model_notes, short_model
 from crl_bench.results.panel import content_hash, short_hash
 from crl_bench.results.reported import load_reported, reported_markdown
 from crl_bench.results.run_folder import is_run_folder
 from crl_bench.results.stats import (
     CI_RESAMPLES,
     CI_SEED,
+    OVER_RUNS,
     mean_ci,
     mean_or_nan,
     std_or_nan,
-    task_differences,
+    two_level_ci,
 )
 from crl_bench.results.submission import is_verified
 from crl_bench.results.summary import (
@@ -73,12 +79,17 @@ from crl_bench.safe_io import load_json, printable
 MODES = ("guided", "shuffled", "empty", "free", "initial")
 #: Columns of the memory-lift table (:func:`lift_frame`).
 LIFT_COLUMNS = ["method", "model", "extractor", "mix", "protocol", "env", "n_runs", "tasks", "guided",
-                "shuffled", "lift", "lift_ci_low", "lift_ci_high", "run_ids", "settings"]
+                "shuffled", "lift", "lift_ci_low", "lift_ci_high", "ci_over", "empty", "lift_empty",
+                "lift_empty_ci_low", "lift_empty_ci_high", "run_ids", "settings"]
 #: Folders never walked into.
 SKIP_DIRS = {"checkpoint", "__pycache__", "node_modules"}
 #: Columns before the per-env ones, in order.
-BASE_COLUMNS = ["method", "model", "extractor", "mix", "eval", "protocol", "n_runs", "seeds",
-                "overall_mean", "overall_std", "overall_n", "overall_ci_low", "overall_ci_high"]
+BASE_COLUMNS = ["method", "model", "model_short", "extractor", "mix", "eval", "protocol", "n_runs", "seeds",
+                "overall_mean", "overall_std", "overall_n", "overall_ci_low", "overall_ci_high", "overall_ci_over"]
+#: Columns of a ``guided`` row: its memory lifts over the runs that also have the control, overall
+#: (per run the mean over envs of the per-task differences), with their two-level CIs.
+LIFT_ROW_COLUMNS = ["lift_shuffled", "lift_shuffled_ci_low", "lift_shuffled_ci_high", "lift_empty",
+                    "lift_empty_ci_low", "lift_empty_ci_high", "lift_ci_over", "lift_n"]
 TAIL_COLUMNS = ["steps_mean", "invalid_action_rate", "train_steps", "train_episodes", "train_wall_s",
                 "per_seed", "run_ids", "verified", "mix_envs", "panel", "settings", "protocol_json"]
 EVAL_DOC = "docs/evaluation.md"
@@ -265,7 +276,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
                     continue
                 key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
                        _canon(proto), mode, r.get("settings", ""))
-                g = groups.setdefault(key, {"summary": s, "mode": mode, "runs": {}, "settings": key[-1]})
+                g = groups.setdefault(key, {"summary": s, "mode": mode, "runs": {}, "settings": key[-1], "key": key})
                 ident = run_identity(s, r)
                 if ident in g["runs"]:
                     _warn(warnings, f"run {r['run_id']} appears twice for {s['method']} / {s['mix']['name']} "
@@ -289,7 +300,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         evaluated = {e for _, v in runs for e in v["eval"]["per_env"]}
         envs = [e for e in s["mix"]["envs"] if e in evaluated] + sorted(evaluated - set(s["mix"]["envs"]))
         row: dict[str, Any] = {
-            "method": s["method"], "model": _model_label(s["model"]),
+            "method": s["method"], "model": _model_label(s["model"]), "model_short": s["model"]["name"],
             "extractor": s["model"].get("extractor") or "", "mix": s["mix"]["name"], "eval": g["mode"],
             "protocol": protocol_label(s["eval_protocol"]), "n_runs": len(runs),
             "seeds": ",".join(str(x) for x in seeds),
@@ -304,11 +315,19 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         row["per_seed"] = ";".join(by_seed)
         row["overall_mean"], row["overall_std"] = mean_or_nan(overall), std_or_nan(overall)
         row["overall_n"] = len(overall)
-        row["overall_ci_low"], row["overall_ci_high"] = mean_ci(overall)
+        outcomes = _task_outcomes([v["eval"] for _, v in runs], envs)
+        if outcomes is not None:
+            row["overall_ci_low"], row["overall_ci_high"], row["overall_ci_over"] = two_level_ci(outcomes)
+        else:
+            row["overall_ci_low"], row["overall_ci_high"] = mean_ci(overall)
+            row["overall_ci_over"] = "" if math.isnan(row["overall_ci_low"]) else OVER_RUNS
         for e in envs:
             vals = [float(v["eval"]["per_env"][e]["success_rate"]) for _, v in runs if e in v["eval"]["per_env"]]
             row[f"success_mean/{e}"], row[f"success_std/{e}"] = mean_or_nan(vals), std_or_nan(vals)
             row[f"n/{e}"] = len(vals)
+            env_outcomes = _task_outcomes([v["eval"] for _, v in runs if e in v["eval"]["per_env"]], [e])
+            row[f"ci_low/{e}"], row[f"ci_high/{e}"] = (two_level_ci(env_outcomes)[:2] if env_outcomes is not None
+                                                       else mean_ci(vals))
             if e not in all_envs:
                 all_envs.append(e)
             blocks = [v["eval"]["per_env"][e] for _, v in runs if e in v["eval"]["per_env"]]
@@ -345,6 +364,8 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         row["panel"] = panels_hash(s["eval_protocol"]["panels"]) if s["eval_protocol"].get("panels") else ""
         row["settings"] = g["settings"]
         row["protocol_json"] = _canon(s["eval_protocol"])
+        if g["mode"] == "guided":
+            row.update(_row_lifts(g, groups, envs))
         rows.append(row)
     _label_settings(rows, _details(summaries))
 
@@ -357,9 +378,9 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         if len(by_label[(row["mix"], row["protocol"])]) > 1:
             row["protocol"] += " #" + hashlib.sha1(row["protocol_json"].encode()).hexdigest()[:6]
 
-    env_cols = [f"{k}/{e}" for e in all_envs for k in ("success_mean", "success_std", "n")]
+    env_cols = [f"{k}/{e}" for e in all_envs for k in ("success_mean", "success_std", "n", "ci_low", "ci_high")]
     extra_cols = [f"score_mean/{e}" for e in score_envs] + type_cols + pass_cols
-    df = pd.DataFrame(rows, columns=BASE_COLUMNS + env_cols + extra_cols + TAIL_COLUMNS)
+    df = pd.DataFrame(rows, columns=BASE_COLUMNS + LIFT_ROW_COLUMNS + env_cols + extra_cols + TAIL_COLUMNS)
     for e in all_envs:
         df[f"n/{e}"] = df[f"n/{e}"].fillna(0).astype(int)
     if df.empty:
@@ -368,6 +389,46 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
     df = df.sort_values(["mix", "_neg", "method", "model", "eval", "protocol"], na_position="last",
                         kind="mergesort").drop(columns="_neg").reset_index(drop=True)
     return df
+
+
+def _task_outcomes(blocks: Sequence[dict[str, Any]], envs: Sequence[str]) -> list[list[np.ndarray]] | None:
+    """Per eval block (one run), per env of ``envs``, its per-task successes (shape ``(T_e,)``); None
+    when a block lacks them or the runs' task counts differ (then no two-level CI can be drawn)."""
+    out = []
+    for block in blocks:
+        per_env = block["per_env"]
+        if not envs or any(not isinstance((per_env.get(e) or {}).get("successes"), list)
+                           or not per_env[e]["successes"] for e in envs):
+            return None
+        out.append([np.asarray(per_env[e]["successes"], dtype=float) for e in envs])
+    if not out or any([x.size for x in run] != [x.size for x in out[0]] for run in out):
+        return None
+    return out
+
+
+def _row_lifts(g: dict[str, Any], groups: dict[tuple, dict[str, Any]], envs: Sequence[str]) -> dict[str, Any]:
+    """The :data:`LIFT_ROW_COLUMNS` of a ``guided`` group ``g``: ``guided - shuffled`` and ``guided -
+    empty`` over the runs that have both modes, per run the mean over ``envs`` of the per-task
+    differences, with :func:`~crl_bench.results.stats.two_level_ci` (paired per task within a run)."""
+    out: dict[str, Any] = {c: math.nan for c in LIFT_ROW_COLUMNS}
+    out["lift_ci_over"], out["lift_n"] = "", 0
+    for control in ("shuffled", "empty"):
+        key = list(g["key"])
+        key[5] = control
+        other = groups.get(tuple(key))
+        if other is None:
+            continue
+        both = [ident for ident in g["runs"] if ident in other["runs"]]
+        a = _task_outcomes([g["runs"][i]["eval"] for i in both], envs)
+        b = _task_outcomes([other["runs"][i]["eval"] for i in both], envs)
+        if a is None or b is None or any([x.size for x in ra] != [y.size for y in rb] for ra, rb in zip(a, b)):
+            continue
+        diffs = [[x - y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+        low, high, over = two_level_ci(diffs)
+        out[f"lift_{control}"] = float(np.mean([np.mean([d.mean() for d in run]) for run in diffs]))
+        out[f"lift_{control}_ci_low"], out[f"lift_{control}_ci_high"] = low, high
+        out["lift_ci_over"], out["lift_n"] = over, max(out["lift_n"], len(diffs))
+    return out
 
 
 def _details(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -411,11 +472,12 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
     Rows: one per (method, model, extractor, mix, protocol, env), over the runs whose ``guided`` and
     ``shuffled`` blocks both carry per-task ``successes`` of that env of the same length (the same
     panel).  ``guided``/``shuffled``: mean success over runs and tasks; ``lift``: their difference;
-    ``lift_ci_low``/``lift_ci_high``: 95% percentile bootstrap CI of the mean over tasks of each
-    task's difference averaged over runs (a paired bootstrap: guided and shuffled outcomes of one task
-    are resampled together; :func:`~crl_bench.results.stats.mean_ci`, deterministic), NaN for fewer
-    than 3 tasks.  Runs
-    met twice in one row are counted once.
+    ``lift_ci_low``/``lift_ci_high``: 95% CI of the two-level bootstrap over runs (seeds), then tasks
+    within each run, of each run's per-task differences (paired: a task's guided and shuffled outcomes
+    of one run are resampled together; :func:`~crl_bench.results.stats.two_level_ci`, deterministic);
+    ``ci_over`` says what it resamples (one run: the tasks only; NaN for fewer than 3 tasks).
+    ``empty``/``lift_empty``/``lift_empty_ci_*``: the same for ``guided - empty`` where every run of
+    the row has the ``empty`` control, else NaN. Runs met twice in one row are counted once.
 
     Returns:
         A DataFrame with :data:`LIFT_COLUMNS` (empty when no run has both modes).
@@ -429,30 +491,38 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
             key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
                    _canon(s["eval_protocol"]), r.get("settings", ""))
             grp = groups.setdefault(key, {"summary": s, "runs": {}, "settings": key[-1]})
-            grp["runs"].setdefault(run_identity(s, r), (r["run_id"], g_block, s_block))
+            grp["runs"].setdefault(run_identity(s, r), (r["run_id"], g_block, s_block, r["eval"].get("empty")))
     rows = []
     for grp in groups.values():
         s = grp["summary"]
-        envs = list(dict.fromkeys(e for _, g, _ in grp["runs"].values() for e in g["per_env"]))
+        envs = list(dict.fromkeys(e for _, g, _, _ in grp["runs"].values() for e in g["per_env"]))
         for env in envs:
-            pairs, ids = [], []
-            for rid, g, sh in grp["runs"].values():
+            pairs, empties, ids = [], [], []
+            for rid, g, sh, em in grp["runs"].values():
                 a = (g["per_env"].get(env) or {}).get("successes")
                 b = (sh["per_env"].get(env) or {}).get("successes")
                 if a is not None and b is not None and len(a) == len(b) and len(a) > 0:
                     pairs.append((np.asarray(a, dtype=float), np.asarray(b, dtype=float)))
                     ids.append(rid)
+                    c = ((em or {}).get("per_env", {}).get(env) or {}).get("successes")
+                    if c is not None and len(c) == len(a):
+                        empties.append((pairs[-1][0], np.asarray(c, dtype=float)))
             if not pairs or len({len(a) for a, _ in pairs}) != 1:
                 continue
-            diff = task_differences(pairs)                             # per task, mean over runs
-            low, high = mean_ci(diff)
-            rows.append({"method": s["method"], "model": _model_label(s["model"]),
-                         "extractor": s["model"].get("extractor") or "", "mix": s["mix"]["name"],
-                         "protocol": protocol_label(s["eval_protocol"]), "env": env, "n_runs": len(pairs),
-                         "tasks": int(diff.size), "guided": float(np.mean([a for a, _ in pairs])),
-                         "shuffled": float(np.mean([b for _, b in pairs])), "lift": float(diff.mean()),
-                         "lift_ci_low": low, "lift_ci_high": high, "run_ids": ",".join(ids),
-                         "settings": grp["settings"]})
+            low, high, over = two_level_ci([[a - b] for a, b in pairs])    # runs, then tasks within a run
+            row = {"method": s["method"], "model": _model_label(s["model"]),
+                   "extractor": s["model"].get("extractor") or "", "mix": s["mix"]["name"],
+                   "protocol": protocol_label(s["eval_protocol"]), "env": env, "n_runs": len(pairs),
+                   "tasks": int(pairs[0][0].size), "guided": float(np.mean([a for a, _ in pairs])),
+                   "shuffled": float(np.mean([b for _, b in pairs])),
+                   "lift": float(np.mean([a - b for a, b in pairs])), "lift_ci_low": low, "lift_ci_high": high,
+                   "ci_over": over, "empty": math.nan, "lift_empty": math.nan, "lift_empty_ci_low": math.nan,
+                   "lift_empty_ci_high": math.nan, "run_ids": ",".join(ids), "settings": grp["settings"]}
+            if len(empties) == len(pairs):          # every run of the row has the empty control too
+                row["empty"] = float(np.mean([c for _, c in empties]))
+                row["lift_empty"] = float(np.mean([a - c for a, c in empties]))
+                row["lift_empty_ci_low"], row["lift_empty_ci_high"], _ = two_level_ci([[a - c] for a, c in empties])
+            rows.append(row)
     _label_settings(rows, _details(summaries))
     df = pd.DataFrame(rows, columns=LIFT_COLUMNS)
     return df.sort_values(["mix", "env", "method", "model", "protocol"], kind="mergesort").reset_index(drop=True) \
@@ -460,22 +530,28 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 
 def lift_markdown(lift: pd.DataFrame) -> list[str]:
-    """The memory-lift section of ``leaderboard.md`` (lines; none when ``lift`` is empty)."""
+    """The per-env memory-lift section of ``leaderboard.md`` (lines; none when ``lift`` is empty)."""
     if lift.empty:
         return []
-    head = ["method", "model", "protocol", "env", "runs", "tasks", "guided", "shuffled", "lift", "95% CI"]
-    lines = ["## Memory lift: guided − shuffled", "",
+    head = ["method", "model", "protocol", "env", "runs", "tasks", "guided", "shuffled", "empty",
+            "guided − shuffled [95% CI]", "guided − empty [95% CI]", "CI over"]
+    lines = ["## Memory lift per env", "",
              "Success with the task's own retrieved experience minus success with another task's (another "
-             "context's in the diagnostics), on the same eval tasks. 95% CI: paired percentile bootstrap over "
-             f"tasks ({CI_RESAMPLES} resamples, seed {CI_SEED}; each task's difference averaged over runs "
-             "first). A lift whose CI excludes 0 says the content of the memory mattered, not just extra "
-             "text in the prompt.", ""]
+             "context's in the diagnostics), and minus the empty knowledge block, on the same eval tasks. "
+             f"95% CI: two-level percentile bootstrap ({CI_RESAMPLES} resamples, seed {CI_SEED}): the runs "
+             "(seeds), then the tasks within each run, a task's two outcomes in one run resampled together; "
+             "one run: over its tasks only (`CI over`). A lift whose CI excludes 0 says the content of the "
+             "memory mattered, not just extra text in the prompt.", ""]
     for mix, part in lift.groupby("mix", sort=False):
         lines += [f"### {_cell(mix)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for _, r in part.iterrows():
             ci = "n/a" if math.isnan(r["lift_ci_low"]) else f"[{r['lift_ci_low']:+.3f}, {r['lift_ci_high']:+.3f}]"
+            empty = ("-" if math.isnan(r["lift_empty"]) else f"{r['lift_empty']:+.3f}" + (
+                " n/a" if math.isnan(r["lift_empty_ci_low"])
+                else f" [{r['lift_empty_ci_low']:+.3f}, {r['lift_empty_ci_high']:+.3f}]"))
             cells = [r["method"], r["model"], r["protocol"], r["env"], str(r["n_runs"]), str(r["tasks"]),
-                     f"{r['guided']:.3f}", f"{r['shuffled']:.3f}", f"{r['lift']:+.3f}", ci]
+                     f"{r['guided']:.3f}", f"{r['shuffled']:.3f}", _fmt_num(r["empty"], ".3f"),
+                     f"{r['lift']:+.3f} {ci}", empty, r["ci_over"]]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
     return lines
@@ -515,15 +591,19 @@ def _display_rows(part: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     scored = [c.split("/", 1)[1] for c in part.columns
               if c.startswith("score_mean/") and part[c].notna().any()]
     header = (["method", "model", "extractor", "eval", "protocol"] + envs + [f"mean reward: {e}" for e in scored]
-              + ["overall", "95% CI", "steps", "invalid", "train steps", "train episodes", "wall (s)", "runs"])
+              + ["overall", "95% CI", "CI over", "steps", "invalid", "train steps", "train episodes", "wall (s)",
+                 "runs"])
     body = []
+    notes = model_notes(part)
     for _, r in part.iterrows():
         ci = ("n/a" if math.isnan(r["overall_ci_low"])
               else f"[{r['overall_ci_low']:.3f}, {r['overall_ci_high']:.3f}]")
-        body.append([r["method"], r["model"], r["extractor"] or "-", r["eval"], r["protocol"]]
+        body.append([r["method"], short_model(r["model"], r["model_short"], notes), r["extractor"] or "-",
+                     r["eval"], r["protocol"]]
                     + [_fmt_stat(r[f"success_mean/{e}"], r[f"success_std/{e}"], int(r[f"n/{e}"])) for e in envs]
                     + [_fmt_num(r[f"score_mean/{e}"], ".3f") for e in scored]
                     + [_fmt_stat(r["overall_mean"], r["overall_std"], int(r["overall_n"])), ci,
+                       r["overall_ci_over"] or "-",
                        _fmt_num(r["steps_mean"], ".1f"), _fmt_num(r["invalid_action_rate"], ".3f"),
                        _fmt_num(r["train_steps"], "g"), _fmt_num(r["train_episodes"], "g"),
                        _fmt_num(r["train_wall_s"], ".0f"),
@@ -545,7 +625,9 @@ def display_frame(df: pd.DataFrame) -> pd.DataFrame:
 def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.DataFrame | None = None,
                          reported: list[dict[str, Any]] | None = None) -> str:
     """The markdown text of :func:`write_leaderboard`: a header on how the numbers are computed, then
-    one table per mix (its own env columns), then the memory lift (:func:`lift_markdown`) when
+    the headline tables (one row per method and model per protocol,
+    :func:`~crl_bench.results.headline.headline_markdown`), then the details: one table per mix (its own
+    env columns, one row per eval mode), then the memory lift per env (:func:`lift_markdown`) when
     ``lift`` has rows, then the rows reported by papers (:func:`~crl_bench.results.reported.reported_markdown`)."""
     lines = [
         "# crl-bench leaderboard",
@@ -554,7 +636,9 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
         f"timestamp, so an unchanged table gives no diff). How results are evaluated and compared: "
         f"[{EVAL_DOC}]({doc_link}).",
         "",
-        "* One row per method, model, extractor, mix, evaluation protocol and eval mode (`free`: no "
+        "* Headline: per protocol, one row per method and model, its overall success in each eval mode "
+        "and its memory lifts; short model names, the full description in a footnote and the CSV. "
+        "Details: one row per method, model, extractor, mix, evaluation protocol and eval mode (`free`: no "
         "experience; `guided`: read-only retrieval from the experience bank; `shuffled`: another task's "
         "retrieval, `empty`: the knowledge block with no entry (memory controls); `initial`: the untrained "
         "actor on the same tasks before step 1, for runs with `eval.at_start`). Runs with different "
@@ -569,8 +653,12 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
         "* Per env: eval success rate, mean ± sample std (ddof=1) over runs (one per seed), n = runs "
         "that evaluated the env.",
         f"* Overall: per run, the unweighted mean of its per-env success rates (runs that evaluated every "
-        f"env of the row), then mean ± std over runs; 95% CI: percentile bootstrap of the mean "
-        f"(scipy.stats.bootstrap, {CI_RESAMPLES} resamples, seed {CI_SEED}) when n ≥ 3, else n/a.",
+        f"env of the row), then mean ± std over runs. 95% CI ({CI_RESAMPLES} resamples, seed {CI_SEED}), "
+        "`CI over` saying what it resamples: `seeds and tasks`, a two-level percentile bootstrap (the runs, "
+        "then the tasks within each run, stratified by env) where the runs recorded per-task outcomes; "
+        "`tasks (1 seed)` for one run (scipy.stats.bootstrap over its tasks); `seeds`, the percentile "
+        "bootstrap of the per-run means, for n ≥ 3 runs without per-task outcomes; else n/a. The CSV has "
+        "the same per env (`ci_low/<env>`, `ci_high/<env>`).",
         "* Steps and invalid-action rate: eval means; train steps, train episodes and wall time (s): "
         "per run; all averaged over runs. The CSV beside this file has every number unrounded.",
         "* A run met twice (e.g. a run folder and a submission packed from it) is counted once; "
@@ -581,13 +669,19 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
     if df.empty:
         lines += ["No finished runs or submissions found.", ""] + reported_markdown(reported or [])
         return "\n".join(lines) + "\n"
+    lines += headline_markdown(headline_frame(df))
+    lines += ["## Details", "", "Every eval mode of every row, per mix: per env, steps, invalid actions, training "
+              "totals and the runs.", ""]
     for mix, part in df.groupby("mix", sort=False):
         header, body = _display_rows(part)
-        lines += [f"## {_cell(mix)}", "", "| " + " | ".join(_cell(h) for h in header) + " |",
+        lines += [f"### {_cell(mix)}", "", "| " + " | ".join(_cell(h) for h in header) + " |",
                   "|" + "---|" * len(header)]
         for cells in body:
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
+        notes = model_notes(part)
+        if notes:
+            lines += [f"[{n}] {_cell(full)}" for full, n in notes.items()] + [""]
         if (part["eval"] == "initial").any():
             lines += _per_seed_lines(mix, part)
         typed: dict[str, list[str]] = {}
@@ -597,7 +691,7 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
                 typed.setdefault(env, []).append(task_type)
         for env, types in typed.items():
             head = ["method", "eval", "protocol"] + types
-            lines += [f"### {_cell(mix)}: {_cell(env)} success by task type (mean over runs)", "",
+            lines += [f"#### {_cell(mix)}: {_cell(env)} success by task type (mean over runs)", "",
                       "| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
             for _, r in part.iterrows():
                 cells = [r["method"], r["eval"], r["protocol"]] + [
@@ -607,7 +701,7 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
         sampled = [c.split("/", 1)[1] for c in part.columns if c.startswith("pass@k/") and part[c].notna().any()]
         if sampled:
             head = ["method", "eval", "protocol"] + [f"{e}: pass@1 / pass@k / pass^k" for e in sampled]
-            lines += [f"### {_cell(mix)}: repeated samples, pass@k and pass^k at k = samples (mean over runs)", "",
+            lines += [f"#### {_cell(mix)}: repeated samples, pass@k and pass^k at k = samples (mean over runs)", "",
                       "| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
             for _, r in part[part[[f"pass@k/{e}" for e in sampled]].notna().any(axis=1)].iterrows():
                 cells = [r["method"], r["eval"], r["protocol"]] + [
@@ -637,7 +731,7 @@ def _per_seed_lines(mix: str, part: pd.DataFrame) -> list[str]:
         values.append(cells)
     seeds.sort(key=lambda x: (len(x), x))
     head = ["method", "eval", "protocol"] + [f"seed {x}" for x in seeds]
-    lines = [f"### {_cell(mix)}: overall success per seed (`initial` = the same run before training)", "",
+    lines = [f"#### {_cell(mix)}: overall success per seed (`initial` = the same run before training)", "",
              "| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
     for (_, r), cells in zip(part.iterrows(), values):
         lines.append("| " + " | ".join(_cell(c) for c in [r["method"], r["eval"], r["protocol"]]

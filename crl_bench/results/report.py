@@ -33,12 +33,9 @@ the page with its control characters escaped (:func:`crl_bench.safe_io.printable
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +46,8 @@ import numpy as np
 from crl_bench.config import CONFIG_MAX_ALIASES
 from crl_bench.results.alarms import run_alerts
 from crl_bench.results.panel import content_hash, short_hash
+from crl_bench.results.report_html import _CSS, TOP_ENTRIES, _alerts_html, _bank_html, _data_uri, _e, _runs_table
+from crl_bench.results.report_html import read_bank as read_bank
 from crl_bench.results.run_folder import is_run_folder, iter_metrics
 from crl_bench.results.summary import settings_labels, training_settings
 from crl_bench.safe_io import load_json, load_yaml, printable
@@ -65,7 +64,6 @@ PLOT_FILES = {
 """File name of each plot ``make_report`` writes (key: plot)."""
 
 REPORT_FILE = "report.html"
-TOP_ENTRIES = 10
 OP_KIND_ORDER = ("ADD", "UPDATE", "MERGE", "UPVOTE", "DOWNVOTE", "NONE")
 _SPECIAL_SUCCESS = ("guided", "free")
 _METHOD_COLOURS = {"grpo": "#1f77b4", "static": "#ff7f0e", "complementary": "#2ca02c", "casebank": "#9467bd",
@@ -639,118 +637,6 @@ def _plot_bank(runs: Sequence[RunData], path: Path) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------ banks
-def read_bank(path: str | os.PathLike, limit: int = TOP_ENTRIES) -> tuple[list, dict]:
-    """The ``limit`` most used entries of a bank and its :meth:`ExperienceBank.stats`.
-
-    Entries are sorted by ``times_retrieved``, then ``times_success`` (both descending), then id.
-    The bank is opened with :meth:`ExperienceBank.open_readonly` (nothing is written to it, no model
-    is loaded).
-
-    Raises:
-        FileNotFoundError: ``path`` is not a file.
-        ValueError: ``limit`` < 0.
-        NotABankError: the file is not a readable crl-bench experience bank.
-    """
-    from crl_bench.experience.bank import ExperienceBank
-
-    if limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    with ExperienceBank.open_readonly(path) as bank:
-        entries = bank.entries()
-        stats = bank.stats()
-    entries.sort(key=lambda e: (-e.times_retrieved, -e.times_success, e.id))
-    return entries[:limit], stats
-
-
-# ------------------------------------------------------------------------------------------ HTML
-_CSS = """
-body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:24px auto;max-width:1150px;
-color:#222;background:#fff;padding:0 16px;line-height:1.4}
-h1{font-size:1.6em;margin-bottom:4px}h2{font-size:1.25em;margin-top:32px;border-bottom:1px solid #ccc}
-h3{font-size:1.05em;margin-top:20px}
-table{border-collapse:collapse;font-size:0.85em;margin:8px 0}
-th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}
-th{background:#f0f0f0}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.text{white-space:pre-wrap;max-width:560px}
-figure{margin:14px 0}figure img{max-width:100%;border:1px solid #ddd}
-figcaption{font-size:0.85em;color:#444;margin-top:4px}
-.note{color:#555;font-style:italic}.meta{color:#555;font-size:0.85em}
-code{font-size:0.95em}
-"""
-
-
-def _e(x: Any) -> str:
-    """``x`` as HTML text: control characters escaped (:func:`crl_bench.safe_io.printable`: a NUL or
-    an ESC from a bank or a config never reaches the page raw), then HTML-escaped."""
-    return html.escape(printable(x), quote=True)
-
-
-def _fmt_rate(ev: dict | None) -> str:
-    v = _num((ev or {}).get("success_rate")) if isinstance(ev, dict) else None
-    return "" if v is None else f"{v:.3f}"
-
-
-def _runs_table(runs: Sequence[RunData]) -> str:
-    head = ("run id", "method", "seed", "mix", "envs", "model", "steps (logged / configured)",
-            "final eval free", "final eval guided", "shuffled", "empty", "folder")
-    rows = []
-    for r in runs:
-        fe = r.final_eval or {}
-        steps = f"{r.last_step} / {'' if r.steps_configured is None else r.steps_configured}"
-        cells = (_e(r.run_id), _e(r.method), _e(r.seed), _e(r.mix), _e(", ".join(r.envs)), _e(r.model),
-                 _e(steps), _e(_fmt_rate(fe.get("free"))), _e(_fmt_rate(fe.get("guided"))),
-                 _e(_fmt_rate(fe.get("shuffled"))), _e(_fmt_rate(fe.get("empty"))), _e(r.path))
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return ("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table>")
-
-
-def _alerts_html(runs: Sequence[RunData]) -> str:
-    """Per run, its learning alarms (step, alarm, message) or "no alarms"."""
-    parts = []
-    for r in runs:
-        head = f"<h3>{_e(r.run_id)} <span class='meta'>({_e(r.method)}, seed {_e(r.seed)})</span></h3>"
-        if not r.alerts:
-            parts.append(head + "<p class='note'>no alarms</p>")
-            continue
-        rows = "".join(f"<tr><td class='num'>{_e(a.get('step'))}</td><td>{_e(a.get('alarm'))}</td>"
-                       f"<td class='text'>{_e(a.get('message'))}</td></tr>" for a in r.alerts)
-        parts.append(head + "<table><thead><tr><th>step</th><th>alarm</th><th>message</th></tr></thead>"
-                     f"<tbody>{rows}</tbody></table>")
-    return "".join(parts)
-
-
-def _bank_html(run: RunData) -> str:
-    head = f"<h3>{_e(run.run_id)} <span class='meta'>({_e(run.method)}, seed {_e(run.seed)})</span></h3>"
-    try:
-        entries, stats = read_bank(run.bank_path)
-    except Exception as e:  # noqa: BLE001 - one unreadable bank must not hide the rest of the report
-        warnings.warn(printable(f"report: could not read {run.bank_path}: {e}"), stacklevel=2)
-        return head + f"<p class='note'>Could not read {_e(run.bank_path)}: {_e(type(e).__name__)}: {_e(e)}</p>"
-    applied = ", ".join(f"{k} {v}" for k, v in (stats.get("applied") or {}).items())
-    summary = (f"<p class='meta'>{_e(stats.get('count'))} entries; applied operations: {_e(applied)}; "
-               f"rejected: {_e(stats.get('rejections_total'))}; evicted: {_e(stats.get('evicted_total'))}; "
-               f"retrievals: {_e(stats.get('retrieved_total'))}.</p>")
-    if not entries:
-        return head + summary + "<p class='note'>The bank is empty.</p>"
-    cols = ("#", "env", "title", "content", "retrieved", "successes", "failures", "created step")
-    rows = []
-    for e in entries:
-        rows.append("<tr>" + "".join((
-            f"<td class='num'>{_e(e.id)}</td>", f"<td>{_e(e.env_id)}</td>", f"<td class='text'>{_e(e.title)}</td>",
-            f"<td class='text'>{_e(e.content)}</td>", f"<td class='num'>{_e(e.times_retrieved)}</td>",
-            f"<td class='num'>{_e(e.times_success)}</td>", f"<td class='num'>{_e(e.times_failure)}</td>",
-            f"<td class='num'>{_e(e.created_step)}</td>")) + "</tr>")
-    return (head + summary + "<table><thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols)
-            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-
-
-def _data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
-
-
 _CAPTIONS = {
     "success": ("Training success rate per environment (episodes of the step's rollout; for the experience "
                 "methods both subgroups) vs training step, one panel per environment, one line per method. "
@@ -780,7 +666,8 @@ _CAPTIONS = {
 
 
 def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir: str | os.PathLike,
-                table: Any | None = None, title: str | None = None) -> Path:
+                table: Any | None = None, title: str | None = None,
+                figures: Sequence[tuple[str, str]] = ()) -> Path:
     """Write the plots (PNG) and a self-contained ``report.html`` for the runs under ``paths``.
 
     Args:
@@ -789,6 +676,8 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
         table: optional leaderboard (``pandas.DataFrame``), embedded with ``DataFrame.to_html``
             (escaped).
         title: page title (default ``"crl-bench report"``).
+        figures: ``(PNG file name in out_dir, caption)`` pairs shown under "Intervals" (the charts of
+            :func:`crl_bench.results.interval_plots.draw_interval_charts`).
 
     Returns:
         The path of ``report.html`` in ``out_dir``.
@@ -853,6 +742,10 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
         shown = table.rename(columns=printable).apply(lambda col: col.map(
             lambda v: printable(v) if isinstance(v, str) else v))
         parts += ["<h2>Leaderboard</h2>", shown.to_html(escape=True, border=0, na_rep="", index=False)]
+    if figures:
+        parts.append("<h2>Intervals</h2>")
+        parts += [f"<figure><img alt='{_e(name)}' src='{_data_uri(out / name)}'><figcaption><b>{_e(name)}</b>: "
+                  f"{_e(caption)}</figcaption></figure>" for name, caption in figures]
     parts.append("<h2>Plots</h2>")
     for key in PLOT_FILES:
         reason = plots[key]

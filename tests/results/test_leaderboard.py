@@ -469,3 +469,38 @@ def test_summaries_without_settings_take_them_from_the_config(tmp_path):
     assert found["run"]["runs"][0]["settings"] == config_settings_hash(old / "config.yaml")
     assert [r["settings"] for r in found["submission"]["runs"]] == \
         [config_settings_hash(sub / "configs" / f"grpo-s{s}.yaml") for s in range(3)]
+
+
+def test_headline_has_one_row_per_method_with_the_seed_level_lift(tmp_path):
+    from test_compare import _run
+
+    from crl_bench.results.headline import headline_frame
+    from crl_bench.results.stats import two_level_ci
+
+    g = {0: {"sokoban": [1, 1, 1, 0], "minihack-room": [1, 1, 0, 0]},
+         1: {"sokoban": [1, 0, 0, 0], "minihack-room": [1, 0, 0, 0]}}
+    sh = {0: {"sokoban": [0, 1, 0, 0], "minihack-room": [0, 1, 0, 0]},
+          1: {"sokoban": [1, 0, 0, 0], "minihack-room": [0, 0, 0, 0]}}
+    for s in (0, 1):
+        _run(tmp_path, f"casebank-s{s}", "casebank", s, sh[s], guided=g[s], shuffled=sh[s])
+    _run(tmp_path, "grpo-s0", "grpo", 0, g[0])
+    df = leaderboard_frame(collect([tmp_path]))
+    head = headline_frame(df)
+    # 3 modes + 1 rows in the details, one per method here, the better of free and guided first
+    assert list(head["method"]) == ["grpo", "casebank"] and len(df) == 4
+    cb = head.iloc[1]
+    assert cb["free"] == pytest.approx(3 / 16) and cb["guided"] == pytest.approx(7 / 16)
+    assert cb["shuffled"] == pytest.approx(3 / 16) and math.isnan(cb["empty"])
+    diffs = [[np.array(g[s][e], float) - np.array(sh[s][e], float) for e in ENVS] for s in (0, 1)]
+    assert cb["lift_shuffled"] == pytest.approx(0.25)
+    assert (cb["lift_shuffled_ci_low"], cb["lift_shuffled_ci_high"], cb["lift_ci_over"]) == two_level_ci(diffs)
+    assert (cb["n_seeds"], cb["seeds"]) == (2, "0,1")
+    assert head.iloc[0]["lift_ci_over"] == "" and head.iloc[0]["n_seeds"] == 1
+    guided = _row(df, method="casebank", eval="guided")
+    assert guided["overall_ci_over"] == "seeds and tasks"
+    assert _row(df, method="grpo")["overall_ci_over"] == "tasks (1 seed)"
+    assert guided["ci_low/sokoban"] <= guided["success_mean/sokoban"] <= guided["ci_high/sokoban"]
+    md = leaderboard_markdown(df)
+    assert md.index("## Headline") < md.index("## Details")
+    assert "| casebank | smollm2-135m-instruct | 0.188 | 0.438 | 0.188 | - | +0.250 [" in md
+    assert "| seeds and tasks | 2 (0,1) |" in md

@@ -58,7 +58,14 @@ class DistillRequest(Request):
 
     @classmethod
     def handle(cls, manager: Any, requests: list[DistillRequest]) -> None:
-        """One batched ``extract`` call of the writer for the episodes, then their operations applied."""
+        """One batched ``extract`` call of the writer for the episodes, then their operations applied.
+
+        Each episode is shown its retrieved entries as the bank holds them when the batch starts, in
+        retrieval order: one rewritten or deleted since (an earlier distillation's UPDATE, a merge pass)
+        is left out and the rest are numbered from 1, as released (``build_memory_model_messages``
+        reads each retrieved uid from the live memory, skips the missing and numbers the others)."""
+        with manager.lock.read():
+            live = [manager.bank.get([e.id for e in r.retrieved]) if r.retrieved else [] for r in requests]
         with manager.extractor_lock:
-            extractions = manager.extractor.extract([r.record for r in requests], [r.retrieved for r in requests])
+            extractions = manager.extractor.extract([r.record for r in requests], live)
         manager.apply_extractions(list(zip(requests, extractions)))

@@ -81,3 +81,36 @@ def test_merge_outcome_reports_the_new_entry(tmp_path):
     assert [e.id for e in bank.entries()] == [new_id] and new_id not in (a, b)
     assert bank.entries()[0].source_extraction == merged.extraction.id
     bank.close()
+
+
+def test_a_distillation_is_shown_the_live_bank_not_its_retrieval_snapshot(tmp_path):
+    """Two episodes retrieved the same entry; the first one's distillation rewrites it (UPDATE). The
+    second, distilled after that, is shown the bank as it is then: the rewritten entry is gone, so it
+    is shown nothing, and its reply cannot name the old entry (released ``build_memory_model_messages``
+    re-reads each retrieved uid and skips the missing). Entries still there are shown as they are now."""
+    bank = ExperienceBank(tmp_path / "bank.sqlite", HashEmbedder(32))
+    _run(bank, [ADD, ADD.replace("Heads", "Tails").replace("Call heads.", "Call tails.")],
+         [DistillRequest(EpisodeRecord("e", f"task {i}"), [], "e", step=1) for i in range(2)])
+    heads, tails = bank.entries()
+    snapshot = [heads, tails]                      # what both episodes retrieved
+    update = f"<ops>\n<op>UPDATE {heads.id}</op><title>Heads</title><content>Call heads twice.</content>\n</ops>"
+    extractor = CannedExtractor([update, NONE])
+    shown: list[list[int]] = []
+    extract = extractor.extract
+
+    def recording(records, retrieved):
+        shown.extend([[e.id for e in r] for r in retrieved])
+        return extract(records, retrieved)
+
+    extractor.extract = recording
+    manager = ExperienceManager(bank, Retriever(bank), extractor)
+    try:
+        for i in range(2):                         # one after the other, as two steps' distillations
+            manager.submit([DistillRequest(EpisodeRecord("e", f"episode {i}"), list(snapshot), "e", step=2)])
+            assert manager.drain(timeout=60)
+    finally:
+        manager.close()
+    assert shown == [[heads.id, tails.id], [tails.id]]
+    titles = sorted(e.title for e in bank.entries())
+    assert titles == ["Heads", "Tails"] and len(bank.entries()) == 2     # no extra entry
+    bank.close()

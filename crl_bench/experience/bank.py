@@ -1,8 +1,15 @@
 """The experience bank: SQLite (WAL) storage + FAISS vector index (docs/method.md).
 
-This module holds the storage, the transactions, the checks of operations that need the database,
-eviction and statistics. Two modules beside it hold the rest:
+This module holds the bank object: opening and restoring it, connections, the FAISS shards'
+upkeep, reads, searches, counters, statistics and backups. The modules beside it hold the rest:
 
+* :mod:`crl_bench.experience.bank_store`: the SQLite schema, read-only connections and the check
+  that a file is a bank;
+* :mod:`crl_bench.experience.bank_writes`: the operations (validation against the database, one
+  transaction each), the merge pass's ``replace``, bulk imports and eviction;
+* :class:`~crl_bench.experience.insights.InsightTable` and
+  :class:`~crl_bench.experience.reflections.ReflectionTable`: the tables of the ``insights`` and
+  ``reflections`` memory kinds, in those kinds' modules;
 * :mod:`crl_bench.experience.vector_index`: the FAISS shards (index kinds ``auto`` / ``flat`` /
   ``ivf`` / ``hnsw``, their search rules and tuning measurements, OpenMP and BLAS thread settings);
 * :mod:`crl_bench.experience.validation`: the rejection reasons and the checks of one operation
@@ -69,7 +76,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -78,22 +84,24 @@ from typing import Any
 
 import numpy as np
 
-from crl_bench.experience.insights import (
-    APPLY_ORDER,
-    INSIGHT_INIT,
-    Insight,
-    InsightOp,
-    InsightResult,
-    normalise,
+from crl_bench.experience.bank_store import (
+    BANK_TABLES,
+    ENTRY_COLS,
+    EVICTION_POLICIES,
+    LATER_COLS,
+    SCHEMA,
+    SQL_CHUNK,
+    UTILITY_INIT,
+    EmbeddingDimError,
+    NotABankError,
+    check_bank,
+    connect_read_only,
+    parse_parents,
 )
-from crl_bench.experience.types import OP_KINDS, VOTE_KINDS, WRITE_KINDS, ApplyResult, ExperienceEntry, Operation
-from crl_bench.experience.validation import (
-    REJECT_EMBED_FAILED,
-    REJECT_UNKNOWN_TARGET,
-    REJECT_WRITE_FAILED,
-    REJECT_WRONG_ENV,
-    check_operation,
-)
+from crl_bench.experience.bank_writes import EntryWrites
+from crl_bench.experience.insights import InsightTable
+from crl_bench.experience.reflections import ReflectionTable
+from crl_bench.experience.types import OP_KINDS, ExperienceEntry
 from crl_bench.experience.vector_index import (
     APPROX_KINDS,
     AUTO_THRESHOLD,
@@ -106,171 +114,10 @@ from crl_bench.experience.vector_index import (
     searched_kind,
 )
 
-__all__ = ["BANK_TABLES", "EVICTION_POLICIES", "ExperienceBank", "NotABankError"]
-
-BANK_TABLES = ("entries", "rejections", "counters", "meta")    # what makes a SQLite file a bank
-EVICTION_POLICIES = ("fifo", "lru")
-
-UTILITY_INIT = 0.5
-"""An entry's utility before any guided episode used it (RetroAgent, arXiv 2603.08561, section 3.3)."""
-
-_ENTRY_COLS = ("id", "env_id", "title", "content", "created_step", "updated_step", "source_extraction",
-               "generation", "times_retrieved", "times_success", "times_failure", "last_retrieved")
-# columns added after the first bank format, with the value an older bank's entries read as
-_LATER_COLS = {"votes": ("INTEGER NOT NULL DEFAULT 0", "0"),
-               "parent_ids": ("TEXT NOT NULL DEFAULT ''", "''"),
-               "origin": ("TEXT NOT NULL DEFAULT 'add'", "'add'"),
-               "utility": (f"REAL NOT NULL DEFAULT {UTILITY_INIT}", str(UTILITY_INIT))}
-_SQL_CHUNK = 900
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    env_id TEXT NOT NULL,
-    title TEXT NOT NULL,
-    content TEXT NOT NULL,
-    created_step INTEGER NOT NULL DEFAULT 0,
-    updated_step INTEGER NOT NULL DEFAULT 0,
-    source_extraction TEXT NOT NULL DEFAULT '',
-    generation INTEGER NOT NULL DEFAULT 0,
-    times_retrieved INTEGER NOT NULL DEFAULT 0,
-    times_success INTEGER NOT NULL DEFAULT 0,
-    times_failure INTEGER NOT NULL DEFAULT 0,
-    last_retrieved REAL NOT NULL DEFAULT 0,
-    updated_at REAL NOT NULL DEFAULT 0,
-    embedding BLOB NOT NULL,
-    key_text TEXT NOT NULL DEFAULT '',
-    votes INTEGER NOT NULL DEFAULT 0,
-    parent_ids TEXT NOT NULL DEFAULT '',
-    origin TEXT NOT NULL DEFAULT 'add'
-);
-CREATE INDEX IF NOT EXISTS entries_env ON entries(env_id);
-CREATE TABLE IF NOT EXISTS rejections (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    time REAL NOT NULL,
-    step INTEGER NOT NULL,
-    extraction_id TEXT NOT NULL,
-    env_id TEXT NOT NULL,
-    operation TEXT NOT NULL,
-    reason TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS insights (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    env_id TEXT NOT NULL,
-    text TEXT NOT NULL,
-    importance INTEGER NOT NULL,
-    created_step INTEGER NOT NULL DEFAULT 0,
-    updated_step INTEGER NOT NULL DEFAULT 0,
-    source_call TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS reflections (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    env_id TEXT NOT NULL,
-    task INTEGER NOT NULL,
-    text TEXT NOT NULL,
-    step INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS reflections_task ON reflections(env_id, task);
-"""
-
-
-class NotABankError(ValueError):
-    """A file opened as an experience bank is not one (not SQLite, or without the bank's tables)."""
-
-
-class EmbeddingDimError(ValueError):
-    """A bank's stored embeddings have another dimension than the embedder it is opened with (the bank
-    was filled with another ``experience.embedder``)."""
-
-
-def _connect_read_only(path: Path) -> sqlite3.Connection:
-    """A connection that never writes ``path`` or creates files beside it.
-
-    ``mode=ro``: SQLite never writes the file. With a ``-wal`` beside it (a writer has it open, or
-    crashed) its frames are read through the ``-shm`` index, so entries committed before a crash are
-    seen; without one the file is complete and opened ``immutable``, so no ``-wal``/``-shm`` files
-    are created either. ``trusted_schema=OFF``: a file from elsewhere cannot make reads run SQL
-    functions from its schema (views, triggers, defaults). TEXT that is not UTF-8 is decoded with
-    U+FFFD for the bad bytes instead of failing the whole read.
-    """
-    wal = path.with_name(path.name + "-wal").exists()
-    uri = f"{path.resolve().as_uri()}?mode=ro" + ("" if wal else "&immutable=1")
-    c = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None)
-    c.text_factory = lambda b: b.decode("utf-8", "replace")
-    c.execute("PRAGMA busy_timeout=60000")
-    c.execute("PRAGMA trusted_schema=OFF")
-    return c
-
-
-def _check_bank(c: sqlite3.Connection, path: Path) -> int:
-    """The embedding dimension of the bank on connection ``c``, after checking that it is one.
-
-    Raises:
-        NotABankError: not SQLite or corrupt; a table of :data:`BANK_TABLES` missing; ``entries``
-            without the bank's columns; no integer ``dim`` in 1..65536 in table ``meta``.
-    """
-    try:
-        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        missing = [t for t in BANK_TABLES if t not in tables]
-        if missing:
-            raise NotABankError(f"{path} is not a crl-bench experience bank (no table {', '.join(missing)})")
-        cols = {r[1] for r in c.execute("PRAGMA table_info(entries)")}
-        if not {"id", "env_id", "title", "content", "embedding"} <= cols:
-            raise NotABankError(f"{path} is not a crl-bench experience bank (table entries lacks the bank's "
-                                "columns)")
-        row = c.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
-    except sqlite3.DatabaseError as exc:            # not a database, or a corrupt one
-        raise NotABankError(f"{path} is not a readable SQLite experience bank: {exc}") from None
-    if row is None:
-        raise NotABankError(f"{path} is not a crl-bench experience bank (no embedding dimension recorded in "
-                            "table meta)")
-    try:
-        dim = int(row[0])
-    except (TypeError, ValueError):
-        dim = 0
-    if not 1 <= dim <= 65536:
-        raise NotABankError(f"{path} is not a crl-bench experience bank (its recorded embedding dimension "
-                            f"{str(row[0])[:40]!r} is not an integer in 1..65536)")
-    return dim
-
-
-def _op_json(op: Operation) -> str:
-    """The operation as JSON for the rejection log; never raises (text that is not valid Unicode, e.g.
-    a lone surrogate, is written with ``\\u`` escapes, odd targets as their ``str``)."""
-    targets = getattr(op, "targets", ()) or ()
-    try:
-        targets = list(targets)
-    except TypeError:
-        targets = [targets]
-    doc = {"kind": getattr(op, "kind", None), "title": getattr(op, "title", None),
-           "content": getattr(op, "content", None), "targets": targets}
-    out = json.dumps(doc, default=str, ensure_ascii=False)
-    try:
-        out.encode("utf-8")
-    except UnicodeEncodeError:
-        out = json.dumps(doc, default=str, ensure_ascii=True)
-    return out
-
-
-def _parse_parents(text: str | None) -> tuple[int, ...]:
-    """The ``parent_ids`` column (a JSON list of ids, or empty) as a tuple; unreadable text gives ()."""
-    if not text:
-        return ()
-    try:
-        ids = json.loads(text)
-        return tuple(int(i) for i in ids)
-    except (ValueError, TypeError):
-        return ()
-
-
-def _parents_json(ids: Sequence[int]) -> str:
-    return json.dumps([int(i) for i in ids]) if ids else ""
-
+__all__ = ["BANK_TABLES", "EVICTION_POLICIES", "UTILITY_INIT", "EmbeddingDimError", "ExperienceBank", "NotABankError"]
 
 # ----------------------------------------------------------------------------- the bank
-class ExperienceBank:
+class ExperienceBank(EntryWrites, InsightTable, ReflectionTable):
     """Persistent experience bank (see the module docstring for storage, index and threading).
 
     Args:
@@ -360,11 +207,11 @@ class ExperienceBank:
         mode = c.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise RuntimeError(f"could not put {self.path} in WAL mode (got {mode})")
-        c.executescript(_SCHEMA)
+        c.executescript(SCHEMA)
         cols = {r[1] for r in c.execute("PRAGMA table_info(entries)")}
         if "key_text" not in cols:                  # banks from <= 0.1
             c.execute("ALTER TABLE entries ADD COLUMN key_text TEXT NOT NULL DEFAULT ''")
-        for name, (decl, _) in _LATER_COLS.items():
+        for name, (decl, _) in LATER_COLS.items():
             if name not in cols:
                 c.execute(f"ALTER TABLE entries ADD COLUMN {name} {decl}")
         self._select_entry = self._entry_select(c)
@@ -419,9 +266,9 @@ class ExperienceBank:
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"no experience bank at {p}")
-        c = _connect_read_only(p)
+        c = connect_read_only(p)
         try:
-            return _check_bank(c, p)
+            return check_bank(c, p)
         finally:
             c.close()
 
@@ -437,7 +284,7 @@ class ExperienceBank:
         if not self.path.is_file():
             raise FileNotFoundError(f"no experience bank at {self.path}")
         c = self._conn()
-        stored = _check_bank(c, self.path)
+        stored = check_bank(c, self.path)
         if stored != self.dim:
             raise EmbeddingDimError(f"{self.path} holds {stored}-dim embeddings, embedder gives {self.dim}")
         try:
@@ -451,8 +298,8 @@ class ExperienceBank:
         """``SELECT <entry columns> FROM entries`` for this file: the columns a bank written before
         ``votes``, ``parent_ids`` and ``origin`` existed lacks are read as their defaults."""
         cols = {r[1] for r in c.execute("PRAGMA table_info(entries)")}
-        later = [name if name in cols else f"{default} AS {name}" for name, (_, default) in _LATER_COLS.items()]
-        return "SELECT " + ", ".join(_ENTRY_COLS + tuple(later)) + " FROM entries"
+        later = [name if name in cols else f"{default} AS {name}" for name, (_, default) in LATER_COLS.items()]
+        return "SELECT " + ", ".join(ENTRY_COLS + tuple(later)) + " FROM entries"
 
     def _check_writable(self) -> None:
         if self.read_only:
@@ -465,7 +312,7 @@ class ExperienceBank:
         c = getattr(self._local, "conn", None)
         if c is None:
             if self.read_only:
-                c = _connect_read_only(self.path)
+                c = connect_read_only(self.path)
             else:
                 c = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
                 c.execute("PRAGMA synchronous=NORMAL")
@@ -548,7 +395,7 @@ class ExperienceBank:
         return ExperienceEntry(id=r[0], env_id=r[1], title=r[2], content=r[3], created_step=r[4],
                                updated_step=r[5], source_extraction=r[6], extractor_version=r[7],
                                times_retrieved=r[8], times_success=r[9], times_failure=r[10],
-                               last_retrieved=r[11], votes=int(r[12] or 0), parent_ids=_parse_parents(r[13]),
+                               last_retrieved=r[11], votes=int(r[12] or 0), parent_ids=parse_parents(r[13]),
                                origin=str(r[14] or "add"), utility=float(r[15]))
 
     @staticmethod
@@ -556,341 +403,6 @@ class ExperienceBank:
         c.execute("INSERT INTO counters(name, value) VALUES (?, ?) "
                   "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (name, by))
 
-    # ------------------------------------------------------------------ validation (database side)
-    def _log_rejection(self, c: sqlite3.Connection, op: Operation, reason: str, env_id: str, step: int,
-                       extraction_id: str) -> None:
-        """Record a refused operation (outside or inside the caller's transaction); a log write the
-        database refuses is reported as a warning, never raised (the refusal itself still stands)."""
-        try:
-            c.execute("INSERT INTO rejections(time, step, extraction_id, env_id, operation, reason) "
-                      "VALUES (?, ?, ?, ?, ?, ?)", (time.time(), int(step), str(extraction_id), str(env_id),
-                                                    _op_json(op), reason))
-        except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
-            warnings.warn(f"could not log a rejected bank operation ({reason}): {exc!r}", stacklevel=2)
-
-    # ------------------------------------------------------------------ writes
-    def apply(self, ops: list[Operation], *, env_id: str, step: int, extraction_id: str,
-              extractor_version: int, key_text: str | None = None) -> ApplyResult:
-        """Validate and apply ``ops`` in order (one transaction each), then enforce the capacity cap.
-
-        ``key_text``: what the entries written are indexed by (embedded once for the whole call), e.g.
-        the retrieval query of the episode they were distilled from (the released keying; a released
-        ``update`` keeps the episode's key too); ``None`` or empty: each entry's own
-        ``"title: content"``.
-
-        ``extractor_version``: the extractor's update count, stamped on the entries written (stored in
-        column ``generation``).
-
-        * ADD inserts a new entry of ``env_id`` (origin ``add``).
-        * UPDATE and MERGE delete their targets and insert one new entry (new id, origin ``update`` /
-          ``merge``, ``parent_ids`` = the targets deleted) whose retrieval and outcome counters start
-          at 0 and whose vote count is 0: the released code deletes the old uids and adds a new one, so
-          its re-rank counters start fresh. A target already gone (deleted by an earlier operation of
-          the same reply, say) is skipped, as released; the new entry is written all the same. A
-          target that was never an id of this bank (a made-up number) rejects the operation
-          (``unknown_target``).
-        * UPVOTE / DOWNVOTE add +1 / -1 to the vote count of each target still in the bank; a
-          DOWNVOTE that takes a count below 0 deletes the entry (released ``votes_count``), listed in
-          ``ApplyResult.deleted_by_vote``. A vote none of whose targets is in the bank is rejected
-          (``unknown_target``).
-        * NONE changes nothing (reported as applied with id None).
-
-        A target of another env is rejected (``target_other_env``). Refused operations are logged and
-        returned, never raised.
-
-        The caller must serialise writes (see the module docstring). Raises ``PermissionError`` on a
-        bank opened with ``read_only`` (a programming error, not extractor input).
-        """
-        self._check_writable()
-        res = ApplyResult()
-        c = self._conn()
-        checks = [check_operation(op, self.max_text_chars) for op in ops]
-        to_embed = [i for i, (op, (reason, _)) in enumerate(zip(ops, checks))
-                    if reason is None and op.kind in WRITE_KINDS]
-        vec_of: dict[int, np.ndarray] = {}
-        key_of: dict[int, str] = {}
-        if to_embed:
-            for i in to_embed:
-                own = f"{str(ops[i].title).strip()}: {str(ops[i].content).strip()}"
-                key_of[i] = key_text if key_text else own
-            row = self._embed_each(list(dict.fromkeys(key_of.values())))
-            vec_of = {i: row[key_of[i]] for i in to_embed if key_of[i] in row}
-            checks = [(REJECT_EMBED_FAILED, t) if i in key_of and i not in vec_of else (r, t)
-                      for i, (r, t) in enumerate(checks)]
-        for i, op in enumerate(ops):
-            reason, targets = checks[i]
-            if reason is not None:
-                self._log_rejection(c, op, reason, env_id, step, extraction_id)
-                res.rejected.append((op, reason))
-                continue
-            if op.kind == "NONE":
-                res.applied.append((op, None))
-                continue
-            if op.kind in VOTE_KINDS:
-                outcome = self._vote(op, targets, env_id, step, extraction_id)
-                if isinstance(outcome, str):
-                    res.rejected.append((op, outcome))
-                else:
-                    res.applied.append((op, None))
-                    res.deleted_by_vote += outcome
-                continue
-            outcome = self._apply_one(op, targets, vec_of[i], env_id, step, extraction_id, extractor_version,
-                                      key_of[i])
-            if isinstance(outcome, str):
-                res.rejected.append((op, outcome))
-            else:
-                res.applied.append((op, outcome))
-        res.evicted = self._enforce_capacity()
-        self._settle()
-        return res
-
-    def _embed_each(self, texts: list[str]) -> dict[str, np.ndarray]:
-        """Embed ``texts`` in one batch; if the embedder raises, text by text, leaving out those that
-        fail (their operations are rejected as ``embedding_failed``)."""
-        def encode(batch: list[str]) -> np.ndarray:
-            vecs = np.asarray(self.embedder.encode(batch), dtype=np.float32).reshape(len(batch), self.dim)
-            if not np.isfinite(vecs).all():
-                raise ValueError("non-finite embedding")
-            return vecs
-        try:
-            vecs = encode(texts)
-            return {t: vecs[j] for j, t in enumerate(texts)}
-        except Exception:  # noqa: BLE001 - find the text that fails, keep the rest
-            out = {}
-            for t in texts:
-                try:
-                    out[t] = encode([t])[0]
-                except Exception as exc:  # noqa: BLE001 - apply() never raises: the operation is rejected
-                    warnings.warn(f"embedding a bank entry failed ({exc!r}); its operation is rejected", stacklevel=2)
-            return out
-
-    def _targets_of(self, c: sqlite3.Connection, op: Operation, targets: tuple[int, ...], env_id: str, step: int,
-                    extraction_id: str) -> list[int] | str:
-        """The targets still in the bank (in order), or a rejection reason (logged inside the caller's
-        transaction): ``unknown_target`` when one was never an id of this bank (above the id sequence:
-        not a deleted entry but a made-up one), ``target_other_env`` when one belongs to another env.
-        A target that was deleted (by an earlier operation, a vote, the merge pass) is left out."""
-        if not targets:
-            return []
-        seq = c.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name='entries'").fetchone()[0]
-        if any(t > seq for t in targets):
-            self._log_rejection(c, op, REJECT_UNKNOWN_TARGET, env_id, step, extraction_id)
-            return REJECT_UNKNOWN_TARGET
-        marks = ",".join("?" * len(targets))
-        rows = dict(c.execute(f"SELECT id, env_id FROM entries WHERE id IN ({marks})", targets).fetchall())
-        if any(env != env_id for env in rows.values()):
-            self._log_rejection(c, op, REJECT_WRONG_ENV, env_id, step, extraction_id)
-            return REJECT_WRONG_ENV
-        return [t for t in targets if t in rows]
-
-    def _one_operation(self, op: Operation, targets: tuple[int, ...], env_id: str, step: int, extraction_id: str,
-                       body: Any) -> Any:
-        """Run ``body(connection, live targets)`` in one write transaction for ``op`` after
-        :meth:`_targets_of`; returns what ``body`` returns, or a rejection reason: a target check's,
-        or ``write_failed`` when the database refused the write (rolled back by ``_write``: nothing of
-        this operation stays, earlier ones are committed). A rejection ``body`` returns is committed
-        with its log entry."""
-        began = False
-        try:
-            with self._write() as c:
-                began = True
-                live = self._targets_of(c, op, targets, env_id, step, extraction_id)
-                return live if isinstance(live, str) else body(c, live)
-        except (sqlite3.Error, ValueError, OverflowError, UnicodeError) as exc:
-            if not began:      # BEGIN itself failed (e.g. busy past the timeout): not this operation's fault
-                raise
-            warnings.warn(f"bank write refused ({exc!r}); operation rejected as {REJECT_WRITE_FAILED}", stacklevel=2)
-            self._log_rejection(self._conn(), op, REJECT_WRITE_FAILED, env_id, step, extraction_id)
-            return REJECT_WRITE_FAILED
-
-    def _vote(self, op: Operation, targets: tuple[int, ...], env_id: str, step: int,
-              extraction_id: str) -> list[int] | str:
-        """One UPVOTE / DOWNVOTE in one transaction; returns the ids it deleted (a count below 0) or a
-        rejection reason."""
-        delta = 1 if op.kind == "UPVOTE" else -1
-
-        def body(c: sqlite3.Connection, live: list[int]) -> list[int] | str:
-            if not live:
-                self._log_rejection(c, op, REJECT_UNKNOWN_TARGET, env_id, step, extraction_id)
-                return REJECT_UNKNOWN_TARGET
-            c.executemany("UPDATE entries SET votes = votes + ? WHERE id = ?", [(delta, t) for t in live])
-            marks = ",".join("?" * len(live))
-            gone = [r[0] for r in c.execute(f"SELECT id FROM entries WHERE id IN ({marks}) AND votes < 0", live)]
-            if gone:
-                c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(gone))})", gone)
-                self._bump(c, "deleted_by_vote", len(gone))
-            self._bump(c, f"applied_{op.kind}")
-            self._bump(c, f"votes_{op.kind.lower()}", len(live))
-            return gone
-
-        out = self._one_operation(op, targets, env_id, step, extraction_id, body)
-        if not isinstance(out, str) and out:
-            self._faiss_update(env_id, out, [], None)
-        return out
-
-    def _insert(self, c: sqlite3.Connection, env_id: str, title: str, content: str, step: int, extraction_id: str,
-                extractor_version: int, now: float, blob: bytes, key: str, parents: Sequence[int],
-                origin: str) -> int:
-        """Insert one new entry (fresh counters, no votes) inside the caller's transaction; its id."""
-        cur = c.execute(
-            "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, generation, "
-            "updated_at, embedding, key_text, parent_ids, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (env_id, title, content, int(step), int(step), str(extraction_id), int(extractor_version), now, blob, key,
-             _parents_json(parents), origin))
-        return int(cur.lastrowid)
-
-    def _apply_one(self, op: Operation, targets: tuple[int, ...], vec: np.ndarray, env_id: str, step: int,
-                   extraction_id: str, extractor_version: int, key: str) -> int | str:
-        """One ADD / UPDATE / MERGE in one transaction; returns the new entry's id or a rejection reason."""
-        title, content = str(op.title).strip(), str(op.content).strip()
-        now = time.time()
-        blob = np.ascontiguousarray(vec, dtype=np.float32).tobytes()
-        origin = {"ADD": "add", "UPDATE": "update", "MERGE": "merge"}[op.kind]
-
-        def body(c: sqlite3.Connection, live: list[int]) -> tuple[int, list[int]]:
-            if live:
-                c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(live))})", live)
-            new_id = self._insert(c, env_id, title, content, step, extraction_id, extractor_version, now, blob, key,
-                                  live, origin)
-            self._bump(c, f"applied_{op.kind}")
-            return new_id, live
-
-        out = self._one_operation(op, targets, env_id, step, extraction_id, body)
-        if isinstance(out, str):
-            return out
-        new_id, removed = out
-        self._faiss_update(env_id, removed, [new_id], vec[None, :])
-        return new_id
-
-    def replace(self, env_id: str, remove: Sequence[int], items: Sequence[tuple[str, str]], *, step: int,
-                extraction_id: str, extractor_version: int) -> list[int] | None:
-        """Apply one env's merge pass (the fold of :mod:`crl_bench.experience.manager`) in one transaction:
-        delete the entries ``remove`` and write one new entry per ``(title, content)`` of ``items``,
-        keyed by its own text (released: a merged entry is keyed by its content), origin ``fold``,
-        ``parent_ids`` = ``remove``, fresh counters, crediting ``extraction_id``.
-
-        As released (``merge_memory``), nothing is applied when an entry of ``remove`` is no longer
-        in the bank (deleted since the pass read it): returns ``None``. Items whose text fails
-        :func:`~crl_bench.experience.validation.check_operation` or cannot be embedded are left out
-        (logged as rejections). Returns the new ids. The capacity cap is enforced afterwards.
-
-        Raises:
-            PermissionError: the bank was opened ``read_only``.
-            sqlite3.Error: the database refused the write (rolled back: nothing changed).
-        """
-        self._check_writable()
-        remove = list(dict.fromkeys(int(i) for i in remove))
-        c = self._conn()
-        good: list[tuple[str, str]] = []
-        for title, content in items:
-            op = Operation("ADD", title, content)
-            reason, _ = check_operation(op, self.max_text_chars)
-            if reason is None:
-                good.append((str(title).strip(), str(content).strip()))
-            else:
-                self._log_rejection(c, Operation("MERGE", title, content, tuple(remove)), reason, env_id, step,
-                                    extraction_id)
-        texts = [f"{t}: {x}" for t, x in good]
-        row = self._embed_each(list(dict.fromkeys(texts))) if texts else {}
-        now = time.time()
-        new_ids: list[int] = []
-        vecs: list[np.ndarray] = []
-        with self._write() as c:
-            if remove:
-                marks = ",".join("?" * len(remove))
-                found = {r[0] for r in c.execute(f"SELECT id FROM entries WHERE id IN ({marks}) AND env_id = ?",
-                                                 [*remove, env_id])}
-                if len(found) != len(remove):
-                    self._bump(c, "merge_pass_skipped")
-                    return None
-                c.execute(f"DELETE FROM entries WHERE id IN ({marks})", remove)
-            for (title, content), text in zip(good, texts):
-                if text not in row:
-                    continue
-                blob = np.ascontiguousarray(row[text], dtype=np.float32).tobytes()
-                new_ids.append(self._insert(c, env_id, title, content, step, extraction_id, extractor_version, now,
-                                            blob, text, remove, "fold"))
-                vecs.append(row[text])
-            self._bump(c, "merge_pass_applied")
-            self._bump(c, "merge_pass_removed", len(remove))
-            self._bump(c, "merge_pass_written", len(new_ids))
-        self._faiss_update(env_id, remove, new_ids, np.stack(vecs) if vecs else None)
-        self._enforce_capacity()
-        self._settle()
-        return new_ids
-
-    def _enforce_capacity(self) -> list[int]:
-        if self.capacity <= 0:
-            return []
-        with self._write() as c:
-            excess = c.execute("SELECT COUNT(*) FROM entries").fetchone()[0] - self.capacity
-            if excess <= 0:
-                return []
-            # fifo: by last write (an UPDATE re-queues the entry, as the released code's delete + re-add)
-            order = "updated_at, id" if self.eviction == "fifo" else "MAX(last_retrieved, updated_at), id"
-            victims = c.execute(f"SELECT id, env_id FROM entries ORDER BY {order} LIMIT ?", (excess,)).fetchall()
-            ids = [v[0] for v in victims]
-            for s in range(0, len(ids), _SQL_CHUNK):
-                chunk = ids[s:s + _SQL_CHUNK]
-                c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(chunk))})", chunk)
-            self._bump(c, "evicted", len(ids))
-        per_env: dict[str, list[int]] = {}
-        for i, env in victims:
-            per_env.setdefault(env, []).append(i)
-        for env, ids_env in per_env.items():
-            self._faiss_update(env, ids_env, [], None)
-        return ids
-
-    def add_vectors(self, env_id: str, vectors: np.ndarray, *, step: int = 0,
-                    titles: Sequence[str] | None = None) -> list[int]:
-        """Insert pre-computed vectors as new entries of ``env_id`` (benchmarks, imports).
-
-        Skips the embedder and the validation of :meth:`apply`: one SQLite transaction for all rows,
-        one FAISS add, then the capacity cap and the ``auto`` switch as after :meth:`apply`. Each
-        entry gets ``created_step = updated_step = step``, title ``titles[j]`` (default
-        ``"bulk <j>"``), content ``"bulk vector"``, empty key text; counted as applied ADDs in
-        :meth:`stats`. The caller serialises writes (see the module docstring).
-
-        Args:
-            env_id: env id of the new entries (their shard).
-            vectors: float32 ``(n, dim)`` (or anything that reshapes to it, e.g. ``(dim,)`` for one
-                row) with unit-norm, finite rows: stored and indexed as given (not normalised or
-                checked).
-            step: actor training step recorded as the entries' created / updated step.
-            titles: ``n`` titles, or ``None`` for ``"bulk 0"``, ``"bulk 1"``, ...
-
-        Returns:
-            The new entry ids, in row order (``[]`` for ``n = 0``). Some of them may already be
-            evicted again when ``n`` exceeds the free capacity.
-
-        Raises:
-            PermissionError: the bank was opened ``read_only``.
-            ValueError: ``vectors`` does not reshape to ``(n, dim)``.
-            IndexError: fewer than ``n`` titles.
-            RuntimeError: the ids SQLite assigned are not the ``n`` new ones (rolled back).
-            sqlite3.Error: the database refused the insert (rolled back).
-        """
-        self._check_writable()
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
-        n = len(vectors)
-        if n == 0:
-            return []
-        titles = list(titles) if titles is not None else [f"bulk {j}" for j in range(n)]
-        now = time.time()
-        with self._write() as c:
-            before = c.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name='entries'").fetchone()[0]
-            c.executemany(
-                "INSERT INTO entries(env_id, title, content, created_step, updated_step, updated_at, embedding, "
-                "origin) VALUES (?, ?, 'bulk vector', ?, ?, ?, ?, 'import')",
-                ((env_id, titles[j], int(step), int(step), now, vectors[j].tobytes()) for j in range(n)))
-            ids = [r[0] for r in c.execute("SELECT id FROM entries WHERE id > ? ORDER BY id", (before,))]
-            if len(ids) != n:
-                raise RuntimeError("bulk insert id mismatch")
-            self._bump(c, "applied_ADD", n)
-        self._faiss_update(env_id, [], ids, vectors)
-        self._enforce_capacity()
-        self._settle()
-        return ids
 
     def counters(self) -> dict[str, int]:
         """The bank's running totals (table ``counters``: operations applied per kind, evictions,
@@ -906,135 +418,11 @@ class ExperienceBank:
             self._bump(c, "merge_pass_calls", int(calls))
             self._bump(c, "merge_pass_calls_failed", int(failed))
 
-    # ------------------------------------------------------------------ insights (expel)
-    def insights(self, env_id: str | None = None) -> list[Insight]:
-        """The insight list of ``env_id`` (or of every env), most important first, then oldest first
-        (the order a guided episode and the extractor see; :mod:`crl_bench.experience.insights`).
-        A bank written before insights existed has none."""
-        c = self._conn()
-        if not self._has_table("insights"):
-            return []
-        sql = "SELECT id, env_id, text, importance, created_step, updated_step, source_call FROM insights"
-        args: tuple = ()
-        if env_id is not None:
-            sql, args = sql + " WHERE env_id = ?", (env_id,)
-        rows = c.execute(sql + " ORDER BY importance DESC, id", args)
-        return [Insight(int(r[0]), r[1], r[2], int(r[3]), int(r[4]), int(r[5]), r[6]) for r in rows]
-
-    def apply_insights(self, ops: Sequence[InsightOp], shown: Sequence[Insight], *, env_id: str, step: int,
-                       call_id: str) -> InsightResult:
-        """Apply one reply's operations to ``env_id``'s insight list, in one transaction, with ExpeL's
-        importance arithmetic (arXiv 2308.10144, section 4.2; released ``update_rules``):
-
-        * operations go in :data:`~crl_bench.experience.insights.APPLY_ORDER` (downvotes, upvotes,
-          edits, adds), each naming an insight by its number in ``shown`` (the list the extractor
-          was shown);
-        * ADD writes a new insight of importance 2, unless its text repeats one on the list
-          (``duplicate``);
-        * EDIT replaces the text and adds 1; an EDIT to the same text counts as an UPVOTE;
-        * UPVOTE adds 1; DOWNVOTE takes 1 away and removes an insight that reaches 0;
-        * an operation on an insight no longer on the list (another call removed it) is rejected
-          (``gone``), as is a number outside ``shown`` (``unknown_number``).
-
-        Rejections are logged in the bank's rejection log and returned, never raised. Counters
-        ``insight_<KIND>`` and ``insights_removed`` keep the totals.
-
-        Raises:
-            PermissionError: a read-only bank.
-        """
-        self._check_writable()
-        res = InsightResult()
-        order = {k: n for n, k in enumerate(APPLY_ORDER)}
-        with self._write() as c:
-            for op in sorted(ops, key=lambda o: order.get(o.kind, len(order))):
-                if op.kind == "ADD":
-                    live = {normalise(r[0]) for r in c.execute("SELECT text FROM insights WHERE env_id = ?",
-                                                                 (env_id,))}
-                    if normalise(op.text) in live:
-                        self._reject_insight(c, res, op, "duplicate", env_id, step, call_id)
-                        continue
-                    cur = c.execute("INSERT INTO insights(env_id, text, importance, created_step, updated_step, "
-                                    "source_call) VALUES (?, ?, ?, ?, ?, ?)",
-                                    (env_id, op.text, INSIGHT_INIT, int(step), int(step), call_id))
-                    res.applied.append((op, int(cur.lastrowid)))
-                    self._bump(c, "insight_ADD")
-                    continue
-                if not 1 <= op.number <= len(shown):
-                    self._reject_insight(c, res, op, "unknown_number", env_id, step, call_id)
-                    continue
-                target = shown[op.number - 1]
-                row = c.execute("SELECT text, importance FROM insights WHERE id = ? AND env_id = ?",
-                                (target.id, env_id)).fetchone()
-                if row is None:
-                    self._reject_insight(c, res, op, "gone", env_id, step, call_id)
-                    continue
-                kind = op.kind
-                if kind == "EDIT" and normalise(op.text) == normalise(row[0]):
-                    kind = "UPVOTE"
-                importance = int(row[1]) + (-1 if kind == "DOWNVOTE" else 1)
-                if importance <= 0:
-                    c.execute("DELETE FROM insights WHERE id = ?", (target.id,))
-                    res.removed.append(target.id)
-                    self._bump(c, "insights_removed")
-                elif kind == "EDIT":
-                    c.execute("UPDATE insights SET text = ?, importance = ?, updated_step = ?, source_call = ? "
-                              "WHERE id = ?", (op.text, importance, int(step), call_id, target.id))
-                else:
-                    c.execute("UPDATE insights SET importance = ?, updated_step = ? WHERE id = ?",
-                              (importance, int(step), target.id))
-                res.applied.append((op if kind == op.kind else InsightOp(kind, op.number), target.id))
-                self._bump(c, f"insight_{kind}")
-        return res
-
-    def _reject_insight(self, c: sqlite3.Connection, res: InsightResult, op: InsightOp, reason: str, env_id: str,
-                        step: int, call_id: str) -> None:
-        res.rejected.append((op, reason))
-        c.execute("INSERT INTO rejections(time, step, extraction_id, env_id, operation, reason) "
-                  "VALUES (?, ?, ?, ?, ?, ?)",
-                  (time.time(), int(step), str(call_id), str(env_id),
-                   json.dumps({"kind": op.kind, "number": op.number, "text": op.text, "list": "insights"}), reason))
-
-    # ------------------------------------------------------------------ reflections (reflexion)
+    # ------------------------------------------------------------------ tables
     def _has_table(self, name: str) -> bool:
         return self._conn().execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
                                     (name,)).fetchone() is not None
 
-    def add_reflections(self, rows: Sequence[tuple[str, int, str, int]]) -> None:
-        """Store ``(env_id, task, text, step)`` reflections (:mod:`crl_bench.experience.reflections`),
-        in order, in one transaction. Raises ``PermissionError`` on a read-only bank."""
-        self._check_writable()
-        if not rows:
-            return
-        with self._write() as c:
-            c.executemany("INSERT INTO reflections(env_id, task, text, step) VALUES (?, ?, ?, ?)",
-                          [(str(e), int(t), str(x), int(s)) for e, t, x, s in rows])
-
-    def reflections(self, env_id: str, task: int, limit: int = 3) -> list[str]:
-        """The most recent ``limit`` reflections on ``env_id``'s task ``task``, oldest first (none in a
-        bank written before reflections existed)."""
-        if limit <= 0 or not self._has_table("reflections"):
-            return []
-        rows = self._conn().execute("SELECT text FROM reflections WHERE env_id = ? AND task = ? ORDER BY id DESC "
-                                    "LIMIT ?", (env_id, int(task), int(limit))).fetchall()
-        return [r[0] for r in reversed(rows)]
-
-    def recent_reflections(self, env_id: str | None = None, limit: int = 20) -> list[tuple[str, int, str, int]]:
-        """The ``limit`` most recent reflections as ``(env_id, task, text, step)``, newest first, of one env
-        or (``env_id`` None) of all; ``[]`` in a bank written before reflections existed."""
-        if limit <= 0 or not self._has_table("reflections"):
-            return []
-        where, args = ("WHERE env_id = ? ", (env_id,)) if env_id is not None else ("", ())
-        rows = self._conn().execute(f"SELECT env_id, task, text, step FROM reflections {where}ORDER BY id DESC "
-                                    "LIMIT ?", (*args, int(limit))).fetchall()
-        return [(str(e), int(t), str(x), int(s)) for e, t, x, s in rows]
-
-    def reflection_count(self, env_id: str | None = None) -> int:
-        """Reflections stored, over all tasks (of ``env_id`` if given)."""
-        if not self._has_table("reflections"):
-            return 0
-        if env_id is None:
-            return int(self._conn().execute("SELECT COUNT(*) FROM reflections").fetchone()[0])
-        return int(self._conn().execute("SELECT COUNT(*) FROM reflections WHERE env_id = ?", (env_id,)).fetchone()[0])
 
     # ------------------------------------------------------------------ counters (SQLite only)
     def record_retrieval(self, ids: Sequence[int], when: float) -> None:
@@ -1095,8 +483,8 @@ class ExperienceBank:
         c = self._conn()
         found: dict[int, ExperienceEntry] = {}
         uniq = list(dict.fromkeys(ids))
-        for s in range(0, len(uniq), _SQL_CHUNK):
-            chunk = uniq[s:s + _SQL_CHUNK]
+        for s in range(0, len(uniq), SQL_CHUNK):
+            chunk = uniq[s:s + SQL_CHUNK]
             for r in c.execute(f"{self._select_entry} WHERE id IN ({','.join('?' * len(chunk))})", chunk):
                 found[r[0]] = self._row_entry(r)
         return [found[i] for i in ids if i in found]
@@ -1108,8 +496,8 @@ class ExperienceBank:
         got: dict[int, np.ndarray] = {}
         c = self._conn()
         uniq = list(dict.fromkeys(ids))
-        for s in range(0, len(uniq), _SQL_CHUNK):
-            chunk = uniq[s:s + _SQL_CHUNK]
+        for s in range(0, len(uniq), SQL_CHUNK):
+            chunk = uniq[s:s + SQL_CHUNK]
             for i, b in c.execute(f"SELECT id, embedding FROM entries WHERE id IN ({','.join('?' * len(chunk))})",
                                   chunk):
                 got[i] = np.frombuffer(b, dtype=np.float32)
@@ -1126,8 +514,8 @@ class ExperienceBank:
         ids = list(dict.fromkeys(int(i) for i in ids))
         out: dict[int, str] = {}
         c = self._conn()
-        for s in range(0, len(ids), _SQL_CHUNK):
-            chunk = ids[s:s + _SQL_CHUNK]
+        for s in range(0, len(ids), SQL_CHUNK):
+            chunk = ids[s:s + SQL_CHUNK]
             out.update(c.execute(f"SELECT id, key_text FROM entries WHERE id IN ({','.join('?' * len(chunk))})",
                                  chunk).fetchall())
         return out
@@ -1201,18 +589,6 @@ class ExperienceBank:
             "capacity": self.capacity,
             "eviction": self.eviction,
         }
-
-    def _insight_stats(self, counters: dict[str, int]) -> dict:
-        """The insight lists' part of :meth:`stats`: insights per env, their importance sum, and the
-        operations applied per kind and the insights removed over the bank's life."""
-        per_env: dict[str, int] = {}
-        importance = 0
-        for i in self.insights():
-            per_env[i.env_id] = per_env.get(i.env_id, 0) + 1
-            importance += i.importance
-        return {"count": sum(per_env.values()), "per_env": dict(sorted(per_env.items())), "importance_sum": importance,
-                "applied": {k: int(counters.get(f"insight_{k}", 0)) for k in ("ADD", "EDIT", "UPVOTE", "DOWNVOTE")},
-                "removed": int(counters.get("insights_removed", 0))}
 
     def search_vectors(self, q: np.ndarray, k: int, env_id: str | None = None) -> list[list[tuple[int, float]]]:
         """Top-``k`` ``(id, cosine)`` per query row, best first; only ``env_id``'s entries if given.

@@ -36,7 +36,10 @@ cases of :mod:`crl_bench.experience.cases` plus the insight list, whose calls ar
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -576,3 +579,111 @@ class InsightsMemory(CasesMemory):
         return {"insights": stats["insights"], "insight_calls": stats["insight_calls"],
                 "insight_kinds": stats["insight_kinds"], "insight_calls_step": len(done),
                 **({"insight_parse_rate": valid / len(done)} if done else {})}
+
+
+class InsightTable:
+    """The insight lists in the experience bank's table ``insights`` (a mixin of
+    :class:`~crl_bench.experience.bank.ExperienceBank`, using its ``_conn``, ``_write``, ``_bump``,
+    ``_check_writable`` and ``_has_table``): read, edit with ExpeL's importance arithmetic, and the
+    statistics. The bank file holds the table whatever the method, so every bank opens the same way."""
+
+    def insights(self, env_id: str | None = None) -> list[Insight]:
+        """The insight list of ``env_id`` (or of every env), most important first, then oldest first
+        (the order a guided episode and the extractor see; :mod:`crl_bench.experience.insights`).
+        A bank written before insights existed has none."""
+        c = self._conn()
+        if not self._has_table("insights"):
+            return []
+        sql = "SELECT id, env_id, text, importance, created_step, updated_step, source_call FROM insights"
+        args: tuple = ()
+        if env_id is not None:
+            sql, args = sql + " WHERE env_id = ?", (env_id,)
+        rows = c.execute(sql + " ORDER BY importance DESC, id", args)
+        return [Insight(int(r[0]), r[1], r[2], int(r[3]), int(r[4]), int(r[5]), r[6]) for r in rows]
+
+    def apply_insights(self, ops: Sequence[InsightOp], shown: Sequence[Insight], *, env_id: str, step: int,
+                       call_id: str) -> InsightResult:
+        """Apply one reply's operations to ``env_id``'s insight list, in one transaction, with ExpeL's
+        importance arithmetic (arXiv 2308.10144, section 4.2; released ``update_rules``):
+
+        * operations go in :data:`~crl_bench.experience.insights.APPLY_ORDER` (downvotes, upvotes,
+          edits, adds), each naming an insight by its number in ``shown`` (the list the extractor
+          was shown);
+        * ADD writes a new insight of importance 2, unless its text repeats one on the list
+          (``duplicate``);
+        * EDIT replaces the text and adds 1; an EDIT to the same text counts as an UPVOTE;
+        * UPVOTE adds 1; DOWNVOTE takes 1 away and removes an insight that reaches 0;
+        * an operation on an insight no longer on the list (another call removed it) is rejected
+          (``gone``), as is a number outside ``shown`` (``unknown_number``).
+
+        Rejections are logged in the bank's rejection log and returned, never raised. Counters
+        ``insight_<KIND>`` and ``insights_removed`` keep the totals.
+
+        Raises:
+            PermissionError: a read-only bank.
+        """
+        self._check_writable()
+        res = InsightResult()
+        order = {k: n for n, k in enumerate(APPLY_ORDER)}
+        with self._write() as c:
+            for op in sorted(ops, key=lambda o: order.get(o.kind, len(order))):
+                if op.kind == "ADD":
+                    live = {normalise(r[0]) for r in c.execute("SELECT text FROM insights WHERE env_id = ?",
+                                                                 (env_id,))}
+                    if normalise(op.text) in live:
+                        self._reject_insight(c, res, op, "duplicate", env_id, step, call_id)
+                        continue
+                    cur = c.execute("INSERT INTO insights(env_id, text, importance, created_step, updated_step, "
+                                    "source_call) VALUES (?, ?, ?, ?, ?, ?)",
+                                    (env_id, op.text, INSIGHT_INIT, int(step), int(step), call_id))
+                    res.applied.append((op, int(cur.lastrowid)))
+                    self._bump(c, "insight_ADD")
+                    continue
+                if not 1 <= op.number <= len(shown):
+                    self._reject_insight(c, res, op, "unknown_number", env_id, step, call_id)
+                    continue
+                target = shown[op.number - 1]
+                row = c.execute("SELECT text, importance FROM insights WHERE id = ? AND env_id = ?",
+                                (target.id, env_id)).fetchone()
+                if row is None:
+                    self._reject_insight(c, res, op, "gone", env_id, step, call_id)
+                    continue
+                kind = op.kind
+                if kind == "EDIT" and normalise(op.text) == normalise(row[0]):
+                    kind = "UPVOTE"
+                importance = int(row[1]) + (-1 if kind == "DOWNVOTE" else 1)
+                if importance <= 0:
+                    c.execute("DELETE FROM insights WHERE id = ?", (target.id,))
+                    res.removed.append(target.id)
+                    self._bump(c, "insights_removed")
+                elif kind == "EDIT":
+                    c.execute("UPDATE insights SET text = ?, importance = ?, updated_step = ?, source_call = ? "
+                              "WHERE id = ?", (op.text, importance, int(step), call_id, target.id))
+                else:
+                    c.execute("UPDATE insights SET importance = ?, updated_step = ? WHERE id = ?",
+                              (importance, int(step), target.id))
+                res.applied.append((op if kind == op.kind else InsightOp(kind, op.number), target.id))
+                self._bump(c, f"insight_{kind}")
+        return res
+
+    def _reject_insight(self, c: sqlite3.Connection, res: InsightResult, op: InsightOp, reason: str, env_id: str,
+                        step: int, call_id: str) -> None:
+        res.rejected.append((op, reason))
+        c.execute("INSERT INTO rejections(time, step, extraction_id, env_id, operation, reason) "
+                  "VALUES (?, ?, ?, ?, ?, ?)",
+                  (time.time(), int(step), str(call_id), str(env_id),
+                   json.dumps({"kind": op.kind, "number": op.number, "text": op.text, "list": "insights"}), reason))
+
+
+    def _insight_stats(self, counters: dict[str, int]) -> dict:
+        """The insight lists' part of :meth:`stats`: insights per env, their importance sum, and the
+        operations applied per kind and the insights removed over the bank's life."""
+        per_env: dict[str, int] = {}
+        importance = 0
+        for i in self.insights():
+            per_env[i.env_id] = per_env.get(i.env_id, 0) + 1
+            importance += i.importance
+        return {"count": sum(per_env.values()), "per_env": dict(sorted(per_env.items())), "importance_sum": importance,
+                "applied": {k: int(counters.get(f"insight_{k}", 0)) for k in ("ADD", "EDIT", "UPVOTE", "DOWNVOTE")},
+                "removed": int(counters.get("insights_removed", 0))}
+

@@ -206,3 +206,47 @@ class ReflectionsMemory(Memory):
                     memory[(t.env_id, int(t.task))].append(text)
 
         return Attempts(prepare, learn, lambda: {"attempts_with_reflections": shown[0]})
+
+
+class ReflectionTable:
+    """Reflexion's reflections in the experience bank's table ``reflections`` (a mixin of
+    :class:`~crl_bench.experience.bank.ExperienceBank`, using its ``_conn``, ``_write``,
+    ``_check_writable`` and ``_has_table``)."""
+
+    def add_reflections(self, rows: Sequence[tuple[str, int, str, int]]) -> None:
+        """Store ``(env_id, task, text, step)`` reflections (:mod:`crl_bench.experience.reflections`),
+        in order, in one transaction. Raises ``PermissionError`` on a read-only bank."""
+        self._check_writable()
+        if not rows:
+            return
+        with self._write() as c:
+            c.executemany("INSERT INTO reflections(env_id, task, text, step) VALUES (?, ?, ?, ?)",
+                          [(str(e), int(t), str(x), int(s)) for e, t, x, s in rows])
+
+    def reflections(self, env_id: str, task: int, limit: int = 3) -> list[str]:
+        """The most recent ``limit`` reflections on ``env_id``'s task ``task``, oldest first (none in a
+        bank written before reflections existed)."""
+        if limit <= 0 or not self._has_table("reflections"):
+            return []
+        rows = self._conn().execute("SELECT text FROM reflections WHERE env_id = ? AND task = ? ORDER BY id DESC "
+                                    "LIMIT ?", (env_id, int(task), int(limit))).fetchall()
+        return [r[0] for r in reversed(rows)]
+
+    def recent_reflections(self, env_id: str | None = None, limit: int = 20) -> list[tuple[str, int, str, int]]:
+        """The ``limit`` most recent reflections as ``(env_id, task, text, step)``, newest first, of one env
+        or (``env_id`` None) of all; ``[]`` in a bank written before reflections existed."""
+        if limit <= 0 or not self._has_table("reflections"):
+            return []
+        where, args = ("WHERE env_id = ? ", (env_id,)) if env_id is not None else ("", ())
+        rows = self._conn().execute(f"SELECT env_id, task, text, step FROM reflections {where}ORDER BY id DESC "
+                                    "LIMIT ?", (*args, int(limit))).fetchall()
+        return [(str(e), int(t), str(x), int(s)) for e, t, x, s in rows]
+
+    def reflection_count(self, env_id: str | None = None) -> int:
+        """Reflections stored, over all tasks (of ``env_id`` if given)."""
+        if not self._has_table("reflections"):
+            return 0
+        if env_id is None:
+            return int(self._conn().execute("SELECT COUNT(*) FROM reflections").fetchone()[0])
+        return int(self._conn().execute("SELECT COUNT(*) FROM reflections WHERE env_id = ?", (env_id,)).fetchone()[0])
+

@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from crl_bench.env_api import DEFAULT_REPLY_INSTRUCTION, TextEnv, feedback_of, make_env
 from crl_bench.experience.types import RetrievalRecord
@@ -196,8 +196,12 @@ class Trajectory:
         return sum(len(t.response_ids) for t in self.turns)
 
 
-PROMPT_LAYOUTS = ("window", "multiturn")
-PLACEMENTS = ("system", "user")
+PromptLayout = Literal["window", "multiturn"]
+"""Values of ``rollout.prompt``: how a turn's prompt is laid out (:class:`PromptBuilder`)."""
+PROMPT_LAYOUTS: tuple[str, ...] = get_args(PromptLayout)
+Placement = Literal["system", "user"]
+"""Values of ``experience.placement``: where retrieved experience goes in the prompt."""
+PLACEMENTS: tuple[str, ...] = get_args(Placement)
 
 
 class PromptBuilder:

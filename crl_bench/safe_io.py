@@ -215,6 +215,21 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        """A mapping, refusing a key written twice in it (PyYAML keeps the last silently, so a config
+        that sets a key twice would run with one of the two values unnoticed). Keys brought in by a
+        merge (``<<: *base``) may be overridden, as YAML intends."""
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    key = (key_node.tag, key_node.value)
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(None, None, f"key {printable(key_node.value)[:80]!r} "
+                                                                "is given twice in one mapping", key_node.start_mark)
+                    seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
     def construct_yaml_int(self, node: Any) -> int:
         digits = str(node.value).replace("_", "")
         if len(digits) > MAX_INT_DIGITS:

@@ -63,10 +63,11 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
+from crl_bench.config import Sharding
 from crl_bench.trainer.policy import (
     PolicyUpdater,
     TokenSample,
@@ -78,7 +79,7 @@ from crl_bench.trainer.policy import (
 
 __all__ = ["SHARDINGS", "DataParallelUpdater", "MicroBatch", "TrainWorker", "allreduce_sum_hook"]
 
-SHARDINGS = ("ddp", "fsdp")
+SHARDINGS: tuple[str, ...] = get_args(Sharding)
 """The values of ``train.sharding``."""
 
 

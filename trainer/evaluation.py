@@ -16,16 +16,16 @@ import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
-from crl_bench.config import RunConfig
+from crl_bench.config import EvalControl, RunConfig
 from crl_bench.results.passk import pass_curves
 from crl_bench.rollout import EpisodeSpec, Trajectory
 
 #: the memory controls of evaluation (``eval.controls``; docs/evaluation.md "Memory controls")
-EVAL_CONTROLS = ("shuffled", "empty")
+EVAL_CONTROLS: tuple[str, ...] = get_args(EvalControl)
 #: every eval mode, in the order a final evaluation runs the ones it has
 EVAL_MODES = ("guided", *EVAL_CONTROLS, "free")
 

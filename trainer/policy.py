@@ -20,10 +20,11 @@ import math
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
+from crl_bench.config import LossAgg, SequenceLayout
 from crl_bench.llm.precision import autocast
 from crl_bench.trainer.losses import ppo_clip_loss, token_logprobs
 
@@ -61,7 +62,7 @@ class TokenSample:
         return sum(self.loss_mask) if self.loss_mask is not None else len(self.response_ids)
 
 
-SEQUENCE_LAYOUTS = ("episode", "turn")
+SEQUENCE_LAYOUTS: tuple[str, ...] = get_args(SequenceLayout)
 
 
 def append_only(turns: Sequence[Any]) -> bool:
@@ -143,7 +144,7 @@ def episode_samples(trajectories: Sequence[Trajectory], advantages: Sequence[flo
     return out
 
 
-LOSS_AGGS = ("seq-mean-token-mean", "token-mean")
+LOSS_AGGS: tuple[str, ...] = get_args(LossAgg)
 
 
 def token_weights(samples: Sequence[TokenSample], loss_agg: str) -> list[float]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from typing import Any, get_args
 
 from crl_bench.bench.options import DEFAULT_MODEL, non_negative_int, positive_int
+from crl_bench.config import Sharding
 
 __all__ = ["HELP", "add_parser", "bench_dp", "format_dp", "run", "synthetic_batch"]
 
@@ -174,7 +175,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                               "vs N data-parallel workers (Ray actors, one torch.distributed group).")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--workers", type=positive_int, default=2, help="data-parallel workers (default 2)")
-    p.add_argument("--sharding", choices=("ddp", "fsdp"), default="ddp")
+    p.add_argument("--sharding", choices=get_args(Sharding), default="ddp")
     p.add_argument("--groups", type=positive_int, default=4, help="groups (prompts) in the batch")
     p.add_argument("--group-size", type=positive_int, default=4, help="episodes per group")
     p.add_argument("--prompt-tokens", type=positive_int, default=256)

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from crl_bench.bench.options import add_model_and_env, first_env, positive_int
+from crl_bench.rollout import PROMPT_LAYOUTS
 
 if TYPE_CHECKING:
     import torch
@@ -209,7 +210,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--train-steps", type=positive_int, default=2, help="training steps per arm")
     p.add_argument("--no-update-probe", action="store_true",
                    help="skip the same-batch update comparison (costly on big presets)")
-    p.add_argument("--prompt", choices=("window", "multiturn"), default=None,
+    p.add_argument("--prompt", choices=PROMPT_LAYOUTS, default=None,
                    help="rollout.prompt (default: the preset's); multiturn episodes are append-only, "
                         "so the update probe compares per-turn samples with one sequence per episode")
     p.add_argument("--max-actions", type=positive_int, default=None,

@@ -6,9 +6,9 @@ type of ``--episodes``, and :func:`resolve_config`, which layers them into one v
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, get_args
 
-from crl_bench.config import ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
+from crl_bench.config import Backend, ConfigError, RunConfig, build_config, load_yaml, parse_override, preset_data
 from crl_bench.methods import get_method, list_methods
 
 __all__ = ["add_backend_args", "add_config_args", "episodes", "resolve_config"]
@@ -34,7 +34,7 @@ def add_config_args(p: argparse.ArgumentParser, with_method: bool = True) -> Non
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
     """Add ``--backend`` and ``--ray-address`` to ``p`` (read back by :func:`resolve_config`)."""
-    p.add_argument("--backend", choices=("local", "ray"),
+    p.add_argument("--backend", choices=get_args(Backend),
                    help="local (default: one process) or ray (envs, engines and the experience manager in Ray "
                         "actors; crl_bench/ray_backend.py)")
     p.add_argument("--ray-address", help="with --backend ray: the cluster to join (default RAY_ADDRESS, else a "

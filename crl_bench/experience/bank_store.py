@@ -11,6 +11,7 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal, get_args
 
 from crl_bench.experience.types import Operation
 
@@ -20,7 +21,9 @@ __all__ = ["BANK_TABLES", "EVICTION_POLICIES", "ENTRY_COLS", "LATER_COLS", "SCHE
 
 
 BANK_TABLES = ("entries", "rejections", "counters", "meta")    # what makes a SQLite file a bank
-EVICTION_POLICIES = ("fifo", "lru")
+EvictionPolicy = Literal["fifo", "lru"]
+"""Values of ``experience.eviction``: which entries a full bank removes first."""
+EVICTION_POLICIES: tuple[str, ...] = get_args(EvictionPolicy)
 
 UTILITY_INIT = 0.5
 """An entry's utility before any guided episode used it (RetroAgent, arXiv 2603.08561, section 3.3)."""

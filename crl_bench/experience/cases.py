@@ -22,7 +22,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from annotated_types import Ge
 
 from crl_bench.experience.extractor import (
     EpisodeRecord,
@@ -41,25 +43,22 @@ CASES_HEADER = ("Earlier episodes of similar tasks, each with its outcome. Use t
                 "task; do not copy them blindly.")
 """The header of a case bank's block (``casebank``): its entries are whole earlier episodes."""
 
-CASE_OUTCOMES = ("successes", "all")
+CaseOutcomes = Literal["successes", "all"]
 """Values of ``experience.cases.outcomes``: which finished episodes become cases."""
+CASE_OUTCOMES: tuple[str, ...] = get_args(CaseOutcomes)
 
 
 @dataclass
 class CasesConfig:
-    """Section ``experience.cases``: the cases of a bank of cases (``casebank``, ``expel``).
+    """Section ``experience.cases``: the cases of a bank of cases (``casebank``, ``expel``)."""
 
-    Attributes:
-        outcomes: which finished episodes, of both subgroups, become cases: ``successes`` (default,
-            as ExpeL retrieves successful trajectories) or ``all`` (failures too, their outcome
-            stated). ``experience.distill`` and ``distill_per_group`` choose what goes to an
-            extractor and do not apply.
-        tokens: token budget of one case's compacted trajectory (actor's tokenizer; the outcome line
-            comes on top; at least 16).
-    """
-
-    outcomes: str = "successes"
-    tokens: int = 256
+    outcomes: CaseOutcomes = "successes"
+    """Which finished episodes, of both subgroups, become cases: ``successes`` (default, as ExpeL retrieves successful
+    trajectories) or ``all`` (failures too, their outcome stated). ``experience.distill`` and ``distill_per_group``
+    choose what goes to an extractor and do not apply."""
+    tokens: Annotated[int, Ge(16)] = 256
+    """Token budget of one case's compacted trajectory (actor's tokenizer; the outcome line comes on top; at least
+    16)."""
 
 
 def admits_case(has_steps: bool, success: bool, outcomes: str) -> bool:

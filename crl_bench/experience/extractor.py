@@ -34,7 +34,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from crl_bench.experience.operations import STOP, ParseResult, format_entries, format_operations, parse_operations
 from crl_bench.experience.types import ExperienceEntry, Operation
@@ -77,6 +77,9 @@ class EpisodeRecord:
     replies: list[str] = field(default_factory=list)
     outcome: str = ""
 
+
+Transcript = Literal["compact", "full"]
+"""Values of ``extractor.transcript``: how the extractor reads an episode (:func:`compact_trajectory`)."""
 
 _BOILERPLATE_PREFIXES = ("valid actions:", "last:")
 
@@ -358,7 +361,7 @@ class ExtractorPromptBuilder:
                  decode_fn: Callable[[str], str] | None = strip_observation, demo: bool = True,
                  entry_format: Callable[[Sequence[ExperienceEntry]], str] = format_entries,
                  transcript: str = "compact") -> None:
-        if transcript not in ("compact", "full"):
+        if transcript not in get_args(Transcript):
             raise ValueError(f"transcript must be compact or full, got {transcript!r}")
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens

@@ -43,7 +43,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from annotated_types import Ge
 
 from crl_bench.experience.cases import CasesMemory, CaseWriter, case_requests
 from crl_bench.experience.extractor import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
@@ -66,25 +68,22 @@ MIN_INSIGHT_CHARS = 8
 
 @dataclass
 class InsightsConfig:
-    """Section ``experience.insights``: ExpeL's insight calls (``expel``).
+    """Section ``experience.insights``: ExpeL's insight calls (``expel``)."""
 
-    Attributes:
-        pairs: comparison calls per group with a success and a failure (each a success against a
-            failure of the group's task), per step.
-        successes: most successes of different tasks in one success-list call (ExpeL's L: 4 as for
-            WebShop; 8 for ALFWorld does not fit a small model's prompt); one call per step when at
-            least two tasks had a success (0 = no success-list calls; else at least 2).
-        ops: most operations of one insight reply (4, as released).
-        max: from this many insights of an env on, the extractor is asked to downvote and edit before
-            adding (released prompt; 10 as in the released ALFWorld runs; 0 = never).
-        new_tokens: most tokens of one insight reply (at least 8).
-    """
-
-    pairs: int = 1
-    successes: int = 4
-    ops: int = 4
-    max: int = 10
-    new_tokens: int = 160
+    pairs: Annotated[int, Ge(0)] = 1
+    """Comparison calls per group with a success and a failure (each a success against a failure of the group's task),
+    per step."""
+    successes: Annotated[int, Ge(0)] = 4
+    """Most successes of different tasks in one success-list call (ExpeL's L: 4 as for WebShop; 8 for ALFWorld does
+    not fit a small model's prompt); one call per step when at least two tasks had a success (0 = no success-list
+    calls; else at least 2)."""
+    ops: Annotated[int, Ge(1)] = 4
+    """Most operations of one insight reply (4, as released)."""
+    max: Annotated[int, Ge(0)] = 10
+    """From this many insights of an env on, the extractor is asked to downvote and edit before adding (released
+    prompt; 10 as in the released ALFWorld runs; 0 = never)."""
+    new_tokens: Annotated[int, Ge(8)] = 160
+    """Most tokens of one insight reply (at least 8)."""
 
 
 @dataclass(frozen=True)

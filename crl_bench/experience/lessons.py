@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from annotated_types import Ge, Interval
 
 from crl_bench.experience.extractor import fold_items
 from crl_bench.experience.memory import Memory, register_memory
@@ -28,30 +30,29 @@ from crl_bench.experience.records import by_group, episode_record, turn_query, t
 from crl_bench.experience.requests import DistillRequest, Request
 from crl_bench.experience.types import JUDGED_INVALID, ApplyResult, ExperienceEntry, Operation
 
+MergeMode = Literal["fold", "similar"]
+"""Values of ``experience.merge.mode``: how the merge pass groups a bank's lessons."""
+MERGE_MODES: tuple[str, ...] = get_args(MergeMode)
+
 
 @dataclass
 class MergeConfig:
-    """Section ``experience.merge``: the merge pass of a bank of lessons.
+    """Section ``experience.merge``: the merge pass of a bank of lessons."""
 
-    Attributes:
-        every: a merge pass runs at the start of every 0-based step divisible by N, after the flush
-            (0 = never; released 5), except when the extractor was updated in the step before (the
-            released asynchronous update is then still pending, and the pipeline skips the flush
-            and the merge).
-        mode: ``fold`` (released ``merge_memory``: each env's entries, oldest first, go to the
-            extractor in chunks of ``max``; each call's lessons are carried into the next chunk, the
-            originals of every chunk that gave lessons are deleted and the last call's lessons stay,
-            crediting the last call that gave lessons) or ``similar`` (groups of at most ``max``
-            entries whose index vectors have cosine >= ``threshold``, one MERGE / UPDATE / NONE call
-            per group).
-        max: entries per extractor call of the pass (released 5; at least 2).
-        threshold: cosine similarity that groups entries for ``similar``.
-    """
-
-    every: int = 5
-    mode: str = "fold"
-    max: int = 5
-    threshold: float = 0.8
+    every: Annotated[int, Ge(0)] = 5
+    """A merge pass runs at the start of every 0-based step divisible by N, after the flush (0 = never; released 5),
+    except when the extractor was updated in the step before (the released asynchronous update is then still
+    pending, and the pipeline skips the flush and the merge)."""
+    mode: MergeMode = "fold"
+    """``fold`` (released ``merge_memory``: each env's entries, oldest first, go to the extractor in chunks of
+    ``max``; each call's lessons are carried into the next chunk, the originals of every chunk that gave lessons
+    are deleted and the last call's lessons stay, crediting the last call that gave lessons) or ``similar`` (groups
+    of at most ``max`` entries whose index vectors have cosine >= ``threshold``, one MERGE / UPDATE / NONE call per
+    group)."""
+    max: Annotated[int, Ge(2)] = 5
+    """Entries per extractor call of the pass (released 5; at least 2)."""
+    threshold: Annotated[float, Interval(ge=-1, le=1)] = 0.8
+    """Cosine similarity that groups entries for ``similar``."""
 
 
 @dataclass

@@ -27,7 +27,9 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from annotated_types import Ge
 
 from crl_bench.experience.extractor import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
 from crl_bench.experience.insights import copies_example
@@ -37,16 +39,13 @@ from crl_bench.experience.records import episode_record
 
 @dataclasses.dataclass
 class ReflectionsConfig:
-    """Section ``experience.reflections``: Reflexion's reflections (``reflexion``).
+    """Section ``experience.reflections``: Reflexion's reflections (``reflexion``)."""
 
-    Attributes:
-        shown: the most recent reflections on a task shown to an attempt at it (Reflexion's Omega, 3
-            as in its ALFWorld and HotpotQA runs; at least 1).
-        tokens: most tokens of one reflection (at least 8).
-    """
-
-    shown: int = 3
-    tokens: int = 64
+    shown: Annotated[int, Ge(1)] = 3
+    """The most recent reflections on a task shown to an attempt at it (Reflexion's Omega, 3 as in its ALFWorld and
+    HotpotQA runs; at least 1)."""
+    tokens: Annotated[int, Ge(8)] = 64
+    """Most tokens of one reflection (at least 8)."""
 
 
 REFLECTIONS_HEADER = ("Your reflections on your earlier failed attempts at this same task, oldest first. "

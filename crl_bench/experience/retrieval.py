@@ -70,12 +70,15 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 from crl_bench.experience.embedding import QueryCache
 from crl_bench.experience.types import ExperienceEntry
 
 RANK_SCORES = ("position", "cosine")
-RERANKS = ("released", "utility")
+Rerank = Literal["released", "utility"]
+"""Values of ``experience.rerank``: how retrieval orders its candidates."""
+RERANKS: tuple[str, ...] = get_args(Rerank)
 
 
 class Retriever:

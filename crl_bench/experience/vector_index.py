@@ -73,12 +73,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
-#: index kinds a bank (and :func:`make_shard`) accepts
-INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")
+IndexKind = Literal["auto", "flat", "ivf", "hnsw"]
+"""Index kinds a bank (and :func:`make_shard`) accepts: values of ``experience.index``."""
+INDEX_KINDS: tuple[str, ...] = get_args(IndexKind)
 #: approximate kinds, the choices of ``auto_index``
 APPROX_KINDS = ("ivf", "hnsw")
 #: ``index="auto"``: a shard of more than this many entries leaves exact search for ``auto_index``

@@ -32,8 +32,10 @@ import typing
 from typing import Any
 
 import annotated_types as at
+import yaml
 
-__all__ = ["ConfigError", "check_fields", "check_value", "choices", "field_docs", "reference_rows", "type_text"]
+__all__ = ["ConfigError", "check_fields", "check_value", "choices", "field_docs", "reference_rows", "section_hints",
+           "type_text"]
 
 
 class ConfigError(ValueError):
@@ -232,8 +234,6 @@ def type_text(tp: Any) -> str:
 def reference_rows(section: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """``(dotted key, type text, default as YAML, doc)`` for every key of the dataclass ``section`` and
     of its sections, in field order; a section field gives its own rows, not one of its own."""
-    import yaml
-
     hints = _hints(section)
     docs = field_docs(section)
     rows: list[tuple[str, str, str, str]] = []

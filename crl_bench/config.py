@@ -30,12 +30,12 @@ from crl_bench.config_io import (
 from crl_bench.config_schema import ConfigError, check_fields
 from crl_bench.experience.bank_store import EvictionPolicy
 from crl_bench.experience.cases import CasesConfig
-from crl_bench.experience.extractor import Transcript
 from crl_bench.experience.insights import InsightsConfig
 from crl_bench.experience.lessons import MergeConfig
 from crl_bench.experience.memory import get_memory
 from crl_bench.experience.reflections import ReflectionsConfig
 from crl_bench.experience.retrieval import Rerank
+from crl_bench.experience.transcripts import Transcript
 from crl_bench.experience.vector_index import IndexKind
 from crl_bench.methods import MethodSpec, get_method, list_methods
 from crl_bench.rollout import Placement, PromptLayout

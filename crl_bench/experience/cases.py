@@ -26,17 +26,12 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from annotated_types import Ge
 
-from crl_bench.experience.extractor import (
-    EpisodeRecord,
-    Extraction,
-    compact_trajectory,
-    outcome_text,
-    strip_observation,
-)
+from crl_bench.experience.extractor import Extraction
 from crl_bench.experience.memory import Memory, register_memory
 from crl_bench.experience.operations import ParseResult
 from crl_bench.experience.records import by_group, episode_record
 from crl_bench.experience.requests import DistillRequest
+from crl_bench.experience.transcripts import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
 from crl_bench.experience.types import ExperienceEntry, Operation
 
 CASES_HEADER = ("Earlier episodes of similar tasks, each with its outcome. Use them where they apply to this "

@@ -48,10 +48,10 @@ from typing import Annotated, Any, ClassVar
 from annotated_types import Ge
 
 from crl_bench.experience.cases import CasesMemory, CaseWriter, case_requests
-from crl_bench.experience.extractor import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
 from crl_bench.experience.memory import empty_guidance_text, guidance_text, register_memory
 from crl_bench.experience.records import by_group, episode_record
 from crl_bench.experience.requests import Request
+from crl_bench.experience.transcripts import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
 
 INSIGHT_INIT = 2
 """Importance of a new insight (ExpeL section 4.2)."""

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from crl_bench.experience.extractor import EpisodeRecord
+from crl_bench.experience.transcripts import EpisodeRecord
 
 
 def step_text(traj: Any, k: int) -> tuple[str, str, str]:

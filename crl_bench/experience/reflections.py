@@ -31,10 +31,10 @@ from typing import Annotated, Any, ClassVar
 
 from annotated_types import Ge
 
-from crl_bench.experience.extractor import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
 from crl_bench.experience.insights import copies_example
 from crl_bench.experience.memory import Attempts, Memory, register_memory
 from crl_bench.experience.records import episode_record
+from crl_bench.experience.transcripts import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from crl_bench.experience.extractor import EpisodeRecord
+from crl_bench.experience.transcripts import EpisodeRecord
 from crl_bench.experience.types import ExperienceEntry
 
 

@@ -83,7 +83,7 @@ def test_tiny_budget_and_empty_episode(tokenizer):
 
 
 def test_summary_counts_actions():
-    import crl_bench.experience.extractor as x
+    import crl_bench.experience.transcripts as x
 
     line = x._summary([("o", "up", "hit"), ("o", "up", "hit"), ("o", "left", "")], 2, 4)
     assert line.startswith("... steps 2-4 omitted (3 steps). Actions: up x2, left x1.")

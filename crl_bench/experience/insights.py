@@ -27,7 +27,8 @@ then one call over the first success of up to ``experience.insights.successes`` 
 paper's L), comparisons before success lists as in Algorithm 2; calls batched together see the same
 list. The released code's larger DOWNVOTE on a long list (3 instead of 1) is not followed: the
 paper's arithmetic is. When the list holds ``experience.insights.max`` insights or more, the prompt
-asks for downvotes and edits before new insights (the released prompt's nudge; the paper has no cap).
+asks for downvotes and edits before new insights (the released prompt nudges too, towards removals
+and only very different new rules; the paper has no cap).
 
 :class:`InsightsMemory` is the memory kind ``insights`` (:mod:`crl_bench.experience.memory`): the
 cases of :mod:`crl_bench.experience.cases` plus the insight list, whose calls are
@@ -80,8 +81,9 @@ class InsightsConfig:
     ops: Annotated[int, Ge(1)] = 4
     """Most operations of one insight reply (4, as released)."""
     max: Annotated[int, Ge(0)] = 10
-    """From this many insights of an env on, the extractor is asked to downvote and edit before adding (released
-    prompt; 10 as in the released ALFWorld runs; 0 = never)."""
+    """From this many insights of an env on, the extractor is asked to prefer downvotes and edits and to add only a
+    clearly new rule (the released prompt asks for removals first and a new rule only when it is very different;
+    10 as in the released ALFWorld runs; 0 = never)."""
     new_tokens: Annotated[int, Ge(8)] = 160
     """Most tokens of one insight reply (at least 8)."""
 

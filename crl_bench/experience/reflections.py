@@ -42,8 +42,8 @@ class ReflectionsConfig:
     """Section ``experience.reflections``: Reflexion's reflections (``reflexion``)."""
 
     shown: Annotated[int, Ge(1)] = 3
-    """The most recent reflections on a task shown to an attempt at it (Reflexion's Omega, 3 as in its ALFWorld and
-    HotpotQA runs; at least 1)."""
+    """The most recent reflections on a task shown to an attempt at it (Reflexion's Omega: 3 as in its ALFWorld code;
+    its HotpotQA code shows every reflection; at least 1)."""
     tokens: Annotated[int, Ge(8)] = 64
     """Most tokens of one reflection (at least 8)."""
 

@@ -20,7 +20,8 @@ docs/method.md).  Beside the actor's GRPO loop:
 3. Credit: each use of an entry by a guided episode adds a reward to the extraction recorded at
    retrieval time (``binary``: the episode's score, 0 counting -1; ``relative``: +1 / 0 / -1 against
    the free subgroup's mean; the judge's decision overrides, see :mod:`.actor_critic`), and each
-   search-tool answer of a guided episode is credited with the episode's score.  An extraction's
+   search-tool answer of a guided episode is credited with the episode's score (with
+   ``experience.integration: turn`` nothing is credited, as released).  An extraction's
    reward is the mean over its uses: one training sample per extraction call.
 4. When ``extractor.batch_size`` extractions wait, the extractor takes one CISPO update with the
    batch mean as baseline (each sample's advantage times its repeat weight, ``extractor.repeat_*``),
@@ -417,7 +418,13 @@ class ExperienceTrack:
     def _credit(self, by_group: dict[int, list[Trajectory]]) -> int:
         """Add each guided episode's use reward to the extractions recorded at its retrieval, and its
         score (0 counting -1, no judge adjustment: released, only the episode-start retrieval is judged)
-        to the extractor's answers to its search-tool calls."""
+        to the extractor's answers to its search-tool calls.  With ``experience.integration: turn``
+        nothing is credited, as released: ``add_memory_metadata_to_rollout``
+        (``memory_integration_mixin.py`` ~345-409) attaches triggered interactions, search-tool
+        answers included, only to episodes that searched at episode start, which ``turn_based`` never
+        does."""
+        if self.cfg.experience.integration == "turn":
+            return 0
         kind = self.cfg.extractor.reward
         credited = 0
         episode_outcomes: list[tuple[list[int], bool]] = []     # (entry ids shown, success) per episode

@@ -372,6 +372,31 @@ def test_search_tool_is_answered_by_the_extractor_and_credited_for_guided_episod
     tr.close()
 
 
+def test_turn_integration_is_one_advantage_group_and_credits_nothing(tokenizer, tiny_model):
+    """Released ``turn_based``: no episode searches at episode start, so every episode is keyed
+    ``wo_memory`` (a group's G episodes are one advantage group) and none carries triggered
+    interactions, so the extractor's search-tool answers are not credited either."""
+    from crl_bench.rollout import Trajectory
+
+    def extractor(text: str) -> str:
+        return "<answer>Call heads.</answer>" if "Question:" in text else "<ops>\n" + ADD + "\n</ops>"
+    tr = _trainer(tokenizer, tiny_model, reply=extractor, rollout={"max_steps": 3}, extractor={"batch_size": 64},
+                  experience={"integration": "turn", "search_tool": "all", "max_tool_uses": 1},
+                  generation={"constrained": False})
+    tr.train_step()                                      # turn-level entries for the tool to find
+    tr.runner.engine = _ToolActor(tokenizer)
+    res = tr.train_step()
+    guided = [t for t in res.trajectories if t.subgroup == "guided"]
+    assert guided and all(isinstance(t.tool_calls[0].record, Extraction) for t in guided)
+    assert res.metrics["extractions_credited"] == 0 and not tr.experience.buffer
+    trajs = [Trajectory("test-coin", 0, 0, sub, reward=r) for sub, r in
+             (("free", 1.0), ("free", 1.0), ("guided", 0.0), ("guided", 0.0))]
+    assert tr.advantages(trajs) == pytest.approx([0.5, 0.5, -0.5, -0.5])      # one group of 4
+    tr.cfg.experience.integration = "trajectory"
+    assert tr.advantages(trajs) == pytest.approx([0.0] * 4)                   # subgroups apart
+    tr.close()
+
+
 def test_search_tool_limits(tokenizer, tiny_model):
     tr = _trainer(tokenizer, tiny_model, experience={"search_tool": "guided", "max_tool_uses": 2},
                   generation={"constrained": False}, rollout={"max_steps": 3})

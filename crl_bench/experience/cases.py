@@ -33,7 +33,7 @@ from crl_bench.experience.extractor import (
 )
 from crl_bench.experience.memory import Memory, register_memory
 from crl_bench.experience.operations import ParseResult
-from crl_bench.experience.records import by_group, episode_record
+from crl_bench.experience.records import by_group, entry_key, episode_record
 from crl_bench.experience.requests import DistillRequest
 from crl_bench.experience.types import ExperienceEntry, Operation
 
@@ -144,7 +144,7 @@ def case_requests(trajs: Sequence[Any], step: int, outcomes: str, key: str) -> l
     """The requests of a finished step for a case bank: every episode of both subgroups whose outcome
     ``outcomes`` admits (:func:`admits_case`; ``experience.cases.outcomes``), whole, keyed by its retrieval
     query when ``key`` (``experience.key``) is ``query``, as the other kinds' entries are."""
-    return [DistillRequest(episode_record(t), [], t.env_id, step, t.query if key == "query" else "")
+    return [DistillRequest(episode_record(t), [], t.env_id, step, entry_key(t) if key == "query" else "")
             for members in by_group(trajs).values() for t in members
             if admits_case(bool(t.turns), t.success, outcomes)]
 

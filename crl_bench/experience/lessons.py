@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from crl_bench.experience.extractor import fold_items
 from crl_bench.experience.memory import Memory, register_memory
-from crl_bench.experience.records import by_group, episode_record, turn_query, turn_record
+from crl_bench.experience.records import by_group, entry_key, episode_record, turn_query, turn_record
 from crl_bench.experience.requests import DistillRequest, Request
 from crl_bench.experience.types import JUDGED_INVALID, ApplyResult, ExperienceEntry, Operation
 
@@ -235,7 +235,7 @@ class LessonsMemory(Memory):
                         continue
                     rec = t.retrieval
                     shown = rec.entries if rec is not None and rec.judgement != JUDGED_INVALID else []
-                    key = t.query if exp_cfg.key == "query" else ""
+                    key = entry_key(t) if exp_cfg.key == "query" else ""
                     reqs.append(DistillRequest(episode_record(t), list(shown), t.env_id, step, key))
             if exp_cfg.integration in ("turn", "both"):
                 for t in members:

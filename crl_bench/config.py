@@ -23,7 +23,7 @@ import yaml
 from crl_bench.experience.cases import CASE_OUTCOMES, CasesConfig
 from crl_bench.experience.insights import InsightsConfig
 from crl_bench.experience.lessons import MergeConfig
-from crl_bench.experience.memory import get_memory
+from crl_bench.experience.memory import BANK_SCOPES, get_memory
 from crl_bench.experience.reflections import ReflectionsConfig
 from crl_bench.methods import MethodSpec, get_method, list_methods
 from crl_bench.safe_io import InputFileError, parse_yaml
@@ -356,6 +356,10 @@ class ExperienceConfig:
             the guided subgroup, by their place in the group, also in warm-up and when retrieval found
             nothing) or ``all``.
         distill_per_group: at most this many of a group's chosen episodes are distilled (0 = all).
+        scope: the bank partition an env retrieves from and writes to: ``env`` (default: its own) or
+            ``family`` (released: envs of one env class and type share one, MiniHack's navigation
+            envs; :func:`crl_bench.experience.memory.bank_scope`): lessons and cases; ExpeL's insight
+            lists and Reflexion's reflections stay per env.
         key: what indexes an entry for retrieval: ``query`` (released: the embedding of the retrieval
             query of the episode it was distilled from, so retrieval matches query to query; merged
             entries by their content) or ``lesson`` (the embedding of the entry's own text).
@@ -429,6 +433,7 @@ class ExperienceConfig:
     distill: str = "guided"
     distill_per_group: int = 0
     key: str = "query"
+    scope: str = "env"
     warmup_steps: int = 5
     warmup_train_steps: int = -1
     integration: str = "trajectory"
@@ -954,6 +959,7 @@ def validate(cfg: RunConfig) -> None:
         ("experience.reflections.shown", cfg.experience.reflections.shown >= 1),
         ("experience.reflections.tokens", cfg.experience.reflections.tokens >= 8),
         ("experience.key", cfg.experience.key in ("query", "lesson")),
+        ("experience.scope", cfg.experience.scope in BANK_SCOPES),
         ("experience.placement", cfg.experience.placement in ("system", "user")),
         ("experience.warmup_steps", cfg.experience.warmup_steps >= 0),
         ("experience.warmup_train_steps", cfg.experience.warmup_train_steps >= -1),

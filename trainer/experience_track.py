@@ -265,9 +265,10 @@ class ExperienceTrack:
         on) is shown the initial prompt, the guidance and the actor's average score on the env over
         the training episodes so far (released ``actor_critic``); it judges with the training
         sampling, or with the evaluation sampling when ``judge_sampling`` is false (default:
-        ``count_retrievals``).
+        ``count_retrievals``).  Each env retrieves from its bank partition
+        (:meth:`~crl_bench.experience.memory.Memory.scope`, ``experience.scope``).
         """
-        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests],
+        found = self.manager.retrieve([(self.memory.scope(env_id), query) for env_id, _, query in requests],
                                       count_retrievals=count_retrievals)
         bodies = [format_numbered(entries, empty="") for entries in found]
         decisions = [""] * len(requests)
@@ -300,7 +301,7 @@ class ExperienceTrack:
         ``k`` entries for the current observation's query, recorded on the turn; shown in the turn's
         prompt only with ``experience.turn_show``.  No judgement, and never credited (released: the
         turn-level search discards the extractions that wrote the entries)."""
-        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests],
+        found = self.manager.retrieve([(self.memory.scope(env_id), query) for env_id, _, query in requests],
                                       count_retrievals=count_retrievals)
         out = []
         for entries in found:
@@ -314,8 +315,9 @@ class ExperienceTrack:
         question is answered by :meth:`ExperienceManager.answer` (retrieval, then the extractor);
         ``count_retrievals=False`` leaves the bank's counters untouched."""
         def answer(queries: list[tuple[str, str]]) -> list[tuple[str, list[int], Extraction | None]]:
+            scoped = [(self.memory.scope(env_id), q) for env_id, q in queries]
             return [(a.text, [e.id for e in a.entries], a.extraction)
-                    for a in self.manager.answer(queries, count_retrievals=count_retrievals)]
+                    for a in self.manager.answer(scoped, count_retrievals=count_retrievals)]
         return SearchTool(answer, self.cfg.experience.max_tool_uses)
 
     def flush(self) -> None:

@@ -322,6 +322,36 @@ def test_turn_integration_retrieves_before_every_step_and_distils_every_step(tok
     tr.close()
 
 
+def test_bank_scope_family_shares_the_released_memory_task(tokenizer, tiny_model):
+    """experience.scope: family (paper preset): episodes retrieve from and write to the released
+    memory task (``f"{env_class}_{env_type}"``), which MiniHack's navigation envs share; ``env``
+    (default) keeps each env's own bank. Lessons and cases follow it; reflections stay per env."""
+    from crl_bench.experience.cases import case_requests
+    from crl_bench.experience.memory import bank_scope, get_memory
+    from crl_bench.rollout import Trajectory, Turn
+
+    assert bank_scope("minihack-maze", "family") == bank_scope("minihack-room", "family") == "minihack_navigation"
+    assert bank_scope("sokoban", "family") == "sokoban" and bank_scope("minihack-maze") == "minihack-maze"
+    assert preset_data("paper")["experience"]["scope"] == "family"
+    assert build_config([preset_data("smoke")]).experience.scope == "env"
+    with pytest.raises(ConfigError, match="scope"):
+        build_config([preset_data("smoke"), {"experience": {"scope": "class"}}])
+    family = build_config([preset_data("smoke"), {"experience": {"scope": "family"}}])
+    assert get_memory("reflections")(family).scope("minihack-maze") == "minihack-maze"
+    for scope, found in (("family", True), ("env", False)):
+        tr = _trainer(tokenizer, tiny_model, experience={"scope": scope})
+        _seed(tr.experience.bank, "minihack_navigation", 1)
+        (g,) = tr.experience.guide([("minihack-maze", "Find the stairs.", "Observation: a maze")])
+        assert bool(g.entry_ids) == found
+        room = Trajectory("minihack-room", 0, 0, "guided", turns=[Turn([1], [2], [-1.0], "east", False, 0.0, "o", "r")],
+                          query="Observation: a room")
+        room.success = True
+        (req,) = tr.experience.memory.requests([room], 0)
+        (case,) = case_requests([room], 0, "successes", "query", scope)
+        assert req.env_id == case.env_id == ("minihack_navigation" if found else "minihack-room")
+        tr.close()
+
+
 class _ToolActor(ByPrompt):
     """An actor that asks the search tool once, then answers heads; keeps the stop strings it saw."""
 
@@ -385,10 +415,10 @@ def test_turn_integration_is_one_advantage_group_and_credits_nothing(tokenizer, 
                   generation={"constrained": False})
     tr.train_step()                                      # turn-level entries for the tool to find
     tr.runner.engine = _ToolActor(tokenizer)
-    res = tr.train_step()
-    guided = [t for t in res.trajectories if t.subgroup == "guided"]
+    trajs = tr.runner.collect(tr.episode_specs(), tr.sampling, **tr.rollout_hooks(training=True))
+    guided = [t for t in trajs if t.subgroup == "guided"]
     assert guided and all(isinstance(t.tool_calls[0].record, Extraction) for t in guided)
-    assert res.metrics["extractions_credited"] == 0 and not tr.experience.buffer
+    assert tr.experience.credit(trajs) == 0 and not tr.experience.buffer
     trajs = [Trajectory("test-coin", 0, 0, sub, reward=r) for sub, r in
              (("free", 1.0), ("free", 1.0), ("guided", 0.0), ("guided", 0.0))]
     assert tr.advantages(trajs) == pytest.approx([0.5, 0.5, -0.5, -0.5])      # one group of 4

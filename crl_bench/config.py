@@ -32,7 +32,7 @@ from crl_bench.experience.bank_store import EvictionPolicy
 from crl_bench.experience.cases import CasesConfig
 from crl_bench.experience.insights import InsightsConfig
 from crl_bench.experience.lessons import MergeConfig
-from crl_bench.experience.memory import get_memory
+from crl_bench.experience.memory import BankScope, get_memory
 from crl_bench.experience.reflections import ReflectionsConfig
 from crl_bench.experience.retrieval import Rerank
 from crl_bench.experience.transcripts import Transcript
@@ -395,6 +395,11 @@ class ExperienceConfig:
     """What indexes an entry for retrieval: ``query`` (released: the embedding of the retrieval query of the episode
     it was distilled from, so retrieval matches query to query; merged entries by their content) or ``lesson`` (the
     embedding of the entry's own text)."""
+    scope: BankScope = "env"
+    """The bank partition an env retrieves from and writes to: ``env`` (default: its own) or ``family`` (released:
+    envs of one env class and type share one, MiniHack's navigation envs;
+    :func:`crl_bench.experience.memory.bank_scope`): lessons and cases; ExpeL's insight lists and Reflexion's
+    reflections stay per env."""
     warmup_steps: Annotated[int, Ge(0)] = 5
     """The first N steps fill the bank: no retrieval (every episode experience-free), distillation as usual
     (``distill``) (released 5)."""

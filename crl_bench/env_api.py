@@ -276,6 +276,8 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
     prefetch_resets: ClassVar[bool] = False
     #: how the actor replies in this env (instruction, prefill, token budget, stop strings)
     reply_format: ClassVar[ReplyFormat] = ReplyFormat()
+    #: the env keys an episode's entries by :meth:`entry_key` instead of the retrieval query
+    has_entry_key: bool = False
 
     def __init__(self, max_steps: int = 30, render_mode: str | None = "ansi") -> None:
         super().__init__()
@@ -323,6 +325,17 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         released query differs override it (MiniHack: the observation only; WebShop: the goal only).
         """
         return f"Goal: {self.task_prompt()}\nObservation: {first_observation.strip()}"
+
+    def entry_key(self, first_turn_acted: bool) -> str | None:
+        """Called when an episode ends: the text the entries distilled from it are keyed by
+        (``experience.key: query``), or ``None`` (default) for the episode's retrieval query.  An env
+        that returns text sets :attr:`has_entry_key` (MiniHack's released raw key).
+
+        Args:
+            first_turn_acted: the episode's first reply went to the env (it was not a search-tool
+                call).
+        """
+        return None
 
     def task_type(self, task: int) -> str | None:
         """The benchmark's category of task id ``task`` (e.g. ALFWorld's ``"pick_and_place_simple"``),

@@ -191,7 +191,8 @@ class EnvHost:
         env = self.pool.make(env_id)
         self.envs[slot] = env
         return {"system_prompt": env.system_prompt, "reply_format": env.reply_format,
-                "max_steps": int(env.max_steps), "prefetch_resets": True}
+                "max_steps": int(env.max_steps), "prefetch_resets": True,
+                "has_entry_key": bool(getattr(env, "has_entry_key", False))}
 
     def reset(self, slot: int, task: int) -> tuple[str, dict, dict]:
         """Reset ``slot`` to ``task``: ``(observation, info, view)``; ``view`` holds the task line,
@@ -238,6 +239,7 @@ class RemoteEnv:
         self.reply_format = desc["reply_format"]
         self.max_steps = desc["max_steps"]
         self.prefetch_resets = desc["prefetch_resets"]     # every remote reset overlaps the driver's work
+        self.has_entry_key = desc.get("has_entry_key", False)
         self._pending: Any = None
         self._view: dict[str, Any] = {}
 
@@ -279,6 +281,10 @@ class RemoteEnv:
 
     def admissible_actions(self) -> list[str] | None:
         return self._view.get("admissible_actions")
+
+    def entry_key(self, first_turn_acted: bool) -> str | None:
+        return self._get(self.host.call.remote(self.slot, "entry_key", first_turn_acted)) \
+            if self.has_entry_key else None
 
     def task_ids(self, split: str) -> Sequence[int]:
         return self._get(self.host.call.remote(self.slot, "task_ids", split))

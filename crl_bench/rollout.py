@@ -161,6 +161,8 @@ class Trajectory:
         experience_ids: ids of the experience entries that guided the episode.
         final_obs: the observation after the last action.
         query: the env's retrieval query of the episode (:meth:`TextEnv.retrieval_query`).
+        key: what the entries distilled from the episode are keyed by when the env keys them itself
+            (:meth:`TextEnv.entry_key`, read when the episode ends); ``""``: :attr:`query`.
         retrieval: the guide's record of the episode's retrieval (:attr:`Guidance.record`), or None.
         initial_prompt: the episode's first prompt as text, system message and first user message
             (the first observation included, experience left out): what the actor-critic judge is
@@ -187,6 +189,7 @@ class Trajectory:
     experience_ids: list[int] = field(default_factory=list)
     final_obs: str = ""
     query: str = ""
+    key: str = ""
     retrieval: RetrievalRecord | None = None
     initial_prompt: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -671,7 +674,7 @@ class RolloutRunner:
                     i = live[k]
                     trajs[i].truncated = trajs[i].context_full = True
                     trajs[i].final_obs = obs[i]
-                    self._finish(i, specs, envs, progress)
+                    self._finish(i, specs, envs, progress, trajs[i])
                     del live[k], prompt_ids[k], allowed[k]
                 if not live:
                     break
@@ -717,7 +720,7 @@ class RolloutRunner:
                     obs[i] = shown if self.prompts.layout == "multiturn" else f"{shown}\n\n{obs[i].strip()}"
                     if self._out_of_turns(envs[i], tr):
                         tr.truncated, tr.final_obs = True, obs[i]
-                        self._finish(i, specs, envs, progress)
+                        self._finish(i, specs, envs, progress, tr)
                     else:
                         still.append(i)
             for i, gen, reply in sent:
@@ -741,7 +744,7 @@ class RolloutRunner:
                 if term or trunc:
                     tr.terminated, tr.truncated = bool(term), bool(trunc)
                     tr.final_obs = o
-                    self._finish(i, specs, envs, progress)
+                    self._finish(i, specs, envs, progress, tr)
                 else:
                     still.append(i)
             stats.env_s += time.perf_counter() - t0
@@ -768,7 +771,9 @@ class RolloutRunner:
         return bool(tr.tool_calls) and limit > 0 and len(tr.turns) >= limit
 
     def _finish(self, i: int, specs: Sequence[EpisodeSpec], envs: list[TextEnv | None],
-                progress: Callable[[int], None] | None) -> None:
+                progress: Callable[[int], None] | None, tr: Trajectory) -> None:
+        if getattr(envs[i], "has_entry_key", False):      # the env keys the episode's entries (MiniHack raw)
+            tr.key = envs[i].entry_key(bool(tr.turns) and not tr.turns[0].tool) or ""
         self.pool.release(specs[i].env_id, envs[i])
         envs[i] = None
         if progress:

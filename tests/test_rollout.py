@@ -285,3 +285,28 @@ def test_a_reply_gets_what_the_context_leaves_and_a_full_context_ends_the_episod
     assert turn.reply.endswith(tokenizer.decode(turn.response_ids)) and turn.action == "up"
     assert tr.context_full and tr.truncated and not tr.terminated and not tr.success
     assert tr.steps == 1 and engine.prompt_lengths == [p1]            # no generate call past the limit
+
+
+def test_an_env_that_keys_its_entries_gives_the_key_when_the_episode_ends(tokenizer):
+    """``TextEnv.entry_key`` (MiniHack's released raw key) is read when the episode ends, told whether
+    the first reply went to the env, and the entries distilled from the episode are keyed by it."""
+    from tests_helpers import CoinEnv, ScriptedReplies, coin_config
+
+    from crl_bench.experience.lessons import LessonsMemory
+
+    class KeyedCoin(CoinEnv):
+        env_id = "test-keyed-coin"
+        has_entry_key = True
+
+        def entry_key(self, first_turn_acted):
+            return f"key acted={first_turn_acted} steps={self._steps}"
+
+    register_env("test-keyed-coin", KeyedCoin)
+    runner = RolloutRunner(ScriptedReplies(tokenizer, lambda text: "heads</answer>"), PromptBuilder(tokenizer),
+                           EnvPool(max_steps=2), SamplingParams(max_new_tokens=8), constrained=False)
+    keyed, plain = runner.collect([EpisodeSpec("test-keyed-coin", 1, subgroup="guided"),
+                                   EpisodeSpec("sokoban", 0, subgroup="guided")])
+    assert keyed.key == "key acted=True steps=1" and keyed.query.startswith("Goal:")
+    assert plain.key == ""
+    memory = LessonsMemory(coin_config("complementary"))
+    assert [r.key_text for r in memory.requests([keyed, plain], 0)] == [keyed.key, plain.query]

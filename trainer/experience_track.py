@@ -20,7 +20,8 @@ docs/method.md).  Beside the actor's GRPO loop:
 3. Credit: each use of an entry by a guided episode adds a reward to the extraction recorded at
    retrieval time (``binary``: the episode's score, 0 counting -1; ``relative``: +1 / 0 / -1 against
    the free subgroup's mean; the judge's decision overrides, see :mod:`.actor_critic`), and each
-   search-tool answer of a guided episode is credited with the episode's score.  An extraction's
+   search-tool answer of a guided episode is credited with the episode's score (with
+   ``experience.integration: turn`` nothing is credited, as released).  An extraction's
    reward is the mean over its uses: one training sample per extraction call.
 4. When ``extractor.batch_size`` extractions wait, the extractor takes one CISPO update with the
    batch mean as baseline (each sample's advantage times its repeat weight, ``extractor.repeat_*``),
@@ -264,9 +265,10 @@ class ExperienceTrack:
         on) is shown the initial prompt, the guidance and the actor's average score on the env over
         the training episodes so far (released ``actor_critic``); it judges with the training
         sampling, or with the evaluation sampling when ``judge_sampling`` is false (default:
-        ``count_retrievals``).
+        ``count_retrievals``).  Each env retrieves from its bank partition
+        (:meth:`~crl_bench.experience.memory.Memory.scope`, ``experience.scope``).
         """
-        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests],
+        found = self.manager.retrieve([(self.memory.scope(env_id), query) for env_id, _, query in requests],
                                       count_retrievals=count_retrievals)
         bodies = [format_numbered(entries, empty="") for entries in found]
         decisions = [""] * len(requests)
@@ -299,7 +301,7 @@ class ExperienceTrack:
         ``k`` entries for the current observation's query, recorded on the turn; shown in the turn's
         prompt only with ``experience.turn_show``.  No judgement, and never credited (released: the
         turn-level search discards the extractions that wrote the entries)."""
-        found = self.manager.retrieve([(env_id, query) for env_id, _, query in requests],
+        found = self.manager.retrieve([(self.memory.scope(env_id), query) for env_id, _, query in requests],
                                       count_retrievals=count_retrievals)
         out = []
         for entries in found:
@@ -313,8 +315,9 @@ class ExperienceTrack:
         question is answered by :meth:`ExperienceManager.answer` (retrieval, then the extractor);
         ``count_retrievals=False`` leaves the bank's counters untouched."""
         def answer(queries: list[tuple[str, str]]) -> list[tuple[str, list[int], Extraction | None]]:
+            scoped = [(self.memory.scope(env_id), q) for env_id, q in queries]
             return [(a.text, [e.id for e in a.entries], a.extraction)
-                    for a in self.manager.answer(queries, count_retrievals=count_retrievals)]
+                    for a in self.manager.answer(scoped, count_retrievals=count_retrievals)]
         return SearchTool(answer, self.cfg.experience.max_tool_uses)
 
     def flush(self) -> None:
@@ -417,7 +420,13 @@ class ExperienceTrack:
     def _credit(self, by_group: dict[int, list[Trajectory]]) -> int:
         """Add each guided episode's use reward to the extractions recorded at its retrieval, and its
         score (0 counting -1, no judge adjustment: released, only the episode-start retrieval is judged)
-        to the extractor's answers to its search-tool calls."""
+        to the extractor's answers to its search-tool calls.  With ``experience.integration: turn``
+        nothing is credited, as released: ``add_memory_metadata_to_rollout``
+        (``memory_integration_mixin.py`` ~345-409) attaches triggered interactions, search-tool
+        answers included, only to episodes that searched at episode start, which ``turn_based`` never
+        does."""
+        if self.cfg.experience.integration == "turn":
+            return 0
         kind = self.cfg.extractor.reward
         credited = 0
         episode_outcomes: list[tuple[list[int], bool]] = []     # (entry ids shown, success) per episode

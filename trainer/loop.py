@@ -292,8 +292,12 @@ class Trainer:
         return m
 
     def advantages(self, trajs: Sequence[Trajectory]) -> list[float]:
-        """Outcome advantages within each (group, subgroup)."""
-        keys = [(t.group_id, t.subgroup) for t in trajs]
+        """Outcome advantages within each (group, subgroup); with ``experience.integration: turn``
+        within each group, as released: ``turn_based`` never searches at episode start, so
+        ``run_rollout_loop`` (``traj_env_manager.py`` ~216-224) keys every episode ``wo_memory`` and a
+        group's G episodes are one advantage group."""
+        whole = self.experience is not None and self.cfg.experience.integration == "turn"
+        keys = [t.group_id if whole else (t.group_id, t.subgroup) for t in trajs]
         return grouped_advantages([t.reward for t in trajs], keys, self.cfg.train.adv_std_normalize)
 
     def train_step(self, progress: Any = None) -> StepResult:

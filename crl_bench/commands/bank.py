@@ -24,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     ks = k.add_subparsers(dest="bank_cmd", required=True)
     show = ks.add_parser("show", help="list entries with their utility counts")
     show.add_argument("run", help="run folder (or an experience.sqlite file)")
-    show.add_argument("--env", help="only this env's entries, insights and reflections")
+    show.add_argument("--env", help="only this env's entries, insights and reflections (entries: the bank "
+                      "partition, e.g. minihack_navigation with experience.scope family)")
     show.add_argument("--limit", type=int, default=50)
     show.add_argument("--sort", choices=["id", "retrieved", "success", "failure", "votes", "utility"],
                       default="retrieved")

@@ -27,9 +27,9 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from annotated_types import Ge
 
 from crl_bench.experience.extractor import Extraction
-from crl_bench.experience.memory import Memory, register_memory
+from crl_bench.experience.memory import Memory, bank_scope, register_memory
 from crl_bench.experience.operations import ParseResult
-from crl_bench.experience.records import by_group, episode_record
+from crl_bench.experience.records import by_group, entry_key, episode_record
 from crl_bench.experience.requests import DistillRequest
 from crl_bench.experience.transcripts import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
 from crl_bench.experience.types import ExperienceEntry, Operation
@@ -134,11 +134,14 @@ class CaseWriter:
         return out
 
 
-def case_requests(trajs: Sequence[Any], step: int, outcomes: str, key: str) -> list[DistillRequest]:
+def case_requests(trajs: Sequence[Any], step: int, outcomes: str, key: str,
+                  scope: str = "env") -> list[DistillRequest]:
     """The requests of a finished step for a case bank: every episode of both subgroups whose outcome
     ``outcomes`` admits (:func:`admits_case`; ``experience.cases.outcomes``), whole, keyed by its retrieval
-    query when ``key`` (``experience.key``) is ``query``, as the other kinds' entries are."""
-    return [DistillRequest(episode_record(t), [], t.env_id, step, t.query if key == "query" else "")
+    query when ``key`` (``experience.key``) is ``query``, as the other kinds' entries are, written to the
+    env's bank partition (:func:`~crl_bench.experience.memory.bank_scope` of ``scope``)."""
+    return [DistillRequest(episode_record(t), [], bank_scope(t.env_id, scope), step,
+                           entry_key(t) if key == "query" else "")
             for members in by_group(trajs).values() for t in members
             if admits_case(bool(t.turns), t.success, outcomes)]
 
@@ -151,6 +154,11 @@ class CasesMemory(Memory):
     header: ClassVar[str] = CASES_HEADER
     whole_episodes: ClassVar[bool] = True
 
+    def scope(self, env_id: str) -> str:
+        """The bank partition of ``env_id`` under ``experience.scope`` (:func:`bank_scope`), as for a
+        bank of lessons."""
+        return bank_scope(env_id, self.cfg.experience.scope)
+
     def writer(self, engine: Any, tokenizer: Any) -> Any:
         """A :class:`CaseWriter` measuring with ``tokenizer`` (``experience.cases``); ``engine`` is not
         used."""
@@ -160,7 +168,7 @@ class CasesMemory(Memory):
     def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:
         """Queue the step's cases (:func:`case_requests`); returns their number."""
         exp_cfg = self.cfg.experience
-        reqs = case_requests(trajs, step, exp_cfg.cases.outcomes, exp_cfg.key)
+        reqs = case_requests(trajs, step, exp_cfg.cases.outcomes, exp_cfg.key, exp_cfg.scope)
         if reqs:
             manager.submit(reqs)
         return len(reqs)

@@ -564,7 +564,7 @@ class InsightsMemory(CasesMemory):
         calls (:func:`insight_requests`); returns their number."""
         exp_cfg = self.cfg.experience
         ins = exp_cfg.insights
-        reqs: list[Request] = [*case_requests(trajs, step, exp_cfg.cases.outcomes, exp_cfg.key),
+        reqs: list[Request] = [*case_requests(trajs, step, exp_cfg.cases.outcomes, exp_cfg.key, exp_cfg.scope),
                                *insight_requests(trajs, step, ins.pairs, ins.successes)]
         if reqs:
             manager.submit(reqs)

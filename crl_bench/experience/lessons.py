@@ -25,8 +25,8 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from annotated_types import Ge, Interval
 
 from crl_bench.experience.extractor import fold_items
-from crl_bench.experience.memory import Memory, register_memory
-from crl_bench.experience.records import by_group, episode_record, turn_query, turn_record
+from crl_bench.experience.memory import Memory, bank_scope, register_memory
+from crl_bench.experience.records import by_group, entry_key, episode_record, turn_query, turn_record
 from crl_bench.experience.requests import DistillRequest, Request
 from crl_bench.experience.types import JUDGED_INVALID, ApplyResult, ExperienceEntry, Operation
 
@@ -205,6 +205,11 @@ class LessonsMemory(Memory):
     uses_extractor: ClassVar[bool] = True
     trainable: ClassVar[bool] = True
 
+    def scope(self, env_id: str) -> str:
+        """The bank partition of ``env_id`` under ``experience.scope`` (:func:`bank_scope`: the env id,
+        or with ``family`` the released memory task, which MiniHack's navigation envs share)."""
+        return bank_scope(env_id, self.cfg.experience.scope)
+
     def writer(self, engine: Any, tokenizer: Any) -> Any:
         """The :class:`~crl_bench.experience.extractor.Extractor` over ``engine`` (``extractor.*``
         settings); ``None`` without an engine."""
@@ -223,7 +228,8 @@ class LessonsMemory(Memory):
         """With trajectory integration, one request per chosen episode with at least one turn, shown
         the entries it retrieved (none after an ``invalid`` judgement, as released); with turn
         integration, one request per step of each guided-subgroup episode, shown the entries
-        retrieved before that step and keyed by that step's observation query."""
+        retrieved before that step and keyed by that step's observation query.  Each request writes
+        to the env's bank partition (:meth:`scope`)."""
         exp_cfg = self.cfg.experience
         reqs = []
         for members in by_group(trajs).values():
@@ -236,8 +242,8 @@ class LessonsMemory(Memory):
                         continue
                     rec = t.retrieval
                     shown = rec.entries if rec is not None and rec.judgement != JUDGED_INVALID else []
-                    key = t.query if exp_cfg.key == "query" else ""
-                    reqs.append(DistillRequest(episode_record(t), list(shown), t.env_id, step, key))
+                    key = entry_key(t) if exp_cfg.key == "query" else ""
+                    reqs.append(DistillRequest(episode_record(t), list(shown), self.scope(t.env_id), step, key))
             if exp_cfg.integration in ("turn", "both"):
                 for t in members:
                     if t.subgroup != "guided":
@@ -245,8 +251,8 @@ class LessonsMemory(Memory):
                     for k, turn in enumerate(t.turns):
                         rec = turn.retrieval
                         key = turn_query(t, k) if exp_cfg.key == "query" else ""
-                        reqs.append(DistillRequest(turn_record(t, k), list(rec.entries) if rec else [], t.env_id,
-                                                   step, key))
+                        reqs.append(DistillRequest(turn_record(t, k), list(rec.entries) if rec else [],
+                                                   self.scope(t.env_id), step, key))
         return reqs
 
     def upkeep(self, manager: Any, step: int, updated_at_step: int) -> dict[str, Any]:

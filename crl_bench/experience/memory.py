@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 GUIDANCE_HEADER = ("Knowledge distilled from earlier episodes. Use it where it applies to this task; "
                    "do not follow it blindly.")
@@ -49,6 +49,43 @@ def empty_guidance_text(header: str = GUIDANCE_HEADER) -> str:
 
 EMPTY_GUIDANCE = empty_guidance_text()
 """The ``empty`` control's block of a bank of lessons."""
+
+BankScope = Literal["env", "family"]
+"""Values of ``experience.scope`` (:func:`bank_scope`)."""
+BANK_SCOPES: tuple[str, ...] = get_args(BankScope)
+
+RELEASED_FAMILIES: dict[str, str] = {
+    "minihack-room": "minihack_navigation",
+    "minihack-maze": "minihack_navigation",
+    "minihack-keyroom": "minihack_navigation",
+    "minihack-river": "minihack_navigation",
+}
+"""Envs whose released bank is shared with other envs here: env id -> the released memory task name.
+
+The released env manager names its memory ``f"{env_class}_{config.env_type}"`` (``env_class``: the
+env config's ``env_type``, ``memory_integration_mixin.py`` ``initialize_memory_integration`` ~38-40;
+``multi_agentic_config.py`` ``make_env_configs`` ~313, ~346), and every search, write and merge is
+of that task's entries (``multi_task_tabuler`` memory in the example config; ``hook_on_episode_start``
+~98-100, ``hook_on_episode_end`` ~318, ``merge_memory`` per task). Its MiniHack envs are ``minihack``
+with ``env_type: navigation`` (MazeWalk, HideNSeek, Memento, Room Ultimate) or ``skill`` (LavaCross,
+Skill) in ``multitask_env_tool.yaml``; crl-bench's four MiniHack envs are navigation tasks (MiniHack's
+``MiniHackNavigation`` subclasses), so they share ``minihack_navigation``. Any other env is its own
+family (one env per released env class)."""
+
+
+def bank_scope(env_id: str, scope: str = "env") -> str:
+    """The bank partition an episode of ``env_id`` retrieves from and writes to: ``env_id`` itself
+    with ``scope="env"`` (crl-bench's default), the released memory task name with ``"family"``
+    (:data:`RELEASED_FAMILIES`; ``env_id`` for an env not listed there).
+
+    Raises:
+        ValueError: ``scope`` is not one of :data:`BANK_SCOPES`.
+    """
+    if scope == "env":
+        return env_id
+    if scope == "family":
+        return RELEASED_FAMILIES.get(env_id, env_id)
+    raise ValueError(f"experience.scope must be one of {', '.join(BANK_SCOPES)}, got {scope!r}")
 
 
 class Attempts:
@@ -120,6 +157,13 @@ class Memory:
             tokenizer: the extractor's tokenizer (the actor's when the kind loads no model).
         """
         return None
+
+    # ---- where an env's entries live ------------------------------------------------------------
+    def scope(self, env_id: str) -> str:
+        """The bank partition (the ``env_id`` of its entries) that episodes of ``env_id`` retrieve from
+        and write to: ``env_id`` (default); a kind that follows ``experience.scope`` maps it with
+        :func:`bank_scope`."""
+        return env_id
 
     # ---- what a guided episode is shown ---------------------------------------------------------
     def empty_guidance(self) -> str:

@@ -50,6 +50,13 @@ def turn_record(traj: Any, k: int) -> EpisodeRecord:
                          replies=[turn.reply], outcome=f"one step of an episode (step reward {turn.reward:.2f})")
 
 
+def entry_key(traj: Any) -> str:
+    """What the entries distilled from the whole episode ``traj`` are keyed by with
+    ``experience.key: query``: the env's own key (:attr:`~crl_bench.rollout.Trajectory.key`, MiniHack's
+    released raw key), else the episode's retrieval query."""
+    return getattr(traj, "key", "") or traj.query
+
+
 def turn_query(traj: Any, k: int) -> str:
     """The retrieval query of turn ``k``'s observation (recorded by turn-level retrieval), else the
     episode's query."""

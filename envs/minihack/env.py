@@ -81,12 +81,16 @@ class MiniHackTextEnv(TextEnv):
         render_mode: ``"ansi"`` (the observation text).
         query: the retrieval query (:meth:`retrieval_query`): ``"map"`` (default: ``Observation:``
             and the rendered observation) or ``"raw"`` (released ``build_memory_query``:
-            ``Observation:`` and the text of NLE's observation dictionary, as Python prints it;
-            numpy abbreviates every array of more than 1,000 values, so most of that text is the
-            same for every task).
+            ``Observation:`` and the text of the observation dictionary of :attr:`raw_keys`, as
+            Python prints it; numpy abbreviates every array of more than 1,000 values, so the
+            9x9 crops around the agent are most of what tells tasks apart).
+        raw_key: with ``query="raw"``, what entries distilled from an episode are keyed by
+            (:meth:`entry_key`): ``"released"`` (default) or ``"reset"`` (the episode's query, the
+            reset observation). See :meth:`entry_key`.
 
     Raises:
-        ValueError: unknown ``variant``, ``view`` or ``query``, or an NLE action without a name here.
+        ValueError: unknown ``variant``, ``view``, ``query`` or ``raw_key``, or an NLE action without
+            a name here.
 
     Reward 1.0 and ``success=True`` when NLE reports TASK_SUCCESSFUL (on the stairs down); 0.0
     otherwise. Death (end status 1) and NLE's step limit (-1) terminate with reward 0 and say so in the
@@ -114,6 +118,12 @@ class MiniHackTextEnv(TextEnv):
     goal_text: ClassVar[str] = "Reach the stairs down '>'."
     #: NLE observation keys needed besides chars, glyphs, blstats, message, screen_descriptions
     extra_obs_keys: ClassVar[tuple[str, ...]] = ()
+    #: the observation dictionary of ``query="raw"``, keys in the released order: the released
+    #: configuration's ``observation_keys`` of its MiniHack envs but Room (``multitask_env_tool.yaml``,
+    #: MiniHackMaze and the others), plus ``chars``, which the released env appends
+    #: (``roll/pipeline/agentic/env/minihack/env.py`` ~156-164)
+    raw_keys: ClassVar[tuple[str, ...]] = ("glyphs", "blstats", "message", "inv_strs", "chars_crop",
+                                           "glyphs_crop", "chars")
     #: the task's rules in the system prompt (after the shared intro, before the variant's notes)
     rules_text: ClassVar[str] = "Goal: step onto the stairs down '>'."
     #: the intro's scene (:data:`~.prompts.MAP_SCENE` or :data:`~.prompts.MAZE_SCENE`)
@@ -123,12 +133,18 @@ class MiniHackTextEnv(TextEnv):
 
     def __init__(self, variant: str | None = None, view: str | None = None, max_steps: int = 30,
                  inner_max_steps: int | None = None, render_mode: str | None = "ansi",
-                 goal_offset: bool = False, query: str = "map") -> None:
+                 goal_offset: bool = False, query: str = "map", raw_key: str = "released") -> None:
         super().__init__(max_steps=max_steps, render_mode=render_mode)
         if query not in ("map", "raw"):
             raise ValueError(f"{self.env_id}: query must be 'map' or 'raw', got {query!r}")
+        if raw_key not in ("released", "reset"):
+            raise ValueError(f"{self.env_id}: raw_key must be 'released' or 'reset', got {raw_key!r}")
         self.query = query
+        self.has_entry_key = query == "raw" and raw_key == "released"
+        # query="raw": the dictionary now, and the crops (computed anew by MiniHack on each step, where
+        # the other arrays are NLE's reused buffers) at reset and after an episode's first action
         self._raw_obs: dict[str, np.ndarray] = {}
+        self._raw_crops: dict[int, dict[str, np.ndarray]] = {}
         self.variant = variant or self.default_variant
         self.view = view or self.default_view
         self.goal_offset = bool(goal_offset)
@@ -142,8 +158,9 @@ class MiniHackTextEnv(TextEnv):
         # wraps a TimeLimit (-1: none).
         spec = dataclasses.replace(spec, kwargs={**spec.kwargs,
                                                  "max_episode_steps": self.inner_max_steps})
-        keys = ("chars", "glyphs", "blstats", "message", "screen_descriptions",
-                *self.extra_obs_keys)
+        keys = ("chars", "glyphs", "blstats", "message", "screen_descriptions", *self.extra_obs_keys)
+        if query == "raw":
+            keys += tuple(k for k in self.raw_keys if k not in keys)
         self._env = gym.make(spec, max_episode_steps=-1, disable_env_checker=True,
                              observation_keys=keys, actions=self.nle_actions)
         self._nle = self._env.unwrapped
@@ -182,6 +199,28 @@ class MiniHackTextEnv(TextEnv):
         if self.query == "raw":
             return f"Observation: {self._raw_obs}"
         return f"Observation: {first_observation.strip()}"
+
+    def entry_key(self, first_turn_acted: bool) -> str | None:
+        """With ``query="raw"`` and ``raw_key="released"``, the text the entries distilled from the
+        finished episode are keyed by, as the released code builds it; ``None`` otherwise (the key is
+        the episode's retrieval query).
+
+        Released: the key is ``build_memory_query(history[0])`` at episode end
+        (``hook_on_episode_end``, ``memory_integration_mixin.py`` ~295-301), where ``history[0]
+        ["raw_obs"]`` is the reset dictionary, replaced by the first step's when the episode's first
+        reply was an action of the env (``traj_env_manager.py`` ``step`` ~292-295 merges the step's
+        ``info`` into the entry of the turn just played; a reply that did not parse or a search-tool
+        call has no ``raw_obs`` in its ``info``). Its NLE arrays are the env's reused buffers, so the
+        text shows them as they are at episode end; only the crops, which MiniHack computes anew on
+        each step, are those of the dictionary's own moment.
+
+        Args:
+            first_turn_acted: the episode's first reply went to the env (not a search-tool call).
+        """
+        if not self.has_entry_key:
+            return None
+        crops = self._raw_crops.get(1 if first_turn_acted and 1 in self._raw_crops else 0, {})
+        return f"Observation: {({k: crops.get(k, v) for k, v in self._raw_obs.items()})}"
 
     def admissible_actions(self) -> list[str]:
         """The env's action names (fixed per env; the order of the NLE action set)."""
@@ -246,9 +285,15 @@ class MiniHackTextEnv(TextEnv):
     def _capture(self, obs: dict[str, np.ndarray]) -> bool:
         """Render ``obs`` (NLE's live buffers) right away; ``False`` when the frame is blank (the game
         is over; the previous frame is kept). Subclasses read more of ``obs`` here. With
-        ``query="raw"`` a copy of the dictionary is kept for :meth:`retrieval_query`."""
+        ``query="raw"`` a copy of the dictionary of :attr:`raw_keys` is kept for
+        :meth:`retrieval_query`, and its crops at reset and after the episode's first action for
+        :meth:`entry_key`."""
         if self.query == "raw":
-            self._raw_obs = {k: np.array(v, copy=True) for k, v in obs.items()}
+            self._raw_obs = {k: np.array(obs[k], copy=True) for k in self.raw_keys}
+            if self._steps <= 1:            # reset (0), or the first step when it was a valid action (1)
+                if self._steps == 0:
+                    self._raw_crops.clear()
+                self._raw_crops[self._steps] = {k: v for k, v in self._raw_obs.items() if k.endswith("_crop")}
         return self._renderer.capture(obs)
 
     def _before_step(self, action: str) -> Any:

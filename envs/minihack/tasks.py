@@ -58,6 +58,9 @@ class MiniHackRoomEnv(MiniHackTextEnv):
 
     env_id: ClassVar[str] = "minihack-room"
     default_variant: ClassVar[str] = "MiniHack-Room-5x5-v0"
+    #: the released MiniHackRoomUltimate configuration's ``observation_keys`` plus ``chars``
+    raw_keys: ClassVar[tuple[str, ...]] = ("glyphs", "message", "chars_crop", "glyphs_crop",
+                                           "screen_descriptions", "chars")
     goal_text: ClassVar[str] = "Walk to the stairs down '>' in the room."
     # rules_text: the base class's (step onto the stairs)
     system_prompt: ClassVar[str] = build_prompt(MiniHackTextEnv.rules_text, default_variant,

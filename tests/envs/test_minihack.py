@@ -489,3 +489,40 @@ def test_raw_retrieval_query_is_the_released_observation_dictionary():
         env.close()
     with pytest.raises(ValueError, match="query must be"):
         MiniHackRoomEnv(query="rendered")
+
+
+def test_raw_entries_are_keyed_as_released():
+    """query="raw", raw_key="released": an episode's entries are keyed by the released
+    ``build_memory_query(history[0])`` at episode end: NLE's arrays as they are at the end (NLE reuses
+    its buffers) and MiniHack's crops (computed anew each step) of the state after the first reply
+    when that reply was an action, else of the reset; raw_key="reset" keys by the query."""
+    env = MiniHackRoomEnv(max_steps=6, query="raw", variant="MiniHack-Room-Random-5x5-v0")
+
+    def text(live, crops):
+        return "Observation: " + str({k: crops[k] if k.endswith("_crop") else live[k] for k in env.raw_keys})
+    try:
+        assert env.has_entry_key
+        for task in range(20):                          # a task whose first move changes the crops
+            env.reset(options={"task": task})
+            reset = dict(env._raw_obs)
+            _, _, term, _, _ = env.step("<answer>east</answer>")
+            first = dict(env._raw_obs)
+            if not term and str(first["chars_crop"]) != str(reset["chars_crop"]):
+                break
+        assert list(reset) == ["glyphs", "message", "chars_crop", "glyphs_crop", "screen_descriptions", "chars"]
+        env.step("<answer>south</answer>")
+        end = dict(env._raw_obs)
+        assert env.entry_key(True) == text(end, first) != text(end, reset) == env.entry_key(False)
+        env.reset(options={"task": task})
+        reset = dict(env._raw_obs)
+        assert env.retrieval_query("ignored") == text(reset, reset)
+        env.step("<answer>fly</answer>")                # the first reply is no action: the reset's crops
+        env.step("<answer>east</answer>")
+        assert env.entry_key(True) == text(env._raw_obs, reset)
+    finally:
+        env.close()
+    plain = MiniHackRoomEnv(query="raw", raw_key="reset")
+    assert not plain.has_entry_key and plain.entry_key(True) is None
+    plain.close()
+    with pytest.raises(ValueError, match="raw_key"):
+        MiniHackRoomEnv(query="raw", raw_key="late")

@@ -322,6 +322,36 @@ def test_turn_integration_retrieves_before_every_step_and_distils_every_step(tok
     tr.close()
 
 
+def test_bank_scope_family_shares_the_released_memory_task(tokenizer, tiny_model):
+    """experience.scope: family (paper preset): episodes retrieve from and write to the released
+    memory task (``f"{env_class}_{env_type}"``), which MiniHack's navigation envs share; ``env``
+    (default) keeps each env's own bank. Lessons and cases follow it; reflections stay per env."""
+    from crl_bench.experience.cases import case_requests
+    from crl_bench.experience.memory import bank_scope, get_memory
+    from crl_bench.rollout import Trajectory, Turn
+
+    assert bank_scope("minihack-maze", "family") == bank_scope("minihack-room", "family") == "minihack_navigation"
+    assert bank_scope("sokoban", "family") == "sokoban" and bank_scope("minihack-maze") == "minihack-maze"
+    assert preset_data("paper")["experience"]["scope"] == "family"
+    assert build_config([preset_data("smoke")]).experience.scope == "env"
+    with pytest.raises(ConfigError, match="scope"):
+        build_config([preset_data("smoke"), {"experience": {"scope": "class"}}])
+    family = build_config([preset_data("smoke"), {"experience": {"scope": "family"}}])
+    assert get_memory("reflections")(family).scope("minihack-maze") == "minihack-maze"
+    for scope, found in (("family", True), ("env", False)):
+        tr = _trainer(tokenizer, tiny_model, experience={"scope": scope})
+        _seed(tr.experience.bank, "minihack_navigation", 1)
+        (g,) = tr.experience.guide([("minihack-maze", "Find the stairs.", "Observation: a maze")])
+        assert bool(g.entry_ids) == found
+        room = Trajectory("minihack-room", 0, 0, "guided", turns=[Turn([1], [2], [-1.0], "east", False, 0.0, "o", "r")],
+                          query="Observation: a room")
+        room.success = True
+        (req,) = tr.experience.memory.requests([room], 0)
+        (case,) = case_requests([room], 0, "successes", "query", scope)
+        assert req.env_id == case.env_id == ("minihack_navigation" if found else "minihack-room")
+        tr.close()
+
+
 class _ToolActor(ByPrompt):
     """An actor that asks the search tool once, then answers heads; keeps the stop strings it saw."""
 
@@ -369,6 +399,31 @@ def test_search_tool_is_answered_by_the_extractor_and_credited_for_guided_episod
     assert row["tool_calls"] == [{"turn": 0, "query": "Which side wins?", "answer": "Call heads.",
                                   "entry_ids": res.trajectories[0].tool_calls[0].entry_ids}]
     assert row["actions"] == [None, "heads"] and row["transcript"]["turns"][0]["tool"]
+    tr.close()
+
+
+def test_turn_integration_is_one_advantage_group_and_credits_nothing(tokenizer, tiny_model):
+    """Released ``turn_based``: no episode searches at episode start, so every episode is keyed
+    ``wo_memory`` (a group's G episodes are one advantage group) and none carries triggered
+    interactions, so the extractor's search-tool answers are not credited either."""
+    from crl_bench.rollout import Trajectory
+
+    def extractor(text: str) -> str:
+        return "<answer>Call heads.</answer>" if "Question:" in text else "<ops>\n" + ADD + "\n</ops>"
+    tr = _trainer(tokenizer, tiny_model, reply=extractor, rollout={"max_steps": 3}, extractor={"batch_size": 64},
+                  experience={"integration": "turn", "search_tool": "all", "max_tool_uses": 1},
+                  generation={"constrained": False})
+    tr.train_step()                                      # turn-level entries for the tool to find
+    tr.runner.engine = _ToolActor(tokenizer)
+    trajs = tr.runner.collect(tr.episode_specs(), tr.sampling, **tr.rollout_hooks(training=True))
+    guided = [t for t in trajs if t.subgroup == "guided"]
+    assert guided and all(isinstance(t.tool_calls[0].record, Extraction) for t in guided)
+    assert tr.experience.credit(trajs) == 0 and not tr.experience.buffer
+    trajs = [Trajectory("test-coin", 0, 0, sub, reward=r) for sub, r in
+             (("free", 1.0), ("free", 1.0), ("guided", 0.0), ("guided", 0.0))]
+    assert tr.advantages(trajs) == pytest.approx([0.5, 0.5, -0.5, -0.5])      # one group of 4
+    tr.cfg.experience.integration = "trajectory"
+    assert tr.advantages(trajs) == pytest.approx([0.0] * 4)                   # subgroups apart
     tr.close()
 
 

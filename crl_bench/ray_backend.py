@@ -242,6 +242,7 @@ class RemoteEnv:
         self.has_entry_key = desc.get("has_entry_key", False)
         self._pending: Any = None
         self._view: dict[str, Any] = {}
+        self._reset_obs: str | None = None
 
     def _get(self, ref: Any) -> Any:
         import ray
@@ -254,6 +255,7 @@ class RemoteEnv:
     def reset_wait(self) -> tuple[str, dict[str, Any]]:
         ref, self._pending = self._pending, None
         obs, info, self._view = self._get(ref)
+        self._reset_obs = obs
         return obs, info
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
@@ -276,8 +278,13 @@ class RemoteEnv:
     def task_prompt(self) -> str:
         return self._view["task_prompt"]
 
-    def retrieval_query(self, first_observation: str) -> str:
-        return self._view["retrieval_query"]
+    def retrieval_query(self, observation: str) -> str:
+        """The env's query for ``observation``: the one the reset brought back for the reset
+        observation, else asked of the env in its actor (turn-level retrieval queries the current
+        state, which only the env holds)."""
+        if observation == self._reset_obs:
+            return self._view["retrieval_query"]
+        return self._get(self.host.call.remote(self.slot, "retrieval_query", observation))
 
     def admissible_actions(self) -> list[str] | None:
         return self._view.get("admissible_actions")

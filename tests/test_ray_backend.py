@@ -267,3 +267,33 @@ def test_reflexion_manager_actor_keeps_reflections_per_task(tmp_path, monkeypatc
         assert host.run("stats")["reflections"] == 2
     finally:
         host.close()
+
+
+def test_remote_env_asks_its_actor_for_the_query_of_a_later_observation():
+    """Turn-level retrieval queries the current state: after the reset observation, the remote env asks
+    the env in its actor, as a local env answers (without this every turn got the reset query)."""
+    from crl_bench.env_api import make_env
+    from crl_bench.ray_backend import EnvHost, RemoteEnv
+
+    class Call:                       # the actor's method as a Ray handle sees it, run in place
+        def __init__(self, fn):
+            self.remote = fn
+
+    class Host:
+        def __init__(self, host):
+            for name in ("reset", "step", "call"):
+                setattr(self, name, Call(getattr(host, name)))
+
+    inner = EnvHost({}, 0)
+    desc = inner.open(0, "sokoban")
+    env = RemoteEnv(Host(inner), 0, 0, "sokoban", desc)
+    env._get = lambda value: value
+    local = make_env("sokoban")
+    obs, _ = env.reset(options={"task": 3})
+    lobs, _ = local.reset(options={"task": 3})
+    assert env.retrieval_query(obs) == local.retrieval_query(lobs)
+    action = local.admissible_actions()[0]
+    obs2, *_ = env.step(action)
+    lobs2, *_ = local.step(action)
+    assert obs2 == lobs2 and obs2 != obs
+    assert env.retrieval_query(obs2) == local.retrieval_query(lobs2) != local.retrieval_query(lobs)

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from crl_bench.config import ConfigError, check_name
+from crl_bench.config import ConfigError, RunConfig, check_name
 from crl_bench.results.summary import (
     SCHEMA_VERSION,
     SummaryError,
@@ -418,26 +418,43 @@ def tolerance(p_a: float, p_b: float, n: int) -> float:
     return VERIFY_Z * math.sqrt(2 * p * (1 - p) / n)
 
 
-def verify_submission(folder: str | Path, rerun: Callable[[Path, str], Path],
-                      seeds: Sequence[int] | None = None) -> dict[str, Any]:
-    """Re-run a submission's configs and compare; writes and returns ``verification.json``.
+def verify_submission(folder: str | Path, rerun: Callable[[RunConfig], Path], work: str | Path,
+                      seeds: Sequence[int] | None = None, say: Callable[[str], Any] | None = None,
+                      plan_only: bool = False) -> dict[str, Any] | None:
+    """Re-run a submission's configs within bounds and compare; writes and returns ``verification.json``.
 
-    Each run chosen (``seeds``, default all) is trained and evaluated again from
-    ``configs/<run id>.yaml`` by ``rerun(config_path, new_run_id) -> run folder``. The submission is
-    verified when every re-run has the submission's evaluation protocol (task panels included: the same
-    tasks with the same content) and, in every eval mode both have, every env's success rate lies within
-    :func:`tolerance` of the submitted one (over the protocol's tasks times ``samples``).
+    Each run chosen (``seeds``, default all) is trained and evaluated again by ``rerun(config) -> run
+    folder`` with the config :func:`crl_bench.results.rerun.rerun_config` builds from
+    ``configs/<run id>.yaml``: only the fields that define training and the protocol, a local run
+    logged into ``work/verify-<run id>``, no sizes beyond what the summary records. Every run's config
+    is built and checked, and the plan of each (:func:`crl_bench.results.rerun.plan`) passed to
+    ``say``, before the first re-run starts. The submission is verified when every re-run has the
+    submission's evaluation protocol (task panels included: the same tasks with the same content) and,
+    in every eval mode both have, every env's success rate lies within :func:`tolerance` of the
+    submitted one (over the protocol's tasks times ``samples``).
+
+    Args:
+        folder: the submission folder.
+        rerun: trains and evaluates one config (``output_dir`` and ``run_id`` set), returns its folder.
+        work: the folder the re-runs go into.
+        seeds: only these seeds.
+        say: called with each line of the plan and each note (default: nothing).
+        plan_only: stop after the plan (returns None, writes nothing).
 
     Returns:
         ``{"verified", "summary_sha256", "rule", "crl_bench", "git_commit", "machine", "date",
         "runs": [{"run_id", "seed", "rerun", "protocol_differences", "modes": {mode: {env:
-        {"submitted", "rerun", "tolerance", "ok"}}}}]}``.
+        {"submitted", "rerun", "tolerance", "ok"}}}}]}``, or None with ``plan_only``.
 
     Raises:
         SummaryError: the submission has problems (:func:`check_submission`, verification aside), a
-            seed it does not hold, or a run without ``configs/<run id>.yaml``.
+            seed it does not hold, a run without ``configs/<run id>.yaml``, or a config refused by
+            :func:`~crl_bench.results.rerun.rerun_config` (every reason, one per line).
     """
-    folder = Path(folder)
+    from crl_bench.config import CONFIG_MAX_ALIASES, CONFIG_MAX_BYTES
+    from crl_bench.results.rerun import comparable_settings, plan, plan_line, rerun_config
+
+    folder, work, say = Path(folder), Path(work), say or (lambda _line: None)
     problems = [p for p in check_submission(folder) if VERIFICATION_FILE not in p]
     if problems:
         raise SummaryError(f"{folder} has problems; fix them first (crl-bench submission check): {problems[0]}")
@@ -446,17 +463,41 @@ def verify_submission(folder: str | Path, rerun: Callable[[Path, str], Path],
     unknown = sorted(set(seeds or ()) - {r["seed"] for r in data["runs"]})
     if unknown:
         raise SummaryError(f"{folder}: no run with seed(s) {', '.join(map(str, unknown))}")
+    configs = []
     for r in runs:
-        if not (folder / "configs" / f"{r['run_id']}.yaml").is_file():
+        try:
+            check_name(r["run_id"], "run_id")
+        except ConfigError as e:
+            raise SummaryError(f"{folder / 'summary.json'}: {e}") from None
+        path = folder / "configs" / f"{r['run_id']}.yaml"
+        if not path.is_file() and not path.is_symlink():
             raise SummaryError(f"{folder}: no configs/{r['run_id']}.yaml to re-run (pack the runs again with "
                                f"crl-bench submission pack)")
+        try:
+            submitted = load_yaml(path, root=folder, max_bytes=CONFIG_MAX_BYTES, max_aliases=CONFIG_MAX_ALIASES,
+                                  finite=True)
+        except InputFileError as e:
+            raise SummaryError(str(e)) from None
+        cfg, notes = rerun_config(submitted, data, r, work, str(path))
+        configs.append((r, cfg))
+        for n in notes:
+            say(f"note: {n}")
+    for r, cfg in configs:
+        say(plan_line(plan(cfg, data, r)))
+    if plan_only:
+        return None
     proto = data["eval_protocol"]
     per_task = int(proto.get("samples", 1))
     out_runs = []
-    for r in runs:
-        new = rerun(folder / "configs" / f"{r['run_id']}.yaml", f"verify-{r['run_id']}")
+    for r, cfg in configs:
+        new = rerun(cfg)
         again = build_summary(new)
-        diffs = _differences(proto, again["eval_protocol"], "eval_protocol")
+        mine_proto = {**again["eval_protocol"]}
+        theirs = {**proto}
+        for p in (mine_proto, theirs):
+            if "env_settings" in p:
+                p["env_settings"] = comparable_settings(p["env_settings"])
+        diffs = _differences(theirs, mine_proto, "eval_protocol")
         modes: dict[str, dict[str, Any]] = {}
         mine = again["runs"][0]["eval"]
         for mode, block in r["eval"].items():
@@ -543,20 +584,26 @@ def main_submission_pack(run_dirs: Sequence[str | Path], name: str, out_dir: str
     return 0
 
 
-def main_submission_verify(folder: str | Path, rerun: Callable[[Path, str], Path], seeds: Sequence[int] | None = None,
-                           stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
-    """``crl-bench submission verify DIR [--seeds S,...]``: :func:`verify_submission`, one line per
-    run and env.
+def main_submission_verify(folder: str | Path, rerun: Callable[[RunConfig], Path], work: str | Path,
+                           seeds: Sequence[int] | None = None, stdout: TextIO | None = None,
+                           stderr: TextIO | None = None, plan_only: bool = False) -> int:
+    """``crl-bench submission verify DIR [--seeds S,...] [--work DIR] [--plan]``: :func:`verify_submission`,
+    its plan first (one line per run: episodes to train and evaluate), then one line per run and env.
 
     Returns:
-        0 verified, 1 not verified (each difference printed), 2 a submission that cannot be verified.
+        0 verified (or, with ``plan_only``, the plan printed), 1 not verified (each difference
+        printed), 2 a submission that cannot be verified (each reason printed).
     """
     out = stdout or sys.stdout
     try:
-        res = verify_submission(folder, rerun, seeds)
+        res = verify_submission(folder, rerun, work, seeds, plan_only=plan_only,
+                                say=lambda line: print(printable(line), file=out, flush=True))
     except SummaryError as e:
-        print(f"error: {printable(str(e))}", file=stderr or sys.stderr)
+        for line in str(e).splitlines():
+            print(f"error: {printable(line)}", file=stderr or sys.stderr)
         return 2
+    if res is None:
+        return 0
     for r in res["runs"]:
         for d in r["protocol_differences"]:
             print(f"{r['run_id']}: protocol differs: {printable(d)}", file=out)

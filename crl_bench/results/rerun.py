@@ -75,11 +75,14 @@ class EnvSettingsCheck:
         kept: the settings a run here may use.
         dropped: names of settings left out (this machine's files or services, :data:`LOCAL_SETTING`).
         problems: one line per setting refused.
+        unavailable: why the env's settings cannot be checked here (an unknown env, a missing
+            engine), else None; nothing is kept then.
     """
 
     kept: dict[str, Any] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    unavailable: str | None = None
 
 
 def _plain(value: Any) -> bool:
@@ -98,7 +101,7 @@ def check_env_settings(env_id: str, settings: Any, where: str) -> EnvSettingsChe
     :data:`SETTING_MAX_CHARS` characters, a number, a boolean, null, or a list of at most
     :data:`SETTING_MAX_ITEMS` of those. A name matching :data:`LOCAL_SETTING` (``data_dir``,
     ``workdir``, ``network``, ...) is dropped: it points at the writer's machine, and this machine's
-    own applies. An env that cannot be loaded here is a problem (its settings cannot be checked).
+    own applies. An env that cannot be loaded here sets ``unavailable`` (its settings cannot be checked).
 
     Args:
         env_id: the env.
@@ -117,7 +120,7 @@ def check_env_settings(env_id: str, settings: Any, where: str) -> EnvSettingsChe
     try:
         accepted = env_settings_accepted(env_id)
     except (KeyError, EnvUnavailableError) as e:
-        out.problems.append(f"{where}: the settings of {env_id!r} cannot be checked here ({e})")
+        out.unavailable = f"{where}: the settings of {env_id!r} cannot be checked here ({e})"
         return out
     for name, value in settings.items():
         if not isinstance(name, str) or accepted is None or name not in accepted:
@@ -207,7 +210,7 @@ def rerun_config(submitted: Any, summary: dict[str, Any], run: dict[str, Any], w
             problems.append(f"{source}: rollout.env_kwargs.{env_id}: not an env of the submission's mix")
             continue
         checked = check_env_settings(env_id, settings, f"{source}: rollout.env_kwargs.{env_id}")
-        problems += checked.problems
+        problems += checked.problems + ([checked.unavailable] if checked.unavailable else [])
         if checked.dropped:
             notes.append(f"{run['run_id']}: rollout.env_kwargs.{env_id}: {', '.join(checked.dropped)} left out "
                          "(this machine's files and services are its own)")
@@ -247,6 +250,9 @@ def _size_problems(cfg: RunConfig, summary: dict[str, Any], run: dict[str, Any],
                               ("eval.trials", cfg.eval.trials, proto.get("trials", 1))):
         if mine != theirs:
             out.append(f"{source}: {key} {mine!r} is not the protocol's {theirs!r} (eval_protocol)")
+    if cfg.rollout.mix.strip().endswith((".yaml", ".yml")):
+        out.append(f"{source}: rollout.mix {cfg.rollout.mix!r} names a mixture file, which a re-run does not read "
+                   "from the submitter's paths (write the mix as env:weight,... or a shipped mixture's name)")
     longest = max(proto["max_steps"].values(), default=0)
     if cfg.rollout.max_steps > longest:
         out.append(f"{source}: rollout.max_steps {cfg.rollout.max_steps} is more than the protocol's "

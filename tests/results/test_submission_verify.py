@@ -106,7 +106,7 @@ def test_trajectories_must_name_a_run_and_be_gzip_json_lines(submission):
     (submission / "trajectories" / "someone-else.jsonl.gz").write_bytes(gzip.compress(b"{}\n"))
     (submission / "trajectories" / "coin-s0.jsonl.gz").write_bytes(b"not gzip")
     problems = check_submission(submission)
-    assert any("someone-else.jsonl.gz: not the trajectories of a run" in p for p in problems)
+    assert any("someone-else.jsonl.gz: not a file of a run of this submission" in p for p in problems)
     assert any("coin-s0.jsonl.gz: not gzip-compressed JSON lines" in p for p in problems)
 
 
@@ -206,7 +206,7 @@ def test_env_settings_keep_constructor_parameters_with_plain_values_and_drop_loc
                                         "timeout_s": {"a": 1}}, "s")
     assert c.kept == {"success_reward": 2.0} and c.dropped == ["data_dir"]
     assert [p.split(":")[0] for p in c.problems] == ["s.bogus", "s.timeout_s"]
-    assert check_env_settings("no-such-env", {}, "s").problems[0].startswith("s: the settings of 'no-such-env' cannot")
+    assert check_env_settings("no-such-env", {}, "s").unavailable.startswith("s: the settings of 'no-such-env' cannot")
     assert check_env_settings("alfworld", [1], "s").problems == ["s: must be a mapping of setting -> value, got list"]
 
 
@@ -230,3 +230,82 @@ def test_a_run_id_that_is_not_a_name_is_refused_before_any_folder(submission, tm
     assert not (tmp_path / "w").exists() or list((tmp_path / "w").rglob("*")) == [tmp_path / "w" / "work"]
     with pytest.raises(SummaryError, match="run_id 'a/../../x': a name must start with a letter"):
         rerun_config({}, summary, summary["runs"][0], tmp_path / "work", "c.yaml")
+
+
+# ---- submissions hardened ----------------------------------------------------------------------------
+@pytest.mark.parametrize("line,why", [(b"[" * 100_000, "nested deeper than the 64 levels"),
+                                      (b"1" * 5000, "an integer of 5000 digits"),
+                                      (b'{"a": NaN}', "NaN is not a finite number"),
+                                      (b"\xff{}", "line 2 is not UTF-8 text")])
+def test_trajectory_lines_are_parsed_with_the_bounded_parser(submission, line, why):
+    path = submission / "trajectories" / "coin-s0.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"ok": 1}\n' + line + b"\n"))
+    problems = check_submission(submission)
+    assert len(problems) == 1 and problems[0].startswith(f"{path}: line 2") and why in problems[0], problems
+
+
+def test_trajectory_size_caps(submission, monkeypatch):
+    import crl_bench.results.submission as sm
+
+    path = submission / "trajectories" / "coin-s0.jsonl.gz"
+    monkeypatch.setattr(sm, "TRAJECTORY_MAX_LINE", 8)
+    assert check_submission(submission) == [f"{path}: line 1 is longer than the 8 bytes accepted"]
+    monkeypatch.setattr(sm, "TRAJECTORY_MAX_BYTES", 10)
+    assert check_submission(submission)[0].startswith(f"{path}: {path.stat().st_size} bytes, more than the 10")
+
+
+def test_linked_trajectories_and_configs_folders_are_refused_unread(submission, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "coin-s0.jsonl.gz").write_bytes(gzip.compress(b"{}\n"))
+    for sub in ("trajectories", "configs"):
+        shutil.rmtree(submission / sub)
+        (submission / sub).symlink_to(outside)
+    problems = check_submission(submission)
+    assert problems == [f"{submission / 'configs'}: a symbolic link; refused (a submission's files must be inside "
+                        "its folder)",
+                        f"{submission / 'trajectories'}: a symbolic link; refused (a submission's files must be "
+                        "inside its folder)"]
+
+
+def test_check_parses_every_config_as_a_config(submission):
+    configs = submission / "configs"
+    good = (configs / "coin-s0.yaml").read_text()
+    (configs / "someone-else.yaml").write_text(good)
+    (configs / "coin-s0.yaml").write_text(good.replace("steps: 1\n", "steps: -5\n", 1))
+    problems = check_submission(submission)
+    assert any(p.startswith(f"{configs / 'someone-else.yaml'}: not a file of a run") for p in problems)
+    bad = f"{configs / 'coin-s0.yaml'}: not a valid config (invalid value for train.steps: -5)"
+    assert any(p.startswith(bad) for p in problems)
+    (configs / "coin-s0.yaml").write_text(good.replace("steps: 1\n", "steps: 3\n", 1))
+    assert any("not the config of run coin-s0" in p for p in check_submission(submission))
+    (configs / "coin-s0.yaml").write_text("a: &x [1]\nb: [" + ", ".join(["*x"] * 1001) + "]\n")
+    assert any("coin-s0.yaml: not valid YAML (more than 1000 aliases" in p for p in check_submission(submission))
+
+
+def test_bad_env_settings_are_a_problem_not_a_crash(submission, capsys):
+    summary = json.loads((submission / "summary.json").read_text())
+    summary["eval_protocol"]["env_settings"] = {"test-coin": {"bogus": 1, "max_steps": {"deep": [1]}}}
+    (submission / "summary.json").write_text(json.dumps(summary))
+    problems = check_submission(submission)
+    assert [p.split(": ")[1] for p in problems] == ["$.eval_protocol.env_settings.test-coin.bogus",
+                                                    "$.eval_protocol.env_settings.test-coin.max_steps"]
+    assert main(["submission", "check", str(submission)]) == 1
+    assert "not a setting of test-coin" in capsys.readouterr().err
+
+
+def test_pack_refuses_a_config_linked_out_of_the_run(submission, tmp_path, capsys):
+    run = tmp_path / "runs" / "coin-s0"
+    (tmp_path / "secret").write_text("root:x:0:0\n")
+    (run / "config.yaml").unlink()
+    (run / "config.yaml").symlink_to(tmp_path / "secret")
+    assert main(["submission", "pack", str(run), "--name", "x", "--out", str(tmp_path / "x")]) == 2
+    assert "config.yaml: is a symbolic link to a file outside" in capsys.readouterr().err
+    assert not (tmp_path / "x" / "configs" / "coin-s0.yaml").exists()
+    (run / "config.yaml").unlink()
+    (run / "episodes.jsonl").rename(tmp_path / "episodes")
+    (run / "config.yaml").write_text((submission / "configs" / "coin-s0.yaml").read_text())
+    (run / "episodes.jsonl").symlink_to(tmp_path / "episodes")
+    assert main(["submission", "pack", str(run), "--name", "x", "--out", str(tmp_path / "y"), "--trajectories"]) == 2
+    assert "episodes.jsonl: is a symbolic link to a file outside" in capsys.readouterr().err
+    assert not (tmp_path / "y" / "trajectories" / "coin-s0.jsonl.gz").exists()

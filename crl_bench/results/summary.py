@@ -128,7 +128,10 @@ def schema_problems(data: Any, schema_name: str) -> list[str]:
 
 
 def _message(error: jsonschema.ValidationError) -> str:
-    """The error's message; for anyOf/oneOf, which alternatives failed and why."""
+    """The error's message; for anyOf/oneOf, which alternatives failed and why; for a pattern, the
+    schema's ``errorMessage`` where it gives one (a regular expression says little to a reader)."""
+    if error.validator == "pattern" and isinstance(error.schema, dict) and "errorMessage" in error.schema:
+        return f"{error.instance!r} {error.schema['errorMessage']}"
     if error.validator in ("anyOf", "oneOf") and error.context:
         why = "; ".join(dict.fromkeys(f"{json_path(c.relative_path)[1:].lstrip('.')}"
                                       f"{': ' if c.relative_path else ''}{c.message}" for c in error.context))

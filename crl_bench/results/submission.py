@@ -494,26 +494,35 @@ def pack_submission(run_dirs: Sequence[str | Path], out_dir: str | Path, name: s
                    and not (d / "episodes.jsonl").is_symlink()]
         if missing:
             raise SummaryError(f"no episodes.jsonl in {', '.join(missing)}: nothing to pack as trajectories")
-    out.mkdir(parents=True, exist_ok=True)
     from crl_bench.config import CONFIG_MAX_BYTES
 
-    for d, run_id in runs_of:                   # read as untrusted: a link out of the run folder is refused
+    texts = {}                                  # read as untrusted, all before anything is written
+    for d, run_id in runs_of:
         if (d / "config.yaml").is_file() or (d / "config.yaml").is_symlink():
-            (out / "configs").mkdir(exist_ok=True)
             try:
-                text = read_text(d / "config.yaml", root=d, max_bytes=CONFIG_MAX_BYTES)
+                texts[run_id] = read_text(d / "config.yaml", root=d, max_bytes=CONFIG_MAX_BYTES)
             except InputFileError as e:
                 raise SummaryError(f"cannot pack {e}") from None
-            (out / "configs" / f"{run_id}.yaml").write_text(text, encoding="utf-8")
-        if trajectories:
-            (out / "trajectories").mkdir(exist_ok=True)
-            target = out / "trajectories" / f"{run_id}.jsonl.gz"
-            try:
-                with gzip.open(target, "wb") as dst:
-                    copy_inside(d / "episodes.jsonl", dst, root=d, max_bytes=TRAJECTORY_MAX_TEXT)
-            except InputFileError as e:
-                target.unlink(missing_ok=True)
-                raise SummaryError(f"cannot pack {e}") from None
+    made = [p for p in (out, out / "configs", out / "trajectories") if not p.exists()]
+    written: list[Path] = []
+    out.mkdir(parents=True, exist_ok=True)
+    for run_id, text in texts.items():
+        (out / "configs").mkdir(exist_ok=True)
+        written.append(out / "configs" / f"{run_id}.yaml")
+        written[-1].write_text(text, encoding="utf-8")
+    for d, run_id in runs_of if trajectories else ():
+        (out / "trajectories").mkdir(exist_ok=True)
+        written.append(out / "trajectories" / f"{run_id}.jsonl.gz")
+        try:
+            with gzip.open(written[-1], "wb") as dst:
+                copy_inside(d / "episodes.jsonl", dst, root=d, max_bytes=TRAJECTORY_MAX_TEXT)
+        except InputFileError as e:             # what this call wrote goes again
+            for path in written:
+                path.unlink(missing_ok=True)
+            for folder_made in sorted(made, key=lambda p: len(p.parts), reverse=True):
+                if folder_made.is_dir() and not any(folder_made.iterdir()):
+                    folder_made.rmdir()
+            raise SummaryError(f"cannot pack {e}") from None
     (out / VERIFICATION_FILE).unlink(missing_ok=True)       # it verified the summary replaced here
     write_json_atomic(out / "summary.json", merged)
     meta = out / "metadata.yaml"

@@ -301,11 +301,11 @@ def test_pack_refuses_a_config_linked_out_of_the_run(submission, tmp_path, capsy
     (run / "config.yaml").symlink_to(tmp_path / "secret")
     assert main(["submission", "pack", str(run), "--name", "x", "--out", str(tmp_path / "x")]) == 2
     assert "config.yaml: is a symbolic link to a file outside" in capsys.readouterr().err
-    assert not (tmp_path / "x" / "configs" / "coin-s0.yaml").exists()
+    assert not (tmp_path / "x").exists()                     # refused before anything is written
     (run / "config.yaml").unlink()
     (run / "episodes.jsonl").rename(tmp_path / "episodes")
     (run / "config.yaml").write_text((submission / "configs" / "coin-s0.yaml").read_text())
     (run / "episodes.jsonl").symlink_to(tmp_path / "episodes")
     assert main(["submission", "pack", str(run), "--name", "x", "--out", str(tmp_path / "y"), "--trajectories"]) == 2
     assert "episodes.jsonl: is a symbolic link to a file outside" in capsys.readouterr().err
-    assert not (tmp_path / "y" / "trajectories" / "coin-s0.jsonl.gz").exists()
+    assert not (tmp_path / "y").exists()

@@ -671,6 +671,10 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
                 figures: Sequence[tuple[str, str]] = ()) -> Path:
     """Write the plots (PNG) and a self-contained ``report.html`` for the runs under ``paths``.
 
+    Each plot is drawn on its own with mathtext off (:func:`crl_bench.results.interval_plots.draw_one`):
+    names are drawn as written, and a plot that fails is named in the page with its error while the
+    others are drawn.
+
     Args:
         paths: run folders, sweep folders or folders above them (see :func:`find_runs`).
         out_dir: output folder (created if missing); existing files of the same names are replaced.

@@ -49,8 +49,11 @@ def run(args: argparse.Namespace) -> int:
             seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
         except ValueError:
             raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
-        work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="crl-bench-verify-"))
-        print(f"re-runs go to {work}")
+        if args.work or not args.plan:
+            work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="crl-bench-verify-"))
+            print(f"re-runs go to {work}")
+        else:                                   # a plan creates nothing
+            work = Path(tempfile.gettempdir()) / "crl-bench-verify-PLAN"
 
         def rerun(cfg: RunConfig) -> Path:
             """Train and evaluate ``cfg`` (its ``output_dir`` and ``run_id`` set by verify) as ``crl-bench run``."""

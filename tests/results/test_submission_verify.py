@@ -309,3 +309,14 @@ def test_pack_refuses_a_config_linked_out_of_the_run(submission, tmp_path, capsy
     assert main(["submission", "pack", str(run), "--name", "x", "--out", str(tmp_path / "y"), "--trajectories"]) == 2
     assert "episodes.jsonl: is a symbolic link to a file outside" in capsys.readouterr().err
     assert not (tmp_path / "y").exists()
+
+
+def test_the_leaderboard_reads_no_config_through_a_linked_configs_folder(submission, tmp_path):
+    from crl_bench.results.summary import fill_settings
+
+    summary = json.loads((submission / "summary.json").read_text())
+    del summary["runs"][0]["settings"]
+    assert list(fill_settings(json.loads(json.dumps(summary)), submission))         # read from configs/
+    shutil.move(submission / "configs", tmp_path / "elsewhere")
+    (submission / "configs").symlink_to(tmp_path / "elsewhere")
+    assert fill_settings(summary, submission) == {}

@@ -592,6 +592,34 @@ def _resolve(env_id: str) -> Callable[..., TextEnv]:
     return eps[env_id].load()
 
 
+def env_settings_accepted(env_id: str) -> frozenset[str] | None:
+    """The keyword settings :func:`make_env` accepts for ``env_id``: the named parameters of its
+    entry point (for a class, of its ``__init__`` and, while one passes ``**kwargs`` on, of the
+    ``__init__`` of each base class in method resolution order). ``None`` when the entry point takes
+    any keyword (a function with ``**kwargs``), so the settings cannot be checked.
+
+    Raises:
+        KeyError: unknown id.
+        EnvUnavailableError: the entry point's module cannot be imported (an optional engine).
+    """
+    import inspect
+
+    try:
+        factory = _resolve(env_id)
+    except ImportError as e:
+        raise missing_engine_error(env_id, _missing_module(e), str(e)) from e
+    targets = ([vars(c)["__init__"] for c in factory.__mro__ if "__init__" in vars(c) and c is not object]
+               if isinstance(factory, type) else [factory])
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names: set[str] = set()
+    for fn in targets:
+        params = list(inspect.signature(fn).parameters.values())
+        names |= {p.name for p in params if p.kind in kinds and p.name != "self"}
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return frozenset(names)
+    return frozenset(names) if isinstance(factory, type) else None
+
+
 def _gym_register(env_id: str, entry_point: Callable[..., TextEnv] | str) -> None:
     full = f"{GYM_NAMESPACE}/{env_id}"
     if full not in gym.registry:

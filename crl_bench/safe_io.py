@@ -8,6 +8,8 @@ and the code after it can be made to do:
   inside ``root`` (by default the folder holding it), so a ``metadata.yaml`` linked to
   ``/etc/shadow`` is refused before a byte of it is read; at most ``max_bytes`` are read; the bytes
   must be UTF-8 (the error gives the offset of the first bad byte).
+* :func:`copy_inside`: :func:`read_text`'s checks for a file copied as bytes (a run's
+  ``config.yaml`` and ``episodes.jsonl`` packed into a submission).
 * :func:`load_json`: nesting depth at most ``max_depth``; integers of at most :data:`MAX_INT_DIGITS`
   digits; ``NaN``, ``Infinity`` and numbers that overflow to infinity (``1e999``) are refused.
 * :func:`load_yaml`: the YAML safe loader (no Python objects), nesting depth at most ``max_depth``,
@@ -108,6 +110,53 @@ def read_text(path: str | os.PathLike, root: str | os.PathLike | None = None, ma
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputFileError(p, f"not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
+
+
+def copy_inside(path: str | os.PathLike, dst: Any, root: str | os.PathLike | None = None,
+                max_bytes: int = MAX_BYTES) -> int:
+    """Copy the bytes of ``path`` into the open binary file ``dst`` with :func:`read_text`'s checks
+    (a regular file whose real path lies in ``root``, at most ``max_bytes``), in chunks, without
+    decoding; returns the bytes copied.
+
+    Raises:
+        InputFileError: as :func:`read_text` (not UTF-8 aside).
+    """
+    p = Path(path)
+    base = Path(root) if root is not None else p.parent
+    try:
+        real = p.resolve(strict=True)
+    except FileNotFoundError:
+        raise InputFileError(p, "missing") from None
+    except (OSError, RuntimeError) as e:
+        raise InputFileError(p, f"cannot be resolved ({e})") from None
+    if not real.is_relative_to(base.resolve()):
+        raise InputFileError(p, f"is a symbolic link to a file outside {str(base)!r}; refused (files read "
+                                f"from a folder must be inside it)")
+    try:
+        st = os.stat(real)
+    except OSError as e:
+        raise InputFileError(p, f"cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):                        # a FIFO would block the open
+        raise InputFileError(p, "not a regular file")
+    if st.st_size > max_bytes:
+        raise InputFileError(p, f"{st.st_size} bytes, more than the {max_bytes} accepted")
+    copied = 0
+    try:
+        f = open(real, "rb")                                # closed by the with below
+    except OSError as e:
+        raise InputFileError(p, f"cannot be read ({e.strerror or e})") from None
+    with f:
+        while True:
+            try:
+                chunk = f.read(1 << 20)
+            except OSError as e:
+                raise InputFileError(p, f"cannot be read ({e.strerror or e})") from None
+            if not chunk:
+                return copied
+            copied += len(chunk)
+            if copied > max_bytes:                          # grew since the stat
+                raise InputFileError(p, f"more than the {max_bytes} bytes accepted")
+            dst.write(chunk)
 
 
 def _depth(data: Any) -> int:

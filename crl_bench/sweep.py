@@ -218,7 +218,10 @@ def run_in_subprocess(cfg: RunConfig, quiet: bool = True, resume: bool = False) 
     cannot take the sweep down and every run starts from a fresh interpreter. With ``resume`` the
     process is ``crl-bench run --resume <run folder>`` instead (the folder's own config.yaml). With
     ``quiet`` the run's output goes to ``<sweep>/logs/<run-id>.log`` (appended to when resuming);
-    otherwise it streams to the console.
+    otherwise it streams to the console. The process starts with ``python -P`` (Python 3.11+, the
+    project's minimum): the current folder is not put first on ``sys.path``, so a file there named
+    like a module (``argparse.py``) is never imported in place of it; the cell imports only the
+    installed package and the standard library.
 
     Raises:
         ConfigError: the run exited 2 (bad setting, missing engine or data: every cell would fail).
@@ -233,9 +236,9 @@ def run_in_subprocess(cfg: RunConfig, quiet: bool = True, resume: bool = False) 
     cfg_file.parent.mkdir(parents=True, exist_ok=True)
     cfg_file.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     if resume:
-        cmd = [sys.executable, "-m", "crl_bench.cli", "run", "--resume", str(runs / cfg.run_id)]
+        cmd = [sys.executable, "-P", "-m", "crl_bench.cli", "run", "--resume", str(runs / cfg.run_id)]
     else:
-        cmd = [sys.executable, "-m", "crl_bench.cli", "run", "--config", str(cfg_file), "--method", cfg.method,
+        cmd = [sys.executable, "-P", "-m", "crl_bench.cli", "run", "--config", str(cfg_file), "--method", cfg.method,
                "--output-dir", str(runs), "--run-id", cfg.run_id]
     cmd += ["--quiet"] if quiet else []
     if quiet:

@@ -191,10 +191,17 @@ def test_sweep_stops_at_a_missing_engine(tmp_path):
     assert calls == ["grpo"]
 
 
-def test_a_cell_that_exits_2_stops_the_sweep_with_its_log(tmp_path):
+def test_a_cell_that_exits_2_stops_the_sweep_with_its_log(tmp_path, monkeypatch):
     """The default runner starts `crl-bench run` in a subprocess; an unknown env exits 2 there, which
-    stops the sweep with the log's tail (no model is loaded: the env id fails first)."""
+    stops the sweep with the log's tail (no model is loaded: the env id fails first). The cell imports
+    only the package: an `argparse.py` in the current folder is never run."""
     from crl_bench.sweep import run_in_subprocess
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "argparse.py").write_text(f"open({str(tmp_path / 'planted-ran')!r}, 'w').close()\n"
+                                     "raise SystemExit(7)\n")
+    monkeypatch.chdir(cwd)
 
     def resolve(method, seed):
         return build_config([{"method": method, "train": {"seed": seed}, "rollout": {"mix": "no-such-env"}}])
@@ -205,3 +212,4 @@ def test_a_cell_that_exits_2_stops_the_sweep_with_its_log(tmp_path):
     assert (tmp_path / "x" / "configs" / "grpo-s0.yaml").is_file()
     assert "no-such-env" in (tmp_path / "x" / "logs" / "grpo-s0.log").read_text()
     assert not (tmp_path / "x" / "runs" / "grpo-s1").exists()
+    assert not (tmp_path / "planted-ran").exists()

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from crl_bench.results.interval_plots import draw_interval_charts
     from crl_bench.results.leaderboard import collect, display_frame, leaderboard_frame
     from crl_bench.results.report import make_report
+    from crl_bench.safe_io import printable
 
     for p in args.paths:
         if not Path(p).is_dir():
@@ -44,10 +45,14 @@ def run(args: argparse.Namespace) -> int:
     table = display_frame(frame) if frame is not None else None
     for w in warnings:
         print(f"crl-bench report: warning: {w}", file=sys.stderr)
+    failed: list[str] = []
     try:
-        figures = draw_interval_charts(frame, summaries, out) if frame is not None and not frame.empty else []
+        figures = (draw_interval_charts(frame, summaries, out, failures=failed)
+                   if frame is not None and not frame.empty else [])
         path = make_report(args.paths, out, table=table, title=args.title, figures=figures)
     except (ValueError, FileNotFoundError) as e:         # no run folder under the paths, or a damaged one
         raise ConfigError(f"report: {e}") from None
+    for f in failed:                        # one chart that failed; the report holds the others
+        print(f"crl-bench report: warning: {printable(f)}", file=sys.stderr)
     print(f"report: {path}")
     return 0

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from crl_bench.config import build_config, load_yaml
-
 __all__ = ["HELP", "add_parser", "run"]
 
 HELP = "check or pack a leaderboard submission (results/submissions/<name>)"
@@ -26,11 +24,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     sp.add_argument("--out", help="submission folder (default results/submissions/<name>)")
     sp.add_argument("--trajectories", action="store_true",
                     help="also pack each run's episodes.jsonl as trajectories/<run id>.jsonl.gz")
-    sv = sms.add_parser("verify", help="re-run the submission's configs here and set 'verified' in "
-                                       "verification.json when the results match within sampling noise")
+    sv = sms.add_parser("verify", help="re-run the submission's configs here, within bounds, and set 'verified' "
+                                       "in verification.json when the results match within sampling noise")
     sv.add_argument("dir")
     sv.add_argument("--seeds", help="only these seeds, comma-separated (default: every run)")
     sv.add_argument("--work", help="folder for the re-runs (default: a new temporary folder)")
+    sv.add_argument("--plan", action="store_true", help="print what would be re-run and its cost, run nothing")
     sv.add_argument("--quiet", action="store_true")
     return sm
 
@@ -44,17 +43,23 @@ def run(args: argparse.Namespace) -> int:
     if args.submission_cmd == "verify":
         import tempfile
 
-        work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="crl-bench-verify-"))
-        print(f"re-runs go to {work}")
+        from crl_bench.config import ConfigError, RunConfig
 
-        def rerun(config_path: Path, run_id: str) -> Path:
-            """Train and evaluate ``config_path`` again as ``work/run_id`` (``crl-bench run``)."""
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+        except ValueError:
+            raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
+        if args.work or not args.plan:
+            work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="crl-bench-verify-"))
+            print(f"re-runs go to {work}")
+        else:                                   # a plan creates nothing
+            work = Path(tempfile.gettempdir()) / "crl-bench-verify-PLAN"
+
+        def rerun(cfg: RunConfig) -> Path:
+            """Train and evaluate ``cfg`` (its ``output_dir`` and ``run_id`` set by verify) as ``crl-bench run``."""
             from crl_bench.trainer.lifecycle import run_training
 
-            cfg = build_config([load_yaml(config_path)])
-            cfg.output_dir, cfg.run_id = str(work), run_id
             return Path(run_training(cfg, quiet=args.quiet))
 
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-        return main_submission_verify(args.dir, rerun, seeds)
+        return main_submission_verify(args.dir, rerun, work, seeds, plan_only=args.plan)
     return main_submission_pack(args.runs, args.name, args.out, trajectories=args.trajectories)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from crl_bench.results.stats import CI_LEVEL, OVER_SEEDS, iqm, iqm_ci, probability_of_improvement_ci
+from crl_bench.safe_io import printable
 
 __all__ = ["MIN_SEEDS", "draw_interval_charts", "method_scores"]
 
@@ -52,6 +53,26 @@ def method_scores(row: pd.Series, summaries: Sequence[dict[str, Any]]) -> np.nda
                 out.append([float(per_env[e]["success_rate"]) for e in envs])
     # one run may be met twice (a run folder and its submission): keep distinct rows per run id
     return np.array(out[: len(ids)]) if out else np.zeros((0, max(len(envs), 1)))
+
+
+def draw_one(job: Callable[[Path], Any], target: Path) -> str | None:
+    """Draw one figure: ``job(target)`` with mathtext off, so that a ``$`` in a method, env or run
+    name (text from configs and summaries) is drawn as itself and never parsed as a formula
+    (matplotlib's ``text.parse_math``). A figure that fails is reported, not raised, so the others are
+    still drawn: its half-written file is removed and the failure returned as the reason it is missing.
+
+    Returns:
+        ``job``'s own value (None when drawn, else why not), or ``"drawing failed (<error>)"``.
+    """
+    import matplotlib
+
+    try:
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return job(target)
+    except Exception as e:  # noqa: BLE001 - any error of one figure; the report goes on without it
+        target.unlink(missing_ok=True)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return printable(f"drawing failed ({type(e).__name__}{': ' + first[:300] if first else ''})")
 
 
 def _figure(w: float, h: float) -> tuple[Any, Any]:
@@ -124,7 +145,7 @@ def _rliable(rows: list[tuple[str, np.ndarray]], title: str, iqm_path: Path, poi
 
 
 def draw_interval_charts(df: pd.DataFrame, summaries: Sequence[dict[str, Any]],
-                         out_dir: str | Path) -> list[tuple[str, str]]:
+                         out_dir: str | Path, failures: list[str] | None = None) -> list[tuple[str, str]]:
     """Draw the charts of every protocol of ``df`` into ``out_dir`` (created if needed).
 
     Files: ``intervals-<nn>-<mix>.png`` per (mix, protocol); where at least two methods have
@@ -134,10 +155,15 @@ def draw_interval_charts(df: pd.DataFrame, summaries: Sequence[dict[str, Any]],
     since P(B > A) = 1 - P(A > B), with its stratified bootstrap CI). All intervals: 95 %, seeded
     (:mod:`crl_bench.results.stats`).
 
+    Each chart is drawn on its own with mathtext off (:func:`draw_one`): a
+    ``$`` in a method or mix name is drawn as itself, and a chart that fails is left out (its line,
+    ``"<file> not drawn: <why>"``, appended to ``failures``) while the others are still drawn.
+
     Returns:
-        ``[(file name, caption), ...]`` in drawing order.
+        ``[(file name, caption), ...]`` of the charts drawn, in drawing order.
     """
     import matplotlib
+
 
     matplotlib.use("Agg")
     out = Path(out_dir)
@@ -147,11 +173,15 @@ def draw_interval_charts(df: pd.DataFrame, summaries: Sequence[dict[str, Any]],
     for i, ((mix, proto), part) in enumerate(df.groupby(["mix", "protocol"], sort=False)):
         name = f"intervals-{_slug(i, mix)}.png"
         title = f"{mix} · {proto}"
-        _point_interval(part, title, out / name)
-        drawn.append((name, f"{title}: overall success of each method (rows; n = runs) in each eval mode "
-                            f"(colour and marker), with its {pct} CI. Filled marker, solid bar: CI over seeds "
-                            "and tasks (two-level bootstrap); open marker, dotted bar: one seed, CI over its "
-                            "tasks only; no bar: no CI (fewer than 3 runs without per-task outcomes). "))
+        failed = draw_one(lambda p, part=part, title=title: _point_interval(part, title, p), out / name)
+        if failed is not None and failures is not None:
+            failures.append(f"{name} not drawn: {failed}")
+        if failed is None:
+            drawn.append((name, f"{title}: overall success of each method (rows; n = runs) in each eval mode "
+                                f"(colour and marker), with its {pct} CI. Filled marker, solid bar: CI over "
+                                "seeds and tasks (two-level bootstrap); open marker, dotted bar: one seed, CI "
+                                "over its tasks only; no bar: no CI (fewer than 3 runs without per-task "
+                                "outcomes). "))
         rows = []
         for method, m_part in part.groupby("method", sort=False):
             modes = dict(zip(m_part["eval"], (r for _, r in m_part.iterrows())))
@@ -163,7 +193,13 @@ def draw_interval_charts(df: pd.DataFrame, summaries: Sequence[dict[str, Any]],
                 rows.append((f"{method} ({row['eval']})", scores))
         if len(rows) >= 2:
             iqm_name, poi_name = f"iqm-{_slug(i, mix)}.png", f"poi-{_slug(i, mix)}.png"
-            _rliable(rows, title, out / iqm_name, out / poi_name)
+            failed = draw_one(lambda p, rows=rows, title=title, poi=out / poi_name: _rliable(rows, title, p, poi),
+                              out / iqm_name)
+            if failed is not None:
+                (out / poi_name).unlink(missing_ok=True)
+                if failures is not None:
+                    failures.append(f"{iqm_name} and {poi_name} not drawn: {failed}")
+                continue
             drawn.append((iqm_name, f"{title}: interquartile mean (IQM, the mean of the middle 50 %) of the "
                                     f"per-run, per-env success of each method with {MIN_SEEDS}+ runs, in its "
                                     f"main mode (guided where it has it), with rliable's stratified bootstrap "

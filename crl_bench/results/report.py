@@ -45,6 +45,7 @@ import numpy as np
 
 from crl_bench.config import CONFIG_MAX_ALIASES
 from crl_bench.results.alarms import run_alerts
+from crl_bench.results.interval_plots import draw_one
 from crl_bench.results.panel import content_hash, short_hash
 from crl_bench.results.report_html import _CSS, TOP_ENTRIES, _alerts_html, _bank_html, _data_uri, _e, _runs_table
 from crl_bench.results.report_html import read_bank as read_bank
@@ -670,6 +671,10 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
                 figures: Sequence[tuple[str, str]] = ()) -> Path:
     """Write the plots (PNG) and a self-contained ``report.html`` for the runs under ``paths``.
 
+    Each plot is drawn on its own with mathtext off (:func:`crl_bench.results.interval_plots.draw_one`):
+    names are drawn as written, and a plot that fails is named in the page with its error while the
+    others are drawn.
+
     Args:
         paths: run folders, sweep folders or folders above them (see :func:`find_runs`).
         out_dir: output folder (created if missing); existing files of the same names are replaced.
@@ -729,7 +734,7 @@ def make_report(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir:
         target = out / PLOT_FILES[key]
         if target.exists():
             target.unlink()
-        plots[key] = job(target)
+        plots[key] = draw_one(job, target)
 
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>",
              f"<style>{_CSS}</style></head><body>", f"<h1>{_e(title)}</h1>",

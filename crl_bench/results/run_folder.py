@@ -147,8 +147,10 @@ def is_run_folder(folder: str | Path, names: set[str] | None = None) -> bool:
 
 
 def make_run_id(method: str, mix: str, seed: int) -> str:
-    """``YYYYmmdd-HHMMSS-<method>-<mix>-s<seed>`` with the mix made file-name safe."""
+    """``YYYYmmdd-HHMMSS-<method>-<mix>-s<seed>`` with the mix made file-name safe and cut to 64
+    characters, so that the id is a name (:func:`crl_bench.config.check_name`: at most 128, no ``..``)."""
     safe_mix = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(mix).stem if mix.endswith((".yaml", ".yml")) else mix)
+    safe_mix = re.sub(r"\.{2,}", ".", safe_mix)[:64]
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{method}-{safe_mix}-s{seed}"
 
 

@@ -13,18 +13,18 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
-import json
+import itertools
 import math
 import platform
-import shutil
 import sys
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
-from crl_bench.config import ConfigError, check_name
+from crl_bench.config import ConfigError, RunConfig, check_name
 from crl_bench.results.summary import (
     SCHEMA_VERSION,
     SummaryError,
@@ -34,7 +34,16 @@ from crl_bench.results.summary import (
     validate_summary,
     write_json_atomic,
 )
-from crl_bench.safe_io import InputFileError, load_json, load_yaml, nonfinite_paths, printable
+from crl_bench.safe_io import (
+    InputFileError,
+    copy_inside,
+    load_json,
+    load_yaml,
+    nonfinite_paths,
+    parse_json,
+    printable,
+    read_text,
+)
 
 #: Fields of summaries that must be identical for runs to be packed into one submission.
 COMPARABLE_KEYS = ("method", "model", "mix", "eval_protocol")
@@ -43,6 +52,10 @@ PLACEHOLDER = "TODO"
 #: Largest ``summary.json`` and ``metadata.yaml`` :func:`check_submission` reads (bytes).
 SUMMARY_MAX_BYTES = 16 * 1024 * 1024
 METADATA_MAX_BYTES = 64 * 1024
+#: Largest ``trajectories/<run id>.jsonl.gz`` (bytes on disk), its text once decompressed, and one line.
+TRAJECTORY_MAX_BYTES = 256 * 1024 * 1024
+TRAJECTORY_MAX_TEXT = 1024 * 1024 * 1024
+TRAJECTORY_MAX_LINE = 16 * 1024 * 1024
 #: The file :func:`verify_submission` writes; only it sets ``verified``.
 VERIFICATION_FILE = "verification.json"
 #: z of the two-sided 95 % interval :func:`verify_submission` allows a re-run to differ by.
@@ -126,11 +139,28 @@ def panel_problems(data: dict[str, Any]) -> tuple[list[str], list[str]]:
     if not panels:
         return [], ["eval_protocol.panels: none recorded (evaluated before task panels existed); the tasks "
                     "cannot be checked"]
+    from crl_bench.results.rerun import check_env_settings
+
     problems, notes = [], []
     settings = proto.get("env_settings") or {}
     for env_id, want in panels.items():
+        checked = check_env_settings(env_id, settings.get(env_id, {}), f"$.eval_protocol.env_settings.{env_id}")
+        if checked.unavailable:
+            notes.append(f"eval_protocol.panels.{env_id}: not checked, the env cannot be built here "
+                         f"({checked.unavailable})")
+            continue
+        if checked.problems:
+            problems += checked.problems
+            continue
+        if checked.dropped:
+            notes.append(f"eval_protocol.env_settings.{env_id}: {', '.join(checked.dropped)} not used (settings "
+                         "that name the submitter's files or services; this machine's own apply)")
         try:
-            env = EnvPool({env_id: settings.get(env_id, {})}, int(proto["max_steps"].get(env_id, 0))).make(env_id)
+            env = EnvPool({env_id: checked.kept}, int(proto["max_steps"].get(env_id, 0))).make(env_id)
+        except TypeError as e:
+            problems.append(f"$.eval_protocol.env_settings.{env_id}: the env cannot be built with these settings "
+                            f"({e})")
+            continue
         except (EnvUnavailableError, DataMissingError, KeyError, OSError, ValueError) as e:
             notes.append(f"eval_protocol.panels.{env_id}: not checked, the env cannot be built here ({e})")
             continue
@@ -149,26 +179,96 @@ def panel_problems(data: dict[str, Any]) -> tuple[list[str], list[str]]:
     return problems, notes
 
 
-def _trajectory_problems(folder: Path, data: dict[str, Any]) -> list[str]:
-    """``trajectories/<run id>.jsonl.gz``: each names a run of the summary and holds JSON lines."""
-    tdir = folder / "trajectories"
-    if not tdir.is_dir():
-        return []
-    ids = {r["run_id"] for r in data["runs"]}
-    problems = []
-    for f in sorted(tdir.iterdir()):
-        run_id = f.name[:-len(".jsonl.gz")] if f.name.endswith(".jsonl.gz") else None
+def _run_files(folder: Path, sub: str, suffix: str, ids: set[str]) -> tuple[list[tuple[Path, str]], list[str]]:
+    """The files of ``folder/sub`` named ``<run id><suffix>`` of a run in ``ids``: ``([(file, run id)],
+    problems)``. ``sub`` as a symbolic link, or not a folder, is one problem (nothing in it is read);
+    so is each entry that is not a regular file of a run (a link, a folder, another name)."""
+    d = folder / sub
+    if d.is_symlink():
+        return [], [f"{d}: a symbolic link; refused (a submission's files must be inside its folder)"]
+    if not d.exists():
+        return [], []
+    if not d.is_dir():
+        return [], [f"{d}: not a folder"]
+    files, problems = [], []
+    for f in sorted(d.iterdir()):
+        run_id = f.name[:-len(suffix)] if f.name.endswith(suffix) else None
         if f.is_symlink() or not f.is_file() or run_id not in ids:
-            problems.append(f"{f}: not the trajectories of a run of this submission (trajectories/<run id>.jsonl.gz)")
+            problems.append(f"{f}: not a file of a run of this submission ({sub}/<run id>{suffix})")
+        else:
+            files.append((f, run_id))
+    return files, problems
+
+
+def _trajectory_file_problem(f: Path) -> str | None:
+    """What is wrong with one trajectories file, or None: over :data:`TRAJECTORY_MAX_BYTES` on disk or
+    :data:`TRAJECTORY_MAX_TEXT` decompressed, a line over :data:`TRAJECTORY_MAX_LINE`, not gzip, a line
+    that is not UTF-8 or not a JSON object (parsed with :func:`crl_bench.safe_io.parse_json`'s limits)."""
+    size = f.stat().st_size
+    if size > TRAJECTORY_MAX_BYTES:
+        return f"{f}: {size} bytes, more than the {TRAJECTORY_MAX_BYTES} accepted"
+    total = 0
+    try:
+        with gzip.open(f, "rb") as fh:
+            for i in itertools.count(1):
+                line = fh.readline(TRAJECTORY_MAX_LINE + 1)
+                if not line:
+                    return None
+                total += len(line)
+                if total > TRAJECTORY_MAX_TEXT:
+                    return f"{f}: more than the {TRAJECTORY_MAX_TEXT} bytes accepted once decompressed"
+                if len(line) > TRAJECTORY_MAX_LINE:
+                    return f"{f}: line {i} is longer than the {TRAJECTORY_MAX_LINE} bytes accepted"
+                if not line.strip():
+                    continue
+                try:
+                    item = parse_json(line.decode("utf-8"), f"{f}: line {i}")
+                except UnicodeDecodeError as e:
+                    return f"{f}: line {i} is not UTF-8 text (byte {e.start})"
+                except InputFileError as e:
+                    return str(e)
+                if not isinstance(item, dict):
+                    return f"{f}: line {i} is not a JSON object"
+    except (OSError, EOFError, zlib.error) as e:
+        return f"{f}: not gzip-compressed JSON lines ({e})"
+    return None
+
+
+def _trajectory_problems(folder: Path, data: dict[str, Any]) -> list[str]:
+    """``trajectories/<run id>.jsonl.gz``: each names a run of the summary and holds JSON lines
+    (:func:`_trajectory_file_problem`); a linked ``trajectories/`` is refused unread."""
+    files, problems = _run_files(folder, "trajectories", ".jsonl.gz", {r["run_id"] for r in data["runs"]})
+    return problems + [p for f, _ in files if (p := _trajectory_file_problem(f)) is not None]
+
+
+def _config_problems(folder: Path, data: dict[str, Any]) -> list[str]:
+    """``configs/<run id>.yaml``: each names a run of the summary, reads as untrusted YAML, is a valid
+    config (:func:`crl_bench.config.build_config`) and has the training settings the summary records
+    for its run (``settings``); a linked ``configs/`` is refused unread."""
+    from crl_bench.config import CONFIG_MAX_ALIASES, CONFIG_MAX_BYTES, build_config
+    from crl_bench.results.summary import settings_hash
+
+    runs = {r["run_id"]: r for r in data["runs"]}
+    files, problems = _run_files(folder, "configs", ".yaml", set(runs))
+    for f, run_id in files:
+        try:
+            cfg = load_yaml(f, root=folder, max_bytes=CONFIG_MAX_BYTES, max_aliases=CONFIG_MAX_ALIASES, finite=True)
+        except InputFileError as e:
+            problems.append(str(e))
+            continue
+        if not isinstance(cfg, dict):
+            problems.append(f"{f}: not a config (a mapping of sections), got {type(cfg).__name__}")
             continue
         try:
-            with gzip.open(f, "rt", encoding="utf-8") as fh:
-                for i, line in enumerate(fh, 1):
-                    if line.strip() and not isinstance(json.loads(line), dict):
-                        problems.append(f"{f}: line {i} is not a JSON object")
-                        break
-        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            problems.append(f"{f}: not gzip-compressed JSON lines ({e})")
+            build_config([cfg])
+            mine = settings_hash(cfg)
+        except (ConfigError, TypeError, ValueError) as e:
+            problems.append(f"{f}: not a valid config ({e})")
+            continue
+        recorded = runs[run_id].get("settings")
+        if isinstance(recorded, str) and mine != recorded:
+            problems.append(f"{f}: not the config of run {run_id} (its training settings hash to {mine[:12]}, "
+                            f"the summary records {recorded[:12]})")
     return problems
 
 
@@ -205,8 +305,12 @@ def check_submission(folder: str | Path, panels: bool = True, notes: list[str] |
     the mix; ``eval_protocol`` names every env of the mix; every run has a free evaluation of every
     env; with ``panels``, the task panels of the protocol against this machine's data and code,
     :func:`panel_problems`), ``metadata.yaml`` (present, YAML, ``submission_metadata.schema.json``;
-    no ``TODO`` placeholders left from the template), the trajectories if any (named by run id,
-    gzip-compressed JSON lines) and ``verification.json`` if any (made for this ``summary.json``).
+    no ``TODO`` placeholders left from the template), the configs if any (``configs/<run id>.yaml``,
+    each a valid config with the run's training settings: :func:`_config_problems`), the trajectories
+    if any (named by run id, gzip-compressed JSON lines within size caps, each parsed with the bounded
+    parser: :func:`_trajectory_file_problem`; a linked ``configs/`` or ``trajectories/`` is refused
+    unread) and ``verification.json`` if any (made for this ``summary.json``). Bad
+    ``eval_protocol.env_settings`` are problems (:func:`panel_problems`).
 
     Args:
         folder: the submission folder.
@@ -241,7 +345,8 @@ def check_submission(folder: str | Path, panels: bool = True, notes: list[str] |
                 found.append("$.kind: is 'run'; a submission's summary has kind 'submission'")
             problems += [f"{spath}: {p}" for p in found]
             if not found:
-                problems += _trajectory_problems(folder, data) + _verification(folder)[1]
+                problems += (_config_problems(folder, data) + _trajectory_problems(folder, data)
+                             + _verification(folder)[1])
     mpath = folder / "metadata.yaml"
     if not mpath.is_file() and not mpath.is_symlink():
         problems.append(f"{mpath}: missing (see results/submissions/README.md)")
@@ -385,19 +490,39 @@ def pack_submission(run_dirs: Sequence[str | Path], out_dir: str | Path, name: s
     validate_summary(merged, source=f"{out / 'summary.json'} (packed)")
     runs_of = [(d, r["run_id"]) for d, s in zip(dirs, loaded) if s["kind"] == "run" for r in s["runs"]]
     if trajectories:
-        missing = [str(d) for d, _ in runs_of if not (d / "episodes.jsonl").is_file()]
+        missing = [str(d) for d, _ in runs_of if not (d / "episodes.jsonl").is_file()
+                   and not (d / "episodes.jsonl").is_symlink()]
         if missing:
             raise SummaryError(f"no episodes.jsonl in {', '.join(missing)}: nothing to pack as trajectories")
-    out.mkdir(parents=True, exist_ok=True)
+    from crl_bench.config import CONFIG_MAX_BYTES
+
+    texts = {}                                  # read as untrusted, all before anything is written
     for d, run_id in runs_of:
-        if (d / "config.yaml").is_file():
-            (out / "configs").mkdir(exist_ok=True)
-            shutil.copyfile(d / "config.yaml", out / "configs" / f"{run_id}.yaml")
-        if trajectories:
-            (out / "trajectories").mkdir(exist_ok=True)
-            with open(d / "episodes.jsonl", "rb") as src, gzip.open(out / "trajectories" / f"{run_id}.jsonl.gz",
-                                                                     "wb") as dst:
-                shutil.copyfileobj(src, dst)
+        if (d / "config.yaml").is_file() or (d / "config.yaml").is_symlink():
+            try:
+                texts[run_id] = read_text(d / "config.yaml", root=d, max_bytes=CONFIG_MAX_BYTES)
+            except InputFileError as e:
+                raise SummaryError(f"cannot pack {e}") from None
+    made = [p for p in (out, out / "configs", out / "trajectories") if not p.exists()]
+    written: list[Path] = []
+    out.mkdir(parents=True, exist_ok=True)
+    for run_id, text in texts.items():
+        (out / "configs").mkdir(exist_ok=True)
+        written.append(out / "configs" / f"{run_id}.yaml")
+        written[-1].write_text(text, encoding="utf-8")
+    for d, run_id in runs_of if trajectories else ():
+        (out / "trajectories").mkdir(exist_ok=True)
+        written.append(out / "trajectories" / f"{run_id}.jsonl.gz")
+        try:
+            with gzip.open(written[-1], "wb") as dst:
+                copy_inside(d / "episodes.jsonl", dst, root=d, max_bytes=TRAJECTORY_MAX_TEXT)
+        except InputFileError as e:             # what this call wrote goes again
+            for path in written:
+                path.unlink(missing_ok=True)
+            for folder_made in sorted(made, key=lambda p: len(p.parts), reverse=True):
+                if folder_made.is_dir() and not any(folder_made.iterdir()):
+                    folder_made.rmdir()
+            raise SummaryError(f"cannot pack {e}") from None
     (out / VERIFICATION_FILE).unlink(missing_ok=True)       # it verified the summary replaced here
     write_json_atomic(out / "summary.json", merged)
     meta = out / "metadata.yaml"
@@ -418,26 +543,43 @@ def tolerance(p_a: float, p_b: float, n: int) -> float:
     return VERIFY_Z * math.sqrt(2 * p * (1 - p) / n)
 
 
-def verify_submission(folder: str | Path, rerun: Callable[[Path, str], Path],
-                      seeds: Sequence[int] | None = None) -> dict[str, Any]:
-    """Re-run a submission's configs and compare; writes and returns ``verification.json``.
+def verify_submission(folder: str | Path, rerun: Callable[[RunConfig], Path], work: str | Path,
+                      seeds: Sequence[int] | None = None, say: Callable[[str], Any] | None = None,
+                      plan_only: bool = False) -> dict[str, Any] | None:
+    """Re-run a submission's configs within bounds and compare; writes and returns ``verification.json``.
 
-    Each run chosen (``seeds``, default all) is trained and evaluated again from
-    ``configs/<run id>.yaml`` by ``rerun(config_path, new_run_id) -> run folder``. The submission is
-    verified when every re-run has the submission's evaluation protocol (task panels included: the same
-    tasks with the same content) and, in every eval mode both have, every env's success rate lies within
-    :func:`tolerance` of the submitted one (over the protocol's tasks times ``samples``).
+    Each run chosen (``seeds``, default all) is trained and evaluated again by ``rerun(config) -> run
+    folder`` with the config :func:`crl_bench.results.rerun.rerun_config` builds from
+    ``configs/<run id>.yaml``: only the fields that define training and the protocol, a local run
+    logged into ``work/verify-<run id>``, no sizes beyond what the summary records. Every run's config
+    is built and checked, and the plan of each (:func:`crl_bench.results.rerun.plan`) passed to
+    ``say``, before the first re-run starts. The submission is verified when every re-run has the
+    submission's evaluation protocol (task panels included: the same tasks with the same content) and,
+    in every eval mode both have, every env's success rate lies within :func:`tolerance` of the
+    submitted one (over the protocol's tasks times ``samples``).
+
+    Args:
+        folder: the submission folder.
+        rerun: trains and evaluates one config (``output_dir`` and ``run_id`` set), returns its folder.
+        work: the folder the re-runs go into.
+        seeds: only these seeds.
+        say: called with each line of the plan and each note (default: nothing).
+        plan_only: stop after the plan (returns None, writes nothing).
 
     Returns:
         ``{"verified", "summary_sha256", "rule", "crl_bench", "git_commit", "machine", "date",
         "runs": [{"run_id", "seed", "rerun", "protocol_differences", "modes": {mode: {env:
-        {"submitted", "rerun", "tolerance", "ok"}}}}]}``.
+        {"submitted", "rerun", "tolerance", "ok"}}}}]}``, or None with ``plan_only``.
 
     Raises:
         SummaryError: the submission has problems (:func:`check_submission`, verification aside), a
-            seed it does not hold, or a run without ``configs/<run id>.yaml``.
+            seed it does not hold, a run without ``configs/<run id>.yaml``, or a config refused by
+            :func:`~crl_bench.results.rerun.rerun_config` (every reason, one per line).
     """
-    folder = Path(folder)
+    from crl_bench.config import CONFIG_MAX_ALIASES, CONFIG_MAX_BYTES
+    from crl_bench.results.rerun import comparable_settings, plan, plan_line, rerun_config
+
+    folder, work, say = Path(folder), Path(work), say or (lambda _line: None)
     problems = [p for p in check_submission(folder) if VERIFICATION_FILE not in p]
     if problems:
         raise SummaryError(f"{folder} has problems; fix them first (crl-bench submission check): {problems[0]}")
@@ -446,17 +588,41 @@ def verify_submission(folder: str | Path, rerun: Callable[[Path, str], Path],
     unknown = sorted(set(seeds or ()) - {r["seed"] for r in data["runs"]})
     if unknown:
         raise SummaryError(f"{folder}: no run with seed(s) {', '.join(map(str, unknown))}")
+    configs = []
     for r in runs:
-        if not (folder / "configs" / f"{r['run_id']}.yaml").is_file():
+        try:
+            check_name(r["run_id"], "run_id")
+        except ConfigError as e:
+            raise SummaryError(f"{folder / 'summary.json'}: {e}") from None
+        path = folder / "configs" / f"{r['run_id']}.yaml"
+        if not path.is_file() and not path.is_symlink():
             raise SummaryError(f"{folder}: no configs/{r['run_id']}.yaml to re-run (pack the runs again with "
                                f"crl-bench submission pack)")
+        try:
+            submitted = load_yaml(path, root=folder, max_bytes=CONFIG_MAX_BYTES, max_aliases=CONFIG_MAX_ALIASES,
+                                  finite=True)
+        except InputFileError as e:
+            raise SummaryError(str(e)) from None
+        cfg, notes = rerun_config(submitted, data, r, work, str(path))
+        configs.append((r, cfg))
+        for n in notes:
+            say(f"note: {n}")
+    for r, cfg in configs:
+        say(plan_line(plan(cfg, data, r)))
+    if plan_only:
+        return None
     proto = data["eval_protocol"]
     per_task = int(proto.get("samples", 1))
     out_runs = []
-    for r in runs:
-        new = rerun(folder / "configs" / f"{r['run_id']}.yaml", f"verify-{r['run_id']}")
+    for r, cfg in configs:
+        new = rerun(cfg)
         again = build_summary(new)
-        diffs = _differences(proto, again["eval_protocol"], "eval_protocol")
+        mine_proto = {**again["eval_protocol"]}
+        theirs = {**proto}
+        for p in (mine_proto, theirs):
+            if "env_settings" in p:
+                p["env_settings"] = comparable_settings(p["env_settings"])
+        diffs = _differences(theirs, mine_proto, "eval_protocol")
         modes: dict[str, dict[str, Any]] = {}
         mine = again["runs"][0]["eval"]
         for mode, block in r["eval"].items():
@@ -543,20 +709,26 @@ def main_submission_pack(run_dirs: Sequence[str | Path], name: str, out_dir: str
     return 0
 
 
-def main_submission_verify(folder: str | Path, rerun: Callable[[Path, str], Path], seeds: Sequence[int] | None = None,
-                           stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
-    """``crl-bench submission verify DIR [--seeds S,...]``: :func:`verify_submission`, one line per
-    run and env.
+def main_submission_verify(folder: str | Path, rerun: Callable[[RunConfig], Path], work: str | Path,
+                           seeds: Sequence[int] | None = None, stdout: TextIO | None = None,
+                           stderr: TextIO | None = None, plan_only: bool = False) -> int:
+    """``crl-bench submission verify DIR [--seeds S,...] [--work DIR] [--plan]``: :func:`verify_submission`,
+    its plan first (one line per run: episodes to train and evaluate), then one line per run and env.
 
     Returns:
-        0 verified, 1 not verified (each difference printed), 2 a submission that cannot be verified.
+        0 verified (or, with ``plan_only``, the plan printed), 1 not verified (each difference
+        printed), 2 a submission that cannot be verified (each reason printed).
     """
     out = stdout or sys.stdout
     try:
-        res = verify_submission(folder, rerun, seeds)
+        res = verify_submission(folder, rerun, work, seeds, plan_only=plan_only,
+                                say=lambda line: print(printable(line), file=out, flush=True))
     except SummaryError as e:
-        print(f"error: {printable(str(e))}", file=stderr or sys.stderr)
+        for line in str(e).splitlines():
+            print(f"error: {printable(line)}", file=stderr or sys.stderr)
         return 2
+    if res is None:
+        return 0
     for r in res["runs"]:
         for d in r["protocol_differences"]:
             print(f"{r['run_id']}: protocol differs: {printable(d)}", file=out)

@@ -128,7 +128,10 @@ def schema_problems(data: Any, schema_name: str) -> list[str]:
 
 
 def _message(error: jsonschema.ValidationError) -> str:
-    """The error's message; for anyOf/oneOf, which alternatives failed and why."""
+    """The error's message; for anyOf/oneOf, which alternatives failed and why; for a pattern, the
+    schema's ``errorMessage`` where it gives one (a regular expression says little to a reader)."""
+    if error.validator == "pattern" and isinstance(error.schema, dict) and "errorMessage" in error.schema:
+        return f"{error.instance!r} {error.schema['errorMessage']}"
     if error.validator in ("anyOf", "oneOf") and error.context:
         why = "; ".join(dict.fromkeys(f"{json_path(c.relative_path)[1:].lstrip('.')}"
                                       f"{': ' if c.relative_path else ''}{c.message}" for c in error.context))
@@ -280,14 +283,15 @@ def settings_hash(config: dict[str, Any]) -> str:
     return content_hash(training_settings(config))
 
 
-def config_training_settings(path: str | Path) -> dict[str, Any] | None:
+def config_training_settings(path: str | Path, root: str | Path | None = None) -> dict[str, Any] | None:
     """:func:`training_settings` of a config file (a run's ``config.yaml``, a submission's
-    ``configs/<run id>.yaml``); ``None`` when it is missing, unreadable or not a mapping."""
+    ``configs/<run id>.yaml``); ``None`` when it is missing, unreadable, not a mapping, or (a real
+    path) outside ``root`` (default: its folder; :func:`crl_bench.safe_io.read_text`)."""
     path = Path(path)
     if not path.is_file():
         return None
     try:
-        config = load_yaml(path, max_aliases=CONFIG_MAX_ALIASES)
+        config = load_yaml(path, root=root, max_aliases=CONFIG_MAX_ALIASES)
     except (InputFileError, TypeError, ValueError):
         return None
     return training_settings(config) if isinstance(config, dict) else None
@@ -323,7 +327,7 @@ def fill_settings(summary: dict[str, Any], folder: str | Path) -> dict[str, dict
     for r in summary["runs"]:
         if r.get("settings") in out:
             continue
-        settings = config_training_settings(run_config_path(summary, folder, r["run_id"]))
+        settings = config_training_settings(run_config_path(summary, folder, r["run_id"]), root=folder)
         try:
             h = content_hash(settings) if settings is not None else None
         except (TypeError, ValueError):

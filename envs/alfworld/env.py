@@ -159,7 +159,7 @@ class _Worker:
 
         self.log = tempfile.TemporaryFile(mode="w+b")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "crl_bench.envs.alfworld.worker", "--worker", "--memory-mb", str(memory_mb)],
+            [sys.executable, "-P", "-m", "crl_bench.envs.alfworld.worker", "--worker", "--memory-mb", str(memory_mb)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, close_fds=True)
         status, payload = self.recv(start_timeout_s)
         if status != "ok":

@@ -44,3 +44,21 @@ def test_one_seed_gets_only_the_interval_chart(tmp_path, capsys):
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "<h2>Intervals</h2>" in html and "intervals-00-" in html
+
+
+def test_a_formula_in_a_method_name_is_text_and_a_failing_chart_is_reported(tmp_path, monkeypatch):
+    import crl_bench.results.interval_plots as ip
+
+    _run(tmp_path / "runs", "m-s0", "grpo$\\badcmd$", 0, {"sokoban": OUT[0]})
+    summaries = collect([tmp_path / "runs"])
+    df = leaderboard_frame(summaries)
+    drawn = draw_interval_charts(df, summaries, tmp_path / "out")
+    assert len(drawn) == 1 and _png(tmp_path / "out" / drawn[0][0])
+
+    def boom(part, title, path):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ip, "_point_interval", boom)
+    failures: list[str] = []
+    assert draw_interval_charts(df, summaries, tmp_path / "out2", failures=failures) == []
+    assert failures == [f"{drawn[0][0]} not drawn: drawing failed (RuntimeError: boom)"]

@@ -316,6 +316,27 @@ def test_grpo_only_runs_skip_experience_plots_with_a_note(tmp_path):
     assert "Leaderboard" not in page
 
 
+def test_a_formula_in_a_name_is_text_and_one_failing_figure_leaves_the_others(tmp_path, monkeypatch):
+    """A `$...$` in a method name is drawn as itself (matplotlib's mathtext would fail on it and, with
+    it, the whole report); a figure that raises is named in the page and the others are drawn."""
+    root = tmp_path / "runs"
+    write_run(root, "grpo$\\badcmd$", 0)
+    page = rep.make_report(root, tmp_path / "out").read_text(encoding="utf-8")
+    for key in ("success", "invalid", "entropy", "lesson_follow"):
+        _check_image(tmp_path / "out" / rep.PLOT_FILES[key])
+
+    def boom(runs, path):
+        path.write_bytes(b"half")
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rep, "_plot_success", boom)
+    page = rep.make_report(root, tmp_path / "out2").read_text(encoding="utf-8")
+    assert f"{rep.PLOT_FILES['success']} not drawn: drawing failed (RuntimeError: boom)" in page
+    assert not (tmp_path / "out2" / rep.PLOT_FILES["success"]).exists()
+    for key in ("invalid", "entropy", "lesson_follow"):
+        _check_image(tmp_path / "out2" / rep.PLOT_FILES[key])
+
+
 def test_report_values_follow_the_metrics(tmp_path):
     """The plotted mean must come from the runs: a change in one run's metrics changes the PNG."""
     a = write_run(tmp_path / "a", "grpo", 0)

@@ -228,6 +228,16 @@ def test_validate_rejects_seeds_not_matching_runs_and_foreign_envs(summary):
     assert "$.runs: run_id 'v' appears 2 times" in problems
 
 
+@pytest.mark.parametrize("run_id", ["a/../../x", "..", "a..b", "/abs", ".hidden", "x\n", "a" * 129, ""])
+def test_a_run_id_must_be_a_name(summary, run_id):
+    """The run id names files and folders (configs/<run id>.yaml, verify's re-run): check_name's rule."""
+    bad = copy.deepcopy(summary)
+    bad["runs"][0]["run_id"] = run_id
+    assert [p for p in summary_problems(bad) if p.startswith("$.runs[0].run_id: ")]
+    bad["runs"][0]["run_id"] = "2026-grpo_x.s0"
+    assert summary_problems(bad) == []
+
+
 def test_validate_requires_one_eval_block(summary):
     bad = copy.deepcopy(summary)
     bad["runs"][0]["eval"] = {"free": None, "guided": None}

@@ -269,7 +269,10 @@ def parse_yaml(text: str, source: str | os.PathLike, max_depth: int = MAX_DEPTH,
     Raises:
         InputFileError: not valid YAML, or over a limit.
     """
-    loader = type("_Loader", (_BoundedLoader,), {"max_depth": max_depth, "max_aliases": max_aliases})(text)
+    try:        # the reader checks the characters when it is made (a NUL byte is a ReaderError)
+        loader = type("_Loader", (_BoundedLoader,), {"max_depth": max_depth, "max_aliases": max_aliases})(text)
+    except yaml.YAMLError as e:
+        raise InputFileError(source, f"not valid YAML ({_yaml_message(e)})") from None
     problem = None
     try:
         node = loader.get_single_node()

@@ -334,13 +334,17 @@ def printable(text: Any, keep: str = "\n\t") -> str:
     """``str(text)`` with every control character escaped, for a terminal or an HTML page.
 
     C0 controls (except those in ``keep``), DEL, C1 controls (U+0080..U+009F, which some terminals
-    read as escape sequences) and lone surrogates become ``\\xNN`` / ``\\uNNNN``, so the text cannot
-    move the cursor, retitle the window or smuggle a NUL into a file. Everything else is unchanged.
+    read as escape sequences; U+0085 is a line break to some), lone surrogates, the bidirectional
+    formatting characters (U+061C, U+200E, U+200F, U+202A..U+202E, U+2066..U+2069: they reorder what
+    follows on the line, "Trojan Source") and the Unicode line and paragraph separators (U+2028,
+    U+2029) become ``\\xNN`` / ``\\uNNNN``, so the text cannot move the cursor, retitle the window,
+    disguise itself as other text or a new line, or smuggle a NUL into a file. Everything else is
+    unchanged.
     """
     s = "" if text is None else str(text)
     pattern = _CONTROL_PATTERNS.get(keep)
     if pattern is None:
-        controls = "[\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff]"
+        controls = "[\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff\\u061c\\u200e\\u200f\\u2028-\\u202e\\u2066-\\u2069]"
         pattern = re.compile(f"(?![{re.escape(keep)}]){controls}" if keep else controls)
         _CONTROL_PATTERNS[keep] = pattern
     return pattern.sub(_escape_one, s)

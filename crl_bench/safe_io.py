@@ -353,6 +353,16 @@ def printable(text: Any, keep: str = "\n\t") -> str:
 _CONTROL_PATTERNS: dict[str, re.Pattern[str]] = {}
 
 
+def markdown_cell(text: Any) -> str:
+    """``text`` as the content of one markdown table cell (or a heading or footnote line): control,
+    bidi and separator characters escaped (:func:`printable`), line breaks and tabs as spaces, ``&``,
+    ``<`` and ``>`` as HTML entities (a name such as ``<img src=x onerror=...>`` in a summary stays
+    text in the rendered page: markdown passes raw HTML through) and ``|`` escaped (it would end the
+    cell)."""
+    s = printable(text, keep="\n\t").replace("\n", " ").replace("\t", " ")
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
 def _escape_one(m: re.Match[str]) -> str:
     o = ord(m.group())
     return f"\\x{o:02x}" if o <= 0xFF else f"\\u{o:04x}"

@@ -138,3 +138,25 @@ def test_sigterm_while_a_run_starts_leaves_no_run_folder(tmp_path, monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert stopped.value.code == 143 and not (tmp_path / "out").exists()
+
+
+def test_leaderboard_md_shows_raw_html_from_a_model_name_as_text(tmp_path):
+    import io
+
+    import yaml
+    from test_summary import make_run
+
+    from crl_bench.results.leaderboard import main_leaderboard
+    from crl_bench.results.summary import write_summary
+
+    run = make_run(tmp_path / "runs", "r1")
+    evil = '<img src=x onerror="alert(1)"> & <script>x</script>'
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["model"]["name"] = evil
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    write_summary(run)
+    assert evil in (run / "summary.json").read_text().replace('\\"', '"')
+    assert main_leaderboard([tmp_path / "runs"], tmp_path / "lb", io.StringIO(), io.StringIO()) == 0
+    md = (tmp_path / "lb" / "leaderboard.md").read_text()
+    assert "<img" not in md and "<script>" not in md
+    assert "&lt;img src=x onerror=\"alert(1)\"&gt; &amp; &lt;script&gt;x&lt;/script&gt;" in md

@@ -232,9 +232,12 @@ def read_checkpoint(path: Path, method: str | None = None, model: str | None = N
             # cache, not a second copy in RAM, while the trainer is built
             raw = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # noqa: BLE001 - torch reports torn zips and refused pickles in many types
-            first = (str(e).splitlines() or [""])[0][:200]
+            lines = [ln.strip() for ln in str(e).splitlines()] or [""]
+            # a refused pickle: torch's own reason is its "WeightsUnpickler error: ..." line
+            why = next((ln.split(":", 1)[1].strip().split(". ")[0] for ln in lines
+                        if ln.startswith("WeightsUnpickler error")), lines[0])[:200]
             raise CheckpointError(f"{f} cannot be loaded as plain data, refused ({type(e).__name__}: "
-                                  f"{first})") from None
+                                  f"{why})") from None
         try:
             states[key] = decode(raw) if key in _PLAIN else raw
         except PlainStateError as e:

@@ -29,15 +29,15 @@ from collections.abc import Sequence
 
 from crl_bench import commands
 from crl_bench.config import ConfigError
-from crl_bench.data import ChecksumError, DataMissingError
+from crl_bench.data import ChecksumError, DataInvalidError, DataMissingError
 from crl_bench.env_api import EnvUnavailableError
 from crl_bench.llm.default_model import ModelNotAvailable
 from crl_bench.results.run_folder import RunFolderError, is_storage_error
 
 #: the errors a user can fix (a misspelt setting, a missing engine, data set or model, a refused resume,
 #: a run folder in use): :func:`main` prints each as one line and exits with status 2
-USER_ERRORS = (ConfigError, KeyError, FileExistsError, DataMissingError, ChecksumError, EnvUnavailableError,
-               ModelNotAvailable, RunFolderError)
+USER_ERRORS = (ConfigError, KeyError, FileExistsError, DataMissingError, DataInvalidError, ChecksumError,
+               EnvUnavailableError, ModelNotAvailable, RunFolderError)
 
 
 def build_parser() -> argparse.ArgumentParser:

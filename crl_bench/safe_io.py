@@ -333,7 +333,10 @@ def parse_yaml(text: str, source: str | os.PathLike, max_depth: int = MAX_DEPTH,
     Raises:
         InputFileError: not valid YAML, or over a limit.
     """
-    loader = type("_Loader", (_BoundedLoader,), {"max_depth": max_depth, "max_aliases": max_aliases})(text)
+    try:        # the reader checks the characters when it is made (a NUL byte is a ReaderError)
+        loader = type("_Loader", (_BoundedLoader,), {"max_depth": max_depth, "max_aliases": max_aliases})(text)
+    except yaml.YAMLError as e:
+        raise InputFileError(source, f"not valid YAML ({_yaml_message(e)})") from None
     problem = None
     try:
         node = loader.get_single_node()
@@ -395,19 +398,33 @@ def printable(text: Any, keep: str = "\n\t") -> str:
     """``str(text)`` with every control character escaped, for a terminal or an HTML page.
 
     C0 controls (except those in ``keep``), DEL, C1 controls (U+0080..U+009F, which some terminals
-    read as escape sequences) and lone surrogates become ``\\xNN`` / ``\\uNNNN``, so the text cannot
-    move the cursor, retitle the window or smuggle a NUL into a file. Everything else is unchanged.
+    read as escape sequences; U+0085 is a line break to some), lone surrogates, the bidirectional
+    formatting characters (U+061C, U+200E, U+200F, U+202A..U+202E, U+2066..U+2069: they reorder what
+    follows on the line, "Trojan Source") and the Unicode line and paragraph separators (U+2028,
+    U+2029) become ``\\xNN`` / ``\\uNNNN``, so the text cannot move the cursor, retitle the window,
+    disguise itself as other text or a new line, or smuggle a NUL into a file. Everything else is
+    unchanged.
     """
     s = "" if text is None else str(text)
     pattern = _CONTROL_PATTERNS.get(keep)
     if pattern is None:
-        controls = "[\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff]"
+        controls = "[\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff\\u061c\\u200e\\u200f\\u2028-\\u202e\\u2066-\\u2069]"
         pattern = re.compile(f"(?![{re.escape(keep)}]){controls}" if keep else controls)
         _CONTROL_PATTERNS[keep] = pattern
     return pattern.sub(_escape_one, s)
 
 
 _CONTROL_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def markdown_cell(text: Any) -> str:
+    """``text`` as the content of one markdown table cell (or a heading or footnote line): control,
+    bidi and separator characters escaped (:func:`printable`), line breaks and tabs as spaces, ``&``,
+    ``<`` and ``>`` as HTML entities (a name such as ``<img src=x onerror=...>`` in a summary stays
+    text in the rendered page: markdown passes raw HTML through) and ``|`` escaped (it would end the
+    cell)."""
+    s = printable(text, keep="\n\t").replace("\n", " ").replace("\t", " ")
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
 
 
 def _escape_one(m: re.Match[str]) -> str:

@@ -43,7 +43,13 @@ equals the uninterrupted run's (tests/trainer/test_resume.py); a checkpoint clea
 stores (a cache of the same weights: outputs are unchanged, their float rounding can differ), so both
 runs continue from the same state.
 
-Checkpoint files are Python pickles (``torch.save``): load only checkpoints your own runs wrote.
+**Loaded without code.** Every ``.pt`` file holds only tensors and plain data (``trainer.pt`` and
+``experience.pt`` go through :func:`crl_bench.trainer.plain_state.encode`: dataclasses, NumPy arrays
+and sets become tagged plain dicts) and every one is read with ``torch.load(weights_only=True)``, torch's
+allow-list unpickler, so a crafted checkpoint cannot make a resume import or call anything; the
+dataclasses are rebuilt by :func:`~crl_bench.trainer.plain_state.decode`, which knows only
+``crl_bench``'s own.  Checkpoints of formats 1 and 2 (older versions) pickled Python objects and are
+refused with a message saying so (resume them with the version that wrote them, or ``--start-over``).
 """
 
 from __future__ import annotations
@@ -65,19 +71,39 @@ import torch
 from crl_bench.data import sha256_file
 from crl_bench.llm.weights import WeightsMismatchError, load_trainable, trainable_state
 from crl_bench.results.run_folder import StorageError
+from crl_bench.trainer.plain_state import PlainStateError, decode, encode
 
-FORMAT = 2
-"""Checkpoint layout version written to meta.json (2: with the size and sha256 of every file)."""
+FORMAT = 3
+"""Checkpoint layout version written to meta.json (2: with the size and sha256 of every file; 3: the
+state files hold plain data only, read with ``weights_only=True``)."""
 
-READABLE_FORMATS = (1, 2)
-"""Formats a resume reads; format 1 lists no checksums, so its files are only checked to load."""
+READABLE_FORMATS = (3,)
+"""Formats a resume reads.  Formats 1 and 2 pickled Python objects (loading them could run code)."""
+
+PICKLED_FORMATS = (1, 2)
+"""Formats of older versions, refused with a message naming the version change."""
 
 CHECKPOINTS = "checkpoints"
 _NAME = re.compile(r"^step-(\d+)$")
 
 
+_PLAIN = ("trainer", "experience")
+"""State files written through :func:`~crl_bench.trainer.plain_state.encode` (the others hold tensors)."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be loaded into this run (other format, other model, other method)."""
+
+
+def _check_format(path: Path, meta: dict[str, Any]) -> None:
+    fmt = meta.get("format")
+    if fmt in PICKLED_FORMATS:
+        raise CheckpointError(f"{path} was written by an older crl-bench (checkpoint format {fmt}, which stores "
+                              f"pickled Python objects); this version reads format {FORMAT} only, loaded "
+                              f"without running code: resume it with the version that wrote it, or start over")
+    if fmt not in READABLE_FORMATS:
+        raise CheckpointError(f"{path} has format {fmt!r}, this version reads "
+                              f"{', '.join(map(str, READABLE_FORMATS))}")
 
 
 def checkpoint_name(step: int) -> str:
@@ -142,26 +168,23 @@ def config_sha256(run_dir: str | Path) -> str | None:
 def verify_checkpoint(path: Path) -> dict[str, Any]:
     """Check a checkpoint folder without loading it: meta.json parses and names the folder's step and
     a format of :data:`READABLE_FORMATS`; every file it lists is there with the recorded size and
-    sha256 (format 1 lists none: ``actor.pt`` and ``trainer.pt`` must exist). Returns meta.json.
+    sha256. Returns meta.json.
 
     Raises:
-        CheckpointError: saying what is wrong (the file, the size or hash found and expected).
+        CheckpointError: saying what is wrong (the file, the size or hash found and expected; an
+            older version's pickled format, :data:`PICKLED_FORMATS`).
     """
     meta = _meta(path)
-    if meta.get("format") not in READABLE_FORMATS:
-        raise CheckpointError(f"{path} has format {meta.get('format')}, this version reads "
-                              f"{', '.join(map(str, READABLE_FORMATS))}")
+    _check_format(path, meta)
     files = meta.get("files")
-    if meta["format"] == 1:
-        files = {name: None for name in ("actor.pt", "trainer.pt")}
     if not isinstance(files, dict) or "actor.pt" not in files:
         raise CheckpointError(f"{path}/meta.json lists no files")
     for name, want in files.items():
         f = path / name
-        if "/" in name or name.startswith(".") or not f.is_file() or f.is_symlink():
+        if not isinstance(name, str) or "/" in name or name.startswith(".") or not f.is_file() or f.is_symlink():
             raise CheckpointError(f"{f} is missing (or not a plain file)")
-        if want is None:
-            continue
+        if not isinstance(want, dict):
+            raise CheckpointError(f"{path}/meta.json records no size and sha256 for {name}")
         size = f.stat().st_size
         if size != want.get("bytes"):
             raise CheckpointError(f"{f} has {size} bytes, {want.get('bytes')} when it was saved (truncated?)")
@@ -199,17 +222,26 @@ def read_checkpoint(path: Path, method: str | None = None, model: str | None = N
     if model is not None and meta.get("model") not in (None, model):
         raise CheckpointError(f"{path} was written for model {meta.get('model')!r}, this run uses {model!r}")
     states: dict[str, Any] = {}
-    for key, weights_only in (("actor", True), ("trainer", False), ("extractor", True), ("experience", False)):
+    for key in ("actor", "trainer", "extractor", "experience"):
         f = path / f"{key}.pt"
         if not f.is_file():
             continue
         try:
-            # memory-mapped (copy-on-write): the states cost page cache, not a second copy in RAM,
-            # while the trainer is built; the sha256 above already checked every byte
-            states[key] = torch.load(f, map_location="cpu", weights_only=weights_only, mmap=True)
-        except Exception as e:  # noqa: BLE001 - torch reports torn zips and bad pickles in many types
-            first = (str(e).splitlines() or [""])[0][:200]
-            raise CheckpointError(f"{f} cannot be loaded ({type(e).__name__}: {first})") from None
+            # weights_only: torch's allow-list unpickler (tensors and plain containers), so the file
+            # cannot name a callable to run; memory-mapped (copy-on-write): the states cost page
+            # cache, not a second copy in RAM, while the trainer is built
+            raw = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # noqa: BLE001 - torch reports torn zips and refused pickles in many types
+            lines = [ln.strip() for ln in str(e).splitlines()] or [""]
+            # a refused pickle: torch's own reason is its "WeightsUnpickler error: ..." line
+            why = next((ln.split(":", 1)[1].strip().split(". ")[0] for ln in lines
+                        if ln.startswith("WeightsUnpickler error")), lines[0])[:200]
+            raise CheckpointError(f"{f} cannot be loaded as plain data, refused ({type(e).__name__}: "
+                                  f"{why})") from None
+        try:
+            states[key] = decode(raw) if key in _PLAIN else raw
+        except PlainStateError as e:
+            raise CheckpointError(f"{f}: {e}") from None
     if "experience" in states and not (path / "experience.sqlite").is_file():
         raise CheckpointError(f"{path} has experience.pt but no experience.sqlite")
     return LoadedCheckpoint(path, meta, states)
@@ -282,6 +314,22 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
+def needed_bytes(trainer: Any, run_dir: str | Path) -> int:
+    """About how many bytes the next checkpoint of ``trainer`` takes: the size of the run's newest
+    checkpoint when there is one, else 12 bytes per trainable parameter of the actor (and of the
+    extractor when it trains: float32 weights and AdamW's two moments) plus the bank file, plus 1 MiB
+    for the small state files."""
+    last = latest_checkpoint(run_dir)
+    if last is not None:
+        return sum(f.stat().st_size for f in last.iterdir() if f.is_file())
+    models = [trainer.model]
+    track = getattr(trainer, "experience", None)
+    if track is not None and track.updater is not None:
+        models.append(track.model)
+    params = sum(p.numel() for m in models for p in m.parameters() if p.requires_grad)
+    return 12 * params + _size(Path(run_dir) / "experience.sqlite") + (1 << 20)
+
+
 def save_checkpoint(trainer: Any, run_dir: str | Path, keep: int = 2) -> Path:
     """Write one checkpoint of ``trainer`` (a :class:`~crl_bench.trainer.loop.Trainer` between
     steps) into ``run_dir/checkpoints/step-<N>`` atomically, then delete all but the newest ``keep``.
@@ -290,9 +338,10 @@ def save_checkpoint(trainer: Any, run_dir: str | Path, keep: int = 2) -> Path:
     clears the engines' prefix stores (module docstring). Returns the checkpoint folder.
 
     Raises:
-        StorageError: (an OSError) the disk is full or not writable, naming the folder and the free
-            space (torch's own error, a RuntimeError for a full disk, is chained); the temporary
-            folder is removed and earlier checkpoints stay.
+        StorageError: (an OSError) the disk has less free space than :func:`needed_bytes` (checked
+            before anything is written; the message gives both numbers), or is full or not writable,
+            naming the folder and the free space (torch's own error, a RuntimeError for a full disk,
+            is chained); the temporary folder is removed and earlier checkpoints stay.
     """
     run_dir = Path(run_dir)
     root = run_dir / CHECKPOINTS
@@ -301,6 +350,10 @@ def save_checkpoint(trainer: Any, run_dir: str | Path, keep: int = 2) -> Path:
         shutil.rmtree(stale, ignore_errors=True)
     step = int(trainer.step)
     final = root / checkpoint_name(step)
+    need, free = needed_bytes(trainer, run_dir), shutil.disk_usage(root).free
+    if free < need:
+        raise StorageError(f"not enough free space for the checkpoint {final}: about {need} bytes needed, "
+                           f"{free} free on that disk; free some space (earlier checkpoints are kept)")
     tmp = root / f".{checkpoint_name(step)}.tmp"
     tmp.mkdir()
     try:
@@ -309,11 +362,11 @@ def save_checkpoint(trainer: Any, run_dir: str | Path, keep: int = 2) -> Path:
             track.flush()
         trainer.clear_prefix_stores()
         torch.save(trainable_state(trainer.model), tmp / "actor.pt")
-        torch.save(trainer.state_dict(), tmp / "trainer.pt")
+        torch.save(encode(trainer.state_dict()), tmp / "trainer.pt")
         if track is not None:
             if track.updater is not None:
                 torch.save(trainable_state(track.model), tmp / "extractor.pt")
-            torch.save(track.state_dict(), tmp / "experience.pt")
+            torch.save(encode(track.state_dict()), tmp / "experience.pt")
             track.save_bank(tmp / "experience.sqlite")
         for f in tmp.iterdir():
             _fsync_file(f)
@@ -375,9 +428,8 @@ def restore_run_files(run_dir: str | Path, checkpoint: Path | None, has_bank: bo
     """
     run_dir = Path(run_dir)
     meta = _meta(checkpoint) if checkpoint is not None else {"metrics_bytes": 0, "episodes_bytes": 0}
-    if checkpoint is not None and meta.get("format") not in READABLE_FORMATS:
-        raise CheckpointError(f"{checkpoint} has format {meta.get('format')}, this version reads "
-                              f"{', '.join(map(str, READABLE_FORMATS))}")
+    if checkpoint is not None:
+        _check_format(checkpoint, meta)
     check_logs(run_dir, meta, checkpoint)
     for name, key in (("metrics.jsonl", "metrics_bytes"), ("episodes.jsonl", "episodes_bytes")):
         path, length = run_dir / name, int(meta[key])
@@ -400,8 +452,8 @@ def apply_checkpoint(trainer: Any, loaded: LoadedCheckpoint) -> dict[str, Any]:
     track's buffers. Returns the checkpoint's meta.json.
 
     Raises:
-        CheckpointError: the checkpoint is of another method, lacks a state this trainer needs, or
-            its weights do not fit.
+        CheckpointError: the checkpoint is of another method, lacks a state file or a key this trainer
+            needs (the message names the file and the key), or its weights do not fit.
     """
     path, states = loaded.path, loaded.states
     if loaded.meta.get("method") != trainer.cfg.method:
@@ -419,9 +471,17 @@ def apply_checkpoint(trainer: Any, loaded: LoadedCheckpoint) -> dict[str, Any]:
             load_trainable(track.model, states["extractor"], "extractor")
     except WeightsMismatchError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    trainer.load_state_dict(states["trainer"])
-    if track is not None:
-        track.load_state_dict(states["experience"])
+    for key, target in (("trainer", trainer), ("experience", track)):
+        if target is None:
+            continue
+        try:
+            target.load_state_dict(states[key])
+        except KeyError as e:
+            raise CheckpointError(f"{path}/{key}.pt lacks the state {e.args[0]!r} this run needs "
+                                  f"(an edited or foreign checkpoint)") from None
+        except (TypeError, ValueError, IndexError, AttributeError) as e:
+            raise CheckpointError(f"{path}/{key}.pt holds a state this run cannot use "
+                                  f"({type(e).__name__}: {str(e)[:200]})") from None
     return loaded.meta
 
 

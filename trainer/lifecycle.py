@@ -14,10 +14,11 @@ first unfinished mode.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,8 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
     The folder gets config.yaml, versions.json, seeds.json, data.json (data checksums),
     metrics.jsonl and episodes.jsonl as the run goes, then eval.json, checkpoint/ and summary.json
     (crl_bench/results/run_folder.py). A run that fails before its first step is logged (a bad env, missing
-    data or engine, a model that does not load, Ctrl-C) removes its folder again.
+    data or engine, a model that does not load, Ctrl-C, SIGTERM: :func:`sigterm_as_exit`) removes its
+    folder again.
 
     Returns the run folder path.
     """
@@ -87,31 +89,61 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
         cfg.run_id = make_run_id(cfg.method, cfg.rollout.mix, cfg.train.seed)
     preflight(cfg)
     created = [p for p in [Path(cfg.output_dir), *Path(cfg.output_dir).parents] if not p.exists()]
-    writer = RunWriter(cfg.output_dir, cfg.run_id)
-    lock = RunLock(writer.dir).acquire()    # held until summary.json is written
-    try:
-        writer.write_config(cfg.to_dict())
-        writer.write_versions(model=cfg.model.name, dtype=cfg.model.dtype)
-        _train_in_folder(cfg, writer, quiet)
-    except BaseException:
-        # the writer and trainer are closed by now (trackers' files may live in the folder removed below)
-        started = writer.metrics_path.is_file() and writer.metrics_path.stat().st_size > 0
-        if not started:                 # a run that never started leaves nothing behind
+    run_dir = Path(cfg.output_dir) / cfg.run_id
+    existed = run_dir.exists()          # then RunWriter refuses it, and it is not ours to remove
+    lock: RunLock | None = None
+    with sigterm_as_exit():
+        try:
+            writer = RunWriter(cfg.output_dir, cfg.run_id)
+            lock = RunLock(writer.dir).acquire()    # held until summary.json is written
+            writer.write_config(cfg.to_dict())
+            writer.write_versions(model=cfg.model.name, dtype=cfg.model.dtype)
+            _train_in_folder(cfg, writer, quiet)
+        except BaseException:
+            # the writer and trainer are closed by now (trackers' files may live in the folder removed below)
+            metrics = run_dir / "metrics.jsonl"
+            started = metrics.is_file() and metrics.stat().st_size > 0
+            if not started and not existed:     # a run that never started leaves nothing behind
+                if lock is not None:
+                    lock.release()
+                shutil.rmtree(run_dir, ignore_errors=True)
+                for folder in created:  # innermost first: the output folders made for it, if still empty
+                    try:
+                        folder.rmdir()
+                    except OSError:
+                        break
+            if lock is not None:
+                lock.release()
+            raise
+        from crl_bench.results.summary import write_summary
+        try:
+            write_summary(writer.dir)
+        finally:
             lock.release()
-            shutil.rmtree(writer.dir, ignore_errors=True)
-            for folder in created:      # innermost first: the output folders made for it, if still empty
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
-        lock.release()
-        raise
-    from crl_bench.results.summary import write_summary
-    try:
-        write_summary(writer.dir)
-    finally:
-        lock.release()
     return str(writer.dir)
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """While inside, SIGTERM raises ``SystemExit(143)`` in the main thread instead of ending the process
+    at once, so the ``except``/``finally`` blocks run: a run killed while it starts removes its half-made
+    folder, one killed later closes its files and keeps the folder for ``--resume``. Off the main
+    thread (where Python cannot set handlers) nothing changes. The previous handler is restored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _train_in_folder(cfg: RunConfig, writer: RunWriter, quiet: bool, resumed: bool = False,

@@ -71,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
         panel = read_panel(args.panel)
     except PanelError as e:
         raise ConfigError(str(e)) from None
-    env = EnvPool({panel["env"]: panel["env_settings"]}, panel["max_steps"]).make(panel["env"])
+    try:
+        env = EnvPool({panel["env"]: panel["env_settings"]}, panel["max_steps"]).make(panel["env"])
+    except (TypeError, ValueError) as e:     # env_settings the env's constructor does not take
+        raise ConfigError(f"{args.panel}: its env_settings cannot make {panel['env']!r} here "
+                          f"({type(e).__name__}: {str(e)[:200]})") from None
     try:
         with tqdm(total=len(panel["tasks"]), desc=f"check {panel['env']}", unit="task", disable=args.quiet) as bar:
             problems = check_panel(panel, env, progress=bar.update)

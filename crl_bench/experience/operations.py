@@ -73,6 +73,9 @@ _FIELD = {name: re.compile(rf"<\s*{name}\s*>(.*?)<\s*/\s*{name}\s*>", re.IGNOREC
 _CONTENT_OPEN = re.compile(r"<\s*content\s*>", re.IGNORECASE)
 _ANY_TAG = re.compile(r"<\s*/?\s*(?:ops|op|title|content)\s*>", re.IGNORECASE)
 _ID = re.compile(r"^(?:#|\[)?(\d+)\]?$")
+MAX_ENTRY_ID = 2**63 - 1
+"""Largest entry id an operation may name (SQLite's largest integer); a longer number in a reply is
+refused as the operation's error before it is converted (Python refuses more than 4,300 digits)."""
 
 
 @dataclass
@@ -106,8 +109,11 @@ def _parse_ids(words: Sequence[str]) -> tuple[list[int], str]:
     for w in words:
         m = _ID.match(w)
         if not m:
-            return [], f"entry id {w!r} is not an integer"
-        ids.append(int(m.group(1)))
+            return [], f"entry id {w[:40]!r} is not an integer"
+        digits = m.group(1).lstrip("0") or "0"
+        if len(digits) > len(str(MAX_ENTRY_ID)) or int(digits) > MAX_ENTRY_ID:
+            return [], f"entry id {digits[:20]}... ({len(digits)} digits) is beyond the largest entry id"
+        ids.append(int(digits))
     return ids, ""
 
 

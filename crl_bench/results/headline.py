@@ -15,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from crl_bench.safe_io import markdown_cell
+
 __all__ = ["HEADLINE_COLUMNS", "headline_frame", "headline_markdown", "model_notes"]
 
 #: Columns of :func:`headline_frame`.
@@ -84,7 +86,8 @@ def _lift(mean: float, low: float, high: float) -> str:
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """One markdown cell: :func:`crl_bench.safe_io.markdown_cell` (raw HTML from a summary stays text)."""
+    return markdown_cell(text)
 
 
 def headline_markdown(head: pd.DataFrame, level: float = 0.95) -> list[str]:

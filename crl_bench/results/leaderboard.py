@@ -72,7 +72,7 @@ from crl_bench.results.summary import (
     settings_labels,
     validate_summary,
 )
-from crl_bench.safe_io import load_json, printable
+from crl_bench.safe_io import load_json, markdown_cell, printable
 
 #: eval modes of a summary run: with experience, its memory controls, without; ``initial`` is the
 #: untrained actor before step 1 (``eval.at_start``).
@@ -570,8 +570,9 @@ def _fmt_num(x: Any, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+def _cell(text: Any) -> str:
+    """One markdown cell: :func:`crl_bench.safe_io.markdown_cell` (raw HTML from a summary stays text)."""
+    return markdown_cell(text)
 
 
 def _doc_link(out_dir: Path) -> str:

@@ -109,13 +109,16 @@ def read_panel(path: str | Path) -> dict[str, Any]:
     """A panel file written by ``crl-bench panel export``, checked for shape.
 
     Raises:
-        PanelError: unreadable, not JSON, or a key missing or of the wrong type (named).
+        PanelError: unreadable, not JSON, over the limits of :func:`crl_bench.safe_io.load_json`
+            (size, nesting, integer digits, NaN), or a key missing or of the wrong type (named).
     """
+    from crl_bench.safe_io import InputFileError, load_json
+
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PanelError(f"{path}: not a readable panel file ({e})") from None
+    try:        # bounded: size, nesting, integer digits, no NaN (a panel may come from anyone)
+        data = load_json(path, root="/")
+    except InputFileError as e:
+        raise PanelError(f"{path}: not a readable panel file ({e.problem})") from None
     if not isinstance(data, dict):
         raise PanelError(f"{path}: expected a JSON object")
     if data.get("format") != PANEL_FORMAT:

@@ -609,15 +609,29 @@ def build_summary(run_dir: str | Path, eval_file: str = "eval.json") -> dict[str
     }
 
 
+def new_file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file here: ``0o666`` less the process umask
+    (read from ``/proc/self/status`` where it is there, so no other thread sees a changed umask)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_json_atomic(path: str | Path, data: Any) -> Path:
     """Write ``data`` as indented JSON to ``path`` through a temporary file in the same folder, so a
-    reader never sees half a file. Returns the path."""
+    reader never sees half a file; the file gets the mode a plain new file would have
+    (:func:`new_file_mode`; the temporary file is private). Returns the path."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
+            os.fchmod(f.fileno(), new_file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -46,6 +46,7 @@ from .data import (
     alfworld_dir,
     alfworld_games_root,
     alfworld_tasks,
+    game_hashes,
 )
 
 EVAL_OFFSET = 10_000
@@ -237,6 +238,7 @@ class _Worker:
 def _task_table(root: str) -> tuple[dict[int, AlfWorldTask], dict[str, list[int]], str]:
     """``({task id: task}, {split: ids}, games root)`` for the data dir ``root``; cached per process."""
     games = alfworld_games_root(root)
+    expected = game_hashes(alfworld_dir(root))
     table: dict[int, AlfWorldTask] = {}
     ids: dict[str, list[int]] = {}
     for split, offset in (("train", 0), ("eval", EVAL_OFFSET)):
@@ -246,7 +248,10 @@ def _task_table(root: str) -> tuple[dict[int, AlfWorldTask], dict[str, list[int]
             if (games / t.member).is_file():
                 table[offset + t.index] = t
                 ids[split].append(offset + t.index)
-            else:
+            elif t.member in expected:          # a game of the release that is not there: refused
+                raise DataMissingError(f"alfworld: the game of {split} line {t.index} ({t.description}) is "
+                                       f"missing from {games}; run `crl-bench data download alfworld`")
+            else:                               # the trial the release lacks (null in the manifest)
                 missing.append(t)
         if missing:
             warnings.warn(f"alfworld: {len(missing)} {split} task(s) have no game in the data and are "

@@ -18,7 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crl_bench.data import ChecksumError, DataMissingError, data_dir, download_url, load_manifest, sha256_file
+from crl_bench.data import (
+    ChecksumError,
+    DataMissingError,
+    data_dir,
+    download_url,
+    folder_lock,
+    load_manifest,
+    local_source,
+    remove_stale,
+    sha256_file,
+)
 
 #: File name of SWE-bench Verified inside ``<data dir>/swebench``.
 VERIFIED_FILE = "SWE-bench_Verified.parquet"
@@ -226,19 +236,23 @@ def download_swebench(dest_root: Path | None = None, source: str | None = None, 
     """
     man = load_manifest("swebench")["verified"]
     root = (dest_root or data_dir()) / "swebench"
-    dest = root / VERIFIED_FILE
-    if dest.is_file() and (not verify or sha256_file(dest) == man["sha256"]):
-        return root
-    url = Path(source).resolve().as_uri() if source else man["url"]
-    staged = root / (VERIFIED_FILE + ".staged.parquet")
-    download_url(url, staged, expected_size=man["size"] if verify else None,
-                 expected_sha256=man["sha256"] if verify else None, progress=progress)
-    try:
-        load_instances(staged)               # a readable data set, not only the right bytes
-        os.replace(staged, dest)
-    finally:
-        if staged.exists():
-            staged.unlink()
+    url = local_source(source).resolve().as_uri() if source else man["url"]
+    root.mkdir(parents=True, exist_ok=True)
+    with folder_lock(root):
+        remove_stale(root)                   # a download killed earlier: its .part and staged files
+        dest = root / VERIFIED_FILE
+        if dest.is_file() and (not verify or sha256_file(dest) == man["sha256"]):
+            return root
+        staged = root / (".staging-" + VERIFIED_FILE)
+        download_url(url, staged, expected_size=man["size"] if verify else None,
+                     expected_sha256=man["sha256"] if verify else None, progress=progress,
+                     max_bytes=64 * man["size"])
+        try:
+            load_instances(staged)               # a readable data set, not only the right bytes
+            os.replace(staged, dest)
+        finally:
+            if staged.exists():
+                staged.unlink()
     return root
 
 

@@ -49,16 +49,20 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import tempfile
 import urllib.error
 from collections.abc import Callable
 from pathlib import Path
 
-from crl_bench.data import ChecksumError, data_dir, download_url, load_manifest, sha256_file
+from crl_bench.data import ChecksumError, data_dir, download_url, folder_lock, load_manifest, local_source, sha256_file
 
 from .products import ATTRIBUTES_FILE, HUMAN_FILE, PRODUCTS_FILE, clean_product, kept_products, product_digest
 
 WEBSHOP_FILES = (PRODUCTS_FILE, ATTRIBUTES_FILE, HUMAN_FILE)
+#: Most bytes read of one WebShop file whose manifest gives no size (upstream's whole human file is
+#: the largest, tens of MB); a source that goes on is cut off there.
+MAX_FILE_BYTES = 1 << 30
 
 #: How many differing asins an error message lists before it only counts the rest.
 _SHOWN = 5
@@ -70,12 +74,15 @@ def _shown(items: list[str]) -> str:
 
 
 def _read_json(path: Path, what: type):
-    """Parse ``path`` and check its top-level type; ValueError naming the file otherwise."""
+    """Parse ``path`` and check its top-level type; ValueError naming the file otherwise (also for a
+    document nested too deeply for the parser)."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path.name}: not a JSON file ({e})") from None
+        raise ValueError(f"{path.name}: not a JSON file ({str(e)[:160]})") from None
+    except RecursionError:
+        raise ValueError(f"{path.name}: nested too deeply to be a WebShop file") from None
     if not isinstance(data, what):
         raise ValueError(f"{path.name}: expected a JSON {'list' if what is list else 'object'} at the top, "
                          f"got {type(data).__name__}")
@@ -179,7 +186,7 @@ def _urls(man: dict, name: str, source: str | os.PathLike | None) -> list[str]:
     folder = Path(s).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"webshop: --source {s} is neither a folder nor a URL")
-    return [(folder / name).resolve().as_uri()]
+    return [local_source(folder / name).resolve().as_uri()]
 
 
 def _fetch(name: str, urls: list[str], dest: Path, check: Callable[[Path], None], expected_size: int | None,
@@ -196,7 +203,7 @@ def _fetch(name: str, urls: list[str], dest: Path, check: Callable[[Path], None]
         try:
             try:
                 download_url(url, dest, expected_size=expected_size, expected_sha256=expected_sha256,
-                             progress=progress)
+                             progress=progress, max_bytes=MAX_FILE_BYTES)
             except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
                 raise urllib.error.URLError(f"{url}: {e!r}") from e
             check(dest)
@@ -259,11 +266,20 @@ def download_webshop(dest_root: Path | None = None, source: str | os.PathLike | 
     man = load_manifest("webshop")
     root = Path(dest_root) if dest_root is not None else data_dir()
     folder = root / "webshop"
+    root.mkdir(parents=True, exist_ok=True)
+    with folder_lock(root):
+        for stale in root.glob(".webshop-download-*"):      # a download killed earlier
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+        return _download_locked(root, folder, man, source, progress, verify)
+
+
+def _download_locked(root: Path, folder: Path, man: dict, source: str | os.PathLike | None, progress: bool,
+                     verify: bool) -> Path:
     if _existing_ok(folder, man, verify):
         return folder
     files = man["files"]
     urls = {n: _urls(man, n, source) for n in WEBSHOP_FILES}
-    root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".webshop-download-", dir=root) as tmp:
         staged = Path(tmp)
         attrs = files[ATTRIBUTES_FILE]

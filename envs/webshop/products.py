@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from crl_bench.data import DataMissingError, data_dir
+from crl_bench.data import DataMissingError, data_dir, read_data_json
 
 PRODUCTS_FILE = "items_shuffle_1000.json"
 ATTRIBUTES_FILE = "items_ins_v2_1000.json"
@@ -144,11 +144,12 @@ def missing_data_error(folder: Path, name: str) -> DataMissingError:
 
 
 def _read_json(folder: Path, name: str):
+    """The parsed data file ``folder/name``; DataMissingError when absent, DataInvalidError (one line
+    naming the file and the download command) when it is not JSON or nested too deeply."""
     path = folder / name
     if not path.is_file():
         raise missing_data_error(folder, name)
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_data_json(path, "crl-bench data download webshop")
 
 
 def kept_products(raw: list[dict]) -> list[dict]:

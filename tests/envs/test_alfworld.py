@@ -200,19 +200,99 @@ def _manifest_for(server_url: str, archive_name: str, size: int) -> dict:
 
 
 def test_download_fetches_verifies_and_unpacks(tmp_path, monkeypatch):
+    """A partial games folder (a download killed by an older version: no completion marker) is refused
+    naming the command; the download removes killed downloads' temp folders, unpacks into a staging
+    folder and renames it into place with its marker; a later download re-hashes the games (a lost
+    marker is written again without unpacking, a changed game makes it unpack again), and a game
+    missing from a marked folder is an error, not a warning."""
+    data = tmp_path / "data"
+    partial = data / "alfworld" / "json_2.1.1" / "train"
+    partial.mkdir(parents=True)
+    (data / "alfworld" / "splits").mkdir()
+    for name in ("train_1466.jsonl", "eval_134.jsonl"):
+        (data / "alfworld" / "splits" / name).write_bytes((_shared() / "splits" / name).read_bytes())
+    with pytest.raises(DataMissingError, match="no completion marker.*crl-bench data download alfworld"):
+        check_data(str(data))
+    for stale in ("tmpab12cd_3", ".staging-x1y2"):
+        (data / "alfworld" / stale).mkdir()
+        (data / "alfworld" / stale / "game.tw-pddl").write_bytes(b"x" * 1000)
     server = FolderServer(_shared())
     archive = _shared() / "json_2.1.1.tar.xz"
     man = _manifest_for(server.url, archive.name, archive.stat().st_size)
     monkeypatch.setattr(data_mod, "load_manifest", lambda name: man)
     try:
-        root = data_mod.download_alfworld(tmp_path / "data", progress=False)
+        root = data_mod.download_alfworld(data, progress=False)
     finally:
         server.close()
     assert (root / "splits" / "train_1466.jsonl").is_file()
     games = list((root / "json_2.1.1").rglob("game.tw-pddl"))
     assert len(games) == 1599
-    ids = check_data(str(tmp_path / "data"))
+    assert sorted(p.name for p in root.iterdir()) == ["json_2.1.1", "splits"]
+    ids = check_data(str(data))
     assert len(ids["train"]) == 1465 and len(ids["eval"]) == 134
+
+    no_games = tmp_path / "empty.tar.gz"
+    with tarfile.open(no_games, "w:gz"):
+        pass
+    marker = root / "json_2.1.1" / ".crl-bench-complete.json"
+    marker.unlink()
+    _task_table.cache_clear()
+    with pytest.raises(DataMissingError, match="no completion marker"):
+        check_data(str(data))
+    data_mod.download_alfworld(data, source=str(no_games), progress=False)   # re-hashed: nothing unpacked
+    assert marker.is_file() and len(check_data(str(data))["train"]) == 1465
+    games[0].write_bytes(games[0].read_bytes() + b" ")
+    with pytest.raises(DataMissingError, match="none of the 1599"):         # re-hashed: unpacks again
+        data_mod.download_alfworld(data, source=str(no_games), progress=False)
+    games[0].unlink()
+    _task_table.cache_clear()
+    with pytest.raises(DataMissingError, match="missing from .*crl-bench data download alfworld"):
+        check_data(str(data))
+    _task_table.cache_clear()
+
+
+def test_unpacking_bounds_member_sizes_and_paths_even_without_verification(tmp_path, monkeypatch):
+    """A member larger than a game is refused before it is read; a member path that leaves the target
+    (an edited split list, ``--no-verify``) is refused and nothing is written outside; an edited split
+    line naming ``..`` is refused when the split lists are read."""
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"g" * 100)
+    member = "json_2.1.1/train/a-b/trial_1/game.tw-pddl"
+    escape = "json_2.1.1/train/../../../escaped/game.tw-pddl"
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as tf:
+        tf.add(blob, arcname=member)
+        tf.add(blob, arcname=escape)
+    monkeypatch.setattr(data_mod, "MAX_GAME_BYTES", 50)
+    with pytest.raises(ChecksumError, match="100 bytes, more than a game's 50"):
+        data_mod.unpack_alfworld_games(bad, tmp_path / "out", {member: "0" * 64}, verify=False)
+    monkeypatch.setattr(data_mod, "MAX_GAME_BYTES", 1000)
+    with pytest.raises(ChecksumError, match="outside"):
+        data_mod.unpack_alfworld_games(bad, tmp_path / "out", {escape: "0" * 64}, verify=False)
+    assert not (tmp_path / "escaped").exists()
+    splits = tmp_path / "edited" / "splits"
+    splits.mkdir(parents=True)
+    line = json.dumps({"goal": "g", "additional_info": {"description": "../../../../tmp/x"}})
+    for name in ("train_1466.jsonl", "eval_134.jsonl"):
+        (splits / name).write_text(line + "\n")
+    with pytest.raises(ChecksumError, match="train_1466.jsonl line 1: description '../../../../tmp/x'"):
+        data_mod.game_hashes(splits.parent)
+
+
+def test_downloads_stop_at_the_expected_size_and_local_sources_must_be_files(tmp_path):
+    """``file:///dev/zero`` is read one byte past the expected size (or the cap), then refused;
+    nothing is left behind. A device as ``--source`` is refused before it is opened (exit 2, one line)."""
+    from crl_bench.cli import main
+    from crl_bench.data import DataInvalidError, download_url, local_source
+
+    for kwargs in ({"expected_size": 5000}, {"max_bytes": 3 << 20}):
+        with pytest.raises(ChecksumError, match="bytes"):
+            download_url("file:///dev/zero", tmp_path / "zero.bin", progress=False, **kwargs)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(DataInvalidError, match="not a regular file"):
+        local_source("/dev/zero")
+    assert main(["data", "download", "alfworld", "--source", "/dev/zero", "--data-dir", str(tmp_path)]) == 2
+    assert not (tmp_path / "alfworld").exists()
 
 
 def test_download_rejects_a_wrong_size_or_checksum(tmp_path, monkeypatch):
@@ -243,7 +323,7 @@ def test_a_tampered_game_is_rejected(tmp_path):
         src = tmp_path / "game.tw-pddl"
         src.write_bytes(blob)
         tf.add(src, arcname=member)
-    hashes = data_mod._game_hashes(_shared())
+    hashes = data_mod.game_hashes(_shared())
     with pytest.raises(ChecksumError, match=member.replace("/", ".")[:40]):
         data_mod.unpack_alfworld_games(bad, tmp_path / "out", hashes)
     assert not (tmp_path / "out" / member).exists()
@@ -327,9 +407,10 @@ def test_data_files_list_the_split_files_and_the_archive_used(tmp_path):
     (root / "alfworld" / "splits").mkdir(parents=True)
     for name in ("train_1466.jsonl", "eval_134.jsonl"):
         (root / "alfworld" / "splits" / name).write_bytes((_shared() / "splits" / name).read_bytes())
-    (root / "alfworld" / "json_2.1.1").mkdir()
+    # the games unpacked from the archive (complete, with their marker), linked into this data dir
+    (root / "alfworld" / "json_2.1.1").symlink_to(data_mod.alfworld_games_root() / "json_2.1.1")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")         # no game is there: every task is skipped
+        warnings.simplefilter("ignore")         # the trial the release lacks is skipped
         e = AlfWorldEnv(data_dir=str(root))
     assert e.data_files() == {f"alfworld/splits/{n}": (root / "alfworld" / "splits" / n).absolute()
                               for n in ("train_1466.jsonl", "eval_134.jsonl")}

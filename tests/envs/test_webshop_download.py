@@ -221,6 +221,22 @@ def test_not_json_is_an_error_naming_the_file(copy, tmp_path):
     _assert_nothing_written(tmp_path / "data")
 
 
+def test_deep_json_is_one_line_exit_2_for_the_download_and_the_env(copy, tmp_path, capsys):
+    """A products file nested 100,000 levels deep (RecursionError in the JSON parser): the download
+    and the env's loader each report one line naming the file, not a traceback."""
+    from crl_bench.data import DataInvalidError
+
+    (copy / PRODUCTS_FILE).write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert main(["data", "download", "webshop", "--source", str(copy), "--data-dir", str(tmp_path / "d")]) == 2
+    assert f"{PRODUCTS_FILE}: nested too deeply" in capsys.readouterr().err
+    _assert_nothing_written(tmp_path / "d")
+    with pytest.raises(DataInvalidError, match=f"{PRODUCTS_FILE}: nested too deeply.*data download webshop"):
+        load_catalogue(copy)
+    from crl_bench.cli import USER_ERRORS
+
+    assert issubclass(DataInvalidError, USER_ERRORS)        # `crl-bench run` prints it as one line, exit 2
+
+
 def test_the_next_source_is_tried_when_one_fails(copy, tmp_path, serve):
     (tmp_path / "empty").mkdir()
     with FolderServer(tmp_path / "empty") as dead:                 # answers 404 for every file

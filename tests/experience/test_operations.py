@@ -176,3 +176,15 @@ def test_votes_round_trip_and_rules():
 def test_no_length_limit_by_default():
     long = format_operations([Operation("ADD", "t" * 300, "x" * 5000)])
     assert parse_operations(long).ok
+
+
+def test_entry_ids_beyond_the_largest_are_an_error_not_a_crash():
+    """A reply naming an id of 5,000 digits (past Python's int-conversion limit) or one past SQLite's
+    largest integer gets the operation's error; the largest id itself still parses."""
+    from crl_bench.experience.operations import MAX_ENTRY_ID
+
+    for big in ("9" * 5000, str(MAX_ENTRY_ID + 1)):
+        res = parse_operations(f"<ops><op>UPVOTE 3 {big}</op></ops>")
+        assert res.ops == [] and "beyond the largest entry id" in res.errors[0]
+    res = parse_operations(f"<ops><op>UPVOTE {MAX_ENTRY_ID}</op></ops>")
+    assert res.ops[0].targets == (MAX_ENTRY_ID,)

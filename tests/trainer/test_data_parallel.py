@@ -355,7 +355,7 @@ def test_trainer_with_two_workers_takes_the_one_process_steps(ray_session, token
 
                 assert isinstance(tr.updater, DataParallelUpdater)
                 ckpt = save_checkpoint(tr, tmp_path, keep=1)
-                state = torch.load(ckpt / "trainer.pt", weights_only=False)["optimizer"]["state"]
+                state = torch.load(ckpt / "trainer.pt", weights_only=True)["optimizer"]["state"]
                 assert state                                      # the workers' AdamW state was saved
             runs[workers] = (metrics, [p.detach().clone() for p in tr.model.parameters()],
                              [p.detach().clone() for p in tr.experience.model.parameters()] if tr.experience else [])

@@ -159,7 +159,7 @@ def test_torn_and_stale_checkpoints_are_never_loaded_and_old_ones_are_pruned(tmp
     (run / "checkpoints" / "step-000005").mkdir()
     bad = run / "checkpoints" / "step-000006"
     bad.mkdir()
-    (bad / "meta.json").write_text(json.dumps({"step": 2, "format": 1}))
+    (bad / "meta.json").write_text(json.dumps({"step": 2, "format": 3}))
     torn = run / "checkpoints" / "step-000007"
     torn.mkdir()
     (torn / "meta.json").write_text('{"step": 7, "form')
@@ -218,7 +218,7 @@ def test_restore_cuts_logs_back_to_the_checkpoint(tmp_path):
     first = json.dumps({"step": 1, "loss": 0.5}) + "\n"
     (run / "metrics.jsonl").write_text(first + json.dumps({"step": 2}) + "\n" + '{"step": 3, "lo')
     (run / "episodes.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
-    (ckpt / "meta.json").write_text(json.dumps({"step": 1, "format": 1, "metrics_bytes": len(first),
+    (ckpt / "meta.json").write_text(json.dumps({"step": 1, "format": 3, "metrics_bytes": len(first),
                                                 "episodes_bytes": len('{"step": 1}\n')}))
     restore_run_files(run, ckpt, has_bank=False)
     assert [r["step"] for r in read_metrics(run)] == [1]
@@ -313,3 +313,103 @@ def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path, tin
     assert versions["resumed"][0]["from_step"] == 2
     ev_k, ev_w = (json.loads((d / "eval.json").read_text())["free"] for d in (killed, whole))
     assert {k: v for k, v in ev_k.items() if k != "wall_s"} == {k: v for k, v in ev_w.items() if k != "wall_s"}
+
+
+class _Payload:
+    """Unpickling this runs ``open(marker, "w")``: what a crafted checkpoint would do on a resume."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _forged_checkpoint(folder: Path, states: dict[str, object], fmt: int = 3) -> Path:
+    """A checkpoint folder whose files are ``torch.save`` of ``states`` and whose meta.json records
+    their true sizes and sha256 (as an attacker who writes the folder can)."""
+    from crl_bench.data import sha256_file
+
+    folder.mkdir(parents=True)
+    for key, obj in states.items():
+        torch.save(obj, folder / f"{key}.pt")
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in sorted(folder.iterdir())}
+    (folder / "meta.json").write_text(json.dumps({"format": fmt, "step": 1, "method": "grpo", "files": files,
+                                                  "metrics_bytes": 0, "episodes_bytes": 0}))
+    return folder
+
+
+def test_a_crafted_pickle_checkpoint_is_refused_and_its_payload_does_not_run(tmp_path):
+    """trainer.pt holding an object whose ``__reduce__`` calls ``open``: the weights-only loader refuses
+    it with a CheckpointError naming the file, and the file the payload would create is not there."""
+    from crl_bench.trainer.checkpoint import read_checkpoint, select_checkpoint
+
+    marker = tmp_path / "pwned"
+    ckpt = _forged_checkpoint(tmp_path / "run" / CHECKPOINTS / "step-000001",
+                              {"actor": {}, "trainer": {"step": 1, "x": _Payload(marker)}})
+    with pytest.raises(CheckpointError, match=r"trainer\.pt cannot be loaded as plain data, refused .*global"):
+        read_checkpoint(ckpt)
+    loaded, skipped = select_checkpoint(tmp_path / "run")
+    assert loaded is None and "refused" in skipped[0][1]
+    assert not marker.exists()
+
+
+def test_plain_state_rebuilds_only_crl_bench_classes(tmp_path):
+    """encode/decode round-trip the objects a trainer state holds (generators' states, NumPy arrays,
+    sets, crl_bench dataclasses); a tag naming any other class (``os:system``) is refused."""
+    import random
+    from collections import OrderedDict
+
+    import numpy as np
+
+    from crl_bench.rollout import EpisodeSpec
+    from crl_bench.trainer.plain_state import PlainStateError, decode, encode
+
+    state = {"py": random.getstate(), "np": np.random.get_state(), "s": {3, 1}, "od": OrderedDict(b=1, a=2),
+             "spec": EpisodeSpec("test-coin", 4, group_id=2), "f": np.float64(0.1), 5: (1, None),
+             "__set__": "a key that looks like a tag"}
+    torch.save(encode(state), tmp_path / "s.pt")
+    back = decode(torch.load(tmp_path / "s.pt", weights_only=True))
+    assert back["py"] == state["py"] and back["s"] == {1, 3} and back["od"] == state["od"]
+    assert back["np"][0] == "MT19937" and np.array_equal(back["np"][1], state["np"][1])
+    assert back["np"][1].dtype == state["np"][1].dtype and back["spec"] == state["spec"]
+    assert type(back["f"]) is np.float64 and back[5] == (1, None) and back["__set__"] == state["__set__"]
+    for bad in ({"__dataclass__": "os:system", "state": {}}, {"__enum__": "builtins:eval", "value": 1},
+                {"__dataclass__": "crl_bench.trainer.checkpoint:CheckpointError", "state": {}},
+                {"__ndarray__": [1], "dtype": "O", "shape": [1]}):
+        with pytest.raises(PlainStateError, match="refused|not a"):
+            decode({"x": [bad]})
+    with pytest.raises(TypeError, match=r"\$\.x: a pathlib"):
+        encode({"x": tmp_path})
+
+
+def test_an_older_pickled_checkpoint_is_refused_naming_the_version(tmp_path):
+    from crl_bench.trainer.checkpoint import verify_checkpoint
+
+    ckpt = _forged_checkpoint(tmp_path / "step-000001", {"actor": {}, "trainer": {}}, fmt=2)
+    with pytest.raises(CheckpointError, match="written by an older crl-bench .*format 2.*pickled"):
+        verify_checkpoint(ckpt)
+
+
+def test_a_missing_state_key_and_a_full_disk_are_named(tmp_path, tokenizer, tiny_model, monkeypatch):
+    """apply_checkpoint names the file and the key a checkpoint lacks; save_checkpoint refuses to
+    start when the disk has less free space than the checkpoint needs (both numbers in the message)
+    and writes nothing."""
+    import collections
+
+    import crl_bench.trainer.checkpoint as ck
+
+    tr = _trainer(tmp_path / "run", tiny_model, copy.deepcopy(tiny_model), tokenizer, "grpo")
+    run = tr.writer.dir
+    tr.train_step()
+    loaded = ck.read_checkpoint(save_checkpoint(tr, run, keep=2))
+    del loaded.states["trainer"]["sampler_rng"]
+    with pytest.raises(CheckpointError, match=r"step-000001/trainer\.pt lacks the state 'sampler_rng'"):
+        ck.apply_checkpoint(tr, loaded)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(ck.shutil, "disk_usage", lambda p: usage(100, 90, 10))
+    tr.step = 2
+    with pytest.raises(OSError, match=r"about \d+ bytes needed, 10 free"):
+        save_checkpoint(tr, run, keep=2)
+    assert [p.name for p in (run / CHECKPOINTS).iterdir()] == ["step-000001"]
+    tr.close()

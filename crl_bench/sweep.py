@@ -147,7 +147,8 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
         failed cell does not stop the others and is retried on the next call.
 
     Raises:
-        ConfigError: a cell's configuration is invalid, or the folder holds another grid.
+        ConfigError: a cell's configuration is invalid, the folder holds another grid, or another sweep
+            process runs this folder now (the folder's lock: each cell's log and run folder have one writer).
         EnvUnavailableError, DataMissingError, ChecksumError: the machine lacks an env's engine or
             data (every cell would fail alike); cells finished so far stay finished.
     """
@@ -158,6 +159,24 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
     cells = [(m, s) for m in spec.methods for s in spec.seeds]
     configs = {(m, s): resolve(m, s) for m, s in cells}
     path = prepare_sweep_dir(spec, root, name)
+    from crl_bench.results.run_folder import RunInUseError, RunLock
+
+    lock = RunLock(path)                # one sweep process per sweep folder: cells' logs and folders are its own
+    try:
+        lock.acquire()
+    except RunInUseError as e:
+        who = f"PID {e.pid}" if e.pid is not None else "another process"
+        raise ConfigError(f"sweep folder {str(path)!r} is being run by {who} (a sweep of the same name); wait for "
+                          "it to end, or give this one another --name") from None
+    try:
+        return path, _run_cells(cells, configs, path, quiet, print_fn, train)
+    finally:
+        lock.release()
+
+
+def _run_cells(cells: list[tuple[str, int]], configs: dict[tuple[str, int], RunConfig], path: Path, quiet: bool,
+               print_fn: Callable[[str], None], train: Callable[..., str]) -> list[tuple[str, int, str]]:
+    """:func:`run_sweep`'s loop over the cells, under the sweep folder's lock; the failures."""
     runs = path / "runs"
     failures: list[tuple[str, int, str]] = []
     for i, (method, seed) in enumerate(cells, 1):
@@ -203,7 +222,7 @@ def run_sweep(spec: SweepSpec, root: str | Path, resolve: Callable[[str, int], R
             print_fn(f"{head}: FAILED after {time.perf_counter() - t0:.0f} s: {type(e).__name__}: {e}")
             continue
         print_fn(f"{head}: done in {time.perf_counter() - t0:.0f} s, {eval_line(Path(out))} ({out})")
-    return path, failures
+    return failures
 
 
 class RunFailed(RuntimeError):

@@ -213,3 +213,27 @@ def test_a_cell_that_exits_2_stops_the_sweep_with_its_log(tmp_path, monkeypatch)
     assert "no-such-env" in (tmp_path / "x" / "logs" / "grpo-s0.log").read_text()
     assert not (tmp_path / "x" / "runs" / "grpo-s1").exists()
     assert not (tmp_path / "planted-ran").exists()
+
+
+def test_a_second_sweep_of_the_same_folder_is_refused_while_the_first_runs(tmp_path):
+    """Two sweeps with one name would both write each cell's log and folder (the second truncating the
+    first's log): the sweep folder has one sweep process at a time, the other is a clear error."""
+    spec = SweepSpec(methods=["grpo"], seeds=[0, 1], mix="sokoban", preset="smoke")
+    second = FakeTrain()
+    refused: list[str] = []
+
+    class FirstSweep(FakeTrain):
+        def __call__(self, cfg, quiet: bool = True, resume: bool = False) -> str:
+            if not self.calls:                    # while the first cell runs, the same sweep is started again
+                with pytest.raises(ConfigError, match="is being run by PID") as e:
+                    run_sweep(spec, tmp_path, _resolve, print_fn=lambda s: None, train=second)
+                refused.append(str(e.value))
+            return super().__call__(cfg, quiet, resume)
+
+    first = FirstSweep()
+    _, failures = run_sweep(spec, tmp_path, _resolve, print_fn=lambda s: None, train=first)
+    assert not failures and first.calls == [("grpo", 0), ("grpo", 1)]
+    assert refused and second.calls == [] and "another --name" in refused[0]
+    assert not (tmp_path / spec.default_name() / ".lock").exists()       # released when the sweep ends
+    _, failures = run_sweep(spec, tmp_path, _resolve, print_fn=lambda s: None, train=second)
+    assert not failures and second.calls == []                           # both cells finished: skipped

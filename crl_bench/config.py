@@ -325,12 +325,22 @@ class UtilityConfig:
         min_sim: its similarity floor (0.4; in [-1, 1]).
         beta: step of an entry's utility towards the success (1 or 0) of each guided training episode
             it was shown to (0.05, RetroAgent); updated whatever ``experience.rerank`` is.
+        candidates: what the re-rank scores: ``all`` (every entry of the env over ``min_sim``, as
+            RetroAgent's released ``ReflectionMemory.retrieve``) or ``nearest`` (the ``k x
+            oversample`` nearest).
+        count_start: the use count ``n`` of a new entry (1 as released; 0: ``n`` is the training
+            retrievals alone; at least 0).
+        eval_k: entries per read-only (evaluation) query (3 as released: ``top_k`` 3 in evaluation,
+            1 in training; 0 = ``experience.k``).
     """
 
     alpha: float = 0.7
     ucb: float = 1.0
     min_sim: float = 0.4
     beta: float = 0.05
+    candidates: str = "all"
+    count_start: int = 1
+    eval_k: int = 3
 
 
 @dataclass
@@ -402,7 +412,7 @@ class ExperienceConfig:
             ``utility`` (RetroAgent's SimUtil-UCB: similarity, the entry's utility and an
             exploration bonus; :mod:`crl_bench.experience.retrieval`). Any method with a bank.
         utility: section :class:`UtilityConfig`: the ``utility`` re-rank and the entries' utility
-            (``alpha``, ``ucb``, ``min_sim``, ``beta``).
+            (``alpha``, ``ucb``, ``min_sim``, ``beta``, ``candidates``, ``count_start``, ``eval_k``).
         insights: section :class:`~crl_bench.experience.insights.InsightsConfig`: ExpeL's insight
             calls (``expel``: ``pairs``, ``successes``, ``ops``, ``max``, ``new_tokens``).
         reflections: section :class:`~crl_bench.experience.reflections.ReflectionsConfig`:
@@ -945,6 +955,9 @@ def validate(cfg: RunConfig) -> None:
         ("experience.utility.ucb", cfg.experience.utility.ucb >= 0),
         ("experience.utility.min_sim", -1 <= cfg.experience.utility.min_sim <= 1),
         ("experience.utility.beta", 0 <= cfg.experience.utility.beta <= 1),
+        ("experience.utility.candidates", cfg.experience.utility.candidates in ("all", "nearest")),
+        ("experience.utility.count_start", cfg.experience.utility.count_start >= 0),
+        ("experience.utility.eval_k", cfg.experience.utility.eval_k >= 0),
         ("experience.insights.pairs", cfg.experience.insights.pairs >= 0),
         ("experience.insights.successes", cfg.experience.insights.successes == 0
          or cfg.experience.insights.successes >= 2),

@@ -610,7 +610,8 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
                           recency_window_s=exp_cfg.recency_window_s, top1_demote_p=exp_cfg.top1_demote_p,
                           seed=cfg.train.seed, query_cache=exp_cfg.query_cache, rerank=exp_cfg.rerank,
                           utility_alpha=exp_cfg.utility.alpha, utility_ucb=exp_cfg.utility.ucb,
-                          utility_min_sim=exp_cfg.utility.min_sim)
+                          utility_min_sim=exp_cfg.utility.min_sim, utility_candidates=exp_cfg.utility.candidates,
+                          utility_count_start=exp_cfg.utility.count_start, utility_eval_k=exp_cfg.utility.eval_k)
     memory = get_memory(cfg.method_spec.memory)(cfg)
     engine: Any = None
     if not read_only and memory.uses_extractor and extractor_model is not None:

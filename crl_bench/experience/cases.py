@@ -56,10 +56,14 @@ class CasesConfig:
             extractor and do not apply.
         tokens: token budget of one case's compacted trajectory (actor's tokenizer; the outcome line
             comes on top; at least 16).
+        skip_own: an episode is not shown cases of its own task (cases keyed by its retrieval query),
+            nor two cases of one task, in training and in evaluation (ExpeL's retrieval, ``topk_docs``:
+            the current task and tasks already chosen are skipped); ``false`` retrieves every case.
     """
 
     outcomes: str = "successes"
     tokens: int = 256
+    skip_own: bool = True
 
 
 def admits_case(has_steps: bool, success: bool, outcomes: str) -> bool:
@@ -156,6 +160,10 @@ class CasesMemory(Memory):
 
     header: ClassVar[str] = CASES_HEADER
     whole_episodes: ClassVar[bool] = True
+
+    def skips_own_task(self) -> bool:
+        """``experience.cases.skip_own``: retrieval leaves out the episode's own task's cases."""
+        return bool(self.cfg.experience.cases.skip_own)
 
     def writer(self, engine: Any, tokenizer: Any) -> Any:
         """A :class:`CaseWriter` measuring with ``tokenizer`` (``experience.cases``); ``engine`` is not

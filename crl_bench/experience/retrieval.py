@@ -53,6 +53,12 @@ entries (released ``top_k`` 3 in evaluation, 1 in training; 0 = ``k``). Ties kee
 order; no demotion. The released code counts ``n`` when an episode's outcome updates the entry,
 crl-bench at retrieval (the paper); the two differ only by episodes in flight.
 
+**Own task skipped** (``skip_same_key``; banks of cases, ``experience.cases.skip_own``): candidates
+keyed by the query itself (the episode's own task: a case is keyed by the retrieval query of the
+episode it was written from) are dropped before the re-rank, and of several candidates with one key
+only the best ranked is returned, as ExpeL's retrieval skips the current task and a task already
+among the chosen examples (LeapLabTHU/ExpeL ``agent/expel.py``, ``topk_docs``).
+
 A read-only call (``count_retrievals=False``, used by evaluation) changes nothing: no counters are written and
 its demotion draws come from a separate generator, so evaluating between training steps leaves the
 training retrievals exactly as they would have been. :meth:`Retriever.begin_readonly` (called by the
@@ -100,6 +106,8 @@ class Retriever:
             docstring. ``utility_alpha``, ``utility_ucb``, ``utility_min_sim``: its alpha, kappa and
             similarity floor; ``utility_candidates`` (``all`` or ``nearest``), ``utility_count_start``
             and ``utility_eval_k``: what it scores, a new entry's use count and its read-only k.
+        skip_same_key: drop the entries keyed by the query itself and return one entry per key
+            (the own task skipped; see the module docstring).
 
     Raises:
         ValueError: an unknown ``rank_score``, ``rerank`` or ``utility_candidates``, or
@@ -114,7 +122,7 @@ class Retriever:
                  rank_score: str = "position", count_retrievals: bool = True, query_cache: int = 4096,
                  rerank: str = "released", utility_alpha: float = 0.7, utility_ucb: float = 1.0,
                  utility_min_sim: float = 0.4, utility_candidates: str = "all", utility_count_start: int = 1,
-                 utility_eval_k: int = 3):
+                 utility_eval_k: int = 3, skip_same_key: bool = False):
         if rank_score not in RANK_SCORES:
             raise ValueError(f"rank_score must be one of {RANK_SCORES}")
         if rerank not in RERANKS:
@@ -130,6 +138,7 @@ class Retriever:
         self.utility_candidates = utility_candidates
         self.utility_count_start = max(0, int(utility_count_start))
         self.utility_eval_k = max(0, int(utility_eval_k))
+        self.skip_same_key = bool(skip_same_key)
         self.bank = bank
         self.k = int(k)
         self.oversample = max(1, int(oversample))
@@ -209,6 +218,19 @@ class Retriever:
         scored.sort(key=lambda x: (-x[0], x[1]))
         return [e for _, _, e in scored]
 
+    @staticmethod
+    def _one_per_key(ranked: list[ExperienceEntry], keys: dict[int, str]) -> list[ExperienceEntry]:
+        """``ranked`` without the entries whose key an earlier one has (entries without a key kept)."""
+        seen: set[str] = set()
+        out = []
+        for e in ranked:
+            key = keys.get(e.id, "")
+            if key and key in seen:
+                continue
+            seen.add(key)
+            out.append(e)
+        return out
+
     def retrieve(self, queries: Sequence[str], env_ids: Sequence[str], now: float | None = None,
                  count_retrievals: bool | None = None) -> list[list[ExperienceEntry]]:
         """Up to ``k`` entries per query (of that query's env), best first after the re-rank.
@@ -240,16 +262,22 @@ class Retriever:
             for i, r in zip(idx, res):
                 hits[i] = r
         by_id = {e.id: e for e in self.bank.get(list({i for h in hits for i, _ in h}))}
+        keys = {i: " ".join(t.split()) for i, t in self.bank.key_texts(list(by_id)).items()} \
+            if self.skip_same_key and by_id else {}
         total = 0
         if utility and by_id:
             total = self.bank.total_retrievals() + self.utility_count_start * len(self.bank)
         returned: list[int] = []
         for qi, h in enumerate(hits):
             cands = [(by_id[i], s) for i, s in h if i in by_id]   # ids gone since the search are dropped
+            if self.skip_same_key:
+                own = " ".join(queries[qi].split())
+                cands = [(e, s) for e, s in cands if keys.get(e.id) != own]
             if utility:
-                out[qi] = self.utility_rank(cands, total, explore=count_retrievals)[:k]
+                ranked = self.utility_rank(cands, total, explore=count_retrievals)
             else:
-                out[qi] = self.rerank(cands, now, None if count_retrievals else self._readonly_rng)[:k]
+                ranked = self.rerank(cands, now, None if count_retrievals else self._readonly_rng)
+            out[qi] = (self._one_per_key(ranked, keys) if self.skip_same_key else ranked)[:k]
             returned.extend(e.id for e in out[qi])
         if count_retrievals and returned:
             self.bank.record_retrieval(returned, now)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from crl_bench.experience.cases import CASE_OUTCOMES, CasesConfig
-from crl_bench.experience.insights import InsightsConfig
+from crl_bench.experience.insights import INSIGHT_MATCHES, InsightsConfig
 from crl_bench.experience.lessons import MergeConfig
 from crl_bench.experience.memory import get_memory
 from crl_bench.experience.reflections import ReflectionsConfig
@@ -407,14 +407,14 @@ class ExperienceConfig:
         query_cache: query embeddings kept in the retriever's LRU cache, keyed by the query text (0 =
             off; the released code caches query embeddings too).
         cases: section :class:`~crl_bench.experience.cases.CasesConfig`: the cases of a bank of cases
-            (``casebank``, ``expel``: ``outcomes``, ``tokens``).
+            (``casebank``, ``expel``: ``outcomes``, ``tokens``, ``skip_own``).
         rerank: how retrieval orders the candidates: ``released`` (the diversity re-rank) or
             ``utility`` (RetroAgent's SimUtil-UCB: similarity, the entry's utility and an
             exploration bonus; :mod:`crl_bench.experience.retrieval`). Any method with a bank.
         utility: section :class:`UtilityConfig`: the ``utility`` re-rank and the entries' utility
             (``alpha``, ``ucb``, ``min_sim``, ``beta``, ``candidates``, ``count_start``, ``eval_k``).
         insights: section :class:`~crl_bench.experience.insights.InsightsConfig`: ExpeL's insight
-            calls (``expel``: ``pairs``, ``successes``, ``ops``, ``max``, ``new_tokens``).
+            calls (``expel``: ``pairs``, ``successes``, ``ops``, ``max``, ``new_tokens``, ``match``).
         reflections: section :class:`~crl_bench.experience.reflections.ReflectionsConfig`:
             Reflexion's reflections (``reflexion``: ``shown``, ``tokens``).
 
@@ -964,6 +964,7 @@ def validate(cfg: RunConfig) -> None:
         ("experience.insights.ops", cfg.experience.insights.ops >= 1),
         ("experience.insights.max", cfg.experience.insights.max >= 0),
         ("experience.insights.new_tokens", cfg.experience.insights.new_tokens >= 8),
+        ("experience.insights.match", cfg.experience.insights.match in INSIGHT_MATCHES),
         ("experience.reflections.shown", cfg.experience.reflections.shown >= 1),
         ("experience.reflections.tokens", cfg.experience.reflections.tokens >= 8),
         ("experience.key", cfg.experience.key in ("query", "lesson")),

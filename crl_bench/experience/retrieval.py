@@ -55,7 +55,8 @@ crl-bench at retrieval (the paper); the two differ only by episodes in flight.
 
 **Own task skipped** (``skip_same_key``; banks of cases, ``experience.cases.skip_own``): candidates
 keyed by the query itself (the episode's own task: a case is keyed by the retrieval query of the
-episode it was written from) are dropped before the re-rank, and of several candidates with one key
+episode it was written from) are dropped before the re-rank (the search is widened by
+:data:`SKIP_WIDEN` so that ``k * oversample`` candidates of other tasks remain), and of several candidates with one key
 only the best ranked is returned, as ExpeL's retrieval skips the current task and a task already
 among the chosen examples (LeapLabTHU/ExpeL ``agent/expel.py``, ``topk_docs``).
 
@@ -86,6 +87,9 @@ from crl_bench.experience.types import ExperienceEntry
 RANK_SCORES = ("position", "cosine")
 RERANKS = ("released", "utility")
 UTILITY_CANDIDATES = ("all", "nearest")
+SKIP_WIDEN = 4
+"""With ``skip_same_key`` the search returns this many times the candidates, so that the own task's
+entries, dropped, leave ``k * oversample`` candidates of other tasks (unless the env has fewer)."""
 
 
 class Retriever:
@@ -252,13 +256,15 @@ class Retriever:
         n_search = k * self.oversample
         if utility and self.utility_candidates == "all":
             n_search = max(n_search, len(self.bank))      # every entry of the env: the floor decides
+        # with the own task skipped, search wider so that its cases do not crowd out the candidates
+        wide = n_search * SKIP_WIDEN if self.skip_same_key else n_search
         vecs = self.query_cache.encode(list(queries))
         groups: dict[str, list[int]] = {}
         for i, env in enumerate(env_ids):
             groups.setdefault(env, []).append(i)
         hits: list[list[tuple[int, float]]] = [[] for _ in queries]
         for env, idx in groups.items():
-            res = self.bank.search_vectors(vecs[idx], n_search, env)
+            res = self.bank.search_vectors(vecs[idx], wide, env)
             for i, r in zip(idx, res):
                 hits[i] = r
         by_id = {e.id: e for e in self.bank.get(list({i for h in hits for i, _ in h}))}
@@ -272,7 +278,7 @@ class Retriever:
             cands = [(by_id[i], s) for i, s in h if i in by_id]   # ids gone since the search are dropped
             if self.skip_same_key:
                 own = " ".join(queries[qi].split())
-                cands = [(e, s) for e, s in cands if keys.get(e.id) != own]
+                cands = [(e, s) for e, s in cands if keys.get(e.id) != own][:n_search]
             if utility:
                 ranked = self.utility_rank(cands, total, explore=count_retrievals)
             else:

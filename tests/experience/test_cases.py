@@ -124,3 +124,20 @@ def test_an_episode_is_not_shown_its_own_tasks_case(tmp_path, tokenizer):
     assert every.drain(timeout=30)
     assert [e.title for e in every.retrieve([("minihack-room", RED)], count_retrievals=False)[0]][0] == RED
     every.close()
+
+
+def test_the_own_tasks_many_cases_do_not_crowd_out_the_others(tmp_path):
+    # 20 cases of RED fill the 16 nearest; the search is widened, so LAMP's case is still found
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.experience.retrieval import Retriever
+    from crl_bench.experience.types import Operation
+
+    bank = ExperienceBank(tmp_path / "b.sqlite", HashEmbedder(64))
+    for n in range(20):
+        bank.apply([Operation("ADD", RED, f"case {n}")], env_id="room", step=1, extraction_id=f"x{n}",
+                   extractor_version=0, key_text=RED)
+    bank.apply([Operation("ADD", LAMP, "lamp case")], env_id="room", step=1, extraction_id="y",
+               extractor_version=0, key_text=LAMP)
+    r = Retriever(bank, k=1, oversample=16, seed=0, skip_same_key=True)
+    assert [e.title for e in r.retrieve([RED], ["room"], count_retrievals=False)[0]] == [LAMP]
+    bank.close()

@@ -34,7 +34,7 @@ from crl_bench.experience.insights import InsightsConfig
 from crl_bench.experience.lessons import MergeConfig
 from crl_bench.experience.memory import BankScope, get_memory
 from crl_bench.experience.reflections import ReflectionsConfig
-from crl_bench.experience.retrieval import Rerank
+from crl_bench.experience.retrieval import Rerank, UtilityCandidates
 from crl_bench.experience.transcripts import Transcript
 from crl_bench.experience.vector_index import IndexKind
 from crl_bench.methods import MethodSpec, get_method, list_methods
@@ -344,6 +344,14 @@ class UtilityConfig:
     beta: Annotated[float, Interval(ge=0, le=1)] = 0.05
     """Step of an entry's utility towards the success (1 or 0) of each guided training episode it was shown to (0.05,
     RetroAgent); updated whatever ``experience.rerank`` is."""
+    candidates: UtilityCandidates = "all"
+    """What the re-rank scores: ``all`` (every entry of the env over ``min_sim``, as RetroAgent's released
+    ``ReflectionMemory.retrieve``) or ``nearest`` (the ``k x oversample`` nearest)."""
+    count_start: Annotated[int, Ge(0)] = 1
+    """The use count ``n`` of a new entry (1 as released; 0: ``n`` is the training retrievals alone)."""
+    eval_k: Annotated[int, Ge(0)] = 3
+    """Entries per read-only (evaluation) query (3 as released: ``top_k`` 3 in evaluation, 1 in training;
+    0 = ``experience.k``)."""
 
 
 @dataclass
@@ -449,14 +457,14 @@ class ExperienceConfig:
     query embeddings too)."""
     cases: CasesConfig = field(default_factory=CasesConfig)
     """Section :class:`~crl_bench.experience.cases.CasesConfig`: the cases of a bank of cases (``casebank``,
-    ``expel``: ``outcomes``, ``tokens``)."""
+    ``expel``: ``outcomes``, ``tokens``, ``skip_own``)."""
     rerank: Rerank = "released"
     """How retrieval orders the candidates: ``released`` (the diversity re-rank) or ``utility`` (RetroAgent's
     SimUtil-UCB: similarity, the entry's utility and an exploration bonus; :mod:`crl_bench.experience.retrieval`).
     Any method with a bank."""
     utility: UtilityConfig = field(default_factory=UtilityConfig)
     """Section :class:`UtilityConfig`: the ``utility`` re-rank and the entries' utility (``alpha``, ``ucb``,
-    ``min_sim``, ``beta``)."""
+    ``min_sim``, ``beta``, ``candidates``, ``count_start``, ``eval_k``)."""
     insights: InsightsConfig = field(default_factory=InsightsConfig)
     """Section :class:`~crl_bench.experience.insights.InsightsConfig`: ExpeL's insight calls (``expel``: ``pairs``,
     ``successes``, ``ops``, ``max``, ``new_tokens``)."""

@@ -54,6 +54,10 @@ class CasesConfig:
     tokens: Annotated[int, Ge(16)] = 256
     """Token budget of one case's compacted trajectory (actor's tokenizer; the outcome line comes on top; at least
     16)."""
+    skip_own: bool = True
+    """An episode is not shown cases of its own task (cases keyed by its retrieval query), nor two cases of one
+    task, in training and in evaluation (ExpeL's retrieval, ``topk_docs``: the current task and tasks already
+    chosen are skipped); ``false`` retrieves every case."""
 
 
 def admits_case(has_steps: bool, success: bool, outcomes: str) -> bool:
@@ -158,6 +162,10 @@ class CasesMemory(Memory):
         """The bank partition of ``env_id`` under ``experience.scope`` (:func:`bank_scope`), as for a
         bank of lessons."""
         return bank_scope(env_id, self.cfg.experience.scope)
+
+    def skips_own_task(self) -> bool:
+        """``experience.cases.skip_own``: retrieval leaves out the episode's own task's cases."""
+        return bool(self.cfg.experience.cases.skip_own)
 
     def writer(self, engine: Any, tokenizer: Any) -> Any:
         """A :class:`CaseWriter` measuring with ``tokenizer`` (``experience.cases``); ``engine`` is not

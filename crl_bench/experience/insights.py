@@ -8,8 +8,11 @@ The ``expel`` method (crl_bench/methods.py; docs/method.md, "ExpeL insights") fo
   episode of the same task (a comparison) or successful episodes of different tasks, and answers with
   operations on the list, one per line (at most ``max_ops``, 4 as released):
   ``ADD: <insight>``, ``EDIT <n>: <insight>``, ``UPVOTE <n>``, ``DOWNVOTE <n>`` (the paper's names;
-  the released prompt's ``AGREE`` and ``REMOVE`` are read as ``UPVOTE`` and ``DOWNVOTE``). Each
-  insight may be named by one operation of a reply.
+  the released prompt's ``AGREE`` and ``REMOVE`` are read as ``UPVOTE`` and ``DOWNVOTE``). With
+  ``experience.insights.match: text`` (default, as released ``update_rules``) a vote quotes its
+  insight and names the first insight its text contains, an EDIT containing an insight is an UPVOTE
+  of it and an ADD containing one is a repeat (:func:`quoted_insight`); with ``number`` votes and
+  edits name insights by number and each insight may be named by one operation of a reply.
 * Importance counts (section 4.2): an ADD starts at :data:`INSIGHT_INIT` = 2, an EDIT (which
   replaces the text) and an UPVOTE add 1, a DOWNVOTE takes 1 away, and an insight whose count falls
   to 0 is removed. As released, an ADD that repeats an existing insight is dropped and an EDIT that
@@ -44,7 +47,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from annotated_types import Ge
 
@@ -67,6 +70,11 @@ MIN_INSIGHT_CHARS = 8
 """Shortest text an ADD or EDIT may write (shorter is not a rule)."""
 
 
+InsightMatch = Literal["text", "number"]
+"""Values of ``experience.insights.match``: how an operation names an insight."""
+INSIGHT_MATCHES: tuple[str, ...] = get_args(InsightMatch)
+
+
 @dataclass
 class InsightsConfig:
     """Section ``experience.insights``: ExpeL's insight calls (``expel``)."""
@@ -86,6 +94,11 @@ class InsightsConfig:
     10 as in the released ALFWorld runs; 0 = never)."""
     new_tokens: Annotated[int, Ge(8)] = 160
     """Most tokens of one insight reply (at least 8)."""
+    match: InsightMatch = "text"
+    """How an operation names an insight: ``text`` (as released ``update_rules``: a vote quotes the insight and names
+    the first insight whose text its text contains, whatever its number; an EDIT whose text contains an insight is an
+    UPVOTE of it; an ADD containing an insight is a repeat) or ``number`` (votes and edits by number alone, an ADD a
+    repeat only when equal to an insight: for extractors that do not quote rules word for word)."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +131,15 @@ class InsightOp:
         kind: one of :data:`INSIGHT_KINDS`.
         number: the 1-based number of the insight it names in the list the extractor was shown
             (0 for ADD).
-        text: the new text (ADD, EDIT); empty for votes.
+        text: the new text (ADD, EDIT); for votes, the insight as quoted (``match: text``), else empty.
+        by_text: the operation names its insight by text (``experience.insights.match: text``:
+            :meth:`InsightTable.apply_insights`), not by number.
     """
 
     kind: str
     number: int = 0
     text: str = ""
+    by_text: bool = False
 
 
 @dataclass
@@ -186,8 +202,30 @@ def normalise(text: str) -> str:
     return " ".join(text.split()).lower().rstrip(".")
 
 
+def quoted_insight(text: str, insights: Sequence[Any]) -> int | None:
+    """Index in ``insights`` (objects with ``text``, in the order shown) of the first insight whose text
+    ``text`` contains, both :func:`normalise`-d; ``None`` if none does (released ``update_rules``:
+    ``rules[i][0] in operation_rule_text``)."""
+    quoted = normalise(text)
+    for i, ins in enumerate(insights):
+        own = normalise(ins.text)
+        if own and own in quoted:
+            return i
+    return None
+
+
+def repeats_insight(op: InsightOp, live: Sequence[str], shown: Sequence[Any] = ()) -> bool:
+    """Whether the ADD ``op`` repeats an insight: its text equals one of ``live`` (the env's list now)
+    when ``normalise``-d, or, :attr:`~InsightOp.by_text`, contains one of ``shown`` or ``live``
+    (released ``update_rules``: an ADD containing an existing rule is dropped)."""
+    if not op.by_text:
+        return normalise(op.text) in {normalise(t) for t in live}
+    texts = [*(i.text for i in shown), *live]
+    return quoted_insight(op.text, [Insight(0, "", t) for t in texts]) is not None
+
+
 def parse_insight_ops(reply: str, shown: int, max_ops: int = 4,
-                      copies: Sequence[str] | None = None) -> InsightParse:
+                      copies: Sequence[str] | None = None, match: str = "number") -> InsightParse:
     """Read a reply's operation lines.
 
     Args:
@@ -197,13 +235,23 @@ def parse_insight_ops(reply: str, shown: int, max_ops: int = 4,
         copies: rules a reply can only have copied from the prompt's format lines and worked
             example (a rule that :func:`copies_example` of one is refused); default
             :data:`INSIGHT_PROMPT_COPIES`.
+        match: ``number`` or ``text`` (``experience.insights.match``): with ``text`` the operations
+            name insights by text (:attr:`InsightOp.by_text`), a vote needs the quoted insight and no
+            number is checked here (the bank resolves them, :meth:`InsightTable.apply_insights`).
 
     Returns:
         The valid operations and an error for each non-blank line that is not one: an unknown line,
         an ADD or EDIT without a rule of at least :data:`MIN_INSIGHT_CHARS` characters or with a
-        rule copied from the prompt, an EDIT or a vote without a shown number, a second operation on
-        the same number, or one past ``max_ops``.
+        rule copied from the prompt, one past ``max_ops``, and by ``number``: an EDIT or a vote
+        without a shown number or a second operation on the same number; by ``text``: a vote
+        without the insight's text.
+
+    Raises:
+        ValueError: an unknown ``match``.
     """
+    if match not in INSIGHT_MATCHES:
+        raise ValueError(f"match must be one of {INSIGHT_MATCHES}, got {match!r}")
+    by_text = match == "text"
     copies = INSIGHT_PROMPT_COPIES if copies is None else copies
     out = InsightParse()
     named: set[int] = set()
@@ -219,6 +267,10 @@ def parse_insight_ops(reply: str, shown: int, max_ops: int = 4,
         text = " ".join(m.group(3).split())
         if kind == "ADD":
             number = 0
+        elif by_text:
+            if kind in ("UPVOTE", "DOWNVOTE") and not text:
+                out.errors.append(f"{kind} without the insight's text: {line.strip()[:80]!r}")
+                continue
         elif not 1 <= number <= shown:
             out.errors.append(f"{kind} needs the number of a shown insight (1..{shown}), got {m.group(2) or 'none'}")
             continue
@@ -228,14 +280,14 @@ def parse_insight_ops(reply: str, shown: int, max_ops: int = 4,
         if kind in ("ADD", "EDIT") and copies_example(text, copies):
             out.errors.append(f"{kind} copies the prompt's example: {text[:80]!r}")
             continue
-        if number and number in named:
+        if number and number in named and not by_text:
             out.errors.append(f"insight {number} named twice")
             continue
         if len(out.ops) >= max_ops:
             out.errors.append(f"more than {max_ops} operations")
             break
         named.add(number)
-        out.ops.append(InsightOp(kind, number, text if kind in ("ADD", "EDIT") else ""))
+        out.ops.append(InsightOp(kind, number, text if kind in ("ADD", "EDIT") or by_text else "", by_text))
     return out
 
 
@@ -253,9 +305,15 @@ solve new tasks of the game. You are shown the current list and some finished at
 list with at most {max_ops} operations, one per line, in exactly this form:
 ADD: a new general rule
 EDIT 2: a better version of insight 2
-UPVOTE 1 (insight 1 is confirmed by the attempts)
-DOWNVOTE 3 (insight 3 is wrong or useless)
+{votes}
 Name each insight at most once. Write only operation lines."""
+
+VOTE_LINES = {"number": "UPVOTE 1 (insight 1 is confirmed by the attempts)\n"
+                        "DOWNVOTE 3 (insight 3 is wrong or useless)",
+              "text": "UPVOTE 1: insight 1 copied word for word (it is confirmed by the attempts)\n"
+                      "DOWNVOTE 3: insight 3 copied word for word (it is wrong or useless)"}
+"""The vote lines of :data:`INSIGHT_SYSTEM_PROMPT` by ``experience.insights.match``: a vote names its
+insight by number, or quotes it (as the released format ``AGREE <n>: <existing rule>``)."""
 
 INSIGHT_FULL_NOTE = ("The list is long: prefer DOWNVOTE and EDIT, and ADD only a rule that is clearly new "
                      "and important.")
@@ -273,7 +331,9 @@ DEMO_FAILURE = EpisodeRecord(env_id="maze", task_prompt="Reach the exit E.",
 DEMO_INSIGHTS = [Insight(1, "maze", "Walls block you; a move into a wall wastes a turn.")]
 DEMO_RULE = "Find the exit on the map first and move towards it."
 DEMO_REPLY = f"UPVOTE 1\nADD: {DEMO_RULE}"
-"""The worked example shown as an earlier user/assistant exchange (``demo=True``)."""
+"""The worked example shown as an earlier user/assistant exchange (``demo=True``; ``match: number``)."""
+DEMO_REPLY_TEXT = f"UPVOTE 1: {DEMO_INSIGHTS[0].text}\nADD: {DEMO_RULE}"
+"""The worked example's reply with ``match: text``: the vote quotes the insight."""
 
 INSIGHT_PROMPT_COPIES = ("a new general rule", "a better version of insight 2", DEMO_RULE, DEMO_INSIGHTS[0].text)
 """Rules a reply can only have copied from the prompt (its format lines and worked example), word
@@ -297,12 +357,21 @@ class InsightPromptBuilder:
         max_ops: the operation cap told to the model (the parser's too).
         full_at: from this many insights on, the prompt adds :data:`INSIGHT_FULL_NOTE`
             (``experience.insights.max``; 0 = never).
-        demo: show :data:`DEMO_SUCCESS` / :data:`DEMO_FAILURE` -> :data:`DEMO_REPLY` first.
+        demo: show :data:`DEMO_SUCCESS` / :data:`DEMO_FAILURE` -> :data:`DEMO_REPLY` first
+            (:data:`DEMO_REPLY_TEXT` with ``match: text``).
         min_attempt_tokens: the least budget of one attempt.
+        match: how the replies name insights (:data:`INSIGHT_MATCHES`; ``experience.insights.match``):
+            the prompt's vote lines (:data:`VOTE_LINES`) and the parser's (:func:`parse_insight_ops`).
+
+    Raises:
+        ValueError: an unknown ``match``.
     """
 
     def __init__(self, tokenizer: Any, max_prompt_tokens: int = 1536, max_ops: int = 4, full_at: int = 10,
-                 demo: bool = True, min_attempt_tokens: int = 48) -> None:
+                 demo: bool = True, min_attempt_tokens: int = 48, match: str = "number") -> None:
+        if match not in INSIGHT_MATCHES:
+            raise ValueError(f"experience.insights.match must be one of {', '.join(INSIGHT_MATCHES)}, got {match!r}")
+        self.match = match
         self.tokenizer = tokenizer
         self.max_prompt_tokens = int(max_prompt_tokens)
         self.max_ops = int(max_ops)
@@ -326,7 +395,8 @@ class InsightPromptBuilder:
 
     def _messages(self, env_id: str, insights: Sequence[Insight], successes: Sequence[str],
                   failures: Sequence[str]) -> list[dict[str, str]]:
-        msgs = [{"role": "system", "content": INSIGHT_SYSTEM_PROMPT.format(max_ops=self.max_ops)}]
+        msgs = [{"role": "system", "content": INSIGHT_SYSTEM_PROMPT.format(max_ops=self.max_ops,
+                                                                           votes=VOTE_LINES[self.match])}]
         if self.demo:
             big = 10_000
             demo = self.user_text("maze", DEMO_INSIGHTS,
@@ -334,7 +404,8 @@ class InsightPromptBuilder:
                                                                              strip_observation))],
                                   [_attempt(DEMO_FAILURE, compact_trajectory(DEMO_FAILURE, self.tokenizer, big,
                                                                              strip_observation))])
-            msgs += [{"role": "user", "content": demo}, {"role": "assistant", "content": DEMO_REPLY}]
+            reply = DEMO_REPLY_TEXT if self.match == "text" else DEMO_REPLY
+            msgs += [{"role": "user", "content": demo}, {"role": "assistant", "content": reply}]
         msgs.append({"role": "user", "content": self.user_text(env_id, insights, successes, failures)})
         return msgs
 
@@ -426,7 +497,7 @@ class InsightWriter(CaseWriter):
         replies = self.engine.generate(prompts, self.sampling)
         out = []
         for (env, _succ, fail, ins), reply in zip(requests, replies):
-            parse = parse_insight_ops(reply.text, len(ins), self.prompts.max_ops)
+            parse = parse_insight_ops(reply.text, len(ins), self.prompts.max_ops, match=self.prompts.match)
             out.append(InsightCall(uuid.uuid4().hex, env, "compare" if fail else "successes", list(ins), reply.text,
                                    parse, len(reply.prompt_ids), len(reply.response_ids), reply.finish_reason))
         return out
@@ -435,13 +506,13 @@ class InsightWriter(CaseWriter):
 def insight_writer_for(cfg: Any, engine: Any, tokenizer: Any) -> InsightWriter:
     """The :class:`InsightWriter` a :class:`~crl_bench.config.RunConfig` describes: prompts capped at
     ``extractor.max_prompt_tokens``, ``experience.insights.ops`` operations, the long-list note from
-    ``experience.insights.max`` on, replies of at most ``experience.insights.new_tokens`` tokens
-    decoded greedily (ExpeL extracts at temperature 0, paper appendix D.5) and ended by a blank
-    line; cases by ``experience.cases``."""
+    ``experience.insights.max`` on, insights named as ``experience.insights.match`` says, replies of
+    at most ``experience.insights.new_tokens`` tokens decoded greedily (ExpeL extracts at
+    temperature 0, paper appendix D.5) and ended by a blank line; cases by ``experience.cases``."""
     from crl_bench.llm.base import SamplingParams
 
     ins, cases = cfg.experience.insights, cfg.experience.cases
-    prompts = InsightPromptBuilder(tokenizer, cfg.extractor.max_prompt_tokens, ins.ops, ins.max)
+    prompts = InsightPromptBuilder(tokenizer, cfg.extractor.max_prompt_tokens, ins.ops, ins.max, match=ins.match)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=ins.new_tokens, stop=("\n\n",))
     return InsightWriter(engine, tokenizer, prompts, sampling, cases.tokens, cases.outcomes)
 
@@ -608,10 +679,13 @@ class InsightTable:
         importance arithmetic (arXiv 2308.10144, section 4.2; released ``update_rules``):
 
         * operations go in :data:`~crl_bench.experience.insights.APPLY_ORDER` (downvotes, upvotes,
-          edits, adds), each naming an insight by its number in ``shown`` (the list the extractor
-          was shown);
+          edits, adds), each naming an insight of ``shown`` (the list the extractor was shown): by
+          its number, or, for an operation :attr:`~InsightOp.by_text` (``experience.insights.match:
+          text``, released), a vote by the first insight of ``shown`` its text contains
+          (:func:`quoted_insight`; none: ``unknown_text``), an EDIT whose text contains one as an
+          UPVOTE of that one, else by its number;
         * ADD writes a new insight of importance 2, unless its text repeats one on the list
-          (``duplicate``);
+          (``duplicate``: equal to one, or, by text, containing one of ``shown`` or of the live list);
         * EDIT replaces the text and adds 1; an EDIT to the same text counts as an UPVOTE;
         * UPVOTE adds 1; DOWNVOTE takes 1 away and removes an insight that reaches 0;
         * an operation on an insight no longer on the list (another call removed it) is rejected
@@ -629,9 +703,8 @@ class InsightTable:
         with self._write() as c:
             for op in sorted(ops, key=lambda o: order.get(o.kind, len(order))):
                 if op.kind == "ADD":
-                    live = {normalise(r[0]) for r in c.execute("SELECT text FROM insights WHERE env_id = ?",
-                                                                 (env_id,))}
-                    if normalise(op.text) in live:
+                    live = [r[0] for r in c.execute("SELECT text FROM insights WHERE env_id = ?", (env_id,))]
+                    if repeats_insight(op, live, shown):
                         self._reject_insight(c, res, op, "duplicate", env_id, step, call_id)
                         continue
                     cur = c.execute("INSERT INTO insights(env_id, text, importance, created_step, updated_step, "
@@ -640,16 +713,23 @@ class InsightTable:
                     res.applied.append((op, int(cur.lastrowid)))
                     self._bump(c, "insight_ADD")
                     continue
-                if not 1 <= op.number <= len(shown):
+                kind, index = op.kind, op.number - 1
+                if op.by_text:
+                    quoted = quoted_insight(op.text, shown)
+                    if op.kind != "EDIT" or quoted is not None:
+                        kind, index = ("UPVOTE" if op.kind == "EDIT" else op.kind), quoted
+                    if index is None:
+                        self._reject_insight(c, res, op, "unknown_text", env_id, step, call_id)
+                        continue
+                if not 0 <= index < len(shown):
                     self._reject_insight(c, res, op, "unknown_number", env_id, step, call_id)
                     continue
-                target = shown[op.number - 1]
+                target = shown[index]
                 row = c.execute("SELECT text, importance FROM insights WHERE id = ? AND env_id = ?",
                                 (target.id, env_id)).fetchone()
                 if row is None:
                     self._reject_insight(c, res, op, "gone", env_id, step, call_id)
                     continue
-                kind = op.kind
                 if kind == "EDIT" and normalise(op.text) == normalise(row[0]):
                     kind = "UPVOTE"
                 importance = int(row[1]) + (-1 if kind == "DOWNVOTE" else 1)
@@ -663,7 +743,8 @@ class InsightTable:
                 else:
                     c.execute("UPDATE insights SET importance = ?, updated_step = ? WHERE id = ?",
                               (importance, int(step), target.id))
-                res.applied.append((op if kind == op.kind else InsightOp(kind, op.number), target.id))
+                as_applied = op if kind == op.kind else InsightOp(kind, index + 1, by_text=op.by_text)
+                res.applied.append((as_applied, target.id))
                 self._bump(c, f"insight_{kind}")
         return res
 

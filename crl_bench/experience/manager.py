@@ -606,12 +606,14 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     embedder = embedder or SentenceEmbedder(exp_cfg.embedder)
     bank = ExperienceBank(bank_path, embedder, capacity=exp_cfg.capacity, eviction=exp_cfg.eviction,
                           index=exp_cfg.index, max_text_chars=exp_cfg.max_text_chars, read_only=read_only)
+    memory = get_memory(cfg.method_spec.memory)(cfg)
     retriever = Retriever(bank, k=exp_cfg.k, oversample=exp_cfg.oversample, freq_penalty=exp_cfg.freq_penalty,
                           recency_window_s=exp_cfg.recency_window_s, top1_demote_p=exp_cfg.top1_demote_p,
                           seed=cfg.train.seed, query_cache=exp_cfg.query_cache, rerank=exp_cfg.rerank,
                           utility_alpha=exp_cfg.utility.alpha, utility_ucb=exp_cfg.utility.ucb,
-                          utility_min_sim=exp_cfg.utility.min_sim)
-    memory = get_memory(cfg.method_spec.memory)(cfg)
+                          utility_min_sim=exp_cfg.utility.min_sim, utility_candidates=exp_cfg.utility.candidates,
+                          utility_count_start=exp_cfg.utility.count_start, utility_eval_k=exp_cfg.utility.eval_k,
+                          skip_same_key=memory.skips_own_task())
     engine: Any = None
     if not read_only and memory.uses_extractor and extractor_model is not None:
         g = cfg.generation

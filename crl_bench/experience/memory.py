@@ -165,6 +165,12 @@ class Memory:
         :func:`bank_scope`."""
         return env_id
 
+    def skips_own_task(self) -> bool:
+        """Whether retrieval leaves out the entries of the episode's own task (keyed by its query) and
+        returns one entry per task (:class:`~crl_bench.experience.retrieval.Retriever`
+        ``skip_same_key``); ``False``: every entry may be retrieved."""
+        return False
+
     # ---- what a guided episode is shown ---------------------------------------------------------
     def empty_guidance(self) -> str:
         """The ``empty`` memory control's block: the kind's header and no entry."""

@@ -9,6 +9,10 @@ The ``reflexion`` method (crl_bench/methods.py; docs/method.md, "Reflexion") fol
 * Reflections are kept per task (the env and the task id); an attempt at a task is shown the task's
   most recent ``experience.reflections.shown`` (the paper's Omega: 3 for ALFWorld and HotpotQA,
   section 4), oldest first, under :data:`REFLECTIONS_HEADER`.
+* The reflector is shown the task's earlier reflections too (its last ``experience.reflections.shown``,
+  oldest first, after the attempt), so that a new reflection builds on the plans that already failed
+  (released ``alfworld_runs/generate_reflections.py``: the last 3 of the task's memory, "Plans from
+  past attempts").
 * Reflexion's gains come from retrying the same task: in evaluation the reflections of a task's
   earlier attempts are what ``eval.trials`` gives the next attempt
   (:meth:`ReflectionsMemory.eval_attempts`); reflections written in training reach later training
@@ -56,6 +60,10 @@ You just failed a task in a text game. Read what you did and how it ended. In on
 sentences, say what went wrong and what you will do differently on your next attempt at the same \
 task. Be concrete: name the actions to avoid or to take."""
 
+EARLIER_HEADER = "What you planned after your earlier failed attempts at this task, oldest first (these plans " \
+                 "did not work either):"
+"""The header of the earlier reflections in a reflection prompt (:class:`ReflectionPromptBuilder`)."""
+
 
 def reflection_block(texts: Sequence[str]) -> str:
     """The reflections part of a prompt: :data:`REFLECTIONS_HEADER` and ``Attempt i: text`` lines,
@@ -66,7 +74,10 @@ def reflection_block(texts: Sequence[str]) -> str:
 
 class ReflectionPromptBuilder:
     """The chat prompt of one reflection: the system instruction, then the task, the compacted
-    trajectory and its outcome.
+    trajectory, its outcome and the task's earlier reflections (under :data:`EARLIER_HEADER`, as
+    ``Attempt i:`` lines; none on a first failure). Released Reflexion shows its reflector the last 3
+    reflections of the task the same way (``generate_reflections.py``, ``_generate_reflection_query``);
+    the wording is this project's own.
 
     Args:
         tokenizer: the actor's tokenizer (with a chat template).
@@ -77,18 +88,22 @@ class ReflectionPromptBuilder:
         self.tokenizer = tokenizer
         self.max_prompt_tokens = int(max_prompt_tokens)
 
-    def _ids(self, record: EpisodeRecord, trajectory: str) -> list[int]:
+    def _ids(self, record: EpisodeRecord, trajectory: str, earlier: Sequence[str] = ()) -> list[int]:
+        lines = [f"Attempt {n}: {' '.join(t.split())}" for n, t in enumerate(earlier, 1) if t.strip()]
+        before = f"{EARLIER_HEADER}\n" + "\n".join(lines) + "\n\n" if lines else ""
         user = (f"Task: {' '.join(record.task_prompt.split())}\n\nWhat you did:\n{trajectory}\n\n"
-                f"Outcome: {outcome_text(record)}\n\nYour reflection:")
+                f"Outcome: {outcome_text(record)}\n\n{before}Your reflection:")
         messages = [{"role": "system", "content": REFLECTION_SYSTEM_PROMPT}, {"role": "user", "content": user}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def build(self, record: EpisodeRecord) -> list[int]:
-        """Prompt token ids for ``record``, at most ``max_prompt_tokens`` (the trajectory is cut)."""
-        budget = max(16, self.max_prompt_tokens - len(self._ids(record, "")))
+    def build(self, record: EpisodeRecord, earlier: Sequence[str] = ()) -> list[int]:
+        """Prompt token ids for ``record`` after the task's ``earlier`` reflections (oldest first), at
+        most ``max_prompt_tokens`` (the trajectory is cut; the earlier reflections are bounded by
+        ``experience.reflections.shown`` x ``tokens``)."""
+        budget = max(16, self.max_prompt_tokens - len(self._ids(record, "", earlier)))
         while True:
-            ids = self._ids(record, compact_trajectory(record, self.tokenizer, budget, strip_observation))
+            ids = self._ids(record, compact_trajectory(record, self.tokenizer, budget, strip_observation), earlier)
             if len(ids) <= self.max_prompt_tokens or budget <= 16:
                 return ids
             budget = max(16, budget - max(4, len(ids) - self.max_prompt_tokens))
@@ -111,14 +126,19 @@ class ReflectionWriter:
         self.prompts = ReflectionPromptBuilder(tokenizer, max_prompt_tokens)
         self.sampling = SamplingParams(temperature=0.0, max_new_tokens=int(max_tokens), stop=("\n\n",))
 
-    def reflect(self, records: Sequence[EpisodeRecord]) -> list[str]:
-        """One reflection per record, in order (one batched ``generate`` call); whitespace collapsed,
+    def reflect(self, records: Sequence[EpisodeRecord], earlier: Sequence[Sequence[str]] | None = None) -> list[str]:
+        """One reflection per record, in order (one batched ``generate`` call), each prompt showing that
+        record's task's ``earlier`` reflections (one list per record, oldest first; default none);
+        whitespace collapsed,
         ``""`` where the reply was empty or repeats the instruction (:func:`copies_example` of
         :data:`REFLECTION_SYSTEM_PROMPT`: measured with SmolLM2-135M on ``diag-vault``, most of its
         greedy reflections were the instruction itself), which the callers do not store."""
         if not records:
             return []
-        replies = self.engine.generate([self.prompts.build(r) for r in records], self.sampling)
+        earlier = earlier if earlier is not None else [()] * len(records)
+        if len(earlier) != len(records):
+            raise ValueError(f"{len(records)} records but {len(earlier)} lists of earlier reflections")
+        replies = self.engine.generate([self.prompts.build(r, e) for r, e in zip(records, earlier)], self.sampling)
         texts = [" ".join(r.text.split()) for r in replies]
         return ["" if copies_example(t, [REFLECTION_SYSTEM_PROMPT]) else t for t in texts]
 
@@ -142,16 +162,17 @@ class ReflectionsMemory(Memory):
         self.reflector = ReflectionWriter(actor_engine, tokenizer, cfg.experience.reflections.tokens) \
             if actor_engine is not None else None
 
-    def reflect(self, trajs: Sequence[Any]) -> list[str]:
+    def reflect(self, trajs: Sequence[Any], earlier: Sequence[Sequence[str]] | None = None) -> list[str]:
         """The actor's reflection on each of ``trajs`` (one batched generate call; ``""`` where the
-        reply was no reflection).
+        reply was no reflection), each shown its task's ``earlier`` reflections (one list per
+        trajectory, oldest first; default none).
 
         Raises:
             RuntimeError: no reflection writer (built without the actor's engine).
         """
         if self.reflector is None:
             raise RuntimeError("this reflections memory has no actor engine to reflect with")
-        return self.reflector.reflect([episode_record(t) for t in trajs])
+        return self.reflector.reflect([episode_record(t) for t in trajs], earlier)
 
     def task_guidance(self, manager: Any, env_id: str, task: int, later: Sequence[str] = ()) -> str:
         """The block an attempt at ``env_id``'s task ``task`` is shown: the task's stored reflections
@@ -162,10 +183,13 @@ class ReflectionsMemory(Memory):
         return reflection_block(texts[-shown:])
 
     def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:
-        """The actor reflects on every failed episode (with at least one turn) now; the non-empty
-        reflections are stored per task. Returns the number of failed episodes."""
+        """The actor reflects on every failed episode (with at least one turn) now, shown the task's
+        last ``experience.reflections.shown`` stored reflections; the non-empty reflections are
+        stored per task. Returns the number of failed episodes."""
         failed = [t for t in trajs if not t.success and t.turns]
-        texts = self.reflect(failed)
+        shown = self.cfg.experience.reflections.shown
+        stored = {key: manager.reflections(*key, shown) for key in {(t.env_id, int(t.task)) for t in failed}}
+        texts = self.reflect(failed, [stored[(t.env_id, int(t.task))] for t in failed])
         manager.add_reflections([(t.env_id, int(t.task), x, step) for t, x in zip(failed, texts) if x])
         return len(failed)
 
@@ -179,7 +203,8 @@ class ReflectionsMemory(Memory):
 
     def eval_attempts(self, manager: Any, mode: str, donors: dict[str, dict[int, int]]) -> Attempts:
         """Reflexion's evaluation attempts (``eval.trials``): ``learn`` has the actor reflect on an
-        attempt's failed episodes, kept for this evaluation only (the bank is not written);
+        attempt's failed episodes (shown the task's earlier reflections: stored, then this
+        evaluation's), kept for this evaluation only (the bank is not written);
         ``prepare`` shows each attempt its task's reflections (stored in training, then those of this
         evaluation's earlier attempts): ``guided`` its own task's, ``shuffled`` those of its donor
         task (another context's, where the env has contexts), ``empty`` the header with no
@@ -197,10 +222,15 @@ class ReflectionsMemory(Memory):
             shown[0] += bool(block)
             return dataclasses.replace(spec, guidance=block)
 
+        def earlier(t: Any) -> list[str]:
+            # the reflections the attempt's own task has (stored, then this evaluation's), last ``shown``
+            shown_n = self.cfg.experience.reflections.shown
+            return [*manager.reflections(t.env_id, int(t.task), shown_n), *memory[(t.env_id, int(t.task))]][-shown_n:]
+
         def learn(failed: list[Any]) -> None:
             if mode == "empty" or not failed:
                 return
-            for t, text in zip(failed, self.reflect(failed)):
+            for t, text in zip(failed, self.reflect(failed, [earlier(t) for t in failed])):
                 if text:
                     memory[(t.env_id, int(t.task))].append(text)
 

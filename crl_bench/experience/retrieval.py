@@ -36,19 +36,29 @@ What is implemented (source: the paper and the authors' released code,
 
 **Utility re-rank** (``rerank="utility"``, ``experience.rerank: utility``), instead of steps 2-3: the
 SimUtil-UCB retrieval of RetroAgent (Zhang et al., arXiv 2603.08561, section 3.3, Eqs. 8-10, with the
-values of its Table 10). Candidates whose cosine similarity ``s(m)`` is below ``utility_min_sim``
-(0.4) are dropped; the rest are sorted by::
+values of its Table 10; released code zhangxy-2019/RetroAgent, ``agent_system/memory/memory.py``
+``ReflectionMemory.retrieve``). The candidates are every entry of the query's env
+(``utility_candidates="all"``, as released; ``"nearest"``: the ``k * oversample`` nearest); those whose
+cosine similarity ``s(m)`` is below ``utility_min_sim`` (0.4) are dropped; the rest are sorted by::
 
     S(m) = alpha * s(m) + (1 - alpha) * (u(m) + kappa * sqrt(ln N / max(n(m), 1)))
 
 with ``u(m)`` the entry's utility (:attr:`ExperienceEntry.utility`: 0.5 for a new entry, moved by
 ``experience.utility.beta`` towards the success of each guided training episode it was shown to),
-``n(m)`` its ``times_retrieved``, ``N`` the sum of ``times_retrieved`` over the bank (at least 1, so
-an unused bank gives no bonus), ``alpha`` = ``utility_alpha`` (0.7) and ``kappa`` = ``utility_ucb``
-(1.0). Read-only calls (evaluation) leave the exploration bonus out, as the authors' released code
-evaluates (``greedy``: ``alpha * s + (1 - alpha) * u``). Ties keep the similarity order; no demotion.
-The released code of RetroAgent differs from its paper in ``alpha`` (0.6) and in when ``n`` counts;
-crl-bench follows the paper.
+``n(m)`` = ``utility_count_start`` + its ``times_retrieved`` (released: a count that starts at 1),
+``N`` the sum of ``n`` over the bank (at least 1), ``alpha`` = ``utility_alpha`` (0.7) and ``kappa`` =
+``utility_ucb`` (1.0). Read-only calls (evaluation) leave the exploration bonus out, as the authors'
+released code evaluates (``greedy``: ``alpha * s + (1 - alpha) * u``), and return ``utility_eval_k``
+entries (released ``top_k`` 3 in evaluation, 1 in training; 0 = ``k``). Ties keep the similarity
+order; no demotion. The released code counts ``n`` when an episode's outcome updates the entry,
+crl-bench at retrieval (the paper); the two differ only by episodes in flight.
+
+**Own task skipped** (``skip_same_key``; banks of cases, ``experience.cases.skip_own``): candidates
+keyed by the query itself (the episode's own task: a case is keyed by the retrieval query of the
+episode it was written from) are dropped before the re-rank (the search is widened by
+:data:`SKIP_WIDEN` so that ``k * oversample`` candidates of other tasks remain), and of several candidates with one key
+only the best ranked is returned, as ExpeL's retrieval skips the current task and a task already
+among the chosen examples (LeapLabTHU/ExpeL ``agent/expel.py``, ``topk_docs``).
 
 A read-only call (``count_retrievals=False``, used by evaluation) changes nothing: no counters are written and
 its demotion draws come from a separate generator, so evaluating between training steps leaves the
@@ -79,6 +89,12 @@ RANK_SCORES = ("position", "cosine")
 Rerank = Literal["released", "utility"]
 """Values of ``experience.rerank``: how retrieval orders its candidates."""
 RERANKS: tuple[str, ...] = get_args(Rerank)
+UtilityCandidates = Literal["all", "nearest"]
+"""Values of ``experience.utility.candidates``: which entries the utility re-rank scores."""
+UTILITY_CANDIDATES: tuple[str, ...] = get_args(UtilityCandidates)
+SKIP_WIDEN = 4
+"""With ``skip_same_key`` the search returns this many times the candidates, so that the own task's
+entries, dropped, leave ``k * oversample`` candidates of other tasks (unless the env has fewer)."""
 
 
 class Retriever:
@@ -97,10 +113,14 @@ class Retriever:
         query_cache: most query embeddings kept in the LRU query cache (0 = no cache).
         rerank: ``released`` (the diversity re-rank) or ``utility`` (SimUtil-UCB); see the module
             docstring. ``utility_alpha``, ``utility_ucb``, ``utility_min_sim``: its alpha, kappa and
-            similarity floor.
+            similarity floor; ``utility_candidates`` (``all`` or ``nearest``), ``utility_count_start``
+            and ``utility_eval_k``: what it scores, a new entry's use count and its read-only k.
+        skip_same_key: drop the entries keyed by the query itself and return one entry per key
+            (the own task skipped; see the module docstring).
 
     Raises:
-        ValueError: an unknown ``rank_score`` or ``rerank``, or ``utility_alpha`` outside [0, 1].
+        ValueError: an unknown ``rank_score``, ``rerank`` or ``utility_candidates``, or
+            ``utility_alpha`` outside [0, 1].
 
     ``retrieve`` may be called from several threads while no bank write happens (the random draws
     are guarded by a lock; their interleaving across threads is then not deterministic).
@@ -110,17 +130,24 @@ class Retriever:
                  recency_window_s: float = 300.0, top1_demote_p: float = 0.5, seed: int = 0, *,
                  rank_score: str = "position", count_retrievals: bool = True, query_cache: int = 4096,
                  rerank: str = "released", utility_alpha: float = 0.7, utility_ucb: float = 1.0,
-                 utility_min_sim: float = 0.4):
+                 utility_min_sim: float = 0.4, utility_candidates: str = "all", utility_count_start: int = 1,
+                 utility_eval_k: int = 3, skip_same_key: bool = False):
         if rank_score not in RANK_SCORES:
             raise ValueError(f"rank_score must be one of {RANK_SCORES}")
         if rerank not in RERANKS:
             raise ValueError(f"rerank must be one of {RERANKS}, got {rerank!r}")
+        if utility_candidates not in UTILITY_CANDIDATES:
+            raise ValueError(f"utility_candidates must be one of {UTILITY_CANDIDATES}, got {utility_candidates!r}")
         if not 0.0 <= utility_alpha <= 1.0:
             raise ValueError(f"utility_alpha must be in [0, 1], got {utility_alpha}")
         self.rerank_mode = rerank
         self.utility_alpha = float(utility_alpha)
         self.utility_ucb = float(utility_ucb)
         self.utility_min_sim = float(utility_min_sim)
+        self.utility_candidates = utility_candidates
+        self.utility_count_start = max(0, int(utility_count_start))
+        self.utility_eval_k = max(0, int(utility_eval_k))
+        self.skip_same_key = bool(skip_same_key)
         self.bank = bank
         self.k = int(k)
         self.oversample = max(1, int(oversample))
@@ -185,16 +212,33 @@ class Retriever:
                      explore: bool = True) -> list[ExperienceEntry]:
         """The ``utility`` re-rank of ``(entry, cosine)`` candidates (module docstring): candidates
         under ``utility_min_sim`` dropped, the rest by ``S(m)`` descending (ties: similarity order);
-        ``explore`` adds the UCB bonus with ``N = max(total_retrievals, 1)``."""
+        ``explore`` adds the UCB bonus with ``N = max(total_retrievals, 1)`` (``total_retrievals``: the
+        sum of the use counts ``n``, ``utility_count_start`` per entry included) and ``n(m) =
+        utility_count_start + times_retrieved``."""
         log_n = math.log(max(int(total_retrievals), 1))
+        start = self.utility_count_start
         scored = []
         for r, (e, cos) in enumerate(cands):
             if cos < self.utility_min_sim:
                 continue
-            u = e.utility + (self.utility_ucb * math.sqrt(log_n / max(e.times_retrieved, 1)) if explore else 0.0)
+            n = max(start + e.times_retrieved, 1)
+            u = e.utility + (self.utility_ucb * math.sqrt(log_n / n) if explore else 0.0)
             scored.append((self.utility_alpha * float(cos) + (1.0 - self.utility_alpha) * u, r, e))
         scored.sort(key=lambda x: (-x[0], x[1]))
         return [e for _, _, e in scored]
+
+    @staticmethod
+    def _one_per_key(ranked: list[ExperienceEntry], keys: dict[int, str]) -> list[ExperienceEntry]:
+        """``ranked`` without the entries whose key an earlier one has (entries without a key kept)."""
+        seen: set[str] = set()
+        out = []
+        for e in ranked:
+            key = keys.get(e.id, "")
+            if key and key in seen:
+                continue
+            seen.add(key)
+            out.append(e)
+        return out
 
     def retrieve(self, queries: Sequence[str], env_ids: Sequence[str], now: float | None = None,
                  count_retrievals: bool | None = None) -> list[list[ExperienceEntry]]:
@@ -212,24 +256,39 @@ class Retriever:
         out: list[list[ExperienceEntry]] = [[] for _ in queries]
         if not queries or self.k <= 0:
             return out
+        utility = self.rerank_mode == "utility"
+        k = self.utility_eval_k if utility and not count_retrievals and self.utility_eval_k > 0 else self.k
+        n_search = k * self.oversample
+        if utility and self.utility_candidates == "all":
+            n_search = max(n_search, len(self.bank))      # every entry of the env: the floor decides
+        # with the own task skipped, search wider so that its cases do not crowd out the candidates
+        wide = n_search * SKIP_WIDEN if self.skip_same_key else n_search
         vecs = self.query_cache.encode(list(queries))
         groups: dict[str, list[int]] = {}
         for i, env in enumerate(env_ids):
             groups.setdefault(env, []).append(i)
         hits: list[list[tuple[int, float]]] = [[] for _ in queries]
         for env, idx in groups.items():
-            res = self.bank.search_vectors(vecs[idx], self.k * self.oversample, env)
+            res = self.bank.search_vectors(vecs[idx], wide, env)
             for i, r in zip(idx, res):
                 hits[i] = r
         by_id = {e.id: e for e in self.bank.get(list({i for h in hits for i, _ in h}))}
-        total = self.bank.total_retrievals() if self.rerank_mode == "utility" and by_id else 0
+        keys = {i: " ".join(t.split()) for i, t in self.bank.key_texts(list(by_id)).items()} \
+            if self.skip_same_key and by_id else {}
+        total = 0
+        if utility and by_id:
+            total = self.bank.total_retrievals() + self.utility_count_start * len(self.bank)
         returned: list[int] = []
         for qi, h in enumerate(hits):
             cands = [(by_id[i], s) for i, s in h if i in by_id]   # ids gone since the search are dropped
-            if self.rerank_mode == "utility":
-                out[qi] = self.utility_rank(cands, total, explore=count_retrievals)[:self.k]
+            if self.skip_same_key:
+                own = " ".join(queries[qi].split())
+                cands = [(e, s) for e, s in cands if keys.get(e.id) != own][:n_search]
+            if utility:
+                ranked = self.utility_rank(cands, total, explore=count_retrievals)
             else:
-                out[qi] = self.rerank(cands, now, None if count_retrievals else self._readonly_rng)[:self.k]
+                ranked = self.rerank(cands, now, None if count_retrievals else self._readonly_rng)
+            out[qi] = (self._one_per_key(ranked, keys) if self.skip_same_key else ranked)[:k]
             returned.extend(e.id for e in out[qi])
         if count_retrievals and returned:
             self.bank.record_retrieval(returned, now)

@@ -83,11 +83,11 @@ def test_manager_writes_cases_and_retrieves_the_most_similar(tmp_path, tokenizer
     m.submit([_request(RED, "open red door"), _request(LAMP, "light lamp")])
     assert m.drain(timeout=30)
     assert len(m.bank.entries()) == 2
-    (found,) = m.retrieve([("minihack-room", RED)], count_retrievals=False)
+    (found,) = m.retrieve([("minihack-room", RED + " Then leave.")], count_retrievals=False)
     assert [e.title for e in found] == [RED]
     assert "Step 1: open red door -> Done." in found[0].content
     # the search tool's answer is the retrieved case itself: there is no model to answer with
-    (answer,) = m.answer([("minihack-room", LAMP)], count_retrievals=False)
+    (answer,) = m.answer([("minihack-room", "How do I light the blue lamp?")], count_retrievals=False)
     assert answer.extraction is None and "light lamp" in answer.text and LAMP in answer.text
     with pytest.raises(RuntimeError, match="no extractor model"):
         merge_pass(m, step=2)
@@ -102,3 +102,42 @@ def test_case_bank_capacity_evicts_the_oldest_case(tmp_path, tokenizer):
     assert m.drain(timeout=30)
     assert [e.title for e in m.bank.entries()] == [LAMP]
     m.close()
+
+
+def test_an_episode_is_not_shown_its_own_tasks_case(tmp_path, tokenizer):
+    # ExpeL's retrieval (agent/expel.py topk_docs) skips the current task and tasks already chosen
+    m = _manager(tmp_path, tokenizer, k=2)
+    assert m.retriever.skip_same_key
+    m.submit([_request(RED, "open red door"), _request(RED, "open red door again", step=2),
+              _request(RED + " And the blue one.", "open both"), _request(LAMP, "light lamp")])
+    assert m.drain(timeout=30)
+    for count in (True, False):                  # training and evaluation alike
+        (found,) = m.retrieve([("minihack-room", RED)], count_retrievals=count)
+        assert sorted(e.title for e in found) == sorted([RED + " And the blue one.", LAMP])
+    # one case per task: the two cases of RED are one candidate
+    (found,) = m.retrieve([("minihack-room", RED + " Quickly.")], count_retrievals=False)
+    assert [e.title for e in found].count(RED) == 1 and len(found) == 2
+    m.close()
+    every = _manager(tmp_path / "all", tokenizer, k=2, cases={"skip_own": False})
+    assert not every.retriever.skip_same_key
+    every.submit([_request(RED, "open red door"), _request(LAMP, "light lamp")])
+    assert every.drain(timeout=30)
+    assert [e.title for e in every.retrieve([("minihack-room", RED)], count_retrievals=False)[0]][0] == RED
+    every.close()
+
+
+def test_the_own_tasks_many_cases_do_not_crowd_out_the_others(tmp_path):
+    # 20 cases of RED fill the 16 nearest; the search is widened, so LAMP's case is still found
+    from crl_bench.experience.bank import ExperienceBank
+    from crl_bench.experience.retrieval import Retriever
+    from crl_bench.experience.types import Operation
+
+    bank = ExperienceBank(tmp_path / "b.sqlite", HashEmbedder(64))
+    for n in range(20):
+        bank.apply([Operation("ADD", RED, f"case {n}")], env_id="room", step=1, extraction_id=f"x{n}",
+                   extractor_version=0, key_text=RED)
+    bank.apply([Operation("ADD", LAMP, "lamp case")], env_id="room", step=1, extraction_id="y",
+               extractor_version=0, key_text=LAMP)
+    r = Retriever(bank, k=1, oversample=16, seed=0, skip_same_key=True)
+    assert [e.title for e in r.retrieve([RED], ["room"], count_retrievals=False)[0]] == [LAMP]
+    bank.close()

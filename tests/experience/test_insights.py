@@ -6,10 +6,12 @@ import sqlite3
 import pytest
 from tests_helpers import ScriptedReplies
 
+from crl_bench.config import ConfigError, build_config, preset_data
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.extractor import EpisodeRecord
 from crl_bench.experience.insights import (
+    DEMO_INSIGHTS,
     DEMO_RULE,
     INSIGHT_FULL_NOTE,
     INSIGHT_INIT,
@@ -18,6 +20,7 @@ from crl_bench.experience.insights import (
     InsightPromptBuilder,
     InsightRequest,
     InsightWriter,
+    insight_writer_for,
     parse_insight_ops,
 )
 from crl_bench.experience.manager import ExperienceManager
@@ -104,6 +107,49 @@ def test_importance_counts_by_hand(tmp_path):
                   "applied": {"ADD": 2, "EDIT": 1, "UPVOTE": 2, "DOWNVOTE": 2}, "removed": 1}
     assert [x["reason"] for x in bank.rejections()] == ["duplicate", "gone"]
     bank.close()
+
+
+def test_operations_name_insights_by_text_as_released(tmp_path):
+    # released update_rules (LeapLabTHU/ExpeL agent/expel.py), run on this reply and list, ends with
+    # [("Read the map first.", 4), ("Keep away from water.", 2), ("Go north.", 1)]: a vote names the
+    # first rule its text contains (its number is not read), an EDIT containing a rule is an AGREE of
+    # it, an ADD containing a rule is dropped, a vote quoting no rule is dropped
+    reply = ("REMOVE 1: Go north.\n"
+             "AGREE 2: Read the map first.\n"
+             "EDIT 2: Always Read the map first. Then act.\n"
+             "ADD: Go north. Also keep away from water.\n"
+             "AGREE 1: Something that is not on the list.\n"
+             "ADD: Keep away from water.\n")
+    p = parse_insight_ops(reply, shown=2, max_ops=6, match="text")
+    assert not p.errors and all(op.by_text for op in p.ops)
+    assert p.ops[0] == InsightOp("DOWNVOTE", 1, "Go north.", by_text=True)
+    assert parse_insight_ops("UPVOTE 1", shown=2, match="text").errors      # a vote must quote its insight
+    bank = _bank(tmp_path)
+    bank.apply_insights([InsightOp("ADD", 0, "Read the map first."), InsightOp("ADD", 0, "Go north.")], [],
+                        env_id="e", step=1, call_id="c1")
+    shown = bank.insights("e")
+    r = bank.apply_insights(p.ops, shown, env_id="e", step=2, call_id="c2")
+    assert [(i.text, i.importance) for i in bank.insights("e")] == \
+        [("Read the map first.", 4), ("Keep away from water.", 2), ("Go north.", 1)]
+    assert sorted((op.kind, reason) for op, reason in r.rejected) == [("ADD", "duplicate"), ("UPVOTE", "unknown_text")]
+    # by number (experience.insights.match: number) the same reply reads differently
+    by_number = parse_insight_ops(reply, shown=2, max_ops=6)
+    assert [op.number for op in by_number.ops if op.kind != "ADD"] == [1, 2] and len(by_number.errors) == 2
+    bank.close()
+
+
+def test_expel_runs_name_insights_by_text_by_default(tokenizer):
+    cfg = build_config([preset_data("smoke"), {"method": "expel", "rollout": {"mix": "sokoban"}}])
+    assert cfg.experience.insights.match == "text"
+    writer = insight_writer_for(cfg, object(), tokenizer)
+    assert writer.prompts.match == "text"
+    text = tokenizer.decode(writer.prompts.build("room", [], [_rec(1, ["north"], True)], [_rec(1, ["west"], False)]))
+    assert "UPVOTE 1: insight 1 copied word for word" in text and f"UPVOTE 1: {DEMO_INSIGHTS[0].text}" in text
+    number = build_config([preset_data("smoke"), {"method": "expel", "rollout": {"mix": "sokoban"},
+                                                  "experience": {"insights": {"match": "number"}}}])
+    assert insight_writer_for(number, object(), tokenizer).prompts.match == "number"
+    with pytest.raises(ConfigError, match="experience.insights.match"):
+        build_config([preset_data("smoke"), {"experience": {"insights": {"match": "words"}}}])
 
 
 def test_lists_are_per_env_and_persist(tmp_path):

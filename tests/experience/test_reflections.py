@@ -65,3 +65,54 @@ def test_writer_reflects_greedily_within_its_budget(tokenizer):
 
     engine.reply = REFLECTION_SYSTEM_PROMPT.replace("\n", " ")
     assert w.reflect([_record(1)]) == [""]
+
+
+class _Recording(_Echo):
+    """An engine that answers a fixed reflection and keeps the prompts it was given."""
+
+    def __init__(self, tokenizer, reply):
+        super().__init__(tokenizer, reply)
+        self.prompts = []
+
+    def generate(self, prompts, params, allowed=None):
+        self.prompts += [self.tokenizer.decode(p) for p in prompts]
+        return super().generate(prompts, params, allowed)
+
+
+class _Reflections:
+    """The manager's reflection store (``reflections``, ``add_reflections``), in memory."""
+
+    def __init__(self):
+        self.rows = []
+
+    def reflections(self, env_id, task, limit=3):
+        return [x for e, t, x, _ in self.rows if (e, t) == (env_id, task)][-limit:]
+
+    def add_reflections(self, rows):
+        self.rows += rows
+
+
+def test_the_reflector_is_shown_the_tasks_last_reflections(tokenizer):
+    # released Reflexion (alfworld_runs/generate_reflections.py): the reflection query of a failed
+    # attempt ends with the task's last 3 reflections ("Plans from past attempts")
+    from crl_bench.config import build_config, preset_data
+    from crl_bench.experience.reflections import EARLIER_HEADER, ReflectionsMemory
+    from crl_bench.rollout import Trajectory, Turn
+
+    cfg = build_config([preset_data("smoke"), {"method": "reflexion", "rollout": {"mix": "sokoban"}}])
+    engine = _Recording(tokenizer, "Push the box up first.")
+    memory = ReflectionsMemory(cfg, engine, tokenizer)
+    store = _Reflections()
+    store.add_reflections([("room", 1, f"plan {n}", n) for n in range(1, 5)] + [("room", 2, "other task", 1)])
+
+    def failed(task):
+        turn = Turn([], [], [], "west", False, 0.0, observation="A wall.", reply="west")
+        return Trajectory("room", task, 0, "guided", turns=[turn], task_prompt="Reach the stairs.",
+                          meta={}, final_obs="A wall.")
+
+    assert memory.write(store, [failed(1), failed(3)], step=5) == 2
+    own, fresh = engine.prompts
+    assert EARLIER_HEADER in own and "Attempt 1: plan 2\nAttempt 2: plan 3\nAttempt 3: plan 4" in own
+    assert "plan 1" not in own and "other task" not in own
+    assert EARLIER_HEADER not in fresh                       # a task's first failure has nothing before it
+    assert store.reflections("room", 1, 1) == ["Push the box up first."]

@@ -46,7 +46,7 @@ def _entry(i, utility, n):
 
 def test_simutil_ucb_score_hand_computed():
     r = Retriever.__new__(Retriever)          # the scoring only: no bank needed
-    r.utility_alpha, r.utility_ucb, r.utility_min_sim = 0.7, 1.0, 0.4
+    r.utility_alpha, r.utility_ucb, r.utility_min_sim, r.utility_count_start = 0.7, 1.0, 0.4, 0
     near = _entry(1, utility=0.5, n=10)       # most similar, often used
     fresh = _entry(2, utility=0.5, n=1)       # a little less similar, used once
     far = _entry(3, utility=1.0, n=0)         # below the similarity floor
@@ -74,7 +74,7 @@ def test_retriever_utility_mode_prefers_the_useful_entry_and_counts_only_trainin
     released = Retriever(bank, k=1, top1_demote_p=0.0, seed=0)
     assert [e.id for e in released.retrieve([query], ["e"], count_retrievals=False)[0]] == [useless]
     util = Retriever(bank, k=1, seed=0, rerank="utility")
-    assert [e.id for e in util.retrieve([query], ["e"], count_retrievals=False)[0]] == [useful]
+    assert [e.id for e in util.retrieve([query], ["e"], count_retrievals=False)[0]] == [useful, useless]
     assert bank.total_retrievals() == 0                             # read-only: nothing counted
     assert [e.id for e in util.retrieve([query], ["e"])[0]] == [useful]
     assert bank.total_retrievals() == 1 and bank.get([useful])[0].times_retrieved == 1
@@ -94,8 +94,64 @@ def test_manager_moves_utility_by_the_configured_beta(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("key,value", [("rerank", "ucb"), ("utility.alpha", 1.5), ("utility.beta", -0.1),
-                                       ("utility.ucb", -1.0)])
+                                       ("utility.ucb", -1.0), ("utility.candidates", "some"),
+                                       ("utility.count_start", -1), ("utility.eval_k", -2)])
 def test_bad_utility_settings_name_the_key(key, value):
     section, _, leaf = key.rpartition(".")
     with pytest.raises(ConfigError, match=f"experience.{key}"):
         build_config([preset_data("smoke"), {"experience": {section: {leaf: value}} if section else {key: value}}])
+
+
+def _bank_at(tmp_path, sims):
+    """A bank of one env whose entry j has cosine ``sims[j]`` with the query ``"the query"``, and that
+    query; the entries' vectors are built around the query's embedding."""
+    import numpy as np
+
+    emb = HashEmbedder(64)
+    bank = ExperienceBank(tmp_path / "b.sqlite", emb)
+    q = emb.encode(["the query"])[0]
+    other = np.roll(q, 7) - q * float(np.dot(np.roll(q, 7), q))
+    other /= np.linalg.norm(other)
+    vecs = np.stack([c * q + math.sqrt(1 - c * c) * other for c in sims]).astype(np.float32)
+    return bank, bank.add_vectors("e", vecs), "the query"
+
+
+def test_utility_rerank_scores_every_entry_over_the_floor(tmp_path):
+    # released ReflectionMemory.retrieve scores every entry with similarity >= 0.4, not the nearest 16
+    sims = [0.60 - 0.005 * j for j in range(19)] + [0.50]
+    bank, ids, query = _bank_at(tmp_path, sims)
+    bank.record_outcome(ids[:-1], False, utility_beta=1.0)        # utility 0: the 19 nearest never helped
+    bank.record_outcome(ids[-1:], True, utility_beta=1.0)         # utility 1: the 20th always did
+    every = Retriever(bank, k=1, seed=0, rerank="utility")
+    assert [e.id for e in every.retrieve([query], ["e"])[0]] == [ids[-1]]
+    nearest = Retriever(bank, k=1, seed=0, rerank="utility", utility_candidates="nearest")
+    assert [e.id for e in nearest.retrieve([query], ["e"])[0]] == [ids[0]]
+    bank.close()
+
+
+def test_utility_use_counts_start_at_one(tmp_path):
+    # A is nearer and was retrieved once, B never. Counts from 1 (released): N = 1 + 2 = 3,
+    # S(A) = 0.7*0.9 + 0.3*(0.5 + sqrt(ln 3 / 2)) = 1.00235 < S(B) = 0.7*0.8 + 0.3*(0.5 + sqrt(ln 3)) = 1.02444.
+    # Counts from 0: N = 1, no bonus, S(A) = 0.78 > S(B) = 0.71.
+    assert 0.63 + 0.3 * (0.5 + math.sqrt(math.log(3) / 2)) == pytest.approx(1.00235, abs=1e-5)
+    assert 0.56 + 0.3 * (0.5 + math.sqrt(math.log(3))) == pytest.approx(1.02444, abs=1e-5)
+    bank, (a, b), query = _bank_at(tmp_path, [0.9, 0.8])
+    bank.record_retrieval([a], 1.0)
+    released = Retriever(bank, k=1, seed=0, rerank="utility", count_retrievals=False)
+    assert [e.id for e in released.retrieve([query], ["e"], count_retrievals=True)[0]] == [b]
+    from_zero = Retriever(bank, k=1, seed=0, rerank="utility", utility_count_start=0, count_retrievals=False)
+    assert [e.id for e in from_zero.retrieve([query], ["e"], count_retrievals=True)[0]] == [a]
+    bank.close()
+
+
+def test_utility_rerank_shows_three_entries_in_evaluation_and_one_in_training(tmp_path):
+    # released env managers: k = top_k (3) if is_eval else 1
+    bank, ids, query = _bank_at(tmp_path, [0.9, 0.8, 0.7, 0.6, 0.5])
+    r = Retriever(bank, k=1, seed=0, rerank="utility")
+    assert [e.id for e in r.retrieve([query], ["e"], count_retrievals=False)[0]] == ids[:3]
+    assert len(r.retrieve([query], ["e"])[0]) == 1
+    plain = Retriever(bank, k=1, seed=0, rerank="utility", utility_eval_k=0)    # 0: experience.k
+    assert len(plain.retrieve([query], ["e"], count_retrievals=False)[0]) == 1
+    released = Retriever(bank, k=1, seed=0, top1_demote_p=0.0)                 # other re-ranks: k
+    assert len(released.retrieve([query], ["e"], count_retrievals=False)[0]) == 1
+    bank.close()

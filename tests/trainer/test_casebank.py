@@ -18,7 +18,10 @@ def _coin():
 
 
 def test_casebank_stores_successes_and_guides_with_them(tokenizer, tiny_model):
-    tr = Trainer(coin_config("casebank"), model=tiny_model, tokenizer=tokenizer, embedder=HashEmbedder(64))
+    # every coin task has one retrieval query, so each case is of the guided episode's own task:
+    # shown only with experience.cases.skip_own off
+    tr = Trainer(coin_config("casebank", experience={"cases": {"skip_own": False}}), model=tiny_model,
+                 tokenizer=tokenizer, embedder=HashEmbedder(64))
     track = tr.experience
     assert track.model is None and track.updater is None and isinstance(track.extractor, CaseWriter)
     res1 = tr.train_step()                                       # the warm-up step fills the bank
@@ -35,6 +38,16 @@ def test_casebank_stores_successes_and_guides_with_them(tokenizer, tiny_model):
     assert all(GUIDANCE_HEADER not in t.guidance and "Step 1: heads" in t.guidance for t in guided)
     assert "merge_pass" not in res2.metrics
     assert track.empty_guidance == f"{CASES_HEADER}\n\n(no entries)"
+    tr.close()
+
+
+def test_casebank_never_shows_an_episode_its_own_tasks_case(tokenizer, tiny_model):
+    # ExpeL's retrieval skips the current task (agent/expel.py topk_docs): a coin task's cases are all
+    # keyed by the one query every coin task has, so a guided episode is shown none of them
+    tr = Trainer(coin_config("casebank"), model=tiny_model, tokenizer=tokenizer, embedder=HashEmbedder(64))
+    assert tr.train_step().metrics["bank_size"] > 0
+    guided = [t for t in tr.train_step().trajectories if t.subgroup == "guided"]
+    assert guided and not any(t.experience_ids or t.guidance for t in guided)
     tr.close()
 
 

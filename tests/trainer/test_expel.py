@@ -21,7 +21,7 @@ RULE = "Call heads: tails always loses."
 
 def rule_reply(prompt):
     """Adds :data:`RULE` when the list is empty, upvotes insight 1 after that."""
-    return "UPVOTE 1" if "1. Call heads" in prompt.rsplit("Game: ", 1)[1] else f"ADD: {RULE}"
+    return f"UPVOTE 1: {RULE}" if "1. Call heads" in prompt.rsplit("Game: ", 1)[1] else f"ADD: {RULE}"
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,8 @@ def test_expel_method_spec():
 
 
 def test_expel_writes_insights_and_guides_with_them(tokenizer, tiny_model):
-    tr, engine = _trainer(tokenizer, tiny_model)
+    # every coin task has one retrieval query: its cases are shown only with skip_own off
+    tr, engine = _trainer(tokenizer, tiny_model, experience={"cases": {"skip_own": False}})
     track = tr.experience
     assert isinstance(track.extractor, InsightWriter) and track.updater is None
     assert not any(p.requires_grad for p in track.model.parameters())         # frozen

@@ -48,7 +48,7 @@ def _trainer(run_dir: Path, method: str, tokenizer, model) -> Trainer:
     tr = Trainer(cfg, writer=writer, model=model, tokenizer=tokenizer, embedder=HashEmbedder(64))
     memory = tr.experience.memory
     if hasattr(memory, "reflect"):        # the tiny actor's reflections are noise: name the episode instead
-        memory.reflect = lambda trajs: [f"On task {t.task} I called {t.turns[0].action}." for t in trajs]
+        memory.reflect = lambda trajs, earlier=None: [f"On task {t.task} I called {t.turns[0].action}." for t in trajs]
     return tr
 
 

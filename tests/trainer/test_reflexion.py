@@ -26,8 +26,8 @@ def _coin():
 def _trainer(tokenizer, tiny_model, **extra):
     tr = Trainer(coin_config("reflexion", **extra), model=tiny_model, tokenizer=tokenizer, embedder=HashEmbedder(64))
     # the actor's reflection names the task it failed, so that what an attempt is shown is checkable
-    tr.experience.memory.reflect = lambda trajs: [f"On task {t.task} I called {t.turns[0].action}; call heads."
-                                                  for t in trajs]
+    tr.experience.memory.reflect = lambda trajs, earlier=None: [
+        f"On task {t.task} I called {t.turns[0].action}; call heads." for t in trajs]
     return tr
 
 
@@ -140,7 +140,7 @@ def test_a_resumed_reflexion_run_takes_the_same_next_steps(tmp_path, tokenizer, 
         writer = RunWriter(run_dir.parent, run_dir.name) if not run_dir.exists() else RunWriter.reopen(run_dir)
         tr = Trainer(cfg, writer=writer, model=copy.deepcopy(tiny_model), tokenizer=tokenizer,
                      embedder=HashEmbedder(64))
-        tr.experience.memory.reflect = lambda trajs: [f"On task {t.task} call heads." for t in trajs]
+        tr.experience.memory.reflect = lambda trajs, earlier=None: [f"On task {t.task} call heads." for t in trajs]
         return tr
 
     def rows(d):

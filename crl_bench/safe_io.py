@@ -64,21 +64,13 @@ class InputFileError(ValueError):
 
 
 # ---- the file --------------------------------------------------------------------------------------
-def read_text(path: str | os.PathLike, root: str | os.PathLike | None = None, max_bytes: int = MAX_BYTES) -> str:
-    """The UTF-8 text of ``path``, read as untrusted input.
-
-    Args:
-        path: the file.
-        root: the folder the file's real path must lie in (default: the folder holding ``path``, so
-            a symbolic link to a sibling file is fine and one that leaves the folder is not).
-        max_bytes: largest size accepted.
-
-    Returns:
-        The decoded text.
+def _regular_file_inside(path: str | os.PathLike, root: str | os.PathLike | None, max_bytes: int) -> tuple[Path, Path]:
+    """``(path, its real path)`` once checked: it exists, its real path lies in ``root`` (default: the
+    folder holding ``path``), it is a regular file (a FIFO or device would block or never end) of at
+    most ``max_bytes``.
 
     Raises:
-        InputFileError: missing; a symbolic link that resolves outside ``root``; not a regular file
-            (a folder, a FIFO, a device); larger than ``max_bytes``; unreadable; not UTF-8.
+        InputFileError: naming ``path`` and the check it failed.
     """
     p = Path(path)
     base = Path(root) if root is not None else p.parent
@@ -99,6 +91,26 @@ def read_text(path: str | os.PathLike, root: str | os.PathLike | None = None, ma
         raise InputFileError(p, "not a regular file")
     if st.st_size > max_bytes:
         raise InputFileError(p, f"{st.st_size} bytes, more than the {max_bytes} accepted")
+    return p, real
+
+
+def read_text(path: str | os.PathLike, root: str | os.PathLike | None = None, max_bytes: int = MAX_BYTES) -> str:
+    """The UTF-8 text of ``path``, read as untrusted input.
+
+    Args:
+        path: the file.
+        root: the folder the file's real path must lie in (default: the folder holding ``path``, so
+            a symbolic link to a sibling file is fine and one that leaves the folder is not).
+        max_bytes: largest size accepted.
+
+    Returns:
+        The decoded text.
+
+    Raises:
+        InputFileError: missing; a symbolic link that resolves outside ``root``; not a regular file
+            (a folder, a FIFO, a device); larger than ``max_bytes``; unreadable; not UTF-8.
+    """
+    p, real = _regular_file_inside(path, root, max_bytes)
     try:
         with open(real, "rb") as f:
             data = f.read(max_bytes + 1)
@@ -121,25 +133,7 @@ def copy_inside(path: str | os.PathLike, dst: Any, root: str | os.PathLike | Non
     Raises:
         InputFileError: as :func:`read_text` (not UTF-8 aside).
     """
-    p = Path(path)
-    base = Path(root) if root is not None else p.parent
-    try:
-        real = p.resolve(strict=True)
-    except FileNotFoundError:
-        raise InputFileError(p, "missing") from None
-    except (OSError, RuntimeError) as e:
-        raise InputFileError(p, f"cannot be resolved ({e})") from None
-    if not real.is_relative_to(base.resolve()):
-        raise InputFileError(p, f"is a symbolic link to a file outside {str(base)!r}; refused (files read "
-                                f"from a folder must be inside it)")
-    try:
-        st = os.stat(real)
-    except OSError as e:
-        raise InputFileError(p, f"cannot be read ({e.strerror or e})") from None
-    if not stat.S_ISREG(st.st_mode):                        # a FIFO would block the open
-        raise InputFileError(p, "not a regular file")
-    if st.st_size > max_bytes:
-        raise InputFileError(p, f"{st.st_size} bytes, more than the {max_bytes} accepted")
+    p, real = _regular_file_inside(path, root, max_bytes)
     copied = 0
     try:
         f = open(real, "rb")                                # closed by the with below

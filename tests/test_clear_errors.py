@@ -1,4 +1,4 @@
-"""Bad input to the CLI is one line and exit 2, never a traceback (issue 56, items 8 and 9): each test
+"""Bad input to the CLI is one line and exit 2, never a traceback: each test
 feeds one hostile or broken file to a command and checks the line it prints."""
 
 from __future__ import annotations

@@ -85,10 +85,6 @@ def _lift(mean: float, low: float, high: float) -> str:
     return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
-def _cell(text: Any) -> str:
-    """One markdown cell: :func:`crl_bench.safe_io.markdown_cell` (raw HTML from a summary stays text)."""
-    return markdown_cell(text)
-
 
 def headline_markdown(head: pd.DataFrame, level: float = 0.95) -> list[str]:
     """The headline section of ``leaderboard.md`` (lines): one table per (mix, protocol), then the
@@ -105,7 +101,7 @@ def headline_markdown(head: pd.DataFrame, level: float = 0.95) -> list[str]:
                  f"guided − empty [{pct} CI]", "CI over", "seeds"]
     for (mix, proto), part in head.groupby(["mix", "protocol"], sort=False):
         notes = model_notes(part)
-        lines += [f"### {_cell(mix)} · {_cell(proto)}", "", "| " + " | ".join(head_cols) + " |",
+        lines += [f"### {markdown_cell(mix)} · {markdown_cell(proto)}", "", "| " + " | ".join(head_cols) + " |",
                   "|---|---|" + "---:|" * 4 + "---|---|---|---:|"]
         for _, r in part.iterrows():
             method = r["method"] + (f" (extractor {r['extractor']})" if r["extractor"] and
@@ -114,9 +110,9 @@ def headline_markdown(head: pd.DataFrame, level: float = 0.95) -> list[str]:
                 _lift(r["lift_shuffled"], r["lift_shuffled_ci_low"], r["lift_shuffled_ci_high"]),
                 _lift(r["lift_empty"], r["lift_empty_ci_low"], r["lift_empty_ci_high"]),
                 r["lift_ci_over"] or "-", f"{r['n_seeds']} ({r['seeds']})"]
-            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
         lines.append("")
-        lines += [f"[{n}] {_cell(full)}" + ("  " if i < len(notes) - 1 else "")
+        lines += [f"[{n}] {markdown_cell(full)}" + ("  " if i < len(notes) - 1 else "")
                   for i, (full, n) in enumerate(notes.items())]
         if notes:
             lines.append("")

@@ -543,7 +543,7 @@ def lift_markdown(lift: pd.DataFrame) -> list[str]:
              "one run: over its tasks only (`CI over`). A lift whose CI excludes 0 says the content of the "
              "memory mattered, not just extra text in the prompt.", ""]
     for mix, part in lift.groupby("mix", sort=False):
-        lines += [f"### {_cell(mix)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += [f"### {markdown_cell(mix)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for _, r in part.iterrows():
             ci = "n/a" if math.isnan(r["lift_ci_low"]) else f"[{r['lift_ci_low']:+.3f}, {r['lift_ci_high']:+.3f}]"
             empty = ("-" if math.isnan(r["lift_empty"]) else f"{r['lift_empty']:+.3f}" + (
@@ -552,7 +552,7 @@ def lift_markdown(lift: pd.DataFrame) -> list[str]:
             cells = [r["method"], r["model"], r["protocol"], r["env"], str(r["n_runs"]), str(r["tasks"]),
                      f"{r['guided']:.3f}", f"{r['shuffled']:.3f}", _fmt_num(r["empty"], ".3f"),
                      f"{r['lift']:+.3f} {ci}", empty, r["ci_over"]]
-            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
         lines.append("")
     return lines
 
@@ -569,10 +569,6 @@ def _fmt_stat(mean: float, std: float, n: int) -> str:
 def _fmt_num(x: Any, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
-
-def _cell(text: Any) -> str:
-    """One markdown cell: :func:`crl_bench.safe_io.markdown_cell` (raw HTML from a summary stays text)."""
-    return markdown_cell(text)
 
 
 def _doc_link(out_dir: Path) -> str:
@@ -675,14 +671,14 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
               "totals and the runs.", ""]
     for mix, part in df.groupby("mix", sort=False):
         header, body = _display_rows(part)
-        lines += [f"### {_cell(mix)}", "", "| " + " | ".join(_cell(h) for h in header) + " |",
+        lines += [f"### {markdown_cell(mix)}", "", "| " + " | ".join(markdown_cell(h) for h in header) + " |",
                   "|" + "---|" * len(header)]
         for cells in body:
-            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
         lines.append("")
         notes = model_notes(part)
         if notes:
-            lines += [f"[{n}] {_cell(full)}" for full, n in notes.items()] + [""]
+            lines += [f"[{n}] {markdown_cell(full)}" for full, n in notes.items()] + [""]
         if (part["eval"] == "initial").any():
             lines += _per_seed_lines(mix, part)
         typed: dict[str, list[str]] = {}
@@ -692,23 +688,24 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
                 typed.setdefault(env, []).append(task_type)
         for env, types in typed.items():
             head = ["method", "eval", "protocol"] + types
-            lines += [f"#### {_cell(mix)}: {_cell(env)} success by task type (mean over runs)", "",
-                      "| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+            lines += [f"#### {markdown_cell(mix)}: {markdown_cell(env)} success by task type (mean over runs)", "",
+                      "| " + " | ".join(markdown_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
             for _, r in part.iterrows():
                 cells = [r["method"], r["eval"], r["protocol"]] + [
                     _fmt_num(r[f"type_success/{env}/{t}"], ".3f") for t in types]
-                lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+                lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
             lines.append("")
         sampled = [c.split("/", 1)[1] for c in part.columns if c.startswith("pass@k/") and part[c].notna().any()]
         if sampled:
             head = ["method", "eval", "protocol"] + [f"{e}: pass@1 / pass@k / pass^k" for e in sampled]
-            lines += [f"#### {_cell(mix)}: repeated samples, pass@k and pass^k at k = samples (mean over runs)", "",
-                      "| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+            title = f"#### {markdown_cell(mix)}: repeated samples, pass@k and pass^k at k = samples (mean over runs)"
+            lines += [title, "",
+                      "| " + " | ".join(markdown_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
             for _, r in part[part[[f"pass@k/{e}" for e in sampled]].notna().any(axis=1)].iterrows():
                 cells = [r["method"], r["eval"], r["protocol"]] + [
                     " / ".join(_fmt_num(r[c], ".3f") for c in (f"success_mean/{e}", f"pass@k/{e}", f"pass^k/{e}"))
                     for e in sampled]
-                lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+                lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
             lines.append("")
     if lift is not None:
         lines += lift_markdown(lift)
@@ -732,10 +729,10 @@ def _per_seed_lines(mix: str, part: pd.DataFrame) -> list[str]:
         values.append(cells)
     seeds.sort(key=lambda x: (len(x), x))
     head = ["method", "eval", "protocol"] + [f"seed {x}" for x in seeds]
-    lines = [f"#### {_cell(mix)}: overall success per seed (`initial` = the same run before training)", "",
-             "| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+    lines = [f"#### {markdown_cell(mix)}: overall success per seed (`initial` = the same run before training)", "",
+             "| " + " | ".join(markdown_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
     for (_, r), cells in zip(part.iterrows(), values):
-        lines.append("| " + " | ".join(_cell(c) for c in [r["method"], r["eval"], r["protocol"]]
+        lines.append("| " + " | ".join(markdown_cell(c) for c in [r["method"], r["eval"], r["protocol"]]
                                        + [cells.get(x, "-") for x in seeds]) + " |")
     return lines + [""]
 

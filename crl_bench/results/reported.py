@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_bench.results.summary import schema_problems
-from crl_bench.safe_io import InputFileError, load_yaml, printable
+from crl_bench.safe_io import InputFileError, load_yaml, markdown_cell, printable
 
 #: Largest reported-rows file read (bytes).
 REPORTED_MAX_BYTES = 256 * 1024
@@ -82,6 +82,6 @@ def reported_markdown(tables: list[dict[str, Any]]) -> list[str]:
             cells = [r["method"], r["model"], r["env"], _pct(r.get("success_rate")) + std,
                      "-" if r.get("score") is None else f"{r['score']:g}"]
             cells += [_pct((r.get("per_type") or {}).get(x)) for x in types] + [r.get("notes", "")]
-            lines.append("| " + " | ".join(printable(str(c)).replace("|", "\\|") for c in cells) + " |")
+            lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
         lines.append("")
     return lines

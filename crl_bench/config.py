@@ -301,6 +301,12 @@ class EvalConfig:
     gives pass@k and pass^k for k = 1..samples (unbiased estimators: Chen et al. 2021, arXiv 2107.03374, section
     2.1; tau-bench, arXiv 2406.12045, section 4) and success rates over all samples. More than 1 is part of the
     protocol (``samples``); not combined with ``trials``. docs/evaluation.md, "Repeated samples"."""
+    stream: bool = True
+    """Run every mode of an evaluation as one stream with continuous batching: all modes' episodes in one queue, at
+    most ``rollout.max_concurrent`` live, an ended episode's slot taken by the next one at the next turn (docs/
+    evaluation.md "One stream"). ``false``: each mode its own pass, in waves of ``rollout.max_concurrent`` (the
+    evaluation before the stream; ``crl-bench bench eval`` compares the two). At temperature 0 with a deterministic
+    engine whose replies do not depend on the batch both give the same episodes."""
 
 
 @dataclass

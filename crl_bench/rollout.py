@@ -493,7 +493,9 @@ class RolloutRunner:
 
     def collect_streams(self, streams: Sequence[tuple[Sequence[EpisodeSpec], dict[str, Any]]],
                         sampling: SamplingParams | None = None, progress: Callable[[int], None] | None = None,
-                        prefetch: Sequence[EpisodeSpec] | None = None) -> list[list[Trajectory]]:
+                        prefetch: Sequence[EpisodeSpec] | None = None,
+                        stream_done: Callable[[int, list[Trajectory]], None] | None = None,
+                        ) -> list[list[Trajectory]]:
         """Roll out several streams of specs as one queue (:meth:`collect` per stream, batched together).
 
         Args:
@@ -502,6 +504,8 @@ class RolloutRunner:
                 The queue is the streams' specs in order; each hook is called only with its own
                 stream's episodes.
             sampling, progress, prefetch: as in :meth:`collect`.
+            stream_done: called as ``stream_done(k, trajectories of stream k)`` as soon as the last
+                episode of stream ``k`` has ended (while the other streams may still run).
 
         Returns one list of trajectories per stream, each in the order of its specs.
 
@@ -519,6 +523,22 @@ class RolloutRunner:
         eps = [_Episode(i, s, k, Trajectory(s.env_id, s.task, s.group_id, s.subgroup, meta=dict(s.meta)),
                         has_tool=hooks[k].get("tool") is not None and s.tool) for i, (k, s) in enumerate(queue)]
         n = self.max_concurrent or len(eps)
+        out: list[list[Trajectory]] = [[] for _ in streams]
+        for e in eps:
+            out[e.stream].append(e.traj)
+        left = [len(specs) for specs, _ in streams]
+
+        def ended(e: _Episode) -> None:
+            if progress:
+                progress(1)
+            left[e.stream] -= 1
+            if left[e.stream] == 0 and stream_done is not None:
+                stream_done(e.stream, out[e.stream])
+
+        if stream_done is not None:
+            for k, count in enumerate(left):
+                if count == 0:
+                    stream_done(k, [])
         stats = RolloutStats()
         t_start = time.perf_counter()
         live: list[_Episode] = []
@@ -529,7 +549,7 @@ class RolloutRunner:
             if room > 0 and joined < len(eps):
                 joining = eps[joined:joined + room]
                 joined += len(joining)
-                live += self._join(joining, hooks, stats, progress)
+                live += self._join(joining, hooks, stats, ended)
                 if joined < len(eps):       # keep the next specs' resets under way
                     start = max(ahead, joined)
                     ahead = min(len(eps), joined + n)
@@ -543,16 +563,13 @@ class RolloutRunner:
                 if joined >= len(eps):
                     break
                 continue
-            live = self._turn(live, hooks, sampling, stats, progress)
+            live = self._turn(live, hooks, sampling, stats, ended)
         stats.wall_s = time.perf_counter() - t_start
         self.last_stats = stats
-        out: list[list[Trajectory]] = [[] for _ in streams]
-        for e in eps:
-            out[e.stream].append(e.traj)
         return out
 
     def _join(self, joining: Sequence[_Episode], hooks: Sequence[dict[str, Any]], stats: RolloutStats,
-              progress: Callable[[int], None] | None) -> list[_Episode]:
+              ended: Callable[[_Episode], None]) -> list[_Episode]:
         """Reset the joining episodes' envs (all started, then waited for: workers reset in parallel),
         set up their trajectories and ask each stream's ``guide`` for its joining episodes; returns
         the episodes whose reset succeeded."""
@@ -566,14 +583,14 @@ class RolloutRunner:
                     env.reset_async(options={"task": e.spec.task})
                 started.append(e)
             except Exception as err:  # noqa: BLE001 - an env crash fails the episode, never the run
-                self._fail(e, err, progress)
+                self._fail(e, err, ended)
         live = []
         for e in started:
             try:
                 e.obs, _ = e.env.reset_wait()
                 live.append(e)
             except Exception as err:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
-                self._fail(e, err, progress)
+                self._fail(e, err, ended)
         for e in live:
             env, tr = e.env, e.traj
             tr.task_prompt = env.task_prompt()
@@ -599,7 +616,7 @@ class RolloutRunner:
         return live
 
     def _turn(self, live: list[_Episode], hooks: Sequence[dict[str, Any]], sampling: SamplingParams,
-              stats: RolloutStats, progress: Callable[[int], None] | None) -> list[_Episode]:
+              stats: RolloutStats, ended: Callable[[_Episode], None]) -> list[_Episode]:
         """One turn of every live episode; returns the episodes still live after it, in order."""
         turn_found: dict[int, tuple[str, Guidance]] = {}
         for k, h in enumerate(hooks):
@@ -635,7 +652,7 @@ class RolloutRunner:
                 if len(prompt_ids[e.index]) >= self.max_context_tokens:
                     e.traj.truncated = e.traj.context_full = True
                     e.traj.final_obs = e.obs
-                    self._finish(e, progress)
+                    self._finish(e, ended)
                 else:
                     still.append(e)
             live = still
@@ -674,7 +691,7 @@ class RolloutRunner:
                 e.env.step_async(reply)
                 sent.append((e, gen, reply))
             except Exception as err:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
-                self._fail(e, err, progress)
+                self._fail(e, err, ended)
         for k, h in enumerate(hooks):
             mine = [c for c in calls if c[0].stream == k]
             if not mine:
@@ -698,14 +715,14 @@ class RolloutRunner:
                 e.obs = shown if self.prompts.layout == "multiturn" else f"{shown}\n\n{e.obs.strip()}"
                 if self._out_of_turns(e.env, tr):
                     tr.truncated, tr.final_obs = True, e.obs
-                    self._finish(e, progress)
+                    self._finish(e, ended)
                 else:
                     still.append(e)
         for e, gen, reply in sent:
             try:
                 o, r, term, trunc, info = e.env.step_wait()
             except Exception as err:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
-                self._fail(e, err, progress)
+                self._fail(e, err, ended)
                 continue
             tr = e.traj
             self._record_turn(tr, gen, info.get("action"), bool(info.get("invalid_action")), float(r), e.obs,
@@ -722,7 +739,7 @@ class RolloutRunner:
             if term or trunc:
                 tr.terminated, tr.truncated = bool(term), bool(trunc)
                 tr.final_obs = o
-                self._finish(e, progress)
+                self._finish(e, ended)
             else:
                 still.append(e)
         stats.env_s += time.perf_counter() - t0
@@ -745,23 +762,21 @@ class RolloutRunner:
         limit = int(getattr(env, "max_steps", 0) or 0)
         return bool(tr.tool_calls) and limit > 0 and len(tr.turns) >= limit
 
-    def _finish(self, e: _Episode, progress: Callable[[int], None] | None) -> None:
+    def _finish(self, e: _Episode, ended: Callable[[_Episode], None]) -> None:
         if getattr(e.env, "has_entry_key", False):      # the env keys the episode's entries (MiniHack raw)
             e.traj.key = e.env.entry_key(bool(e.traj.turns) and not e.traj.turns[0].tool) or ""
         self.pool.release(e.spec.env_id, e.env)
         e.env = None
-        if progress:
-            progress(1)
+        ended(e)
 
-    def _fail(self, e: _Episode, err: Exception, progress: Callable[[int], None] | None) -> None:
+    def _fail(self, e: _Episode, err: Exception, ended: Callable[[_Episode], None]) -> None:
         e.traj.error = f"{type(err).__name__}: {err}"
         e.traj.terminated = True
         e.traj.success = False
         if e.env is not None:
             self.pool.discard(e.env)
             e.env = None
-        if progress:
-            progress(1)
+        ended(e)
 
 
 @dataclass

@@ -536,16 +536,23 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
         if done and any(m in done for m in modes):
             print(f"resuming from {partial}: {', '.join(m for m in modes if m in done)} already evaluated",
                   file=sys.stderr)
-        with tqdm(total=evaluator.episode_count(modes=modes), desc=f"eval {cfg.eval.split}", unit="ep",
-                  disable=quiet) as bar:
-            for mode in modes:
-                if mode in done:
-                    ev[mode] = done[mode]
-                    bar.update(evaluator.episode_count(modes=[mode]))
-                    continue
-                ev[mode] = evaluator.evaluate(progress=bar.update, mode=mode)
-                if partial is not None:
-                    write_json_atomic(partial, {"key": key, "modes": {**done, **{m: ev[m] for m in modes if m in ev}}})
+        todo = [m for m in modes if m not in done]
+        for mode in modes:
+            if mode in done:
+                ev[mode] = done[mode]
+
+        def finished(mode: str, block: dict[str, Any]) -> None:
+            ev[mode] = block
+            if partial is not None:         # a mode is kept as soon as its last episode has ended
+                write_json_atomic(partial, {"key": key, "modes": {**done, **{m: ev[m] for m in modes if m in ev}}})
+
+        # the modes still to evaluate run as one stream (docs/evaluation.md "One stream"); the bar
+        # counts only its episodes, so its rate and ETA are of this run
+        with tqdm(total=evaluator.episode_count(modes=todo), desc=f"eval {cfg.eval.split}", unit="ep",
+                  disable=quiet or not todo) as bar:
+            if todo:
+                evaluator.evaluate_modes(todo, progress=bar.update, on_mode=finished)
+        ev.update({m: ev.pop(m) for m in modes})    # the modes in the order asked
     finally:
         trainer.close()
     return ev, data_files

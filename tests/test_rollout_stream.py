@@ -5,13 +5,13 @@ ends (failed ones too) is counted."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 import pytest
+from tests_helpers import PromptHashEngine
 
 from crl_bench.env_api import TextEnv, register_env
-from crl_bench.llm.base import Generation, SamplingParams
+from crl_bench.llm.base import SamplingParams
 from crl_bench.rollout import EnvPool, EpisodeSpec, Guidance, PromptBuilder, RolloutRunner
 
 
@@ -39,33 +39,13 @@ class _Lengths(TextEnv):
         return ["left", "right"]
 
 
-class _HashEngine:
-    """Picks an allowed reply by a digest of the prompt's ids (the same prompt gets the same reply in
-    any batch) and records each call's batch size."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.batches: list[int] = []
-
-    def generate(self, prompts, params, allowed=None):
-        self.batches.append(len(prompts))
-        out = []
-        for i, p in enumerate(prompts):
-            options = (allowed[i] if allowed is not None and allowed[i] else ["left</answer>"])
-            digest = int(hashlib.sha256(str(list(p)).encode()).hexdigest(), 16)
-            text = options[digest % len(options)]
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            out.append(Generation(list(p), ids, [-0.5] * len(ids), text, "stop"))
-        return out
-
-
 @pytest.fixture(autouse=True)
 def _env():
     register_env("test-lengths", _Lengths)
 
 
 def _runner(tokenizer, continuous, n=2):
-    return RolloutRunner(_HashEngine(tokenizer), PromptBuilder(tokenizer), EnvPool(),
+    return RolloutRunner(PromptHashEngine(tokenizer), PromptBuilder(tokenizer), EnvPool(),
                          SamplingParams(temperature=0.0, max_new_tokens=8), max_concurrent=n, continuous=continuous)
 
 

@@ -168,8 +168,10 @@ class RolloutConfig:
     """Start the next step's resets while this step's actor generates, for envs whose resets are slow
     (``prefetch_resets``, e.g. ALFWorld); the tasks drawn are the same."""
     max_concurrent: Annotated[int, Ge(0)] = 32
-    """Episodes live at once (0 = a whole batch); bigger batches (e.g. a 134-task eval) run in waves, bounding the env
-    instances (ALFWorld worker processes) in use."""
+    """Episodes live at once (0 = a whole batch), bounding the env instances (ALFWorld worker processes) in use; a
+    bigger batch (e.g. a 134-task eval, or an evaluation's modes together) is batched continuously: an ended
+    episode's slot takes the next episode at the next turn (with ``eval.stream: false`` an evaluation's modes run in
+    waves of this size instead)."""
     max_context_tokens: Annotated[int, Interval(ge=0, le=MAX_TOKENS)] = 0
     """The most tokens an episode's prompt and reply may hold together (0 = the actor's context window,
     ``max_position_embeddings`` of its config). As released (``sequence_length`` 32,768,

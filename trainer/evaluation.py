@@ -397,9 +397,12 @@ class Evaluator:
         single attempt: when its stream's last episode ends)."""
         trials = self.cfg.eval.trials
 
+        reported: set[int] = set()
+
         def single(k: int, ran: list[Trajectory]) -> None:
             j = which[k]
             share = sum(1 for t in ran if t.success) / max(len(plans[j]["specs"]), 1)
+            reported.add(j)
             done(j, (list(ran), [share], len(ran)))
 
         stream_done = single if done is not None and trials == 1 else None
@@ -429,9 +432,10 @@ class Evaluator:
                 by_trial[j].append(sum(1 for t in best[j].values() if t.success) / max(len(p["specs"]), 1))
         results = [([best[j][i] for i in range(len(p["specs"]))], by_trial[j], attempts[j])
                    for j, p in enumerate(plans)]
-        if done is not None and stream_done is None:
+        if done is not None:                # every plan not reported by its stream (none with no specs)
             for j, run in enumerate(results):
-                done(j, run)
+                if j not in reported:
+                    done(j, run)
         return results
 
     def _collect(self, streams: list[tuple[list[EpisodeSpec], dict[str, Any]]], progress: Any,

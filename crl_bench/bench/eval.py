@@ -58,7 +58,9 @@ def bench_eval(model: str, mix: str, preset: str, episodes: int, modes: list[str
 
     Returns:
         dict with per-arm sums (``episodes``, ``wall_s``, ``generated_tokens``, ``prefill_tokens``,
-        ``generate_calls``), rates (``episodes_per_s``, ``tokens_per_s``), ``roofline_share``,
+        ``generate_calls``, ``turns``) and each round's seconds (``rounds_s``), rates (``episodes_per_s``,
+        ``tokens_per_s``), ``mean_batch`` (turns per generate call: how full the slots were; free of
+        machine load), ``roofline_share``,
         ``ratio`` (waves wall time / stream wall time), ``same_episodes`` / ``compared`` (episodes of
         the two arms' first round played alike) and the setting (batch sizes, threads, dtype).
 
@@ -89,7 +91,7 @@ def bench_eval(model: str, mix: str, preset: str, episodes: int, modes: list[str
             tr.train_step()
         modes = list(modes or tr.evaluator.modes)
         sums = {a: {"episodes": 0, "wall_s": 0.0, "generated_tokens": 0, "prefill_tokens": 0,
-                    "generate_calls": 0} for a in ARMS}
+                    "generate_calls": 0, "turns": 0, "rounds_s": []} for a in ARMS}
         played: dict[str, dict[str, list[tuple]]] = {}
         runner, engine = tr.runner, tr.engine
         real_streams, real_block = runner.collect_streams, tr.evaluator._block
@@ -116,16 +118,19 @@ def bench_eval(model: str, mix: str, preset: str, episodes: int, modes: list[str
                 t0 = time.perf_counter()
                 ev = tr.evaluator.evaluate_modes(modes)
                 s = sums[arm]
-                s["wall_s"] += time.perf_counter() - t0
+                s["rounds_s"].append(time.perf_counter() - t0)
+                s["wall_s"] += s["rounds_s"][-1]
                 s["episodes"] += sum(ev[m]["episodes"] for m in modes)
                 s["generated_tokens"] += current["generated_tokens"]
                 s["generate_calls"] += current["generate_calls"]
+                s["turns"] += sum(len(r[-1]) for recs in current["records"].values() for r in recs)
                 s["prefill_tokens"] += counters.get("prefill_tokens", 0) + counters.get("head_tokens", 0) - before
                 played.setdefault(arm, current["records"])
         roof: dict[str, Any] = {}
         for s in sums.values():
             s["episodes_per_s"] = s["episodes"] / s["wall_s"] if s["wall_s"] else 0.0
             s["tokens_per_s"] = s["generated_tokens"] / s["wall_s"] if s["wall_s"] else 0.0
+            s["mean_batch"] = s["turns"] / s["generate_calls"] if s["generate_calls"] else 0.0
             s["roofline_share"] = roofline_share(tr.engine.generator if hasattr(tr.engine, "generator") else tr.model,
                                                  tr.compute_dtype, prefill_tokens=s["prefill_tokens"],
                                                  generated_tokens=s["generated_tokens"], seconds=s["wall_s"],
@@ -153,16 +158,19 @@ def format_eval(res: dict[str, Any]) -> str:
              f"rollout.max_concurrent {res['max_concurrent'] or 'all'}, generation.batch_size {res['batch_size']}, "
              f"{res['threads']} torch threads, {res['dtype']}, temperature {res['temperature']}",
              f"{'arm':7s} {'episodes':>8s} {'wall s':>8s} {'ep/s':>7s} {'gen tok':>8s} {'prefill':>8s} "
-             f"{'gen calls':>9s} {'gen tok/s':>9s} {'of roof':>8s}"]
+             f"{'gen calls':>9s} {'mean batch':>10s} {'gen tok/s':>9s} {'of roof':>8s}"]
     for arm in ARMS:
         a = res[arm]
         lines.append(f"{arm:7s} {a['episodes']:8d} {a['wall_s']:8.1f} {a['episodes_per_s']:7.2f} "
                      f"{a['generated_tokens']:8d} {a['prefill_tokens']:8d} {a['generate_calls']:9d} "
+                     f"{a['mean_batch']:10.1f} "
                      f"{a['tokens_per_s']:9.1f} {a['roofline_share']:8.1%}")
     if "pure" in res:
         p = res["pure"]
         lines.append(f"roof (pure torch, {res['dtype']}): prefill {p['prefill_tok_s']:.0f} tok/s, "
                      f"decode {p['decode_tok_s']:.0f} tok/s (batch {p['batch']})")
+    for arm in ARMS:
+        lines.append(f"{arm} rounds: " + ", ".join(f"{x:.1f} s" for x in res[arm]["rounds_s"]))
     lines.append(f"stream / waves: {res['ratio']:.2f}x faster (wall time)")
     lines.append(f"episodes played alike by the two arms: {res['same_episodes']} of {res['compared']}")
     return "\n".join(lines)

@@ -8,10 +8,12 @@ interleaved (waves, stream, stream, waves, ...) so that machine load hits both a
 * ``stream``: ``eval.stream: true``, every mode's episodes in one queue with continuous batching
   (:meth:`~crl_bench.rollout.RolloutRunner.collect_streams`, trainer/evaluation.py).
 
-Each arm prints its wall time, episodes/s, generated and prefill tokens, generate calls and its share
-of the machine's limit for those tokens (:func:`roofline_share`); the last line says how many episodes
-the two arms played alike (at temperature 0 with an engine whose replies do not depend on the batch:
-all of them; the real model's batched forward can round a near-tie the other way).
+Each arm prints its wall time (and each round's: on a shared machine the rounds of one arm can differ
+several-fold), episodes/s, generated and prefill tokens, generate calls, turns per generate call (how
+full the slots were: a count, free of machine load) and its share of the machine's limit for those
+tokens (:func:`roofline_share` of :func:`measure_roof`); the last line says how many episodes the two
+arms played alike (at temperature 0 with an engine whose replies do not depend on the batch: all of
+them; the real model's batched forward can round a near-tie the other way).
 """
 
 from __future__ import annotations
@@ -27,20 +29,20 @@ HELP = "an evaluation as per-mode waves (before) vs one stream (after)"
 ARMS = ("waves", "stream")
 
 
-def roofline_share(model: Any, dtype: Any, *, prefill_tokens: int, generated_tokens: int, seconds: float,
-                   cache: dict[str, Any] | None = None) -> float:
-    """The share of the machine's limit an arm reached: the seconds the bare model needs for
-    ``prefill_tokens`` and ``generated_tokens`` (:func:`crl_bench.bench.step.pure_throughput`'s
-    prefill and decode rates; measured once into ``cache``) over the ``seconds`` the arm took."""
+def measure_roof(model: Any, dtype: Any) -> dict[str, Any]:
+    """The machine's limit for ``model`` in ``dtype``: the bare model's prefill and decode tokens/s
+    (:func:`crl_bench.bench.step.pure_throughput`; ``prefill_tok_s``, ``decode_tok_s``, ``batch``).
+    Stands in for ``crl_bench.bench.roofline.measure_roofline`` until that lands."""
     from crl_bench.bench.step import pure_throughput
 
-    if cache is not None and "pure" in cache:
-        pure = cache["pure"]
-    else:
-        pure = pure_throughput(model, dtype)
-        if cache is not None:
-            cache["pure"] = pure
-    ideal = prefill_tokens / pure["prefill_tok_s"] + generated_tokens / pure["decode_tok_s"]
+    return pure_throughput(model, dtype)
+
+
+def roofline_share(roof: dict[str, Any], *, prefill_tokens: int, generated_tokens: int, seconds: float) -> float:
+    """The share of ``roof`` (:func:`measure_roof`) an arm reached: the seconds the bare model needs
+    for ``prefill_tokens`` and ``generated_tokens`` over the ``seconds`` the arm took (0 when it took
+    none)."""
+    ideal = prefill_tokens / roof["prefill_tok_s"] + generated_tokens / roof["decode_tok_s"]
     return ideal / seconds if seconds > 0 else 0.0
 
 
@@ -126,15 +128,13 @@ def bench_eval(model: str, mix: str, preset: str, episodes: int, modes: list[str
                 s["turns"] += sum(len(r[-1]) for recs in current["records"].values() for r in recs)
                 s["prefill_tokens"] += counters.get("prefill_tokens", 0) + counters.get("head_tokens", 0) - before
                 played.setdefault(arm, current["records"])
-        roof: dict[str, Any] = {}
+        roof = measure_roof(tr.engine.generator if hasattr(tr.engine, "generator") else tr.model, tr.compute_dtype)
         for s in sums.values():
             s["episodes_per_s"] = s["episodes"] / s["wall_s"] if s["wall_s"] else 0.0
             s["tokens_per_s"] = s["generated_tokens"] / s["wall_s"] if s["wall_s"] else 0.0
             s["mean_batch"] = s["turns"] / s["generate_calls"] if s["generate_calls"] else 0.0
-            s["roofline_share"] = roofline_share(tr.engine.generator if hasattr(tr.engine, "generator") else tr.model,
-                                                 tr.compute_dtype, prefill_tokens=s["prefill_tokens"],
-                                                 generated_tokens=s["generated_tokens"], seconds=s["wall_s"],
-                                                 cache=roof)
+            s["roofline_share"] = roofline_share(roof, prefill_tokens=s["prefill_tokens"],
+                                                 generated_tokens=s["generated_tokens"], seconds=s["wall_s"])
         pairs = [(a, b) for m in modes for a, b in zip(played["waves"][m], played["stream"][m])]
         same = sum(1 for a, b in pairs if a == b)
         out = {"mix": mix, "preset": preset, "method": method, "modes": modes, "episodes": episodes,
@@ -144,8 +144,7 @@ def bench_eval(model: str, mix: str, preset: str, episodes: int, modes: list[str
                "temperature": tr.cfg.eval.temperature, **sums,
                "ratio": sums["waves"]["wall_s"] / max(sums["stream"]["wall_s"], 1e-9),
                "same_episodes": same, "compared": len(pairs)}
-        if "pure" in roof:
-            out["pure"] = roof["pure"]
+        out["pure"] = roof
         return out
     finally:
         tr.close()

@@ -535,29 +535,30 @@ class RolloutRunner:
             if left[e.stream] == 0 and stream_done is not None:
                 stream_done(e.stream, out[e.stream])
 
-        if stream_done is not None:
-            for k, count in enumerate(left):
-                if count == 0:
-                    stream_done(k, [])
+        for k in (k for k, count in enumerate(left) if count == 0 and stream_done is not None):
+            stream_done(k, [])
         stats = RolloutStats()
         t_start = time.perf_counter()
         live: list[_Episode] = []
         joined = ahead = 0              # eps[:joined] have joined; eps[joined:ahead] have prefetched resets
         handed_on = False
+
+        def after_resets() -> None:     # keep the next specs' resets under way
+            nonlocal ahead, handed_on
+            if joined < len(eps):
+                start, ahead = max(ahead, joined), min(len(eps), joined + n)
+                if start < ahead:
+                    self.pool.prefetch([e.spec for e in eps[start:ahead]])
+            elif prefetch and not handed_on:
+                self.pool.prefetch(prefetch)
+                handed_on = True
+
         while True:
             room = (n - len(live)) if (self.continuous or not live) else 0
             if room > 0 and joined < len(eps):
                 joining = eps[joined:joined + room]
                 joined += len(joining)
-                live += self._join(joining, hooks, stats, ended)
-                if joined < len(eps):       # keep the next specs' resets under way
-                    start = max(ahead, joined)
-                    ahead = min(len(eps), joined + n)
-                    if start < ahead:
-                        self.pool.prefetch([e.spec for e in eps[start:ahead]])
-                elif prefetch and not handed_on:
-                    self.pool.prefetch(prefetch)
-                    handed_on = True
+                live += self._join(joining, hooks, stats, ended, after_resets)
                 live.sort(key=lambda e: e.index)
             if not live:
                 if joined >= len(eps):
@@ -569,10 +570,10 @@ class RolloutRunner:
         return out
 
     def _join(self, joining: Sequence[_Episode], hooks: Sequence[dict[str, Any]], stats: RolloutStats,
-              ended: Callable[[_Episode], None]) -> list[_Episode]:
+              ended: Callable[[_Episode], None], after_resets: Callable[[], None]) -> list[_Episode]:
         """Reset the joining episodes' envs (all started, then waited for: workers reset in parallel),
-        set up their trajectories and ask each stream's ``guide`` for its joining episodes; returns
-        the episodes whose reset succeeded."""
+        call ``after_resets`` (the prefetch of later resets), set up their trajectories and ask each
+        stream's ``guide`` for its joining episodes; returns the episodes whose reset succeeded."""
         t0 = time.perf_counter()
         started = []
         for e in joining:
@@ -591,6 +592,7 @@ class RolloutRunner:
                 live.append(e)
             except Exception as err:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
                 self._fail(e, err, ended)
+        after_resets()
         for e in live:
             env, tr = e.env, e.traj
             tr.task_prompt = env.task_prompt()
@@ -781,9 +783,8 @@ class RolloutRunner:
 
 @dataclass
 class _Episode:
-    """One episode of :meth:`RolloutRunner.collect_streams` while it runs: its place in the queue
-    (``index``), spec, stream, trajectory, env, current observation, (action, feedback) history,
-    ``multiturn`` chat and search-tool calls made."""
+    """A running episode of :meth:`RolloutRunner.collect_streams`: queue place, spec, stream, trajectory,
+    env, observation, (action, feedback) history, ``multiturn`` chat, search-tool calls made."""
 
     index: int
     spec: EpisodeSpec

@@ -98,3 +98,20 @@ def test_every_ended_episode_is_counted_failed_ones_too(tokenizer):
     trajs = runner.collect([EpisodeSpec("test-lengths", t) for t in (2, 100, 1, 101, 3)], progress=ticks.append)
     assert "reset failed" in trajs[1].error and "reset failed" in trajs[3].error
     assert sum(ticks) == 5 and [t.steps for t in trajs] == [2, 0, 1, 0, 3]
+
+
+class _Prefetched(_Lengths):
+    env_id = "test-prefetched"
+    prefetch_resets = True
+
+
+def test_pending_resets_are_prefetched_and_the_next_batch_handed_on(tokenizer):
+    register_env("test-prefetched", _Prefetched)
+    runner = _runner(tokenizer, True, n=2)
+    specs = [EpisodeSpec("test-prefetched", t) for t in (2, 1, 3, 1, 2)]
+    nxt = [EpisodeSpec("test-prefetched", t) for t in (11, 12)]
+    trajs = runner.collect(specs, prefetch=nxt)
+    assert runner.pool.prefetch_hits == 3            # every spec after the first two joined on a started reset
+    assert [t.steps for t in trajs] == [2, 1, 3, 1, 2]
+    runner.collect(nxt)
+    assert runner.pool.prefetch_hits == 5            # the next batch's resets were started during this one

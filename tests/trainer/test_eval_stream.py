@@ -1,6 +1,7 @@
 """Evaluation as one stream (``eval.stream``): every mode's episodes in one continuous-batching queue give
 the same episodes and the same numbers as each mode's own pass in waves, on an actor whose replies do
-not depend on the batch; the progress counts the whole stream and the batches stay full."""
+not depend on the batch; the progress counts the whole stream and the batches stay full; the same
+evaluation run again gives the same blocks."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ def test_the_stream_gives_the_per_mode_passes_episodes_and_numbers(tokenizer, ti
     tr = _diag_trainer(tokenizer, tiny_model, eval={"episodes": 4}, rollout={"max_concurrent": 3},
                        experience={"top1_demote_p": 0.5, "oversample": 4})
     tr.train_step()
+    # the real (tiny) actor with its prefix store: the same evaluation again gives the same episodes
+    # (each evaluation starts from an empty store), so `crl-bench eval` reproduces eval.json
+    first, again = tr.evaluator.evaluate_all(), tr.evaluator.evaluate_all()
+    assert all({k: v for k, v in first[m].items() if k != "wall_s"} == {k: v for k, v in again[m].items()
+               if k != "wall_s"} for m in tr.evaluator.modes)
     engine = tr.runner.engine = PromptHashEngine(tokenizer)
     episodes: dict[str, list] = {}
     real_block = tr.evaluator._block

@@ -168,8 +168,10 @@ class RolloutConfig:
     """Start the next step's resets while this step's actor generates, for envs whose resets are slow
     (``prefetch_resets``, e.g. ALFWorld); the tasks drawn are the same."""
     max_concurrent: Annotated[int, Ge(0)] = 32
-    """Episodes live at once (0 = a whole batch); bigger batches (e.g. a 134-task eval) run in waves, bounding the env
-    instances (ALFWorld worker processes) in use."""
+    """Episodes live at once (0 = a whole batch), bounding the env instances (ALFWorld worker processes) in use; a
+    bigger batch (e.g. a 134-task eval, or an evaluation's modes together) is batched continuously: an ended
+    episode's slot takes the next episode at the next turn (with ``eval.stream: false`` an evaluation's modes run in
+    waves of this size instead)."""
     max_context_tokens: Annotated[int, Interval(ge=0, le=MAX_TOKENS)] = 0
     """The most tokens an episode's prompt and reply may hold together (0 = the actor's context window,
     ``max_position_embeddings`` of its config). As released (``sequence_length`` 32,768,
@@ -301,6 +303,12 @@ class EvalConfig:
     gives pass@k and pass^k for k = 1..samples (unbiased estimators: Chen et al. 2021, arXiv 2107.03374, section
     2.1; tau-bench, arXiv 2406.12045, section 4) and success rates over all samples. More than 1 is part of the
     protocol (``samples``); not combined with ``trials``. docs/evaluation.md, "Repeated samples"."""
+    stream: bool = True
+    """Run every mode of an evaluation as one stream with continuous batching: all modes' episodes in one queue, at
+    most ``rollout.max_concurrent`` live, an ended episode's slot taken by the next one at the next turn (docs/
+    evaluation.md "One stream"). ``false``: each mode its own pass, in waves of ``rollout.max_concurrent`` (the
+    evaluation before the stream; ``crl-bench bench eval`` compares the two). At temperature 0 with a deterministic
+    engine whose replies do not depend on the batch both give the same episodes."""
 
 
 @dataclass

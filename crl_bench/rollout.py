@@ -24,10 +24,11 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from crl_bench.env_api import DEFAULT_REPLY_INSTRUCTION, TextEnv, feedback_of, make_env
+from crl_bench.env_api import DEFAULT_REPLY_INSTRUCTION, TextEnv, feedback_of
+from crl_bench.env_pool import EnvPool
 from crl_bench.experience.types import RetrievalRecord
 from crl_bench.llm.base import Engine, Generation, SamplingParams
 
@@ -353,97 +354,6 @@ class PromptBuilder:
             chat.append({"role": "assistant", "content": reply})
 
 
-class EnvPool:
-    """Reusable env instances per env id (creation of NLE envs and ALFWorld workers is not free).
-
-    Envs whose class sets ``prefetch_resets`` can be reset ahead of time with :meth:`prefetch`; a
-    later :meth:`acquire_for` of the same (env id, task) gets the env with its reset under way.
-
-    Args:
-        env_kwargs: ``{env_id: {setting: value}}`` passed to :func:`make_env`.
-        max_steps: per-episode action limit (0 = the env's default).
-    """
-
-    def __init__(self, env_kwargs: dict | None = None, max_steps: int = 0) -> None:
-        self.env_kwargs = env_kwargs or {}
-        self.max_steps = max_steps
-        self._free: dict[str, list[TextEnv]] = {}
-        self._ready: dict[tuple[str, int], list[TextEnv]] = {}
-        self._prefetchable: dict[str, bool] = {}
-        self.prefetch_hits = 0
-
-    def acquire(self, env_id: str) -> TextEnv:
-        """A free env of ``env_id`` (one released earlier, else a new one from :meth:`make`)."""
-        free = self._free.setdefault(env_id, [])
-        if free:
-            return free.pop()
-        env = self.make(env_id)
-        self._prefetchable[env_id] = bool(getattr(env, "prefetch_resets", False))
-        return env
-
-    def make(self, env_id: str) -> TextEnv:
-        """A new env of ``env_id`` with the pool's settings (``env_kwargs``, ``max_steps``); a remote
-        pool (crl_bench/ray_backend.py) makes it in another process instead."""
-        kwargs = dict(self.env_kwargs.get(env_id, {}))
-        if self.max_steps:
-            kwargs.setdefault("max_steps", self.max_steps)
-        return make_env(env_id, **kwargs)
-
-    def acquire_for(self, env_id: str, task: int) -> tuple[TextEnv, bool]:
-        """An env for ``task``: ``(env, True)`` when a prefetched env has its reset to ``task`` under
-        way (finish it with ``reset_wait``), else ``(env, False)``."""
-        ready = self._ready.get((env_id, int(task)))
-        if ready:
-            self.prefetch_hits += 1
-            return ready.pop(), True
-        return self.acquire(env_id), False
-
-    def prefetch(self, specs: Sequence[EpisodeSpec]) -> int:
-        """Start the resets of ``specs`` whose env sets ``prefetch_resets``; returns how many started.
-
-        An env that fails to start its reset is dropped (the later episode resets normally)."""
-        n = 0
-        for s in specs:
-            if self._prefetchable.get(s.env_id) is False:
-                continue
-            env = self.acquire(s.env_id)
-            if not getattr(env, "prefetch_resets", False):
-                self.release(s.env_id, env)
-                continue
-            try:
-                env.reset_async(options={"task": s.task})
-            except Exception:  # noqa: BLE001 - a broken env is replaced; the episode resets later
-                self.discard(env)
-                continue
-            self._ready.setdefault((s.env_id, int(s.task)), []).append(env)
-            n += 1
-        return n
-
-    def release(self, env_id: str, env: TextEnv) -> None:
-        self._free.setdefault(env_id, []).append(env)
-
-    def idle_envs(self) -> list[TextEnv]:
-        """Envs the pool holds now (free or with a prefetched reset), e.g. to read worker statistics."""
-        return [e for envs in list(self._free.values()) + list(self._ready.values()) for e in envs]
-
-    def discard(self, env: TextEnv) -> None:
-        """Drop a broken env (it is closed; a fresh one is created on the next acquire)."""
-        try:
-            env.close()
-        except Exception:  # noqa: BLE001 - a broken env may fail to close; it is dropped either way
-            pass
-
-    def close(self) -> None:
-        for envs in list(self._free.values()) + list(self._ready.values()):
-            for env in envs:
-                try:
-                    env.close()
-                except Exception:  # noqa: BLE001 - closing is best effort at shutdown
-                    pass
-        self._free.clear()
-        self._ready.clear()
-
-
 @dataclass
 class RolloutStats:
     """Timing of one :meth:`RolloutRunner.collect` call (seconds, tokens)."""
@@ -499,7 +409,14 @@ class SearchTool:
 
 
 class RolloutRunner:
-    """Steps a batch of episodes together until all are done.
+    """Steps many episodes together, one batched ``generate`` per turn, until all are done.
+
+    At most ``max_concurrent`` episodes are live at once.  With ``continuous`` (the default) the
+    batch is continuous: when an episode ends (or fails), the next pending spec is reset and joins
+    the live set at the next turn, so the live batch stays full until the queue runs dry; without
+    it, specs run in waves of ``max_concurrent`` and a wave waits for its slowest episode (the
+    rollout before continuous batching; ``crl-bench bench eval`` compares the two).  A batch that
+    fits ``max_concurrent`` is one wave either way.
 
     Args:
         engine: generation engine.
@@ -507,17 +424,18 @@ class RolloutRunner:
         pool: env instances.
         sampling: sampling settings.
         constrained: restrict replies to admissible actions for envs with a closed action set.
-        max_concurrent: at most this many episodes live at once (0 = all); larger batches run in
-            waves of this size. Bounds the env instances (ALFWorld: worker processes) a batch needs.
+        max_concurrent: at most this many episodes live at once (0 = all). Bounds the env instances
+            (ALFWorld: worker processes) a batch needs.
         max_context_tokens: the most tokens a prompt and its reply may hold together (0 = no limit).
             As released (``TrajEnvManager.make_decision``): a reply gets at most what the prompt leaves
             of it, and an episode whose prompt holds ``max_context_tokens`` or more ends before the
             turn, truncated, with ``context_full`` set.
+        continuous: continuous batching (above); ``False``: waves.
     """
 
     def __init__(self, engine: Engine, prompt_builder: PromptBuilder, pool: EnvPool,
                  sampling: SamplingParams, constrained: bool = True, max_concurrent: int = 0,
-                 max_context_tokens: int = 0) -> None:
+                 max_context_tokens: int = 0, continuous: bool = True) -> None:
         self.engine = engine
         self.prompts = prompt_builder
         self.pool = pool
@@ -525,6 +443,7 @@ class RolloutRunner:
         self.constrained = constrained
         self.max_concurrent = max(0, int(max_concurrent))
         self.max_context_tokens = max(0, int(max_context_tokens))
+        self.continuous = bool(continuous)
         self.last_stats = RolloutStats()
 
     def _fit_reply(self, gen: Generation, room: int) -> Generation:
@@ -555,204 +474,279 @@ class RolloutRunner:
 
         An env that raises during ``reset``/``step`` ends its episode as a failure (``error`` set),
         the env is discarded and replaced on the next acquire; the other episodes go on.
-        ``progress(n)`` is called with the number of episodes finished since the last call.
-        ``guide(requests)`` is called once, after all resets, with ``(env_id, first task prompt,
-        retrieval query)`` of every spec that has ``retrieve`` set, and returns a :class:`Guidance`
-        for each, in order. ``turn_guide`` is called the same way before every turn, for the live
-        episodes whose spec has ``turn_retrieve`` set, with the retrieval query of the current
-        observation; its guidance is recorded on the :class:`Turn` (and shown in that turn's prompt
-        when its text is not empty). ``tool`` answers the search-tool calls of episodes whose spec has
-        ``tool`` set (see :class:`SearchTool`); a call is a turn that does not step the env, and an
-        episode whose turns reach the env's ``max_steps`` ends there (truncated). ``prefetch`` (the
-        next batch's specs) is handed to :meth:`EnvPool.prefetch` once this batch's resets are done,
-        so slow resets of the next batch overlap this batch's generation.
+        ``progress(n)`` is called with the number of episodes ended (failed ones included) since the
+        last call.  ``guide(requests)`` is called once per turn at which episodes join (all of them at
+        the first turn when every spec fits ``max_concurrent``), after their resets, with
+        ``(env_id, first task prompt, retrieval query)`` of each joining spec that has ``retrieve``
+        set, and returns a :class:`Guidance` for each, in order. ``turn_guide`` is called the same way
+        before every turn, for the live episodes whose spec has ``turn_retrieve`` set, with the
+        retrieval query of the current observation; its guidance is recorded on the :class:`Turn`
+        (and shown in that turn's prompt when its text is not empty). ``tool`` answers the search-tool
+        calls of episodes whose spec has ``tool`` set (see :class:`SearchTool`); a call is a turn that
+        does not step the env, and an episode whose turns reach the env's ``max_steps`` ends there
+        (truncated). Pending specs are handed to :meth:`EnvPool.prefetch` (at most ``max_concurrent``
+        ahead of the live ones) and ``prefetch`` (the next batch's specs) once the last spec has
+        joined, so slow resets overlap generation.
+        """
+        hooks = {"guide": guide, "turn_guide": turn_guide, "tool": tool}
+        return self.collect_streams([(specs, hooks)], sampling, progress, prefetch)[0]
+
+    def collect_streams(self, streams: Sequence[tuple[Sequence[EpisodeSpec], dict[str, Any]]],
+                        sampling: SamplingParams | None = None, progress: Callable[[int], None] | None = None,
+                        prefetch: Sequence[EpisodeSpec] | None = None,
+                        stream_done: Callable[[int, list[Trajectory]], None] | None = None,
+                        ) -> list[list[Trajectory]]:
+        """Roll out several streams of specs as one queue (:meth:`collect` per stream, batched together).
+
+        Args:
+            streams: ``(specs, hooks)`` pairs; ``hooks`` holds this stream's ``guide``, ``turn_guide``
+                and ``tool`` (each optional, as in :meth:`collect`), e.g. one stream per eval mode.
+                The queue is the streams' specs in order; each hook is called only with its own
+                stream's episodes.
+            sampling, progress, prefetch: as in :meth:`collect`.
+            stream_done: called as ``stream_done(k, trajectories of stream k)`` as soon as the last
+                episode of stream ``k`` has ended (while the other streams may still run).
+
+        Returns one list of trajectories per stream, each in the order of its specs.
+
+        Raises:
+            ValueError: a hook other than ``guide``, ``turn_guide``, ``tool``.
         """
         sampling = sampling or self.sampling
-        n = self.max_concurrent or len(specs)
-        hooks = {"turn_guide": turn_guide, "tool": tool}
-        if len(specs) <= n:
-            return self._collect_wave(specs, sampling, progress, guide, prefetch, **hooks)
-        t_start = time.perf_counter()
-        total = RolloutStats()
-        trajs: list[Trajectory] = []
-        for start in range(0, len(specs), n):
-            last = start + n >= len(specs)
-            trajs += self._collect_wave(specs[start:start + n], sampling, progress, guide,
-                                        prefetch if last else specs[start + n:start + 2 * n], **hooks)
-            st = self.last_stats
-            for f in fields(RolloutStats):
-                if f.name != "wall_s":
-                    setattr(total, f.name, getattr(total, f.name) + getattr(st, f.name))
-        total.wall_s = time.perf_counter() - t_start
-        self.last_stats = total
-        return trajs
+        hooks = []
+        for _, h in streams:
+            unknown = set(h) - {"guide", "turn_guide", "tool"}
+            if unknown:
+                raise ValueError(f"unknown rollout hooks {sorted(unknown)}; known: guide, turn_guide, tool")
+            hooks.append(h)
+        queue = [(k, s) for k, (specs, _) in enumerate(streams) for s in specs]
+        eps = [_Episode(i, s, k, Trajectory(s.env_id, s.task, s.group_id, s.subgroup, meta=dict(s.meta)),
+                        has_tool=hooks[k].get("tool") is not None and s.tool) for i, (k, s) in enumerate(queue)]
+        n = self.max_concurrent or len(eps)
+        out: list[list[Trajectory]] = [[] for _ in streams]
+        for e in eps:
+            out[e.stream].append(e.traj)
+        left = [len(specs) for specs, _ in streams]
 
-    def _collect_wave(self, specs: Sequence[EpisodeSpec], sampling: SamplingParams,
-                      progress: Callable[[int], None] | None, guide: GuideFn | None,
-                      prefetch: Sequence[EpisodeSpec] | None, turn_guide: GuideFn | None = None,
-                      tool: SearchTool | None = None) -> list[Trajectory]:
-        """One wave of :meth:`collect`: every spec live at once."""
+        def ended(e: _Episode) -> None:
+            if progress:
+                progress(1)
+            left[e.stream] -= 1
+            if left[e.stream] == 0 and stream_done is not None:
+                stream_done(e.stream, out[e.stream])
+
+        for k in (k for k, count in enumerate(left) if count == 0 and stream_done is not None):
+            stream_done(k, [])
         stats = RolloutStats()
         t_start = time.perf_counter()
-        trajs = [Trajectory(s.env_id, s.task, s.group_id, s.subgroup, meta=dict(s.meta)) for s in specs]
-        envs: list[TextEnv | None] = [None] * len(specs)
-        obs: list[str] = [""] * len(specs)
-        history: list[list[tuple[str, str]]] = [[] for _ in specs]
-        chats: list[list[dict[str, str]]] = [[] for _ in specs]
-        tool_uses = [0] * len(specs)
-        has_tool = [tool is not None and s.tool for s in specs]
-        live: list[int] = []
-        t0 = time.perf_counter()
-        started = []
-        for i, s in enumerate(specs):       # start every reset, then wait: workers reset in parallel
-            env, pending = self.pool.acquire_for(s.env_id, s.task)
-            envs[i] = env
-            try:
-                if not pending:
-                    env.reset_async(options={"task": s.task})
-                started.append(i)
-            except Exception as e:  # noqa: BLE001 - an env crash fails the episode, never the run
-                self._fail(i, trajs, envs, e)
-        for i in started:
-            try:
-                obs[i], _ = envs[i].reset_wait()
-                live.append(i)
-            except Exception as e:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
-                self._fail(i, trajs, envs, e)
-        if prefetch:
-            self.pool.prefetch(prefetch)
-        for i in live:
-            env = envs[i]
-            trajs[i].task_prompt = env.task_prompt()
-            trajs[i].query = env.retrieval_query(obs[i])
-            trajs[i].guidance = specs[i].guidance
-            trajs[i].initial_prompt = self.prompts.task_text(env.system_prompt, trajs[i].task_prompt, obs[i],
-                                                          env.reply_format.instruction)
-            if has_tool[i]:
-                obs[i] = f"{obs[i].rstrip()}\n\n{tool.instruction()}"
-        stats.env_s += time.perf_counter() - t0
-        wanted = [i for i in live if specs[i].retrieve]
-        if guide is not None and wanted:
-            t0 = time.perf_counter()
-            answers = guide([(specs[i].env_id, trajs[i].initial_prompt, specs[i].query or trajs[i].query)
-                             for i in wanted])
-            for i, g in zip(wanted, answers):
-                trajs[i].guidance = "\n\n".join(x for x in (specs[i].guidance, g.text) if x)
-                trajs[i].experience_ids = list(g.entry_ids)
-                trajs[i].retrieval = g.record
-            stats.retrieve_s += time.perf_counter() - t0
+        live: list[_Episode] = []
+        joined = ahead = 0              # eps[:joined] have joined; eps[joined:ahead] have prefetched resets
+        handed_on = False
 
-        while live:
-            turn_found: dict[int, tuple[str, Guidance]] = {}
-            asking = [i for i in live if specs[i].turn_retrieve]
-            if turn_guide is not None and asking:
-                t0 = time.perf_counter()
-                queries = [envs[i].retrieval_query(obs[i]) for i in asking]
-                found = turn_guide([(specs[i].env_id, trajs[i].initial_prompt, q) for i, q in zip(asking, queries)])
-                turn_found = {i: (q, g) for i, q, g in zip(asking, queries, found)}
-                stats.retrieve_s += time.perf_counter() - t0
-            prompt_ids, allowed, prefills = [], [], {}
-            budget, stops = sampling.max_new_tokens, list(sampling.stop)
-            for i in live:
-                env = envs[i]
-                fmt = env.reply_format
-                prefills[i] = self.prompts.prefill if fmt.prefill is None else fmt.prefill
-                turn_text = turn_found[i][1].text if i in turn_found else ""
-                last = trajs[i].turns[-1] if trajs[i].turns else None
-                prompt_ids.append(self.prompts.turn(chats[i], env.system_prompt, trajs[i].task_prompt, history[i],
-                                                    obs[i], trajs[i].guidance, fmt.instruction, prefills[i],
-                                                    turn_guidance=turn_text,
-                                                    previous=(last.prompt_ids, last.response_ids) if last else None))
-                allowed.append(None if has_tool[i] else self._allowed(env))
-                budget = max(budget, fmt.min_new_tokens)
-                stops += [x for x in fmt.stop if x not in stops]
-                if has_tool[i] and tool_uses[i] < tool.max_uses and TOOL_CLOSE not in stops:
-                    stops.append(TOOL_CLOSE)
-            if self.max_context_tokens:
-                full = [k for k, ids in enumerate(prompt_ids) if len(ids) >= self.max_context_tokens]
-                for k in reversed(full):        # no room for a reply: the episode ends before the turn
-                    i = live[k]
-                    trajs[i].truncated = trajs[i].context_full = True
-                    trajs[i].final_obs = obs[i]
-                    self._finish(i, specs, envs, progress, trajs[i])
-                    del live[k], prompt_ids[k], allowed[k]
-                if not live:
+        def after_resets() -> None:     # keep the next specs' resets under way
+            nonlocal ahead, handed_on
+            if joined < len(eps):
+                start, ahead = max(ahead, joined), min(len(eps), joined + n)
+                if start < ahead:
+                    self.pool.prefetch([e.spec for e in eps[start:ahead]])
+            elif prefetch and not handed_on:
+                self.pool.prefetch(prefetch)
+                handed_on = True
+
+        while True:
+            room = (n - len(live)) if (self.continuous or not live) else 0
+            if room > 0 and joined < len(eps):
+                joining = eps[joined:joined + room]
+                joined += len(joining)
+                live += self._join(joining, hooks, stats, ended, after_resets)
+                live.sort(key=lambda e: e.index)
+            if not live:
+                if joined >= len(eps):
                     break
-            turn_sampling = sampling if (budget, tuple(stops)) == (sampling.max_new_tokens, tuple(sampling.stop)) \
-                else dataclasses.replace(sampling, max_new_tokens=budget, stop=tuple(stops))
-            t0 = time.perf_counter()
-            gens = self.engine.generate(prompt_ids, turn_sampling, allowed)
-            if self.max_context_tokens:
-                gens = [self._fit_reply(g, self.max_context_tokens - len(ids)) for g, ids in zip(gens, prompt_ids)]
-            stats.generate_s += time.perf_counter() - t0
-            stats.generate_calls += 1
-            t0 = time.perf_counter()
-            still, sent, calls = [], [], []
-            for i, gen in zip(live, gens):     # send every action, then wait: workers step in parallel
-                stats.generated_tokens += len(gen.response_ids)
-                reply = prefills[i] + gen.text
-                self.prompts.reply(chats[i], reply)
-                query = tool_query(reply) if has_tool[i] and tool_uses[i] < tool.max_uses else None
-                if query is not None:
-                    calls.append((i, gen, reply, query))
-                    continue
-                try:
-                    envs[i].step_async(reply)
-                    sent.append((i, gen, reply))
-                except Exception as e:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
-                    self._fail(i, trajs, envs, e)
-            if calls:
-                t1 = time.perf_counter()
-                results = tool.answer([(specs[i].env_id, q) for i, _, _, q in calls])
-                stats.retrieve_s += time.perf_counter() - t1
-                for (i, gen, reply, query), (answer, entry_ids, record) in zip(calls, results):
-                    tr = trajs[i]
-                    tool_uses[i] += 1
-                    tr.tool_calls.append(ToolCall(len(tr.turns), query, answer, list(entry_ids), record))
-                    self._record_turn(tr, gen, None, False, 0.0, obs[i], reply, turn_found.get(i), tool=True)
-                    tr.steps += 1
-                    shown = f"Search results: {answer}"
-                    if tool_uses[i] >= tool.max_uses:
-                        shown += f"\n\n{TOOL_SPENT}"
-                    history[i].append((f"(search) {query[:40]}", shown))
-                    # the window layout rebuilds each prompt from the current observation, so the
-                    # state is repeated after the answer; a multi-turn chat still holds it
-                    obs[i] = shown if self.prompts.layout == "multiturn" else f"{shown}\n\n{obs[i].strip()}"
-                    if self._out_of_turns(envs[i], tr):
-                        tr.truncated, tr.final_obs = True, obs[i]
-                        self._finish(i, specs, envs, progress, tr)
-                    else:
-                        still.append(i)
-            for i, gen, reply in sent:
-                try:
-                    o, r, term, trunc, info = envs[i].step_wait()
-                except Exception as e:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
-                    self._fail(i, trajs, envs, e)
-                    continue
-                tr = trajs[i]
-                self._record_turn(tr, gen, info.get("action"), bool(info.get("invalid_action")), float(r), obs[i],
-                                  reply, turn_found.get(i))
-                tr.reward += float(r)
-                tr.steps = int(info.get("steps", len(tr.turns))) + tool_uses[i]
-                tr.invalid_actions = int(info.get("invalid_actions", 0))
-                tr.success = bool(info.get("success", False))
-                label = info.get("action") or f"(invalid) {gen.text.strip()[:40]}"
-                history[i].append((label, feedback_of(o)))
-                obs[i] = o
-                if not (term or trunc) and self._out_of_turns(envs[i], tr):
-                    trunc = True
-                if term or trunc:
-                    tr.terminated, tr.truncated = bool(term), bool(trunc)
-                    tr.final_obs = o
-                    self._finish(i, specs, envs, progress, tr)
-                else:
-                    still.append(i)
-            stats.env_s += time.perf_counter() - t0
-            keep = set(still)
-            live = [i for i in live if i in keep]
+                continue
+            live = self._turn(live, hooks, sampling, stats, ended)
         stats.wall_s = time.perf_counter() - t_start
         self.last_stats = stats
-        return trajs
+        return out
+
+    def _join(self, joining: Sequence[_Episode], hooks: Sequence[dict[str, Any]], stats: RolloutStats,
+              ended: Callable[[_Episode], None], after_resets: Callable[[], None]) -> list[_Episode]:
+        """Reset the joining episodes' envs (all started, then waited for: workers reset in parallel),
+        call ``after_resets`` (the prefetch of later resets), set up their trajectories and ask each
+        stream's ``guide`` for its joining episodes; returns the episodes whose reset succeeded."""
+        t0 = time.perf_counter()
+        started = []
+        for e in joining:
+            env, pending = self.pool.acquire_for(e.spec.env_id, e.spec.task)
+            e.env = env
+            try:
+                if not pending:
+                    env.reset_async(options={"task": e.spec.task})
+                started.append(e)
+            except Exception as err:  # noqa: BLE001 - an env crash fails the episode, never the run
+                self._fail(e, err, ended)
+        live = []
+        for e in started:
+            try:
+                e.obs, _ = e.env.reset_wait()
+                live.append(e)
+            except Exception as err:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
+                self._fail(e, err, ended)
+        after_resets()
+        for e in live:
+            env, tr = e.env, e.traj
+            tr.task_prompt = env.task_prompt()
+            tr.query = env.retrieval_query(e.obs)
+            tr.guidance = e.spec.guidance
+            tr.initial_prompt = self.prompts.task_text(env.system_prompt, tr.task_prompt, e.obs,
+                                                       env.reply_format.instruction)
+            if e.has_tool:
+                e.obs = f"{e.obs.rstrip()}\n\n{hooks[e.stream]['tool'].instruction()}"
+        stats.env_s += time.perf_counter() - t0
+        for k, h in enumerate(hooks):
+            guide = h.get("guide")
+            wanted = [e for e in live if e.stream == k and e.spec.retrieve]
+            if guide is None or not wanted:
+                continue
+            t0 = time.perf_counter()
+            answers = guide([(e.spec.env_id, e.traj.initial_prompt, e.spec.query or e.traj.query) for e in wanted])
+            for e, g in zip(wanted, answers):
+                e.traj.guidance = "\n\n".join(x for x in (e.spec.guidance, g.text) if x)
+                e.traj.experience_ids = list(g.entry_ids)
+                e.traj.retrieval = g.record
+            stats.retrieve_s += time.perf_counter() - t0
+        return live
+
+    def _turn(self, live: list[_Episode], hooks: Sequence[dict[str, Any]], sampling: SamplingParams,
+              stats: RolloutStats, ended: Callable[[_Episode], None]) -> list[_Episode]:
+        """One turn of every live episode; returns the episodes still live after it, in order."""
+        turn_found: dict[int, tuple[str, Guidance]] = {}
+        for k, h in enumerate(hooks):
+            turn_guide = h.get("turn_guide")
+            asking = [e for e in live if e.stream == k and e.spec.turn_retrieve]
+            if turn_guide is None or not asking:
+                continue
+            t0 = time.perf_counter()
+            queries = [e.env.retrieval_query(e.obs) for e in asking]
+            found = turn_guide([(e.spec.env_id, e.traj.initial_prompt, q) for e, q in zip(asking, queries)])
+            turn_found.update({e.index: (q, g) for e, q, g in zip(asking, queries, found)})
+            stats.retrieve_s += time.perf_counter() - t0
+        # a stream whose episodes may still call the search tool stops its replies at the call's close
+        tool_open = {e.stream for e in live if e.has_tool and e.tool_uses < hooks[e.stream]["tool"].max_uses}
+        prompt_ids, allowed, prefills = {}, {}, {}
+        budget, stops = sampling.max_new_tokens, list(sampling.stop)
+        for e in live:
+            env, tr = e.env, e.traj
+            fmt = env.reply_format
+            prefills[e.index] = self.prompts.prefill if fmt.prefill is None else fmt.prefill
+            turn_text = turn_found[e.index][1].text if e.index in turn_found else ""
+            last = tr.turns[-1] if tr.turns else None
+            prompt_ids[e.index] = self.prompts.turn(e.chat, env.system_prompt, tr.task_prompt, e.history, e.obs,
+                                                    tr.guidance, fmt.instruction, prefills[e.index],
+                                                    turn_guidance=turn_text,
+                                                    previous=(last.prompt_ids, last.response_ids) if last else None)
+            allowed[e.index] = None if e.has_tool else self._allowed(env)
+            budget = max(budget, fmt.min_new_tokens)
+            stops += [x for x in fmt.stop if x not in stops]
+        if self.max_context_tokens:
+            still = []
+            for e in live:                  # no room for a reply: the episode ends before the turn
+                if len(prompt_ids[e.index]) >= self.max_context_tokens:
+                    e.traj.truncated = e.traj.context_full = True
+                    e.traj.final_obs = e.obs
+                    self._finish(e, ended)
+                else:
+                    still.append(e)
+            live = still
+            if not live:
+                return []
+        gens: dict[int, Generation] = {}
+        groups = [[e for e in live if e.stream not in tool_open], [e for e in live if e.stream in tool_open]]
+        for group, tool_stop in zip(groups, (False, True)):
+            if not group:
+                continue
+            group_stops = stops + [TOOL_CLOSE] if tool_stop and TOOL_CLOSE not in stops else stops
+            same = (budget, tuple(group_stops)) == (sampling.max_new_tokens, tuple(sampling.stop))
+            turn_sampling = sampling if same else \
+                dataclasses.replace(sampling, max_new_tokens=budget, stop=tuple(group_stops))
+            t0 = time.perf_counter()
+            ids = [prompt_ids[e.index] for e in group]
+            out = self.engine.generate(ids, turn_sampling, [allowed[e.index] for e in group])
+            if self.max_context_tokens:
+                out = [self._fit_reply(g, self.max_context_tokens - len(p)) for g, p in zip(out, ids)]
+            stats.generate_s += time.perf_counter() - t0
+            stats.generate_calls += 1
+            gens.update({e.index: g for e, g in zip(group, out)})
+        t0 = time.perf_counter()
+        still, sent, calls = [], [], []
+        for e in live:                      # send every action, then wait: workers step in parallel
+            gen = gens[e.index]
+            stats.generated_tokens += len(gen.response_ids)
+            reply = prefills[e.index] + gen.text
+            self.prompts.reply(e.chat, reply)
+            tool = hooks[e.stream].get("tool")
+            query = tool_query(reply) if e.has_tool and e.tool_uses < tool.max_uses else None
+            if query is not None:
+                calls.append((e, gen, reply, query))
+                continue
+            try:
+                e.env.step_async(reply)
+                sent.append((e, gen, reply))
+            except Exception as err:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
+                self._fail(e, err, ended)
+        for k, h in enumerate(hooks):
+            mine = [c for c in calls if c[0].stream == k]
+            if not mine:
+                continue
+            tool = h["tool"]
+            t1 = time.perf_counter()
+            results = tool.answer([(e.spec.env_id, q) for e, _, _, q in mine])
+            stats.retrieve_s += time.perf_counter() - t1
+            for (e, gen, reply, query), (answer, entry_ids, record) in zip(mine, results):
+                tr = e.traj
+                e.tool_uses += 1
+                tr.tool_calls.append(ToolCall(len(tr.turns), query, answer, list(entry_ids), record))
+                self._record_turn(tr, gen, None, False, 0.0, e.obs, reply, turn_found.get(e.index), tool=True)
+                tr.steps += 1
+                shown = f"Search results: {answer}"
+                if e.tool_uses >= tool.max_uses:
+                    shown += f"\n\n{TOOL_SPENT}"
+                e.history.append((f"(search) {query[:40]}", shown))
+                # the window layout rebuilds each prompt from the current observation, so the
+                # state is repeated after the answer; a multi-turn chat still holds it
+                e.obs = shown if self.prompts.layout == "multiturn" else f"{shown}\n\n{e.obs.strip()}"
+                if self._out_of_turns(e.env, tr):
+                    tr.truncated, tr.final_obs = True, e.obs
+                    self._finish(e, ended)
+                else:
+                    still.append(e)
+        for e, gen, reply in sent:
+            try:
+                o, r, term, trunc, info = e.env.step_wait()
+            except Exception as err:  # noqa: BLE001 - any env failure loses that episode only (restarted worker)
+                self._fail(e, err, ended)
+                continue
+            tr = e.traj
+            self._record_turn(tr, gen, info.get("action"), bool(info.get("invalid_action")), float(r), e.obs,
+                              reply, turn_found.get(e.index))
+            tr.reward += float(r)
+            tr.steps = int(info.get("steps", len(tr.turns))) + e.tool_uses
+            tr.invalid_actions = int(info.get("invalid_actions", 0))
+            tr.success = bool(info.get("success", False))
+            label = info.get("action") or f"(invalid) {gen.text.strip()[:40]}"
+            e.history.append((label, feedback_of(o)))
+            e.obs = o
+            if not (term or trunc) and self._out_of_turns(e.env, tr):
+                trunc = True
+            if term or trunc:
+                tr.terminated, tr.truncated = bool(term), bool(trunc)
+                tr.final_obs = o
+                self._finish(e, ended)
+            else:
+                still.append(e)
+        stats.env_s += time.perf_counter() - t0
+        keep = {e.index for e in still}
+        return [e for e in live if e.index in keep]
 
     @staticmethod
     def _record_turn(tr: Trajectory, gen: Any, action: str | None, invalid: bool, reward: float, obs: str,
@@ -770,19 +764,35 @@ class RolloutRunner:
         limit = int(getattr(env, "max_steps", 0) or 0)
         return bool(tr.tool_calls) and limit > 0 and len(tr.turns) >= limit
 
-    def _finish(self, i: int, specs: Sequence[EpisodeSpec], envs: list[TextEnv | None],
-                progress: Callable[[int], None] | None, tr: Trajectory) -> None:
-        if getattr(envs[i], "has_entry_key", False):      # the env keys the episode's entries (MiniHack raw)
-            tr.key = envs[i].entry_key(bool(tr.turns) and not tr.turns[0].tool) or ""
-        self.pool.release(specs[i].env_id, envs[i])
-        envs[i] = None
-        if progress:
-            progress(1)
+    def _finish(self, e: _Episode, ended: Callable[[_Episode], None]) -> None:
+        if getattr(e.env, "has_entry_key", False):      # the env keys the episode's entries (MiniHack raw)
+            e.traj.key = e.env.entry_key(bool(e.traj.turns) and not e.traj.turns[0].tool) or ""
+        self.pool.release(e.spec.env_id, e.env)
+        e.env = None
+        ended(e)
 
-    def _fail(self, i: int, trajs: list[Trajectory], envs: list[TextEnv | None], err: Exception) -> None:
-        trajs[i].error = f"{type(err).__name__}: {err}"
-        trajs[i].terminated = True
-        trajs[i].success = False
-        if envs[i] is not None:
-            self.pool.discard(envs[i])
-            envs[i] = None
+    def _fail(self, e: _Episode, err: Exception, ended: Callable[[_Episode], None]) -> None:
+        e.traj.error = f"{type(err).__name__}: {err}"
+        e.traj.terminated = True
+        e.traj.success = False
+        if e.env is not None:
+            self.pool.discard(e.env)
+            e.env = None
+        ended(e)
+
+
+@dataclass
+class _Episode:
+    """A running episode of :meth:`RolloutRunner.collect_streams`: queue place, spec, stream, trajectory,
+    env, observation, (action, feedback) history, ``multiturn`` chat, search-tool calls made."""
+
+    index: int
+    spec: EpisodeSpec
+    stream: int
+    traj: Trajectory
+    has_tool: bool = False
+    env: TextEnv | None = None
+    obs: str = ""
+    history: list[tuple[str, str]] = field(default_factory=list)
+    chat: list[dict[str, str]] = field(default_factory=list)
+    tool_uses: int = 0

@@ -260,3 +260,28 @@ def replay_from_checkpoint(make, tmp_path, computed):
     a.close()
     b.close()
     return a, b
+
+
+class PromptHashEngine:
+    """An actor engine whose reply depends on the prompt alone: it picks an allowed reply by a digest of
+    the prompt's ids (``left</answer>`` where nothing is allowed), so the same prompt gets the same
+    reply in any batch, and records each call's batch size in ``batches``."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.batches: list[int] = []
+
+    def generate(self, prompts, params, allowed=None):
+        import hashlib
+
+        from crl_bench.llm.base import Generation
+
+        self.batches.append(len(prompts))
+        out = []
+        for i, p in enumerate(prompts):
+            options = (allowed[i] if allowed is not None and allowed[i] else ["left</answer>"])
+            digest = int(hashlib.sha256(str(list(p)).encode()).hexdigest(), 16)
+            text = options[digest % len(options)]
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            out.append(Generation(list(p), ids, [-0.5] * len(ids), text, "stop"))
+        return out

@@ -221,40 +221,88 @@ class Evaluator:
         0/1 per task in the order of ``tasks``, and for envs with task types ``per_type``: episodes
         and success rate per type, e.g. ALFWorld's six), ``mode``, ``guided`` (experience in the
         prompt: every mode but ``free``), ``episodes_with_experience``, ``split``, ``temperature``,
-        ``wall_s`` and the task ids used (``tasks``; ``donors`` for ``shuffled``); outside ``free``, a
-        memory kind that learns between attempts adds its own (:meth:`ExperienceTrack.eval_attempts`;
-        ``reflexion``: ``attempts_with_reflections`` (attempts shown at least one reflection: its
-        guidance is not a bank entry, so ``episodes_with_experience`` stays 0)).  With
-        ``eval.trials`` n > 1 each task is attempted until solved, at most n times, and every
-        figure is of each task's best attempt (:meth:`trials`); the block adds
-        ``success_by_trial`` (share solved after each attempt) and ``attempts`` (episodes run).
-        With ``eval.samples`` n > 1 each task is run n times independently: rates are over all
-        episodes, ``successes`` is each task's share of successful samples, and the block and each
-        env add ``pass_at_k`` and ``pass_hat_k`` (``{"1": ..., ..., "n": ...}``,
-        :func:`crl_bench.results.passk.pass_curves`; the block's pooled over all tasks) and
-        ``samples``.
+        ``wall_s`` (seconds of the evaluation that ran the mode: with :meth:`evaluate_modes`' stream,
+        of all its modes together) and the task ids used (``tasks``; ``donors`` for ``shuffled``);
+        outside ``free``, a memory kind that learns between attempts adds its own
+        (:meth:`ExperienceTrack.eval_attempts`; ``reflexion``: ``attempts_with_reflections``
+        (attempts shown at least one reflection: its guidance is not a bank entry, so
+        ``episodes_with_experience`` stays 0)).  With ``eval.trials`` n > 1 each task is attempted
+        until solved, at most n times, and every figure is of each task's best attempt
+        (:meth:`trials`); the block adds ``success_by_trial`` (share solved after each attempt) and
+        ``attempts`` (episodes run).  With ``eval.samples`` n > 1 each task is run n times
+        independently: rates are over all episodes, ``successes`` is each task's share of
+        successful samples, and the block and each env add ``pass_at_k`` and ``pass_hat_k``
+        (``{"1": ..., ..., "n": ...}``, :func:`crl_bench.results.passk.pass_curves`; the block's
+        pooled over all tasks) and ``samples``.
 
         Raises:
             ValueError: an unknown mode, or a mode with experience for a method without a bank.
         """
         if mode is None:
             mode = "guided" if (self.guided if guided is None else guided) else "free"
-        if mode not in ("free", "guided", *EVAL_CONTROLS):
-            raise ValueError(f"unknown eval mode {mode!r}; known: free, guided, {', '.join(EVAL_CONTROLS)}")
-        if mode != "free" and self.trainer.experience is None:
-            raise ValueError(f"{mode} evaluation needs an experience bank; method {self.cfg.method!r} has none")
-        if mode != "free":
+        return self.evaluate_modes([mode], episodes, progress)[mode]
+
+    def evaluate_modes(self, modes: Sequence[str], episodes: int | str | None = None,
+                       progress: Any = None, on_mode: Any = None) -> dict[str, dict[str, Any]]:
+        """Evaluate each of ``modes`` (blocks as :meth:`evaluate`, keyed by mode) on the same tasks;
+        ``on_mode(mode, block)``, if given, is called as soon as a mode's block is known (in a stream
+        with one attempt, when the mode's last episode ends: the queue holds the modes in the order
+        given, so they end about in that order).
+
+        With ``eval.stream`` (default) the modes run as one stream (docs/evaluation.md "One stream"):
+        every mode's episodes in one queue of the rollout's continuous batching
+        (:meth:`RolloutRunner.collect_streams`), each with its own mode's hooks; with ``eval.trials``
+        > 1 each attempt is one stream of every mode's unsolved tasks, and a memory kind that learns
+        between attempts (``reflexion``) learns per mode between them.  Without it each mode is its
+        own pass, in the order given.  Either way the evaluation starts from an empty actor prefix
+        store, and the read-only retrievals are a function of the bank and the query
+        (:meth:`Retriever.begin_readonly`), so a mode's episodes do not depend on the order of the
+        episodes around it.
+
+        Raises:
+            ValueError: an unknown mode, a mode given twice, or a mode with experience for a method
+                without a bank.
+        """
+        modes = list(modes)
+        for mode in modes:
+            if mode not in ("free", "guided", *EVAL_CONTROLS):
+                raise ValueError(f"unknown eval mode {mode!r}; known: free, guided, {', '.join(EVAL_CONTROLS)}")
+            if mode != "free" and self.trainer.experience is None:
+                raise ValueError(f"{mode} evaluation needs an experience bank; method {self.cfg.method!r} has none")
+        if len(set(modes)) != len(modes):
+            raise ValueError(f"eval modes given twice: {modes}")
+        if not self.cfg.eval.stream and len(modes) > 1:
+            return {mode: self.evaluate_modes([mode], episodes, progress, on_mode)[mode] for mode in modes}
+        if any(m != "free" for m in modes):
             self.trainer.experience.flush()         # the bank evaluated is the one training has written
-            # a mode's read-only retrievals (the released re-rank's random demotion of a recently
-            # retrieved top entry) depend neither on the evaluations before it nor on the wall time
-            # since training, so `crl-bench eval` reproduces eval.json's guided and control blocks
-            self.trainer.experience.begin_evaluation(f"{self.cfg.train.seed}:{mode}")
+            # read-only retrievals (the released re-rank's random demotion of a recently retrieved top
+            # entry) depend neither on the evaluations before, nor on the order of the episodes, nor on
+            # the wall time since training, so `crl-bench eval` reproduces eval.json's guided and
+            # control blocks
+            self.trainer.experience.begin_evaluation(f"{self.cfg.train.seed}")
         # every evaluation starts from an empty prefix store: a cached prefix equals its recomputation
-        # only up to rounding, which can flip a greedy choice at a near-tie, so without this a mode's
-        # episodes would depend on which evaluations ran before it (and `crl-bench eval --modes free`
-        # would not reproduce eval.json's free block)
+        # only up to rounding, which can flip a greedy choice at a near-tie, so without this an
+        # evaluation's episodes would depend on which evaluations ran before it
         self.trainer.clear_actor_prefix_store()
         tasks = self.task_ids(episodes)
+        plans = [self._plan(mode, tasks) for mode in modes]
+        t0 = time.perf_counter()
+        blocks: dict[str, dict[str, Any]] = {}
+
+        def done(j: int, run: tuple[list[Trajectory], list[float], int]) -> None:
+            # wall_s: from the evaluation's start until the mode's last episode ended
+            blocks[plans[j]["mode"]] = block = self._block(plans[j], tasks, *run, time.perf_counter() - t0)
+            if on_mode is not None:
+                on_mode(plans[j]["mode"], block)
+
+        with self.trainer.peaks.phase("eval"):
+            self._attempts(plans, progress, done)
+        return {p["mode"]: blocks[p["mode"]] for p in plans}
+
+    def _plan(self, mode: str, tasks: dict[str, list[int]]) -> dict[str, Any]:
+        """What ``mode`` runs: its specs (``eval.samples`` each), rollout hooks, between-attempt
+        ``prepare`` / ``learn`` (or ``None``), the memory kind's attempts object and the donors of
+        ``shuffled``."""
         exp = self.cfg.experience
         donors = self.shuffled_donors(tasks) if mode == "shuffled" else {}
         live = mode == "guided"
@@ -265,7 +313,6 @@ class Evaluator:
                              query=self.first_query(env_id, donors[env_id][t])
                              if t in donors.get(env_id, {}) and self.trainer.experience.memory.retrieves else "")
                  for env_id, ids in tasks.items() for i, t in enumerate(ids)]
-        t0 = time.perf_counter()
         # evaluation leaves the bank and its usage counters as they were, unless eval.writes_counters
         # (the released evaluation counts its retrievals)
         hooks = self.trainer.rollout_hooks(training=False, guided=mode != "free")
@@ -281,8 +328,14 @@ class Evaluator:
             hooks = {}
         samples = self.cfg.eval.samples
         specs = [s for s in specs for _ in range(samples)]     # eval.samples: independent episodes per task
-        with self.trainer.peaks.phase("eval"):
-            trajs, by_trial, attempts = self.trials(specs, progress, hooks, prepare, learn)
+        return {"mode": mode, "specs": specs, "hooks": hooks, "prepare": prepare, "learn": learn,
+                "between": between, "donors": donors}
+
+    def _block(self, plan: dict[str, Any], tasks: dict[str, list[int]], trajs: list[Trajectory],
+               by_trial: list[float], attempts: int, wall: float) -> dict[str, Any]:
+        """The eval.json block of one mode (:meth:`evaluate`) from its episodes."""
+        mode, between, donors = plan["mode"], plan["between"], plan["donors"]
+        samples = self.cfg.eval.samples
         out = summarise(trajs)
         per_env = {}
         all_counts: list[int] = []                  # successful samples per task, every env (eval.samples)
@@ -310,7 +363,7 @@ class Evaluator:
                 row["per_type"] = {k: {"episodes": len(v), "success_rate": float(np.mean(v))}
                                    for k, v in sorted(by_type.items())}
             per_env[env_id] = row
-        out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=time.perf_counter() - t0,
+        out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=wall,
                    mode=mode, guided=mode != "free", temperature=self.cfg.eval.temperature, tasks=tasks,
                    # with experience: how many episodes the bank actually had experience for
                    episodes_with_experience=sum(1 for t in trajs if t.experience_ids))
@@ -333,36 +386,87 @@ class Evaluator:
         attempt but the last.  Returns one trajectory per spec, in order (the first successful
         attempt, else the attempt with the highest reward, the earliest on ties), the share of
         specs solved after each attempt and the number of episodes run."""
-        best: dict[int, Trajectory] = {}
-        by_trial: list[float] = []
-        pending = list(range(len(specs)))
-        attempts = 0
+        plan = {"specs": specs, "hooks": hooks, "prepare": prepare, "learn": learn}
+        return self._attempts([plan], progress)[0]
+
+    def _attempts(self, plans: list[dict[str, Any]], progress: Any,
+                  done: Any = None) -> list[tuple[list[Trajectory], list[float], int]]:
+        """:meth:`trials` of several modes' plans together: each attempt runs every plan's unsolved
+        specs as one stream (:meth:`_collect`), then each plan's ``learn`` sees its own failures.
+        ``done(j, result of plan j)`` is called once per plan as soon as its result is known (with a
+        single attempt: when its stream's last episode ends)."""
         trials = self.cfg.eval.trials
+
+        reported: set[int] = set()
+
+        def single(k: int, ran: list[Trajectory]) -> None:
+            j = which[k]
+            share = sum(1 for t in ran if t.success) / max(len(plans[j]["specs"]), 1)
+            reported.add(j)
+            done(j, (list(ran), [share], len(ran)))
+
+        stream_done = single if done is not None and trials == 1 else None
+        best: list[dict[int, Trajectory]] = [{} for _ in plans]
+        by_trial: list[list[float]] = [[] for _ in plans]
+        pending = [list(range(len(p["specs"]))) for p in plans]
+        attempts = [0] * len(plans)
         for k in range(trials):
-            if pending:
-                run = [prepare(specs[i]) if prepare is not None else specs[i] for i in pending]
-                ran = self.trainer.runner.collect(run, self.trainer.eval_sampling, progress=progress, **hooks)
-                attempts += len(ran)
+            which = [j for j, p in enumerate(plans) if pending[j]]
+            streams = []
+            for j in which:
+                p = plans[j]
+                run = [p["prepare"](p["specs"][i]) if p["prepare"] is not None else p["specs"][i] for i in pending[j]]
+                streams.append((run, p["hooks"]))
+            ran_all = self._collect(streams, progress, stream_done) if streams else []
+            for j, ran in zip(which, ran_all):
+                attempts[j] += len(ran)
+                learn = plans[j]["learn"]
                 if learn is not None and k + 1 < trials:
                     learn([t for t in ran if not t.success])
-                for i, t in zip(pending, ran):
-                    prev = best.get(i)
+                for i, t in zip(pending[j], ran):
+                    prev = best[j].get(i)
                     if prev is None or (not prev.success and (t.success or t.reward > prev.reward)):
-                        best[i] = t
-                pending = [i for i in pending if not best[i].success]
-            by_trial.append(sum(1 for t in best.values() if t.success) / max(len(specs), 1))
-        return [best[i] for i in range(len(specs))], by_trial, attempts
+                        best[j][i] = t
+                pending[j] = [i for i in pending[j] if not best[j][i].success]
+            for j, p in enumerate(plans):
+                by_trial[j].append(sum(1 for t in best[j].values() if t.success) / max(len(p["specs"]), 1))
+        results = [([best[j][i] for i in range(len(p["specs"]))], by_trial[j], attempts[j])
+                   for j, p in enumerate(plans)]
+        if done is not None:                # every plan not reported by its stream (none with no specs)
+            for j, run in enumerate(results):
+                if j not in reported:
+                    done(j, run)
+        return results
+
+    def _collect(self, streams: list[tuple[list[EpisodeSpec], dict[str, Any]]], progress: Any,
+                 stream_done: Any = None) -> list[list[Trajectory]]:
+        """Roll out ``streams`` (``(specs, hooks)``) with the eval sampling: one stream by
+        :meth:`RolloutRunner.collect`, several as one queue (:meth:`RolloutRunner.collect_streams`);
+        continuous batching with ``eval.stream``, else waves of ``rollout.max_concurrent``;
+        ``stream_done`` as in :meth:`RolloutRunner.collect_streams`."""
+        runner, sampling = self.trainer.runner, self.trainer.eval_sampling
+        before = getattr(runner, "continuous", True)
+        runner.continuous = self.cfg.eval.stream
+        try:
+            if len(streams) == 1:
+                specs, hooks = streams[0]
+                out = [runner.collect(specs, sampling, progress=progress, **hooks)]
+                if stream_done is not None:
+                    stream_done(0, out[0])
+                return out
+            return runner.collect_streams(streams, sampling, progress=progress, stream_done=stream_done)
+        finally:
+            runner.continuous = before
 
     def evaluate_all(self, episodes: int | str | None = None, progress: Any = None,
                      modes: Sequence[str] | None = None) -> dict[str, Any]:
         """The final evaluation written to ``eval.json``: ``{"step", "protocol", MODE: ...}`` for each
         of ``modes`` (default :attr:`modes`: ``free`` and, for methods with an experience bank
         and ``experience.eval_guided``, ``guided`` and the memory controls of ``eval.controls``), the
-        same tasks in every mode (blocks as :meth:`evaluate`), and the final actor's ``lesson_follow``
-        (with ``eval.lesson_follow``)."""
+        same tasks in every mode (blocks as :meth:`evaluate`, run as one stream by
+        :meth:`evaluate_modes`), and the final actor's ``lesson_follow`` (with ``eval.lesson_follow``)."""
         out: dict[str, Any] = {"step": self.trainer.step, "protocol": self.protocol(episodes)}
-        for mode in (self.modes if modes is None else modes):
-            out[mode] = self.evaluate(episodes, progress, mode=mode)
+        out.update(self.evaluate_modes(self.modes if modes is None else modes, episodes, progress))
         follow = self.trainer.lesson_follow()
         if follow:                            # the final actor's lesson following
             out["lesson_follow"] = {k: v for k, v in follow.items() if not k.startswith("time_")}

@@ -201,7 +201,7 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
         # the untrained actor on the same tasks and protocol as the final eval (the step-0 point of
         # the eval curve); a method with a bank has nothing in it yet, so this is experience-free
         with tqdm(total=sum(map(len, trainer.evaluator.task_ids().values())), desc="eval (step 0)",
-                  unit="ep", disable=quiet, leave=False) as bar:
+                  unit="ep", disable=quiet, leave=False, smoothing=0) as bar:
             initial = trainer.evaluator.evaluate(progress=bar.update, guided=False)
         writer.log_metrics({"step": 0, "eval": {"free": initial}, **trainer.peaks.take()})
         if not quiet:
@@ -234,7 +234,10 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
     # training is over and its resumable state is on disk: the final evaluation runs without the
     # optimisers' moments resident (about 1.1 GB per trainable 135M model)
     trainer.release_training_state()
-    with tqdm(total=trainer.evaluator.episode_count(), desc="eval", unit="ep", disable=quiet, leave=False) as bar:
+    # one stream of every mode's episodes: they end steadily, so the bar's rate (averaged since the start,
+    # smoothing=0) and ETA are the stream's
+    with tqdm(total=trainer.evaluator.episode_count(), desc="eval", unit="ep", disable=quiet, leave=False,
+              smoothing=0) as bar:
         ev = trainer.evaluator.evaluate_all(progress=bar.update)
     if initial is not None:
         ev["initial"] = {"step": 0, "free": initial}
@@ -536,16 +539,23 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
         if done and any(m in done for m in modes):
             print(f"resuming from {partial}: {', '.join(m for m in modes if m in done)} already evaluated",
                   file=sys.stderr)
-        with tqdm(total=evaluator.episode_count(modes=modes), desc=f"eval {cfg.eval.split}", unit="ep",
-                  disable=quiet) as bar:
-            for mode in modes:
-                if mode in done:
-                    ev[mode] = done[mode]
-                    bar.update(evaluator.episode_count(modes=[mode]))
-                    continue
-                ev[mode] = evaluator.evaluate(progress=bar.update, mode=mode)
-                if partial is not None:
-                    write_json_atomic(partial, {"key": key, "modes": {**done, **{m: ev[m] for m in modes if m in ev}}})
+        todo = [m for m in modes if m not in done]
+        for mode in modes:
+            if mode in done:
+                ev[mode] = done[mode]
+
+        def finished(mode: str, block: dict[str, Any]) -> None:
+            ev[mode] = block
+            if partial is not None:         # a mode is kept as soon as its last episode has ended
+                write_json_atomic(partial, {"key": key, "modes": {**done, **{m: ev[m] for m in modes if m in ev}}})
+
+        # the modes still to evaluate run as one stream (docs/evaluation.md "One stream"); the bar
+        # counts only its episodes, so its rate and ETA are of this run
+        with tqdm(total=evaluator.episode_count(modes=todo), desc=f"eval {cfg.eval.split}", unit="ep",
+                  disable=quiet or not todo, smoothing=0) as bar:
+            if todo:
+                evaluator.evaluate_modes(todo, progress=bar.update, on_mode=finished)
+        ev.update({m: ev.pop(m) for m in modes})    # the modes in the order asked
     finally:
         trainer.close()
     return ev, data_files

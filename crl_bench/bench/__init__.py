@@ -21,6 +21,8 @@ One module per benchmark, each registering its own subcommand:
   workers (Ray actors forming one torch.distributed group: trainer/data_parallel.py), interleaved.
 * ``backend`` (:mod:`.backend`): whole training steps on the Ray backend against the local backend
   (crl_bench/ray_backend.py), interleaved step by step.
+* ``eval`` (:mod:`.eval`): one evaluation (every mode of a method) run per-mode waves against one stream
+  with continuous batching (trainer/evaluation.py), interleaved, with each arm's share of the roofline.
 
 A benchmark module exposes ``HELP`` (a few words for ``crl-bench bench --help``), ``add_parser(subparsers)``
 (adds ``NAME`` with its own options to the ``bench`` subcommands and returns that parser) and
@@ -50,6 +52,7 @@ BENCHMARKS: dict[str, str] = {
     "step": "crl_bench.bench.step",
     "dp": "crl_bench.bench.dp",
     "backend": "crl_bench.bench.backend",
+    "eval": "crl_bench.bench.eval",
 }
 
 

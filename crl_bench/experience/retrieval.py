@@ -63,10 +63,15 @@ among the chosen examples (LeapLabTHU/ExpeL ``agent/expel.py``, ``topk_docs``).
 A read-only call (``count_retrievals=False``, used by evaluation) changes nothing: no counters are written and
 its demotion draws come from a separate generator, so evaluating between training steps leaves the
 training retrievals exactly as they would have been. :meth:`Retriever.begin_readonly` (called by the
-trainer before each evaluation mode) reseeds that generator from a key and fixes the read-only clock
-at the bank's last training retrieval, so a read-only evaluation's retrievals depend neither on the
-evaluations run before it (another mode, the extra attempts of ``eval.trials``) nor on how long
-after training it runs: "recent" then means retrieved in the last ``recency_window_s`` of training.
+trainer before each evaluation) fixes the read-only clock at the bank's last training retrieval and
+from then on draws each read-only query's demotion from a generator seeded by the evaluation's key,
+the query's env and the query text: a read-only evaluation's retrievals are a function of the bank
+and the query, so they depend neither on the evaluations run before it (another mode, the extra
+attempts of ``eval.trials``), nor on the order its episodes retrieve in (the evaluation stream
+interleaves every mode's episodes, trainer/evaluation.py), nor on how long after training it runs:
+"recent" then means retrieved in the last ``recency_window_s`` of training.  The same query in one
+evaluation gets the same draw (e.g. the ``shuffled`` control is shown what ``guided`` is shown for
+its donor task's first observation).
 
 As in the released code, the usage counters are read once per ``retrieve`` call, before its
 retrievals are recorded: queries in the same batch do not see each other's retrievals. The returned
@@ -159,6 +164,7 @@ class Retriever:
         self._rng = random.Random(seed)
         self._readonly_rng = random.Random(seed + 1)
         self._readonly_now: float | None = None     # read-only clock (begin_readonly); None: wall clock
+        self._readonly_key: str | None = None       # read-only draws per query (begin_readonly); None: _readonly_rng
         self._rng_lock = threading.Lock()
         self.query_cache = QueryCache(bank.embedder, query_cache)
 
@@ -166,10 +172,20 @@ class Retriever:
         """Start a read-only evaluation: reseed the read-only demotion draws from ``key`` (e.g. the
         run's seed and the eval mode) and let read-only calls without an explicit ``now`` take
         ``now`` (seconds since the epoch; the bank's :meth:`last_retrieval_time`) as the time instead
-        of the wall clock. Counting calls (training) are unaffected. See the module docstring."""
+        of the wall clock. From then on each read-only query draws its demotion from a generator of its
+        own, seeded by ``key``, the query's env and the query text (order-free). Counting calls
+        (training) are unaffected. See the module docstring."""
         with self._rng_lock:
             self._readonly_rng = random.Random(f"readonly:{key}")
+            self._readonly_key = str(key)
             self._readonly_now = float(now)
+
+    def _readonly_draws(self, env_id: str, query: str) -> random.Random:
+        """The generator of a read-only query's demotion draw: one seeded by the evaluation's key, the env
+        and the query after :meth:`begin_readonly`, else the shared read-only generator."""
+        if self._readonly_key is None:
+            return self._readonly_rng
+        return random.Random(f"readonly:{self._readonly_key}:{env_id}:{query}")
 
     def state_dict(self) -> dict:
         """The retriever's generators (training and read-only demotion draws), for checkpoints."""
@@ -287,7 +303,8 @@ class Retriever:
             if utility:
                 ranked = self.utility_rank(cands, total, explore=count_retrievals)
             else:
-                ranked = self.rerank(cands, now, None if count_retrievals else self._readonly_rng)
+                draws = None if count_retrievals else self._readonly_draws(env_ids[qi], queries[qi])
+                ranked = self.rerank(cands, now, draws)
             out[qi] = (self._one_per_key(ranked, keys) if self.skip_same_key else ranked)[:k]
             returned.extend(e.id for e in out[qi])
         if count_retrievals and returned:

@@ -112,13 +112,13 @@ def test_cli_eval_of_a_lora_run(tmp_path, monkeypatch, base_dir, tokenizer):
     seen = []
     from crl_bench.trainer.evaluation import Evaluator
 
-    original = Evaluator.evaluate
+    original = Evaluator.evaluate_modes          # crl-bench eval streams its modes through it
 
     def spy(self, *a, **kw):
         seen.append((type(self.trainer.model), self.cfg.model.lora, self.cfg.model.name))
         return original(self, *a, **kw)
 
-    monkeypatch.setattr(Evaluator, "evaluate", spy)
+    monkeypatch.setattr(Evaluator, "evaluate_modes", spy)
     assert main(["eval", "--run", str(run), "--episodes", "2", "--quiet"]) == 0
     (model_type, lora, name), = seen
     assert not issubclass(model_type, peft.PeftModel) and lora is False

@@ -253,9 +253,9 @@ def test_every_evaluation_starts_from_an_empty_prefix_store(tokenizer, tiny_mode
 
 def test_a_modes_retrievals_depend_neither_on_earlier_modes_nor_on_the_clock(tokenizer, tiny_model, monkeypatch):
     """The released re-rank demotes a recently retrieved top entry at random. A read-only evaluation
-    draws those demotions from a generator reseeded per mode and judges "recent" by the bank's last
-    training retrieval, so re-running a mode (after other modes, or an hour later, as
-    `crl-bench eval` does) shows every episode the same entries."""
+    draws each query's demotion from a generator seeded by the run's seed, the env and the query, and
+    judges "recent" by the bank's last training retrieval, so re-running a mode (after other modes, or
+    an hour later, as `crl-bench eval` does) shows every episode the same entries."""
     import crl_bench.experience.retrieval as retrieval
 
     tr = _diag_trainer(tokenizer, tiny_model, experience={"top1_demote_p": 0.5, "oversample": 4})

@@ -21,6 +21,9 @@ One module per benchmark, each registering its own subcommand:
   workers (Ray actors forming one torch.distributed group: trainer/data_parallel.py), interleaved.
 * ``backend`` (:mod:`.backend`): whole training steps on the Ray backend against the local backend
   (crl_bench/ray_backend.py), interleaved step by step.
+* ``roofline`` (:mod:`.roofline`): this machine's limits for a model (matmul FLOP/s in the compute dtype,
+  memory bandwidth, pure-torch prefill/decode and forward+backward tokens/s); ``rollout`` and ``step``
+  print their arms as a share of it (:func:`~crl_bench.bench.roofline.roofline_share`).
 
 A benchmark module exposes ``HELP`` (a few words for ``crl-bench bench --help``), ``add_parser(subparsers)``
 (adds ``NAME`` with its own options to the ``bench`` subcommands and returns that parser) and
@@ -50,6 +53,7 @@ BENCHMARKS: dict[str, str] = {
     "step": "crl_bench.bench.step",
     "dp": "crl_bench.bench.dp",
     "backend": "crl_bench.bench.backend",
+    "roofline": "crl_bench.bench.roofline",
 }
 
 

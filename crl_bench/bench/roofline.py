@@ -22,7 +22,9 @@ import copy
 import datetime
 import json
 import math
+import os
 import platform
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -83,17 +85,23 @@ def model_flops(model: Any) -> dict[str, Any]:
             "kv_elements_per_token": 2 * layers * kv_heads * head_dim}
 
 
-def _timed(fn: Callable[[], Any], min_seconds: float) -> tuple[int, float]:
-    """Run ``fn`` once untimed (warm-up), then until ``min_seconds`` have passed (at least once);
-    returns ``(calls, seconds)``."""
+def _timed(fn: Callable[[], Any], min_seconds: float) -> float:
+    """Seconds per call of ``fn``: one untimed call (warm-up), then chunks of calls (each about a
+    quarter of ``min_seconds``) until ``min_seconds`` have passed and at least two chunks ran (one
+    when a single call takes ``min_seconds``); the best chunk's mean, so that a chunk slowed by another
+    process on the cores does not count."""
+    t0 = time.perf_counter()
     fn()
-    calls, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
+    warm = time.perf_counter() - t0
+    n = max(1, int(min_seconds / 4 / max(warm, 1e-9)))
+    best, total, chunks = math.inf, 0.0, 0
+    while total < min_seconds or (chunks < 2 and warm < min_seconds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
         elapsed = time.perf_counter() - t0
-        if elapsed >= min_seconds:
-            return calls, elapsed
+        best, total, chunks = min(best, elapsed / n), total + elapsed, chunks + 1
+    return best
 
 
 def _matmul_flop_s(m: int, k: int, n: int, dtype: Any, device: Any, min_seconds: float) -> float:
@@ -104,8 +112,7 @@ def _matmul_flop_s(m: int, k: int, n: int, dtype: Any, device: Any, min_seconds:
     x = torch.randn(m, k, device=device).to(dtype)
     w = torch.randn(n, k, device=device).to(dtype)
     with torch.no_grad():
-        calls, seconds = _timed(lambda: torch.nn.functional.linear(x, w), min_seconds)
-    return 2.0 * m * k * n * calls / seconds
+        return 2.0 * m * k * n / _timed(lambda: torch.nn.functional.linear(x, w), min_seconds)
 
 
 def _bandwidth(mib: int, device: Any, min_seconds: float) -> dict[str, float]:
@@ -117,10 +124,8 @@ def _bandwidth(mib: int, device: Any, min_seconds: float) -> dict[str, float]:
     n = max(1, mib * 2**20 // 4)
     a, b, c = (torch.rand(n, device=device) for _ in range(3))
     nbytes = n * 4
-    calls, seconds = _timed(lambda: c.copy_(a), min_seconds)
-    copy_gb_s = 2 * nbytes * calls / seconds / 1e9
-    calls, seconds = _timed(lambda: torch.add(a, b, out=c), min_seconds)
-    add_gb_s = 3 * nbytes * calls / seconds / 1e9
+    copy_gb_s = 2 * nbytes / _timed(lambda: c.copy_(a), min_seconds) / 1e9
+    add_gb_s = 3 * nbytes / _timed(lambda: torch.add(a, b, out=c), min_seconds) / 1e9
     return {"copy_gb_s": copy_gb_s, "add_gb_s": add_gb_s, "mib": mib}
 
 
@@ -141,7 +146,8 @@ def _decode_rate(model: Any, dtype: Any, batch: int, context: int, steps: int, v
     """Decode tokens/s at ``batch`` rows after a ``context``-token prompt: the prompt's keys and values
     are computed once for one row and repeated over the batch (the cost of attending to them does not
     depend on their values), two untimed steps warm up, then ``steps`` forwards of one token per row
-    are timed (greedy next token, the model's ``DynamicCache``)."""
+    are timed one by one (greedy next token, the model's ``DynamicCache``); the rate is ``batch`` over
+    the median step, so that a step slowed by another process on the cores does not count."""
     import torch
     from transformers import DynamicCache
 
@@ -159,11 +165,13 @@ def _decode_rate(model: Any, dtype: Any, batch: int, context: int, steps: int, v
         for _ in range(2):
             out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        t0 = time.perf_counter()
+        times = []
         for _ in range(steps):
+            t0 = time.perf_counter()
             out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        return batch * steps / (time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
+    return batch / statistics.median(times)
 
 
 def pure_throughput(model: Any, dtype: Any, batch: int = 8, prompt: int = 512, context: int = 300,
@@ -231,8 +239,7 @@ def _train_rate(model: Any, dtype: Any, tokens: int, length: int, response: int,
         (-logp.mean()).backward()
         net.zero_grad(set_to_none=True)
 
-    calls, seconds = _timed(step, min_seconds)
-    return {"tok_s": rows * length * calls / seconds, "rows": rows, "length": length, "logits_kept": keep,
+    return {"tok_s": rows * length / _timed(step, min_seconds), "rows": rows, "length": length, "logits_kept": keep,
             "checkpointing": checkpointing}
 
 
@@ -265,7 +272,8 @@ def measure_roofline(model: Any, dtype: Any, batches: Sequence[int] = DEFAULT_BA
         ``dtype``, ``torch``, ``threads``, ``cpu``, ``cpu_bf16_units``, ``device``, ``date`` (UTC, ISO);
         ``matmul``: a list of ``{"name", "m", "k", "n", "flop_s"}`` (the model's MLP up-projection
         ``hidden x intermediate`` and LM head ``hidden x vocab`` at ``m`` = each decode batch and =
-        the prefill's rows x prompt, and a ``square`` matmul); ``matmul_flop_s`` (the best of them:
+        the prefill's rows x prompt, and a ``square`` matmul); ``load`` ``{"start", "end", "cpus"}``
+        (1-minute load averages around the measurement, and the CPU count); ``matmul_flop_s`` (the best of them:
         the attainable rate); ``bandwidth`` (:func:`_bandwidth`) and ``bandwidth_gb_s`` (the better
         of copy and add); ``weight_bytes`` (bytes of the linear weights in ``dtype``: what one
         decode step reads); ``kv_bytes_per_token``; ``flops_per_token`` (a decode token at
@@ -289,6 +297,7 @@ def measure_roofline(model: Any, dtype: Any, batches: Sequence[int] = DEFAULT_BA
     if not batches or batches[0] < 1 or min(prompt, context, decode_steps, square, bandwidth_mib) < 1:
         raise ValueError("roofline: batches, prompt, context, decode_steps, square and bandwidth_mib must be >= 1")
     prefill_batch = prefill_batch or min(batches[0], 8)
+    load_start = _load_average()
     model.eval()
     dev = next(model.parameters()).device
     fl = model_flops(model)
@@ -339,7 +348,17 @@ def measure_roofline(model: Any, dtype: Any, batches: Sequence[int] = DEFAULT_BA
         flops = 3 * fwd + (fl["body_flops"] if checkpointing else 0)
         out["train"] = {"tokens": tr["rows"] * length, **tr, "flops_per_token": flops,
                         "compute_bound_tok_s": peak / flops}
+    out["load"] = {"start": load_start, "end": _load_average(), "cpus": os.cpu_count() or 1}
     return out
+
+
+def _load_average() -> float | None:
+    """The system's 1-minute load average (runnable processes; ``None`` where the OS has none): a load
+    above the cores means other processes shared them while the rates were measured."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _nearest(decode: Sequence[dict[str, Any]], batch: int | None) -> dict[str, Any]:
@@ -419,6 +438,13 @@ def format_roofline(roof: dict[str, Any], model_name: str = "") -> str:
                      f"logits of {t['logits_kept']} positions, {t['flops_per_token'] / 1e9:.3f} GFLOP/token)")
     lines.append("compute = best matmul GFLOP/s / FLOPs per token; weights, +KV = bandwidth / bytes read per "
                  "decode step x batch (weights only, and with the key/value cache)")
+    load = roof.get("load") or {}
+    if load.get("start") is not None:
+        # at the start the load is other processes' (and the model's loading); at the end it includes
+        # this measurement's own threads, about one per CPU
+        busy = load["start"] > load["cpus"] - 0.5 or (load["end"] or 0) > load["cpus"] + 0.5
+        lines.append(f"load average {load['start']:.1f} at the start, {load['end']:.1f} at the end, {load['cpus']} CPUs"
+                     + ("; other processes shared the cores: the rates are lower than alone" if busy else ""))
     return "\n".join(lines)
 
 

@@ -93,6 +93,12 @@ def test_the_table_names_the_machine_and_each_limit(roof):
     assert text.startswith("roofline: tiny in float32 on cpu (")
     for needle in ("square 64", "memory bandwidth: copy", "prefill 1 x 32", "decode 4 @ 16", "fwd+bwd 2 x 32"):
         assert needle in text
+    assert roof["load"]["cpus"] >= 1
+    busy = roofline.format_roofline({**roof, "load": {"start": 3.2, "end": 5.0, "cpus": 2}})
+    assert busy.splitlines()[-1] == ("load average 3.2 at the start, 5.0 at the end, 2 CPUs; other processes "
+                                     "shared the cores: the rates are lower than alone")
+    alone = roofline.format_roofline({**roof, "load": {"start": 0.9, "end": 2.1, "cpus": 2}})
+    assert alone.splitlines()[-1] == "load average 0.9 at the start, 2.1 at the end, 2 CPUs"
 
 
 def test_the_command_passes_its_options_prints_and_writes_json(monkeypatch, capsys, tmp_path, roof):

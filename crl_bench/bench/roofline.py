@@ -272,8 +272,7 @@ def measure_roofline(model: Any, dtype: Any, batches: Sequence[int] = DEFAULT_BA
         ``dtype``, ``torch``, ``threads``, ``cpu``, ``cpu_bf16_units``, ``device``, ``date`` (UTC, ISO);
         ``matmul``: a list of ``{"name", "m", "k", "n", "flop_s"}`` (the model's MLP up-projection
         ``hidden x intermediate`` and LM head ``hidden x vocab`` at ``m`` = each decode batch and =
-        the prefill's rows x prompt, and a ``square`` matmul); ``load`` ``{"start", "end", "cpus"}``
-        (1-minute load averages around the measurement, and the CPU count); ``matmul_flop_s`` (the best of them:
+        the prefill's rows x prompt, and a ``square`` matmul); ``matmul_flop_s`` (the best of them:
         the attainable rate); ``bandwidth`` (:func:`_bandwidth`) and ``bandwidth_gb_s`` (the better
         of copy and add); ``weight_bytes`` (bytes of the linear weights in ``dtype``: what one
         decode step reads); ``kv_bytes_per_token``; ``flops_per_token`` (a decode token at
@@ -284,7 +283,9 @@ def measure_roofline(model: Any, dtype: Any, batches: Sequence[int] = DEFAULT_BA
         bytes read per step x batch, without and with the key/value cache); ``train`` (None when
         ``train_tokens`` is 0) ``{"tokens", "rows", "length", "logits_kept", "checkpointing",
         "tok_s", "flops_per_token", "compute_bound_tok_s"}`` where ``flops_per_token`` is 3 x a
-        forward's (forward + backward), plus one more forward of the body with checkpointing.
+        forward's (forward + backward), plus one more forward of the body with checkpointing;
+        ``load`` ``{"start", "end", "cpus"}`` (1-minute load averages around the measurement, and the
+        CPU count).
 
     Raises:
         ValueError: an empty ``batches``, or a size below 1.

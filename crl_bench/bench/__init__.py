@@ -23,6 +23,9 @@ One module per benchmark, each registering its own subcommand:
   (crl_bench/ray_backend.py), interleaved step by step.
 * ``eval`` (:mod:`.eval`): one evaluation (every mode of a method) run per-mode waves against one stream
   with continuous batching (trainer/evaluation.py), interleaved, with each arm's share of the roofline.
+* ``roofline`` (:mod:`.roofline`): this machine's limits for a model (matmul FLOP/s in the compute dtype,
+  memory bandwidth, pure-torch prefill/decode and forward+backward tokens/s); ``rollout`` and ``step``
+  print their arms as a share of it (:func:`~crl_bench.bench.roofline.roofline_share`).
 
 A benchmark module exposes ``HELP`` (a few words for ``crl-bench bench --help``), ``add_parser(subparsers)``
 (adds ``NAME`` with its own options to the ``bench`` subcommands and returns that parser) and
@@ -53,6 +56,7 @@ BENCHMARKS: dict[str, str] = {
     "dp": "crl_bench.bench.dp",
     "backend": "crl_bench.bench.backend",
     "eval": "crl_bench.bench.eval",
+    "roofline": "crl_bench.bench.roofline",
 }
 
 

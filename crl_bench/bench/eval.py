@@ -11,9 +11,9 @@ interleaved (waves, stream, stream, waves, ...) so that machine load hits both a
 Each arm prints its wall time (and each round's: on a shared machine the rounds of one arm can differ
 several-fold), episodes/s, generated and prefill tokens, generate calls, turns per generate call (how
 full the slots were: a count, free of machine load) and its share of the machine's limit for those
-tokens (:func:`roofline_share` of :func:`measure_roof`); the last line says how many episodes the two
-arms played alike (at temperature 0 with an engine whose replies do not depend on the batch: all of
-them; the real model's batched forward can round a near-tie the other way).
+tokens (:func:`crl_bench.bench.roofline.roofline_share`, pure torch and matmul); the last line says
+how many episodes the two arms played alike (at temperature 0 with an engine whose replies do not
+depend on the batch: all of them; the real model's batched forward can round a near-tie the other way).
 """
 
 from __future__ import annotations
@@ -27,23 +27,6 @@ from crl_bench.bench.options import DEFAULT_ENV, DEFAULT_MODEL, positive_int
 HELP = "an evaluation as per-mode waves (before) vs one stream (after)"
 
 ARMS = ("waves", "stream")
-
-
-def measure_roof(model: Any, dtype: Any) -> dict[str, Any]:
-    """The machine's limit for ``model`` in ``dtype``: the bare model's prefill and decode tokens/s
-    (:func:`crl_bench.bench.step.pure_throughput`; ``prefill_tok_s``, ``decode_tok_s``, ``batch``).
-    Stands in for ``crl_bench.bench.roofline.measure_roofline`` until that lands."""
-    from crl_bench.bench.step import pure_throughput
-
-    return pure_throughput(model, dtype)
-
-
-def roofline_share(roof: dict[str, Any], *, prefill_tokens: int, generated_tokens: int, seconds: float) -> float:
-    """The share of ``roof`` (:func:`measure_roof`) an arm reached: the seconds the bare model needs
-    for ``prefill_tokens`` and ``generated_tokens`` over the ``seconds`` the arm took (0 when it took
-    none)."""
-    ideal = prefill_tokens / roof["prefill_tok_s"] + generated_tokens / roof["decode_tok_s"]
-    return ideal / seconds if seconds > 0 else 0.0
 
 
 def _record(t: Any) -> tuple:
@@ -62,7 +45,7 @@ def bench_eval(model: str, mix: str, preset: str, episodes: int, modes: list[str
         dict with per-arm sums (``episodes``, ``wall_s``, ``generated_tokens``, ``prefill_tokens``,
         ``generate_calls``, ``turns``) and each round's seconds (``rounds_s``), rates (``episodes_per_s``,
         ``tokens_per_s``), ``mean_batch`` (turns per generate call: how full the slots were; free of
-        machine load), ``roofline_share``,
+        machine load), ``share_of_pure`` and ``share_of_matmul`` (``roofline``: the limits measured),
         ``ratio`` (waves wall time / stream wall time), ``same_episodes`` / ``compared`` (episodes of
         the two arms' first round played alike) and the setting (batch sizes, threads, dtype).
 
@@ -128,13 +111,18 @@ def bench_eval(model: str, mix: str, preset: str, episodes: int, modes: list[str
                 s["turns"] += sum(len(r[-1]) for recs in current["records"].values() for r in recs)
                 s["prefill_tokens"] += counters.get("prefill_tokens", 0) + counters.get("head_tokens", 0) - before
                 played.setdefault(arm, current["records"])
-        roof = measure_roof(tr.engine.generator if hasattr(tr.engine, "generator") else tr.model, tr.compute_dtype)
+        from crl_bench.bench.roofline import measure_roofline, roofline_share
+
+        batch = tr.cfg.generation.batch_size
+        roof = measure_roofline(tr.engine.generator if hasattr(tr.engine, "generator") else tr.model,
+                                tr.compute_dtype, batches=tuple(sorted({8, batch})), train_tokens=0)
         for s in sums.values():
             s["episodes_per_s"] = s["episodes"] / s["wall_s"] if s["wall_s"] else 0.0
             s["tokens_per_s"] = s["generated_tokens"] / s["wall_s"] if s["wall_s"] else 0.0
             s["mean_batch"] = s["turns"] / s["generate_calls"] if s["generate_calls"] else 0.0
-            s["roofline_share"] = roofline_share(roof, prefill_tokens=s["prefill_tokens"],
-                                                 generated_tokens=s["generated_tokens"], seconds=s["wall_s"])
+            share = roofline_share(roof, prefill_tokens=s["prefill_tokens"], generated_tokens=s["generated_tokens"],
+                                   seconds=s["wall_s"], batch=max(1, min(batch, round(s["mean_batch"]))))
+            s["share_of_pure"], s["share_of_matmul"] = share["share_of_pure"], share["share_of_matmul"]
         pairs = [(a, b) for m in modes for a, b in zip(played["waves"][m], played["stream"][m])]
         same = sum(1 for a, b in pairs if a == b)
         out = {"mix": mix, "preset": preset, "method": method, "modes": modes, "episodes": episodes,
@@ -144,7 +132,7 @@ def bench_eval(model: str, mix: str, preset: str, episodes: int, modes: list[str
                "temperature": tr.cfg.eval.temperature, **sums,
                "ratio": sums["waves"]["wall_s"] / max(sums["stream"]["wall_s"], 1e-9),
                "same_episodes": same, "compared": len(pairs)}
-        out["pure"] = roof
+        out["roofline"] = roof
         return out
     finally:
         tr.close()
@@ -157,17 +145,19 @@ def format_eval(res: dict[str, Any]) -> str:
              f"rollout.max_concurrent {res['max_concurrent'] or 'all'}, generation.batch_size {res['batch_size']}, "
              f"{res['threads']} torch threads, {res['dtype']}, temperature {res['temperature']}",
              f"{'arm':7s} {'episodes':>8s} {'wall s':>8s} {'ep/s':>7s} {'gen tok':>8s} {'prefill':>8s} "
-             f"{'gen calls':>9s} {'mean batch':>10s} {'gen tok/s':>9s} {'of roof':>8s}"]
+             f"{'gen calls':>9s} {'mean batch':>10s} {'gen tok/s':>9s} {'of pure':>8s} {'of matmul':>9s}"]
     for arm in ARMS:
         a = res[arm]
         lines.append(f"{arm:7s} {a['episodes']:8d} {a['wall_s']:8.1f} {a['episodes_per_s']:7.2f} "
                      f"{a['generated_tokens']:8d} {a['prefill_tokens']:8d} {a['generate_calls']:9d} "
                      f"{a['mean_batch']:10.1f} "
-                     f"{a['tokens_per_s']:9.1f} {a['roofline_share']:8.1%}")
-    if "pure" in res:
-        p = res["pure"]
-        lines.append(f"roof (pure torch, {res['dtype']}): prefill {p['prefill_tok_s']:.0f} tok/s, "
-                     f"decode {p['decode_tok_s']:.0f} tok/s (batch {p['batch']})")
+                     f"{a['tokens_per_s']:9.1f} {a['share_of_pure']:8.1%} {a['share_of_matmul']:9.1%}")
+    if "roofline" in res:
+        r = res["roofline"]
+        decode = ", ".join(f"{d['tok_s']:.0f} at batch {d['batch']}" for d in r["decode"])
+        lines.append(f"roofline ({res['dtype']}): pure-torch prefill {r['prefill']['tok_s']:.0f} tok/s, decode "
+                     f"{decode} tok/s; matmul {r['matmul_flop_s'] / 1e9:.0f} GFLOP/s "
+                     "(crl-bench bench roofline; 'of pure' at the arm's mean batch)")
     for arm in ARMS:
         lines.append(f"{arm} rounds: " + ", ".join(f"{x:.1f} s" for x in res[arm]["rounds_s"]))
     lines.append(f"stream / waves: {res['ratio']:.2f}x faster (wall time)")

@@ -33,15 +33,21 @@ def bench_rollout(model: str, env_id: str, n_envs: int, max_steps: int, repeats:
     Three arms roll out the same ``n_envs`` train tasks with the same sampling seed: ``batched`` and
     ``sequential`` use the engine as the trainer does (prefix cache on); ``sequential-nocache`` is the
     naive loop (one env at a time, no prefix cache).  Arms alternate order over ``repeats``.
-    ``dtype`` is the compute dtype (``model.dtype``; ``auto`` by default).
+    ``dtype`` is the compute dtype (``model.dtype``; ``auto`` by default).  After the arms, the
+    roofline of the same model and dtype (:func:`crl_bench.bench.roofline.measure_roofline`, decode at
+    batch 1 and ``n_envs``) is measured, and each arm is stated as a share of it
+    (:func:`~crl_bench.bench.roofline.roofline_share` of the arm's computed prompt tokens, the engine's
+    ``prefill_tokens`` counter, and generated tokens over its generate seconds, at batch ``n_envs``
+    for ``batched`` and 1 for the others).
 
     Returns:
-        dict with per-arm tokens, generate/wall seconds and tokens/s, and the ratios
-        ``tokens_per_s_ratio`` (batched / sequential, same engine settings) and
-        ``tokens_per_s_ratio_vs_naive`` (batched / sequential-nocache).
+        dict with per-arm tokens, prefill tokens, generate/wall seconds, tokens/s, ``share_of_pure`` and
+        ``share_of_matmul``, the ratios ``tokens_per_s_ratio`` (batched / sequential, same engine
+        settings) and ``tokens_per_s_ratio_vs_naive`` (batched / sequential-nocache), and ``roofline``.
     """
     import torch
 
+    from crl_bench.bench.roofline import measure_roofline, roofline_share
     from crl_bench.llm.base import SamplingParams
     from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
     from crl_bench.llm.precision import DTYPES, resolve_dtype
@@ -59,27 +65,40 @@ def bench_rollout(model: str, env_id: str, n_envs: int, max_steps: int, repeats:
                for name, (_, cache) in ARMS.items()}
     for runner in runners.values():          # warm-up: one-off costs hit no arm
         runner.collect(specs[:1])
-    arms = {name: {"tokens": 0, "generate_s": 0.0, "wall_s": 0.0} for name in ARMS}
+    arms = {name: {"tokens": 0, "prefill_tokens": 0, "generate_s": 0.0, "wall_s": 0.0} for name in ARMS}
     names = list(ARMS)
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
             torch.manual_seed(1234 + r)
             per_call = ARMS[name][0] or len(specs)
             for start in range(0, len(specs), per_call):
+                computed = _prefill_count(runners[name].engine)
                 runners[name].collect(specs[start:start + per_call])
                 st = runners[name].last_stats
                 arms[name]["tokens"] += st.generated_tokens
+                arms[name]["prefill_tokens"] += _prefill_count(runners[name].engine) - computed
                 arms[name]["generate_s"] += st.generate_s
                 arms[name]["wall_s"] += st.wall_s
     pool.close()
+    roof = measure_roofline(policy, dtype, batches=(1, n_envs), train_tokens=0)
     out: dict[str, Any] = {"env": env_id, "envs": n_envs, "max_steps": max_steps, "repeats": repeats,
-                           "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", "")}
+                           "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
+                           "roofline": roof}
     for name, a in arms.items():
         out[name] = {**a, "tokens_per_s": a["tokens"] / a["generate_s"] if a["generate_s"] else 0.0}
+        if a["generate_s"] > 0:
+            share = roofline_share(roof, prefill_tokens=a["prefill_tokens"], generated_tokens=a["tokens"],
+                                   seconds=a["generate_s"], batch=n_envs if ARMS[name][0] is None else 1)
+            out[name].update(share_of_pure=share["share_of_pure"], share_of_matmul=share["share_of_matmul"])
     out["tokens_per_s_ratio"] = out["batched"]["tokens_per_s"] / max(out["sequential"]["tokens_per_s"], 1e-9)
     out["tokens_per_s_ratio_vs_naive"] = (out["batched"]["tokens_per_s"]
                                           / max(out["sequential-nocache"]["tokens_per_s"], 1e-9))
     return out
+
+
+def _prefill_count(engine: Any) -> int:
+    """Prompt tokens ``engine`` has computed so far (its ``prefill_tokens`` counter; 0 without one)."""
+    return int(getattr(engine, "counters", {}).get("prefill_tokens", 0))
 
 
 ENGINE_ARMS = ("transformers", "vllm")
@@ -190,6 +209,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"rollout bench: {env_id}, {res['envs']} episodes x up to {res['max_steps']} actions, "
           f"{res['threads']} torch threads, compute dtype {res['dtype']}")
     _print_arms(res, "arm", ARMS, 20)
+    roof = res.get("roofline")
+    if roof:
+        dec = ", ".join(f"{d['tok_s']:.0f} at batch {d['batch']}" for d in roof["decode"])
+        print(f"roofline ({res['dtype']}): pure torch prefill {roof['prefill']['tok_s']:.0f} tok/s, decode {dec} "
+              f"tok/s; matmul {roof['matmul_flop_s'] / 1e9:.0f} GFLOP/s ('of pure', 'of matmul': "
+              f"crl_bench/bench/roofline.py)")
     print(f"tokens/s ratio, batched / one env at a time (same engine): {res['tokens_per_s_ratio']:.2f}x")
     print(f"tokens/s ratio, batched / naive one env at a time (no prefix cache): "
           f"{res['tokens_per_s_ratio_vs_naive']:.2f}x")
@@ -197,11 +222,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_arms(res: dict[str, Any], head: str, names: Sequence[str], width: int) -> None:
-    """One table row per arm: tokens, generate seconds, wall seconds, tokens/s."""
-    print(f"{head:{width}s} {'tokens':>8s} {'generate s':>11s} {'wall s':>8s} {'tok/s':>8s}")
+    """One table row per arm: tokens, generate seconds, wall seconds, tokens/s; and the shares of the
+    roofline (pure-torch forwards, matmul limit) where the arms have them."""
+    shares = all("share_of_pure" in res[name] for name in names)
+    extra = f" {'of pure':>8s} {'of matmul':>9s}" if shares else ""
+    print(f"{head:{width}s} {'tokens':>8s} {'generate s':>11s} {'wall s':>8s} {'tok/s':>8s}{extra}")
     for name in names:
         a = res[name]
-        print(f"{name:{width}s} {a['tokens']:8d} {a['generate_s']:11.2f} {a['wall_s']:8.2f} {a['tokens_per_s']:8.2f}")
+        extra = f" {a['share_of_pure']:8.1%} {a['share_of_matmul']:9.1%}" if shares else ""
+        print(f"{name:{width}s} {a['tokens']:8d} {a['generate_s']:11.2f} {a['wall_s']:8.2f} {a['tokens_per_s']:8.2f}"
+              f"{extra}")
 
 
 def _run_engines(args: argparse.Namespace, env_id: str) -> int:

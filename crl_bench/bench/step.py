@@ -9,50 +9,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from crl_bench.bench.options import add_model_and_env, first_env, positive_int
+from crl_bench.bench.roofline import pure_throughput  # noqa: F401 - its old home; callers may import it here
 from crl_bench.rollout import PROMPT_LAYOUTS
 
-if TYPE_CHECKING:
-    import torch
-
-__all__ = ["HELP", "STEP_ARMS", "add_parser", "bench_step", "format_step", "pure_throughput", "run"]
+__all__ = ["HELP", "STEP_ARMS", "add_parser", "bench_step", "format_step", "run"]
 
 HELP = "training steps without (before) vs with (after) bf16 and prefix reuse"
-
-
-def pure_throughput(model: Any, dtype: torch.dtype, batch: int = 8, prompt: int = 512, context: int = 300,
-                    decode_steps: int = 32) -> dict[str, float]:
-    """Tokens/s of the bare model (no engine, no sampling): prefill of ``batch x prompt`` random
-    tokens, and greedy-free decode (one token per row per forward, key/value cache on) after a
-    ``context``-token prompt.  ``model`` is used as is (its weights' dtype), under autocast to
-    ``dtype`` when that differs.  The upper bound the rollout's generate time is compared with."""
-    import torch
-    from transformers import DynamicCache
-
-    from crl_bench.llm.precision import autocast
-
-    model.eval()
-    dev = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad(), autocast(dev, dtype):
-        ids = torch.randint(100, vocab, (batch, prompt), generator=gen).to(dev)
-        model(input_ids=ids[:, :16], logits_to_keep=1)                  # warm-up
-        t0 = time.perf_counter()
-        model(input_ids=ids, logits_to_keep=1)
-        prefill = batch * prompt / (time.perf_counter() - t0)
-        cache = DynamicCache()
-        out = model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        t0 = time.perf_counter()
-        for _ in range(decode_steps):
-            out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        decode = batch * decode_steps / (time.perf_counter() - t0)
-    return {"prefill_tok_s": prefill, "decode_tok_s": decode, "batch": batch, "prompt": prompt,
-            "context": context}
 
 
 STEP_ARMS = {
@@ -70,17 +35,21 @@ def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, 
     Each arm is its own :class:`~crl_bench.trainer.loop.Trainer` (same seed, same starting weights,
     method ``grpo``) running ``steps`` real steps; its rollouts follow its own sampled actions, so
     rates (tokens/s) are compared, and step times as means.  With the ``after`` arm's generator the
-    pure-torch throughput (:func:`pure_throughput`) is measured in the same run, and the rollout's
-    share of it is ``(prefill tokens / pure prefill rate + generated tokens / pure decode rate) /
-    generate seconds``.  ``update_probe=False`` skips the same-batch update comparison (it costs
+    roofline (:func:`crl_bench.bench.roofline.measure_roofline`: pure-torch prefill and decode at the
+    rollout's batch, matmul FLOP/s) is measured in the same run, and each arm's rollout is stated as
+    a share of it (:func:`~crl_bench.bench.roofline.roofline_share`: ``share_of_pure``, the time
+    pure-torch forwards need for the arm's prefill and generated tokens over its generate seconds,
+    and ``share_of_matmul``).  ``update_probe=False`` skips the same-batch update comparison (it costs
     about as much as the steps themselves on big presets).
 
     Returns:
         dict with per-arm sums (steps, generated tokens, prompt and prefill tokens, rollout /
-        generate / update / step seconds), rates, ratios ``after / before`` and the pure throughput.
+        generate / update / step seconds), rates, shares of the roofline, ratios ``after / before``,
+        the roofline (``roofline``) and the pure-torch rates at the rollout's batch (``pure``).
     """
     import torch
 
+    from crl_bench.bench.roofline import measure_roofline, roofline_share
     from crl_bench.config import build_config, preset_data
     from crl_bench.trainer.loop import Trainer, set_threads
     from crl_bench.trainer.policy import SEQUENCE_LAYOUTS, episode_samples
@@ -128,21 +97,32 @@ def bench_step(model: str, mix: str, preset: str, steps: int, threads: int = 0, 
                           "behaviour_ratio_max"):
                     if k in upd and layout == "turn":
                         sums[name][k] = upd[k]
-        pure = pure_throughput(trainers["after"].engine.generator, trainers["after"].compute_dtype)
+        cfg = trainers["after"].cfg
+        batch = min(cfg.generation.batch_size, cfg.train.groups_per_step * cfg.train.group_size,
+                    cfg.rollout.max_concurrent or cfg.generation.batch_size)
+        roof = measure_roofline(trainers["after"].engine.generator, trainers["after"].compute_dtype,
+                                batches=(batch,), train_tokens=cfg.train.micro_batch_tokens or 2304,
+                                checkpointing=cfg.model.gradient_checkpointing)
         dtypes = {n: str(t.compute_dtype).replace("torch.", "") for n, t in trainers.items()}
     finally:
         for tr in trainers.values():
             tr.close()
     out: dict[str, Any] = {"mix": mix, "preset": preset, "steps": steps, "threads": torch.get_num_threads(),
-                           "dtype": dtypes, "pure": pure}
+                           "dtype": dtypes, "roofline": roof,
+                           "pure": {"prefill_tok_s": roof["prefill"]["tok_s"],
+                                    "decode_tok_s": roof["decode"][0]["tok_s"], "batch": batch,
+                                    "prefill_batch": roof["prefill"]["batch"],
+                                    "prompt": roof["prefill"]["prompt"], "context": roof["decode"][0]["context"]}}
     for name, a in sums.items():
         n = max(a["steps"], 1)
         out[name] = {**a, "tokens_per_s": a["generated_tokens"] / a["time_generate_s"] if a["time_generate_s"] else 0.0,
                      "step_s_mean": a["time_step_s"] / n, "rollout_s_mean": a["time_rollout_s"] / n,
                      "update_s_mean": a["time_update_s"] / n,
                      "update_s_per_1k_tokens": 1000 * a["time_update_s"] / max(a["generated_tokens"], 1)}
-        ideal = a["prefill_tokens"] / pure["prefill_tok_s"] + a["generated_tokens"] / pure["decode_tok_s"]
-        out[name]["share_of_pure"] = ideal / a["time_generate_s"] if a["time_generate_s"] else 0.0
+        share = (roofline_share(roof, prefill_tokens=a["prefill_tokens"], generated_tokens=a["generated_tokens"],
+                                seconds=a["time_generate_s"], batch=batch) if a["time_generate_s"] > 0 else {})
+        out[name]["share_of_pure"] = share.get("share_of_pure", 0.0)
+        out[name]["share_of_matmul"] = share.get("share_of_matmul", 0.0)
     b, f = out["before"], out["after"]
     out["ratios"] = {
         "tokens_per_s": f["tokens_per_s"] / max(b["tokens_per_s"], 1e-9),
@@ -164,17 +144,28 @@ def format_step(res: dict[str, Any]) -> str:
              f"{res['threads']} torch threads; compute dtype before={res['dtype']['before']} "
              f"after={res['dtype']['after']}",
              f"{'arm':8s} {'gen tok':>8s} {'prefill':>8s} {'prompt':>8s} {'tok/s':>7s} {'step s':>8s} "
-             f"{'rollout s':>9s} {'update s':>9s} {'upd s/1k tok':>12s} {'of pure':>8s}"]
+             f"{'rollout s':>9s} {'update s':>9s} {'upd s/1k tok':>12s} {'of pure':>8s} {'of matmul':>9s}"]
     for name in STEP_ARMS:
         a = res[name]
         lines.append(f"{name:8s} {a['generated_tokens']:8d} {a['prefill_tokens']:8d} {a['prompt_tokens']:8d} "
                      f"{a['tokens_per_s']:7.1f} {a['step_s_mean']:8.1f} {a['rollout_s_mean']:9.1f} "
-                     f"{a['update_s_mean']:9.1f} {a['update_s_per_1k_tokens']:12.2f} {a['share_of_pure']:8.1%}")
+                     f"{a['update_s_mean']:9.1f} {a['update_s_per_1k_tokens']:12.2f} {a['share_of_pure']:8.1%} "
+                     f"{a.get('share_of_matmul', 0.0):9.1%}")
     p = res["pure"]
     r = res["ratios"]
     lines.append(f"pure torch ({res['dtype']['after']}): prefill {p['prefill_tok_s']:.0f} tok/s "
-                 f"(batch {p['batch']} x {p['prompt']}), decode {p['decode_tok_s']:.0f} tok/s "
+                 f"(batch {p.get('prefill_batch', p['batch'])} x {p['prompt']}), decode {p['decode_tok_s']:.0f} tok/s "
                  f"(batch {p['batch']}, {p['context']}-token context)")
+    if "roofline" in res:
+        roof = res["roofline"]
+        lines.append(f"matmul limit ({res['dtype']['after']}): {roof['matmul_flop_s'] / 1e9:.0f} GFLOP/s, "
+                     f"{roof['flops_per_token'] / 1e9:.3f} GFLOP per generated token; 'of matmul' = the "
+                     f"rollout's FLOPs / (generate s x that rate); crl-bench bench roofline for the whole table")
+        if roof.get("train"):
+            t = roof["train"]
+            lines.append(f"pure torch forward+backward: {t['tok_s']:.0f} tok/s ({t['rows']} x {t['length']} tokens, "
+                         f"{'with' if t['checkpointing'] else 'no'} checkpointing; compute limit "
+                         f"{t['compute_bound_tok_s']:.0f} tok/s)")
     lines.append(f"after / before: rollout tok/s {r['tokens_per_s']:.2f}x, step time {r['step_s']:.2f}x faster, "
                  f"rollout time {r['rollout_s']:.2f}x faster")
     if "update_same_batch" in r:

@@ -14,7 +14,8 @@ from crl_bench.cli import build_parser, main
 
 
 def test_registry_lists_every_benchmark_with_its_entry_points():
-    assert list(bench.BENCHMARKS) == ["env", "rollout", "retrieval", "overhead", "step", "dp", "backend", "eval"]
+    assert list(bench.BENCHMARKS) == ["env", "rollout", "retrieval", "overhead", "step", "dp", "backend", "eval",
+                                      "roofline"]
     for name in bench.BENCHMARKS:
         mod = bench.benchmark(name)
         assert callable(mod.add_parser) and callable(mod.run) and mod.HELP, name
@@ -111,6 +112,38 @@ def test_rollout_overhead_step_pass_their_options_and_print(monkeypatch, capsys)
     seen.clear()
     assert main(["bench", "step", "--env", "sokoban", "--prompt", "multiturn", "--max-actions", "12"]) == 0
     assert seen["step"][1] == {"overrides": {"rollout": {"prompt": "multiturn", "max_steps": 12}}, "update_probe": True}
+
+
+def test_rollout_and_step_print_each_arm_as_a_share_of_the_roofline(monkeypatch, capsys):
+    from crl_bench.bench import rollout, step
+
+    roof = {"prefill": {"tok_s": 800.0, "batch": 3, "prompt": 512}, "matmul_flop_s": 4e11, "flops_per_token": 2.7e8,
+            "decode": [{"batch": 1, "tok_s": 20.0, "context": 300}, {"batch": 3, "tok_s": 50.0, "context": 300}],
+            "train": {"tok_s": 300.0, "rows": 4, "length": 576, "checkpointing": True, "compute_bound_tok_s": 900.0}}
+    arms = {n: {"tokens": 12, "generate_s": 1.5, "wall_s": 2.0, "tokens_per_s": 8.0, "share_of_pure": 0.5 + i / 10,
+                "share_of_matmul": 0.01 * (i + 1)} for i, n in enumerate(rollout.ARMS)}
+    monkeypatch.setattr(rollout, "bench_rollout", lambda *a: {
+        "envs": 3, "max_steps": 2, "threads": 2, "dtype": "bfloat16", "tokens_per_s_ratio": 1.5,
+        "tokens_per_s_ratio_vs_naive": 2.5, "roofline": roof, **arms})
+    assert main(["bench", "rollout", "--envs", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[-4:] == ["of", "pure", "of", "matmul"]
+    assert out[2].split()[-2:] == ["50.0%", "1.0%"] and out[4].split()[-2:] == ["70.0%", "3.0%"]
+    assert out[5].startswith("roofline (bfloat16): pure torch prefill 800 tok/s, decode 20 at batch 1, 50 at batch 3")
+
+    a = {"generated_tokens": 10, "prefill_tokens": 20, "prompt_tokens": 30, "tokens_per_s": 5.0, "step_s_mean": 2.0,
+         "rollout_s_mean": 1.0, "update_s_mean": 1.0, "update_s_per_1k_tokens": 100.0}
+    res = {"mix": "m", "preset": "smoke", "steps": 1, "threads": 2, "dtype": {"before": "float32", "after": "bfloat16"},
+           "before": {**a, "share_of_pure": 0.25, "share_of_matmul": 0.02},
+           "after": {**a, "share_of_pure": 0.5, "share_of_matmul": 0.04}, "roofline": roof,
+           "pure": {"prefill_tok_s": 800.0, "decode_tok_s": 50.0, "batch": 3, "prefill_batch": 3, "prompt": 512,
+                    "context": 300},
+           "ratios": {"tokens_per_s": 1.0, "step_s": 1.0, "rollout_s": 1.0}}
+    lines = step.format_step(res).splitlines()
+    assert lines[1].split()[-4:] == ["of", "pure", "of", "matmul"]
+    assert lines[2].split()[-2:] == ["25.0%", "2.0%"] and lines[3].split()[-2:] == ["50.0%", "4.0%"]
+    assert lines[5].startswith("matmul limit (bfloat16): 400 GFLOP/s, 0.270 GFLOP per generated token")
+    assert lines[6].startswith("pure torch forward+backward: 300 tok/s (4 x 576 tokens, with checkpointing")
 
 
 def test_env_bench_runs_the_own_benches_of_named_envs(monkeypatch, capsys):

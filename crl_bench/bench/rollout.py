@@ -310,6 +310,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="the transformers engine's own decode loop vs model.generate, at each of --batches")
     p.add_argument("--batches", type=_batch_list, default=(8, 32, 64),
                    help="comma-separated batch sizes of --decode (default 8,32,64)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads of --decode (0: the cores available)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of --decode (0: greedy, every arm generates the same replies)")
     return p
@@ -378,7 +379,7 @@ def _run_decode(args: argparse.Namespace, env_id: str) -> int:
     import platform
 
     res = bench_decode(args.model, env_id, args.batches, args.max_steps, repeats=args.repeats or 3,
-                       dtype=args.dtype, temperature=args.temperature)
+                       threads=args.threads, dtype=args.dtype, temperature=args.temperature)
     print(f"decode bench: {env_id}, episodes x up to {res['max_steps']} actions, constrained replies, "
           f"temperature {res['temperature']}; each batch's rollout replayed {res['repeats']}x per arm, arms "
           f"interleaved call by call, least time per call; "

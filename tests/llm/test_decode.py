@@ -144,12 +144,27 @@ def test_samples_equal_generate_with_the_same_seed(tokenizer, tiny_model):
 
 @pytest.mark.slow
 def test_real_model_greedy_equals_generate(default_model_dir):
-    """The default model (bf16 copy where the CPU has bf16 units, as trained), constrained replies at
-    T = 0 on 4 prompts: the decode loop's replies are generate's."""
+    """The default model, constrained replies at T = 0 on 3 prompts: in float32 the decode loop's replies,
+    log-probs and entropies are generate's; in bf16 (the generation copy where the CPU has bf16 units)
+    the replies are the same and the log-probs within the bf16 rounding of the attention (its products
+    round differently from torch's kernel: up to ~0.2 on a forced token of log-prob -14)."""
     from crl_bench.llm.hf_engine import load_model_and_tokenizer
-    from crl_bench.llm.precision import DTYPES, resolve_dtype
 
     model, tok = load_model_and_tokenizer(str(default_model_dir))
-    prompts, allowed = _prompts(tok, 3)
+    chats = [[{"role": "user", "content": f"Room {i}: the key is {w}. Where do you go?"}]
+             for i, w in enumerate(("north", "south", "west"))]
+    prompts = [tok.encode(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True),
+                          add_special_tokens=False) for c in chats]
+    allowed = [["go north</answer>", "go south</answer>", "wait</answer>", "go west then north</answer>"]] * 3
     params = SamplingParams(temperature=0, max_new_tokens=4)
-    _both(tok, model, lambda e: e.generate(prompts, params, allowed), compute_dtype=DTYPES[resolve_dtype("auto")])
+    for dtype in (None, torch.bfloat16):
+        eng = HFEngine(model, tok, prefix_cache=False, compute_dtype=dtype, decode_loop=False)
+        old = eng.generate(prompts, params, allowed)
+        eng.decode_loop = True
+        new = eng.generate(prompts, params, allowed)
+        for a, b in zip(old, new):
+            if dtype is None:
+                _same(a, b)
+            else:
+                assert a.response_ids == b.response_ids
+                assert a.logprobs == pytest.approx(b.logprobs, abs=0.25)

@@ -75,7 +75,9 @@ def short_query_attention(module: Any, query: torch.Tensor, key: torch.Tensor, v
     if attention_mask is not None:
         m = attention_mask[:, :, -q:, -length:].unsqueeze(1)          # (B, 1, 1, q, L)
         scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
-    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, hkv, g * q, length)
+    # a query with every key masked (a left-padding position) gets a zero output instead of NaN, which
+    # would reach the other rows' products through its values (0 x NaN)
+    probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0).to(value.dtype).view(b, hkv, g * q, length)
     out = torch.matmul(probs, value).view(b, hq, q, d)
     return out.transpose(1, 2).contiguous(), None
 

@@ -168,3 +168,30 @@ def test_real_model_greedy_equals_generate(default_model_dir):
             else:
                 assert a.response_ids == b.response_ids
                 assert a.logprobs == pytest.approx(b.logprobs, abs=0.25)
+
+
+def test_short_query_attention_equals_sdpa_and_padding_rows_stay_finite():
+    """The grouped products give transformers' sdpa attention (float32, GQA, 1 and 4 new tokens, a
+    padding mask); a query whose keys are all masked (a left-padding position) gets zeros, not NaN."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from crl_bench.llm.decode import short_query_attention
+
+    class Attn:
+        num_key_value_groups = 3
+        is_causal = True
+
+    gen = torch.Generator().manual_seed(0)
+    for q in (1, 4):
+        query = torch.randn(2, 6, q, 8, generator=gen)
+        key, value = torch.randn(2, 2, 10, 8, generator=gen), torch.randn(2, 2, 10, 8, generator=gen)
+        mask = torch.ones(2, 1, q, 10, dtype=torch.bool)
+        mask[:, :, :, -q:] = torch.tril(torch.ones(q, q, dtype=torch.bool))
+        mask[1, :, :, :3] = False                                  # row 1: 3 padding keys
+        ref, _ = sdpa_attention_forward(Attn(), query, key, value, mask, scaling=0.3)
+        out, _ = short_query_attention(Attn(), query, key, value, mask, scaling=0.3)
+        assert out.shape == ref.shape == (2, q, 6, 8)
+        assert torch.allclose(out, ref, atol=1e-5)
+    mask[0, :, 0, :] = False                                       # a query that sees no key
+    out, _ = short_query_attention(Attn(), query, key, value, mask, scaling=0.3)
+    assert torch.isfinite(out).all() and not out[0, 0].any()

@@ -70,16 +70,19 @@ def short_query_attention(module: Any, query: torch.Tensor, key: torch.Tensor, v
                                       **kwargs)
     g = hq // hkv
     scale = scaling if scaling is not None else d ** -0.5
-    qg = query.reshape(b, hkv, g * q, d)
-    scores = torch.matmul(qg, key.transpose(-1, -2)).float().mul_(scale).view(b, hkv, g, q, length)
+    # both products in float32: a bf16 product rounds its scores to 8 bits of mantissa (~0.1 at the
+    # scores' scale, log-probs off by up to ~0.2 nats), and on the CPUs measured the float32 products
+    # of these small shapes were also faster than bf16 ones (docs/performance.md, "Decode loop")
+    qg = query.reshape(b, hkv, g * q, d).float()
+    scores = torch.matmul(qg, key.float().transpose(-1, -2)).mul_(scale).view(b, hkv, g, q, length)
     if attention_mask is not None:
         m = attention_mask[:, :, -q:, -length:].unsqueeze(1)          # (B, 1, 1, q, L)
         scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
     # a query with every key masked (a left-padding position) gets a zero output instead of NaN, which
     # would reach the other rows' products through its values (0 x NaN)
-    probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0).to(value.dtype).view(b, hkv, g * q, length)
-    out = torch.matmul(probs, value).view(b, hq, q, d)
-    return out.transpose(1, 2).contiguous(), None
+    probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0).view(b, hkv, g * q, length)
+    out = torch.matmul(probs, value.float()).view(b, hq, q, d)
+    return out.transpose(1, 2).to(value.dtype).contiguous(), None
 
 
 ALL_ATTENTION_FUNCTIONS.register(ATTENTION, short_query_attention)

@@ -146,8 +146,9 @@ def test_samples_equal_generate_with_the_same_seed(tokenizer, tiny_model):
 def test_real_model_greedy_equals_generate(default_model_dir):
     """The default model, constrained replies at T = 0 on 3 prompts: in float32 the decode loop's replies,
     log-probs and entropies are generate's; in bf16 (the generation copy where the CPU has bf16 units)
-    the replies are the same and the log-probs within the bf16 rounding of the attention (its products
-    round differently from torch's kernel: up to ~0.2 on a forced token of log-prob -14)."""
+    the replies are the same and the log-probs within bf16's rounding: the two paths' attention kernels
+    round bf16 activations differently, and each is ~0.04 nats (mean; max 0.13-0.16) from float32 on
+    these prompts, measured 0.09 apart at most."""
     from crl_bench.llm.hf_engine import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(str(default_model_dir))
@@ -167,7 +168,7 @@ def test_real_model_greedy_equals_generate(default_model_dir):
                 _same(a, b)
             else:
                 assert a.response_ids == b.response_ids
-                assert a.logprobs == pytest.approx(b.logprobs, abs=0.25)
+                assert a.logprobs == pytest.approx(b.logprobs, abs=0.2)
 
 
 def test_short_query_attention_equals_sdpa_and_padding_rows_stay_finite():

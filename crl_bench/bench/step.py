@@ -1,6 +1,6 @@
 """``crl-bench bench step``: whole training steps (rollout + update) of a preset and mix, ``before``
-(float32 compute, only the batch-wide prompt head cached: no bf16, no per-group heads, no per-episode
-reuse) against
+(float32 compute, only the batch-wide prompt head cached, transformers' ``generate``: no bf16, no
+per-group heads, no per-episode reuse, not the engine's own decode loop) against
 ``after`` (the defaults: ``model.dtype: auto``, per-group heads, per-episode reuse for multi-turn
 prompts), interleaved step by step; and the share of pure-torch prefill/decode throughput the rollout
 reaches."""
@@ -22,7 +22,8 @@ HELP = "training steps without (before) vs with (after) bf16 and prefix reuse"
 
 STEP_ARMS = {
     # name: (config overrides, engine attributes)
-    "before": ({"model": {"dtype": "float32"}}, {"group_heads": False, "keep_sequences": False}),
+    "before": ({"model": {"dtype": "float32"}}, {"group_heads": False, "keep_sequences": False,
+                                                 "decode_loop": False}),
     "after": ({}, {}),
 }
 

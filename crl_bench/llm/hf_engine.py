@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 
 from crl_bench.llm.base import Generation, SamplingParams
+from crl_bench.llm.decode import decode
 from crl_bench.llm.gate import ComputeGate, YieldToForeground
 from crl_bench.llm.precision import DTYPES as _DTYPES
 from crl_bench.llm.precision import cast_parameters
@@ -343,13 +344,21 @@ class HFEngine:
             ``prefill_chunk`` tokens); otherwise generation is foreground work.
         prefill_chunk: tokens per chunk (over the whole batch) of a background engine's prompt
             processing.
+        decode_loop: generate with the engine's own decode loop (:func:`crl_bench.llm.decode.decode`:
+            pre-allocated key/value buffers, per-step statistics, finished rows dropped); ``False``
+            uses transformers' ``model.generate`` (the engine before that loop; same replies at
+            temperature 0, kept for ``crl-bench bench rollout --decode`` and the tests).
+        drop_finished: with ``decode_loop``, rows that finished leave the batch at once.
     """
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, prefix_cache: bool = True,
                  min_prefix: int = 32, compute_dtype: torch.dtype | str | None = None,
                  keep_sequences: bool = False, cache_mb: int = 1024, group_heads: bool = True,
-                 gate: ComputeGate | None = None, background: bool = False, prefill_chunk: int = 128) -> None:
+                 gate: ComputeGate | None = None, background: bool = False, prefill_chunk: int = 128,
+                 decode_loop: bool = True, drop_finished: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.decode_loop = decode_loop
+        self.drop_finished = drop_finished
         self.prefill_chunk = prefill_chunk
         self.gate = gate
         self.background = background
@@ -483,9 +492,9 @@ class HFEngine:
         return [(p, n) if n >= self.min_prefix else (None, 0) for p, n in matches]
 
     def _layout(self, arrays: list[np.ndarray], reuse: list[tuple[_Prefix | None, int]]):
-        """Padded batch: ``ids``/``att`` ``(B, W)``, the cache of the first ``P`` columns (or
-        ``None``), ``P`` and ``W``.  Row ``i`` holds its reused prefix right-aligned in ``[0, P)`` and
-        its remaining tokens right-aligned in ``[P, W)``."""
+        """Padded batch: ``ids``/``att`` ``(B, W)``, the cache of the first ``P`` columns (per layer
+        keys and values ``(B, H, P, D)``, or ``None``), ``P`` and ``W``.  Row ``i`` holds its reused
+        prefix right-aligned in ``[0, P)`` and its remaining tokens right-aligned in ``[P, W)``."""
         pad = self.tokenizer.pad_token_id
         width_p = max(n for _, n in reuse)
         tails = [a[n:] for a, (_, n) in zip(arrays, reuse)]
@@ -510,20 +519,23 @@ class HFEngine:
                         k[i, :, width_p - n:] = p.layers[layer][0][:, :n]
                         v[i, :, width_p - n:] = p.layers[layer][1][:, :n]
                 layers.append((k, v))
-            cache = DynamicCache(ddp_cache_data=layers)
+            cache = layers
         dev = self.device
         return ids.to(dev), att.to(dev), cache, width_p, width
 
-    def _store_rows(self, cache: Any, arrays: list[np.ndarray], reuse: list[tuple[_Prefix | None, int]],
+    def _store_rows(self, rows: Any, arrays: list[np.ndarray], reuse: list[tuple[_Prefix | None, int]],
                     width_p: int, width: int, extra: list[np.ndarray] | None = None) -> None:
         """Store each row's reused prefix + new tokens (+ ``extra[i]``, tokens generated after
-        column ``width``) from a batch ``cache`` laid out by :meth:`_layout`."""
-        dev = cache.layers[0].keys.device
+        column ``width``) from the columns laid out by :meth:`_layout`: ``rows`` is a batch cache
+        (``.layers[l].keys`` ``(B, H, L, D)``) or, per row, its layers' keys and values ``(H, L, D)``."""
+        if hasattr(rows, "layers"):
+            rows = [[(lay.keys[i], lay.values[i]) for lay in rows.layers] for i in range(len(arrays))]
         for i, (a, (_, n)) in enumerate(zip(arrays, reuse)):
             u = len(a) - n
             more = extra[i] if extra is not None else np.empty(0, dtype=np.int64)
+            dev = rows[i][0][0].device
             pos = torch.cat([torch.arange(width_p - n, width_p), torch.arange(width - u, width + len(more))]).to(dev)
-            layers = [(lay.keys[i].index_select(1, pos), lay.values[i].index_select(1, pos)) for lay in cache.layers]
+            layers = [(k.index_select(1, pos), v.index_select(1, pos)) for k, v in rows[i]]
             self.store.put(np.concatenate([a, more]), layers)
 
     def _compute_heads(self, model: Any, heads: list[np.ndarray]) -> None:
@@ -533,8 +545,8 @@ class HFEngine:
         ids, att, cache, width_p, width = self._layout(heads, reuse)
         pos = (att.cumsum(-1) - 1).clamp(min=0)
         out = model(input_ids=ids[:, width_p:], attention_mask=att, position_ids=pos[:, width_p:],
-                    past_key_values=cache if cache is not None else DynamicCache(), use_cache=True,
-                    logits_to_keep=1)
+                    past_key_values=DynamicCache(ddp_cache_data=cache) if cache is not None else DynamicCache(),
+                    use_cache=True, logits_to_keep=1)
         self.counters["head_tokens"] += sum(len(h) - n for h, (_, n) in zip(heads, reuse))
         self._store_rows(out.past_key_values, heads, reuse, width_p, width)
 
@@ -562,36 +574,86 @@ class HFEngine:
     def _generate_batch(self, model: Any, prompts: list[list[int]], params: SamplingParams,
                         allowed: list[Sequence[str] | None]) -> list[Generation]:
         tok = self.tokenizer
-        pad = tok.pad_token_id
         eos = tok.eos_token_id
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
         if self.gate is not None and self.background and self.caching:
             self._prefill_in_chunks(model, arrays)
         reuse = self._plan(model, arrays)
-        ids, att, cache, width_p, width = self._layout(arrays, reuse)
+        ids, att, prefix, width_p, width = self._layout(arrays, reuse)
         c = self.counters
         c["prompt_tokens"] += sum(len(a) for a in arrays)
         c["cached_tokens"] += sum(n for _, n in reuse)
         c["prefill_tokens"] += sum(len(a) - n for a, (_, n) in zip(arrays, reuse))
-        extra: dict[str, Any] = {}
-        if cache is not None:
-            extra["past_key_values"] = cache
-
-        processors = LogitsProcessorList()
         tries = [self._trie(a) if a is not None else None for a in allowed]
-        if any(t is not None for t in tries):
-            processors.append(AllowedRepliesProcessor(tries, width, eos))
-        stopping = StoppingCriteriaList()
+        stop = None
         if params.stop:
             key = tuple(params.stop)
             if key not in self._stop_criteria:
                 self._stop_criteria[key] = StopStringCriteria(tok, list(key))
-            stopping.append(self._stop_criteria[key])
-        if self.gate is not None and self.background:
-            stopping.append(YieldToForeground(self.gate))
-        greedy = params.temperature <= 0
+            stop = self._stop_criteria[key]
         # a constrained reply always fits: the budget grows to the longest allowed reply (+ EOS)
         budget = max([params.max_new_tokens] + [t.depth + 1 for t in tries if t is not None])
+        keep = self.caching and self.keep_sequences
+        background = self.gate is not None and self.background
+        if self.decode_loop:
+            dec = decode(model, ids, att, prefix, width_p, budget=budget, eos=eos, pad=tok.pad_token_id,
+                         temperature=params.temperature, top_k=max(0, params.top_k), top_p=params.top_p,
+                         tries=tries, stop=stop, yield_point=self.gate.yield_point if background else None,
+                         drop_finished=self.drop_finished, keep_kv=keep)
+            seqs, lps, ents, sents = dec.tokens, dec.logprobs, dec.entropy, dec.sampling_entropy
+            rows_kv = [layers for layers, _ in dec.kv] if keep else None
+            fed = [n for _, n in dec.kv] if keep else None
+        else:
+            seqs, lps, ents, sents, rows_kv, n_fed = self._generate_hf(
+                model, ids, att, prefix, width, params, tries, stop, budget, background)
+            fed = [n_fed] * len(arrays)
+
+        results = []
+        for i, seq in enumerate(seqs):
+            resp: list[int] = []
+            reason = "length"
+            text = ""
+            for t in seq:
+                resp.append(t)
+                if t == eos:
+                    reason = "eos"
+                    break
+                text = tok.decode(resp, skip_special_tokens=True)
+                if any(s in text for s in params.stop):
+                    reason = "stop"
+                    break
+            text = tok.decode(resp, skip_special_tokens=True)
+            results.append(Generation(list(prompts[i]), resp, lps[i][:len(resp)], text, reason,
+                                      extra={"entropy": ents[i][:len(resp)],
+                                             "sampling_entropy": sents[i][:len(resp)]}))
+        if keep and rows_kv is not None:
+            # a row's cache holds every fed token: the prompt and the generated tokens but the last
+            self._store_rows(rows_kv, arrays, reuse, width_p, width,
+                             [np.asarray(g.response_ids[:max(0, min(len(g.response_ids), n))], dtype=np.int64)
+                              for g, n in zip(results, fed)])
+        return results
+
+    def _generate_hf(self, model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: Any, width: int,
+                     params: SamplingParams, tries: list[_Trie | None], stop: Any, budget: int,
+                     background: bool) -> tuple:
+        """The batch through transformers' ``model.generate`` (``decode_loop=False``): per row the
+        generated ids (finished rows padded to the longest), log-probs, entropies and sampling entropies
+        (as :class:`~crl_bench.llm.decode.Decoded`), the final batch cache and the generated tokens it
+        holds (all but the last step's)."""
+        tok = self.tokenizer
+        pad, eos = tok.pad_token_id, tok.eos_token_id
+        extra: dict[str, Any] = {}
+        if prefix is not None:
+            extra["past_key_values"] = DynamicCache(ddp_cache_data=prefix)
+        processors = LogitsProcessorList()
+        if any(t is not None for t in tries):
+            processors.append(AllowedRepliesProcessor(tries, width, eos))
+        stopping = StoppingCriteriaList()
+        if stop is not None:
+            stopping.append(stop)
+        if background:
+            stopping.append(YieldToForeground(self.gate))
+        greedy = params.temperature <= 0
         kwargs: dict[str, Any] = dict(do_sample=not greedy, max_new_tokens=budget)
         if not greedy:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=max(0, params.top_k))
@@ -621,30 +683,6 @@ class HFEngine:
             slogp = torch.log_softmax(scores[t].float(), dim=-1)
             scores[t] = None
             sent_t[:, t] = -(slogp.exp() * slogp).nan_to_num(0.0).sum(-1)
-        lps, ents, sents = lp_t.tolist(), ent_t.tolist(), sent_t.tolist()
-
-        results = []
-        for i, seq in enumerate(seqs):
-            resp: list[int] = []
-            reason = "length"
-            text = ""
-            for t in seq:
-                resp.append(t)
-                if t == eos:
-                    reason = "eos"
-                    break
-                text = tok.decode(resp, skip_special_tokens=True)
-                if any(s in text for s in params.stop):
-                    reason = "stop"
-                    break
-            text = tok.decode(resp, skip_special_tokens=True)
-            results.append(Generation(list(prompts[i]), resp, lps[i][:len(resp)], text, reason,
-                                      extra={"entropy": ents[i][:len(resp)],
-                                             "sampling_entropy": sents[i][:len(resp)]}))
-        if self.caching and self.keep_sequences and out.past_key_values is not None:
-            # the cache holds every fed token: the prompt and all generated tokens but the last
-            fed = out.past_key_values.get_seq_length() - width
-            self._store_rows(out.past_key_values, arrays, reuse, width_p, width,
-                             [np.asarray(g.response_ids[:max(0, min(len(g.response_ids), fed))], dtype=np.int64)
-                              for g in results])
-        return results
+        cache = out.past_key_values
+        fed = cache.get_seq_length() - width if cache is not None else 0
+        return seqs, lp_t.tolist(), ent_t.tolist(), sent_t.tolist(), cache, fed

@@ -180,3 +180,30 @@ def test_building_the_parser_imports_no_benchmark_engine():
             "assert not heavy, heavy")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_rollout_decode_passes_batches_and_prints_each_arm(monkeypatch, capsys):
+    """``bench rollout --decode --batches 8,32``: the batch list reaches bench_decode, and each batch gets
+    one row per arm (tok/s over generate's, shares of pure torch and of matmul), then the calls and the
+    roofline's rates; a bad batch list is a usage error."""
+    from crl_bench.bench import rollout
+
+    seen = {}
+    arm = {"tokens": 10, "prefill_tokens": 100, "generate_s": 2.0, "tokens_per_s": 5.0, "share_of_pure": 0.5,
+           "share_of_matmul": 0.04}
+    roof = {"prefill": {"tok_s": 800.0, "prompt": 128}, "decode": [{"tok_s": 80.0, "context": 300}],
+            "matmul_flop_s": 4e11}
+    row = {"roofline": roof, "context": 300, "calls": 4,
+           "mismatches": 0, "ratio": dict.fromkeys(rollout.DECODE_ARMS, 1.0), **dict.fromkeys(rollout.DECODE_ARMS, arm)}
+    monkeypatch.setattr(rollout, "bench_decode", lambda *a, **k: seen.setdefault("decode", (a, k)) and {
+        "max_steps": 2, "repeats": 3, "temperature": 0.0, "threads": 2, "dtype": "bfloat16",
+        "batches": {8: row, 32: row}})
+    assert main(["bench", "rollout", "--decode", "--batches", "8,32", "--max-steps", "2"]) == 0
+    assert seen["decode"][0][2] == (8, 32) and seen["decode"][1]["repeats"] == 3
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[:2] for ln in out[2:5]] == [["8", name] for name in rollout.DECODE_ARMS]
+    assert out[2].split()[-3:] == ["1.00x", "50.0%", "4.0%"]
+    assert "replies differing from generate's: 0" in out[5]
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "rollout", "--decode", "--batches", "8,x"])
+    assert e.value.code == 2

@@ -3,7 +3,9 @@
 per-group heads, no per-episode reuse, not the engine's own decode loop) against
 ``after`` (the defaults: ``model.dtype: auto``, per-group heads, per-episode reuse for multi-turn
 prompts), interleaved step by step; and the share of pure-torch prefill/decode throughput the rollout
-reaches."""
+reaches.  With ``--engines transformers,vllm`` the arms are one trainer per ``generation.engine``
+(:data:`ENGINE_ARMS`) instead, run by the same loop (issue 58: the default CPU engine is decided on
+whole steps, not on the rollout alone)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ Commands::
     crl-bench eval  --mix sokoban [--run RUN_DIR | --model NAME] [--split eval] [--episodes N|all] [--modes M,...]
     crl-bench envs list | crl-bench envs play ENV [--task N]
     crl-bench bench env | rollout | retrieval | overhead | step [--mix M --preset P --train-steps N]
+                                            [--engines transformers,vllm]
     crl-bench bank show RUN | crl-bench bank stats RUN
     crl-bench model prepare
     crl-bench data list | crl-bench data download alfworld|webshop|swebench ... [--data-dir DIR] [--source S]

@@ -206,7 +206,7 @@ class TrainConfig:
     """Training sequences per forward/backward (gradient accumulation over the step's sequences: an episode's, or a
     turn's with ``sequences: turn``)."""
     micro_batch_tokens: Annotated[int, Ge(0)] = 0
-    """At most this many tokens (sequences x the longest; with ``packing`` the sequences' real tokens) per
+    """At most this many tokens (sequences x the longest; with ``packing`` the packed rows' positions) per
     forward/backward of the actor's and the extractor's updates, 0 = no bound: the update's activations grow with
     it, so it bounds the update's memory whatever the prompt or episode lengths (the gradient is the same,
     accumulated over more micro-batches)."""

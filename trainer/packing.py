@@ -29,7 +29,7 @@ from crl_bench.trainer.losses import token_logprobs
 if TYPE_CHECKING:
     from crl_bench.trainer.policy import TokenSample
 
-__all__ = ["pack_batch", "pack_rows", "packed_chunks", "packed_logprobs"]
+__all__ = ["pack_batch", "pack_rows", "packed_chunks", "packed_logprobs", "packed_tokens"]
 
 
 def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
@@ -53,18 +53,26 @@ def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
     return rows
 
 
+def packed_tokens(lengths: Sequence[int]) -> int:
+    """Positions the packed rows of items of token ``lengths`` hold (rows x the longest item, trailing
+    padding of the rows included; :func:`pack_rows`): what a packed micro-batch's forward computes."""
+    if not lengths:
+        return 0
+    return len(pack_rows(lengths, max(lengths))) * max(lengths)
+
+
 def packed_chunks(lengths: Sequence[int], size: int, tokens: int = 0) -> list[range]:
     """Split items of token ``lengths`` (in order) into consecutive micro-batches of at most ``size``
-    items holding at most ``tokens`` real tokens in all (0: no token bound); an item longer than
-    ``tokens`` is a micro-batch of its own.  The packed twin of
-    :func:`~crl_bench.trainer.policy.micro_chunks`, which bounds items x the longest instead."""
+    items whose packed rows hold at most ``tokens`` positions (:func:`packed_tokens`: the items' real
+    tokens and the rows' trailing padding; 0: no token bound); an item longer than ``tokens`` is a
+    micro-batch of its own.  The packed twin of :func:`~crl_bench.trainer.policy.micro_chunks`, which
+    bounds items x the longest: both bound the tensor the forward computes, hence the update's memory."""
     out: list[range] = []
-    start, total = 0, 0
-    for i, n in enumerate(lengths):
-        if i > start and (i - start >= size or (tokens and total + n > tokens)):
+    start = 0
+    for i in range(len(lengths)):
+        if i > start and (i - start >= size or (tokens and packed_tokens(lengths[start:i + 1]) > tokens)):
             out.append(range(start, i))
-            start, total = i, 0
-        total += n
+            start = i
     if start < len(lengths):
         out.append(range(start, len(lengths)))
     return out

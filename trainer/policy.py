@@ -440,7 +440,7 @@ class PolicyUpdater:
         pad_id: tokenizer pad id.
         micro_batch_size: samples per forward/backward.
         micro_batch_tokens: at most this many tokens per forward/backward (0: no bound): samples x the
-            longest (:func:`micro_chunks`), or with ``packing`` the samples' real tokens
+            longest (:func:`micro_chunks`), or with ``packing`` the positions of the packed rows
             (:func:`~crl_bench.trainer.packing.packed_chunks`).
         mini_batches: optimiser steps per epoch (the sequences are split evenly; the turns of one
             sequence stay in one mini-batch).
@@ -558,7 +558,8 @@ class PolicyUpdater:
 
     def split(self, lengths: Sequence[int]) -> list[range]:
         """Items of token ``lengths`` split into micro-batches: :func:`micro_chunks` (padded rows), or
-        :func:`~crl_bench.trainer.packing.packed_chunks` with ``packing`` (the token bound counts real tokens)."""
+        :func:`~crl_bench.trainer.packing.packed_chunks` with ``packing`` (the token bound counts the packed
+        rows: real tokens and their few trailing pads)."""
         chunk = packed_chunks if self.packing else micro_chunks
         return chunk(lengths, self.micro_batch_size, self.micro_batch_tokens)
 

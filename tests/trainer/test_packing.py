@@ -1,12 +1,12 @@
 """Packed micro-batches (trainer/packing.py, ``train.packing``): the same log-probs, loss and gradient as
-the left-padded rows, on fewer forward tokens; the token bound counts real tokens."""
+the left-padded rows, on fewer forward tokens; the token bound counts the packed rows' positions."""
 
 import copy
 
 import pytest
 import torch
 
-from crl_bench.trainer.packing import pack_batch, pack_rows, packed_chunks, packed_logprobs
+from crl_bench.trainer.packing import pack_batch, pack_rows, packed_chunks, packed_logprobs, packed_tokens
 from crl_bench.trainer.policy import PolicyUpdater, TokenSample, build_batch, sequence_logprobs, token_weights
 
 
@@ -33,7 +33,7 @@ def test_pack_rows_first_fit_decreasing_within_the_longest():
         pack_rows([6], 5)
 
 
-def test_packed_chunks_bound_real_tokens_not_items_times_longest():
+def test_packed_chunks_bound_the_packed_rows_not_items_times_longest():
     from crl_bench.trainer.policy import micro_chunks
 
     lengths = [100, 30, 30, 30, 100, 10]
@@ -42,6 +42,9 @@ def test_packed_chunks_bound_real_tokens_not_items_times_longest():
     assert packed_chunks(lengths, 8, tokens=200) == [range(0, 4), range(4, 6)]
     assert packed_chunks(lengths, 2) == [range(0, 2), range(2, 4), range(4, 6)]
     assert packed_chunks([300, 10], 8, tokens=200) == [range(0, 1), range(1, 2)]
+    # 220 real tokens, but 60 + 60 does not fit a 100-wide row: 3 rows x 100 > 250
+    assert packed_tokens([100, 60, 60]) == 300 and packed_tokens([100, 60, 40]) == 200
+    assert packed_chunks([100, 60, 60], 8, tokens=250) == [range(0, 2), range(2, 3)]
     assert packed_chunks([], 4, 10) == []
 
 

@@ -146,3 +146,23 @@ def test_train_packing_is_a_config_key():
     assert build_config([{"train": {"packing": True}}]).train.packing is True
     with pytest.raises(Exception, match="packing"):
         build_config([{"train": {"packing": "often"}}])
+
+
+def test_shared_prefix_micro_batches_still_share_with_packing(tokenizer, tiny_model):
+    """Without checkpointing, a micro-batch whose prompts share a prefix computes it once (its padded
+    shared-prefix forward) whether ``packing`` is on or off: the same update either way."""
+    g = torch.Generator().manual_seed(2)
+    head = torch.randint(100, 4000, (40,), generator=g).tolist()
+    samples = [TokenSample(head + torch.randint(100, 4000, (3 + k,), generator=g).tolist(),
+                           torch.randint(100, 4000, (2 + k % 3,), generator=g).tolist(), [-0.4] * (2 + k % 3),
+                           1.0 if k % 2 else -1.0, sequence=k) for k in range(4)]
+    stats, models = {}, {}
+    for packing in (False, True):
+        m = copy.deepcopy(tiny_model)
+        upd = PolicyUpdater(m, torch.optim.SGD(m.parameters(), lr=0.5), tokenizer.pad_token_id, micro_batch_size=4,
+                            min_shared_prefix=8, packing=packing, seed=1)
+        stats[packing], models[packing] = upd.update(samples), m
+    assert stats[True]["shared_prefix_tokens"] == stats[False]["shared_prefix_tokens"] == 3 * 40
+    assert stats[True]["loss"] == pytest.approx(stats[False]["loss"], rel=1e-6)
+    for a, b in zip(models[False].parameters(), models[True].parameters()):
+        torch.testing.assert_close(b, a)

@@ -162,7 +162,7 @@ def pack_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.device
 def packed_logprobs(model: Any, batch: dict[str, Any], temperature: float = 1.0,
                     compute_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Log-probs ``(B, R)`` (float32) of a :func:`pack_batch` batch's response tokens under ``model``
-    (with gradient if enabled; 0-valued garbage off ``batch["mask"]``).  The forward runs under
+    (with gradient if enabled; 0 off ``batch["mask"]``, where no logit was kept).  The forward runs under
     autocast to ``compute_dtype`` with ``attention_mask=None`` and the restarting ``position_ids``,
     from which transformers builds the block-diagonal causal mask (module docstring); the
     log-softmax runs in float32 outside autocast."""
@@ -170,4 +170,5 @@ def packed_logprobs(model: Any, batch: dict[str, Any], temperature: float = 1.0,
         out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=None,
                     logits_to_keep=batch["keep"], use_cache=False)
     rows = token_logprobs(out.logits, batch["row_targets"], temperature)
-    return rows.reshape(-1)[batch["index"]]
+    lp = rows.reshape(-1)[batch["index"]]
+    return torch.where(batch["mask"] > 0, lp, torch.zeros_like(lp))

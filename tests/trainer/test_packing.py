@@ -67,6 +67,7 @@ def test_packed_logprobs_equal_the_padded_forward(tokenizer, tiny_model):
     m = packed["mask"].bool()
     assert int(m.sum()) == sum(s.trained_tokens for s in samples)
     torch.testing.assert_close(b[m], full[m], rtol=1e-5, atol=1e-5)
+    assert (b[~m] == 0).all()
 
 
 def _one_update(model, samples, pad_id, packing, tokens=0, checkpointing=False, dtype=None):

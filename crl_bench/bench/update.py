@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -93,6 +94,7 @@ def bench_update(model: str, mix: str, preset: str, groups: int, layouts: tuple[
             trajs = tr.runner.collect(tr.episode_specs(), tr.sampling)
             advs = [1.0 if k % 2 else -1.0 for k in range(len(trajs))]
             samples = episode_samples(trajs, advs, sequences)
+            print(f"{layout}: {len(trajs)} episodes rolled out, {len(samples)} samples", file=sys.stderr, flush=True)
             res: dict[str, Any] = {"episodes": len(trajs), "samples": len(samples), "sequences": sequences,
                                    "padded": [], "packed": []}
             out["dtype"] = str(tr.compute_dtype).replace("torch.", "")
@@ -110,6 +112,9 @@ def bench_update(model: str, mix: str, preset: str, groups: int, layouts: tuple[
                         "input_tokens": int(upd["update_input_tokens"]),
                         "trained_tokens": int(upd["trained_tokens"]), "micro_batches": micros,
                         "loss": float(upd["loss"]), "peak_gb": mem.peak_gb})
+                    # progress on stderr: a bench of the cpu preset runs for an hour on a shared machine
+                    print(f"{layout} {'packed' if packing else 'padded'}: {dt:.1f} s, "
+                          f"{int(upd['update_forward_tokens'])} forward tokens", file=sys.stderr, flush=True)
             out[layout] = res
         finally:
             tr.close()

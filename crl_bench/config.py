@@ -208,9 +208,16 @@ class TrainConfig:
     """Training sequences per forward/backward (gradient accumulation over the step's sequences: an episode's, or a
     turn's with ``sequences: turn``)."""
     micro_batch_tokens: Annotated[int, Ge(0)] = 0
-    """At most this many tokens (sequences x the longest) per forward/backward of the actor's and the extractor's
-    updates, 0 = no bound: the update's activations grow with it, so it bounds the update's memory whatever the
-    prompt or episode lengths (the gradient is the same, accumulated over more micro-batches)."""
+    """At most this many tokens (sequences x the longest; with ``packing`` the packed rows' positions) per
+    forward/backward of the actor's and the extractor's updates, 0 = no bound: the update's activations grow with
+    it, so it bounds the update's memory whatever the prompt or episode lengths (the gradient is the same,
+    accumulated over more micro-batches)."""
+    packing: bool = False
+    """Pack each micro-batch's sequences into rows no wider than its longest one instead of left-padding each to
+    that width: every sequence's positions restart at 0 and it attends only to itself (transformers' packed-
+    sequence mask, from ``position_ids``), so the log-probs and the gradient are the padded rows' while padding
+    is not computed (trainer/packing.py; docs/performance.md, "Packed micro-batches").  The actor's and the
+    extractor's updates; a micro-batch computing a shared prompt prefix (``share_prefix``) stays padded."""
     ppo_epochs: Annotated[int, Interval(ge=1, le=1000)] = 1
     """Passes over the step's data."""
     mini_batches: Annotated[int, Ge(1)] = 1

@@ -72,7 +72,6 @@ from crl_bench.trainer.policy import (
     PolicyUpdater,
     TokenSample,
     UpdateStats,
-    build_batch,
     recomputed,
     response_logprobs,
 )
@@ -289,11 +288,11 @@ class TrainWorker:
         with torch.no_grad():
             for part, real in self._mine(list(enumerate(chunks))):
                 if not real:
-                    build = build_batch([TokenSample([up.pad_id], [up.pad_id], [0.0], 0.0)], up.pad_id, up.device)
+                    build = up.batch([TokenSample([up.pad_id], [up.pad_id], [0.0], 0.0)])
                     up._logprobs(model, build)
                     continue
                 c, ids = part
-                batch = build_batch([samples[i] for i in ids], up.pad_id, up.device)
+                batch = up.batch([samples[i] for i in ids])
                 lp = up._logprobs(model, batch).float().cpu()
                 mine[c] = [response_logprobs(lp, batch, row, len(samples[i].response_ids)).tolist()
                            for row, i in enumerate(ids)]

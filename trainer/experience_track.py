@@ -196,7 +196,7 @@ class ExperienceTrack:
                 loss_kwargs={"eps_low": xc.eps_low if xc.eps_low >= 0 else None, "eps_high": xc.eps_high},
                 skip_zero_advantage=True, seed=cfg.train.seed, loss_agg=cfg.train.loss_agg,
                 recompute_old_logprobs=cfg.train.recompute_old_logprobs, compute_dtype=self.compute_dtype,
-                share_prefix=cfg.train.share_prefix)
+                share_prefix=cfg.train.share_prefix, packing=cfg.train.packing)
         else:
             for p in self.model.parameters():
                 p.requires_grad_(False)

@@ -159,7 +159,7 @@ class Trainer:
             loss_kwargs={"clip_eps": cfg.train.clip_eps, "kl_coef": cfg.train.kl_coef},
             ref_model=self._reference(), seed=cfg.train.seed, loss_agg=cfg.train.loss_agg,
             recompute_old_logprobs=cfg.train.recompute_old_logprobs, compute_dtype=self.compute_dtype,
-            share_prefix=cfg.train.share_prefix,
+            share_prefix=cfg.train.share_prefix, packing=cfg.train.packing,
             scheduler=linear_warmup(self.optimizer, cfg.train.lr_warmup_steps) if cfg.train.lr_warmup_steps else None)
         self.optimizer = self.updater.optimizer     # with workers: its state lives (and is saved) there
         self.step = 0

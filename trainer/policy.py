@@ -27,6 +27,7 @@ import torch
 from crl_bench.config import LossAgg, SequenceLayout
 from crl_bench.llm.precision import autocast
 from crl_bench.trainer.losses import ppo_clip_loss, token_logprobs
+from crl_bench.trainer.packing import pack_batch, packed_chunks, packed_logprobs
 
 if TYPE_CHECKING:
     from crl_bench.rollout import Trajectory
@@ -169,6 +170,18 @@ def token_weights(samples: Sequence[TokenSample], loss_agg: str) -> list[float]:
     return [1.0 / (n * tokens[k]) if tokens[k] else 0.0 for k in keys]
 
 
+def check_samples(samples: Sequence[TokenSample]) -> None:
+    """Raise ``ValueError`` for an empty batch, a sample without response tokens, or per-token lists
+    (old log-probs, ``loss_mask``) of another length than its response."""
+    if not samples:
+        raise ValueError("empty batch")
+    for s in samples:
+        if not s.response_ids or len(s.response_ids) != len(s.old_logprobs):
+            raise ValueError("each sample needs a non-empty response with one old log-prob per token")
+        if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
+            raise ValueError(f"loss_mask has {len(s.loss_mask)} entries for {len(s.response_ids)} response tokens")
+
+
 def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.device | str = "cpu",
                 weights: Sequence[float] | None = None):
     """Left-pad samples into tensors.
@@ -186,15 +199,10 @@ def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.devic
         only the K columns of the response region where some row has a trained token are kept:
         ``targets``, ``mask``, ``old_logprobs`` and ``token_weights`` are ``(B, K)``, ``keep`` is the
         1-D tensor of the K positions whose logits predict them and ``cols`` their columns in ``R``
-        (else ``None``); ``width`` is ``R``.
+        (else ``None``); ``width`` is ``R``; ``real_tokens`` (the samples' tokens) and ``forward_tokens``
+        (``B x L``, padding included).  The padded twin of :func:`~crl_bench.trainer.packing.pack_batch`.
     """
-    if not samples:
-        raise ValueError("empty batch")
-    for s in samples:
-        if not s.response_ids or len(s.response_ids) != len(s.old_logprobs):
-            raise ValueError("each sample needs a non-empty response with one old log-prob per token")
-        if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
-            raise ValueError(f"loss_mask has {len(s.loss_mask)} entries for {len(s.response_ids)} response tokens")
+    check_samples(samples)
     seqs = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
     width = max(len(x) for x in seqs)
     rmax = max(len(s.response_ids) for s in samples)
@@ -231,6 +239,7 @@ def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.devic
         "mask": mask.to(device), "old_logprobs": old.to(device),
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
         "keep": keep.to(device) if isinstance(keep, torch.Tensor) else keep, "cols": cols, "width": rmax,
+        "real_tokens": int(attention.sum()), "forward_tokens": b * width,
     }
 
 
@@ -384,12 +393,13 @@ class UpdateStats:
         self.samples = 0
         self.shared_tokens = 0
         self.input_tokens = 0
+        self.forward_tokens = 0
         self.diffs: list[torch.Tensor] = []
 
     def add(self, out: dict[str, Any]) -> None:
         """Add one micro-batch's ``micro_backward`` output (``loss``, ``stats``, ``tokens``,
-        ``samples``, ``shared_tokens``, ``input_tokens``, ``diffs``: a 1-D tensor of log-prob differences
-        or ``None``)."""
+        ``samples``, ``shared_tokens``, ``input_tokens``, ``forward_tokens``, ``diffs``: a 1-D tensor of
+        log-prob differences or ``None``)."""
         self.totals["loss"] = self.totals.get("loss", 0.0) + out["loss"]
         for k, v in out["stats"].items():
             self.totals[k] = self.totals.get(k, 0.0) + v
@@ -400,6 +410,7 @@ class UpdateStats:
         self.samples += out["samples"]
         self.shared_tokens += out["shared_tokens"]
         self.input_tokens += out.get("input_tokens", 0)
+        self.forward_tokens += out.get("forward_tokens", 0)
 
     def result(self, steps: int, grad_norm: float, lr: float, drift: dict[str, float]) -> dict[str, float]:
         """The update's row (keys as :meth:`PolicyUpdater.update` documents): statistics averaged
@@ -413,7 +424,7 @@ class UpdateStats:
             out["loss"] = self.totals["loss"] / max(steps, 1)
         out.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(steps), trained_tokens=float(self.tokens),
                    trained_samples=float(self.samples), shared_prefix_tokens=float(self.shared_tokens),
-                   update_input_tokens=float(self.input_tokens),
+                   update_input_tokens=float(self.input_tokens), update_forward_tokens=float(self.forward_tokens),
                    update_tokens_per_trained=self.input_tokens / self.tokens if self.tokens else 0.0, **drift)
         for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl"):
             out.setdefault(k, 0.0)
@@ -428,8 +439,9 @@ class PolicyUpdater:
         optimizer: an optimiser over those parameters.
         pad_id: tokenizer pad id.
         micro_batch_size: samples per forward/backward.
-        micro_batch_tokens: at most this many tokens (samples x the longest) per forward/backward
-            (0: no bound), see :func:`micro_chunks`.
+        micro_batch_tokens: at most this many tokens per forward/backward (0: no bound): samples x the
+            longest (:func:`micro_chunks`), or with ``packing`` the positions of the packed rows
+            (:func:`~crl_bench.trainer.packing.packed_chunks`).
         mini_batches: optimiser steps per epoch (the sequences are split evenly; the turns of one
             sequence stay in one mini-batch).
         epochs: passes over the samples.
@@ -456,6 +468,9 @@ class PolicyUpdater:
             checkpointing and no KL reference is needed; otherwise the plain forward.
         scheduler: a ``torch.optim.lr_scheduler`` stepped after every optimiser step (e.g. the
             learning-rate warm-up of :func:`linear_warmup`); the learning rate used is reported as ``lr``.
+        packing: pack each micro-batch's samples into rows no wider than its longest sample, each
+            attending only to itself (:mod:`crl_bench.trainer.packing`; same log-probs and gradient as
+            the padded rows); a shared-prefix micro-batch keeps its own padded layout.
     """
 
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, pad_id: int,
@@ -465,7 +480,7 @@ class PolicyUpdater:
                  skip_zero_advantage: bool = True, seed: int = 0, loss_agg: str = "token-mean",
                  recompute_old_logprobs: bool = False, compute_dtype: torch.dtype | None = None,
                  share_prefix: bool = True, min_shared_prefix: int = 32,
-                 scheduler: Any = None) -> None:
+                 scheduler: Any = None, packing: bool = False) -> None:
         if loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
         self.model = model
@@ -487,14 +502,25 @@ class PolicyUpdater:
         self.share_prefix = share_prefix
         self.scheduler = scheduler
         self.min_shared_prefix = max(1, int(min_shared_prefix))
+        self.packing = bool(packing)
         self.rng = random.Random(seed)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def batch(self, samples: Sequence[TokenSample], weights: Sequence[float] | None = None) -> dict:
+        """The model inputs and loss tensors of one micro-batch: :func:`~crl_bench.trainer.packing.pack_batch`
+        with ``packing``, else :func:`build_batch` (on this updater's device)."""
+        if self.packing:
+            return pack_batch(samples, self.pad_id, self.device, weights)
+        return build_batch(samples, self.pad_id, self.device, weights)
+
     def _logprobs(self, model: Any, batch: dict) -> torch.Tensor:
-        """:func:`sequence_logprobs` in the compute dtype (float32 result)."""
+        """:func:`sequence_logprobs` (or, for a packed batch, :func:`~crl_bench.trainer.packing.packed_logprobs`)
+        in the compute dtype (float32 result)."""
+        if batch.get("packed"):
+            return packed_logprobs(model, batch, self.temperature, self.compute_dtype)
         return sequence_logprobs(model, batch, self.temperature, self.compute_dtype)
 
     def _ref_logprobs(self, batch: dict) -> torch.Tensor | None:
@@ -516,7 +542,7 @@ class PolicyUpdater:
         diffs: list[torch.Tensor] = []
         with torch.no_grad():
             for part in self.chunks(samples, idx):
-                batch = build_batch([samples[i] for i in part], self.pad_id, self.device)
+                batch = self.batch([samples[i] for i in part])
                 lp = self._logprobs(self.model, batch).float().cpu()
                 for row, i in enumerate(part):
                     out[i], d = recomputed(samples[i], response_logprobs(lp, batch, row, len(samples[i].response_ids)))
@@ -530,10 +556,16 @@ class PolicyUpdater:
         """Tokens of a sample's sequence (prompt and response)."""
         return len(s.prompt_ids) + len(s.response_ids)
 
+    def split(self, lengths: Sequence[int]) -> list[range]:
+        """Items of token ``lengths`` split into micro-batches: :func:`micro_chunks` (padded rows), or
+        :func:`~crl_bench.trainer.packing.packed_chunks` with ``packing`` (the token bound counts the packed
+        rows: real tokens and their few trailing pads)."""
+        chunk = packed_chunks if self.packing else micro_chunks
+        return chunk(lengths, self.micro_batch_size, self.micro_batch_tokens)
+
     def chunks(self, samples: Sequence[TokenSample], idx: Sequence[int]) -> list[list[int]]:
-        """``idx`` (indices into ``samples``) split into micro-batches (:func:`micro_chunks`)."""
-        return [list(idx[r.start:r.stop]) for r in
-                micro_chunks([self.length(samples[i]) for i in idx], self.micro_batch_size, self.micro_batch_tokens)]
+        """``idx`` (indices into ``samples``) split into micro-batches (:meth:`split`)."""
+        return [list(idx[r.start:r.stop]) for r in self.split([self.length(samples[i]) for i in idx])]
 
     @staticmethod
     def _drift(d: torch.Tensor) -> dict[str, float]:
@@ -583,8 +615,7 @@ class PolicyUpdater:
                 if sharing:
                     work.sort(key=lambda iw: samples[iw[0]].prompt_ids)
                 micros = []
-                for rng in micro_chunks([self.length(samples[i]) for i, _ in work], self.micro_batch_size,
-                                        self.micro_batch_tokens):
+                for rng in self.split([self.length(samples[i]) for i, _ in work]):
                     micro = tuple(work[rng.start:rng.stop])
                     ss = [samples[i] for i, _ in micro]
                     shared = min(common_prefix_length(ss), min(len(s.prompt_ids) for s in ss) - 1) if sharing else 0
@@ -598,16 +629,17 @@ class PolicyUpdater:
 
         Args:
             samples: its samples; ``weights``: their token weights (from :meth:`plan`).
-            shared: prompt tokens all samples share and compute once (0: the plain padded forward, and
-                the KL reference when there is one).
+            shared: prompt tokens all samples share and compute once (0: the plain forward, padded or
+                packed, and the KL reference when there is one).
             fold: the batch's old log-probs are the training forward's (one optimiser step per update
                 with ``recompute_old_logprobs``): use them and return their differences.
 
         Returns:
             ``loss`` (this micro-batch's partial sum of the step loss), ``stats`` (the loss function's),
             ``tokens`` and ``samples`` trained, ``shared_tokens`` (prompt tokens not recomputed),
-            ``input_tokens`` (tokens put through the forward, padding excluded, a shared prefix once) and
-            ``diffs`` (recomputed minus behaviour log-probs of its response tokens, or ``None``).
+            ``input_tokens`` (tokens put through the forward, padding excluded, a shared prefix once),
+            ``forward_tokens`` (the same with padding included) and ``diffs`` (recomputed minus behaviour
+            log-probs of its response tokens, or ``None``).
         """
         samples = list(samples)
         if shared:
@@ -615,7 +647,7 @@ class PolicyUpdater:
                                                self.compute_dtype, self.device, list(weights))
             ref = None
         else:
-            batch = build_batch(samples, self.pad_id, self.device, list(weights))
+            batch = self.batch(samples, list(weights))
             ref = self._ref_logprobs(batch)
             lp = self._logprobs(self.model, batch)
         old_lp = batch["old_logprobs"]
@@ -634,7 +666,8 @@ class PolicyUpdater:
         loss.backward()
         return {"loss": float(loss.detach()), "stats": stats, "tokens": int(batch["mask"].sum()),
                 "samples": len(samples), "shared_tokens": shared * (len(samples) - 1) if shared else 0,
-                "input_tokens": int(batch["attention_mask"].sum()) + shared, "diffs": diffs}
+                "input_tokens": batch["real_tokens"] + shared, "forward_tokens": batch["forward_tokens"] + shared,
+                "diffs": diffs}
 
     def update(self, samples: Sequence[TokenSample]) -> dict[str, float]:
         """Optimise on ``samples``; returns mean loss statistics over micro-batches.
@@ -643,7 +676,8 @@ class PolicyUpdater:
         ``ratio_mean``, ``approx_kl``, ``kl``, ``optimizer_steps``, ``trained_tokens``,
         ``trained_samples``, ``shared_prefix_tokens`` (prompt tokens not recomputed thanks to
         ``share_prefix``), ``update_input_tokens`` (tokens put through the training forwards, padding
-        excluded) and ``update_tokens_per_trained`` (their ratio to ``trained_tokens``: about 1 + the
+        excluded), ``update_forward_tokens`` (the same, padding included: what the forwards cost) and
+        ``update_tokens_per_trained`` (their ratio to ``trained_tokens``: about 1 + the
         environment's share when each episode is one sequence, far more when every turn repeats the
         episode's history) and, with ``recompute_old_logprobs``, ``behaviour_logprob_abs_diff`` and
         ``behaviour_ratio_std`` / ``_min`` / ``_max``.  With no sample carrying a learning signal it

@@ -17,6 +17,9 @@ One module per benchmark, each registering its own subcommand:
   against ``after`` (the defaults: ``model.dtype: auto``, per-group heads, per-episode reuse for
   multi-turn prompts), interleaved step by step; and the share of pure-torch prefill/decode throughput
   the rollout reaches.
+* ``update`` (:mod:`.update`): one actor update with padded against packed micro-batches
+  (``train.packing``) on the same batch, per prompt layout (per-turn samples of ``window`` prompts, one
+  sequence per episode of ``multiturn`` ones), interleaved.
 * ``dp`` (:mod:`.dp`): one policy update of the same batch in this process against N data-parallel
   workers (Ray actors forming one torch.distributed group: trainer/data_parallel.py), interleaved.
 * ``backend`` (:mod:`.backend`): whole training steps on the Ray backend against the local backend
@@ -53,6 +56,7 @@ BENCHMARKS: dict[str, str] = {
     "retrieval": "crl_bench.bench.retrieval",
     "overhead": "crl_bench.bench.overhead",
     "step": "crl_bench.bench.step",
+    "update": "crl_bench.bench.update",
     "dp": "crl_bench.bench.dp",
     "backend": "crl_bench.bench.backend",
     "eval": "crl_bench.bench.eval",

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 from crl_bench.env_api import TextEnv, make_env
-
-if TYPE_CHECKING:
-    from crl_bench.rollout import EpisodeSpec
 
 
 class EnvPool:
@@ -56,8 +53,9 @@ class EnvPool:
             return ready.pop(), True
         return self.acquire(env_id), False
 
-    def prefetch(self, specs: Sequence[EpisodeSpec]) -> int:
-        """Start the resets of ``specs`` whose env sets ``prefetch_resets``; returns how many started.
+    def prefetch(self, specs: Sequence[Any]) -> int:
+        """Start the resets of ``specs`` (the rollout's ``EpisodeSpec``s: ``env_id`` and ``task``) whose env sets
+        ``prefetch_resets``; returns how many started.
 
         An env that fails to start its reset is dropped (the later episode resets normally)."""
         n = 0

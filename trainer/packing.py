@@ -19,18 +19,28 @@ micro-batches").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from crl_bench.llm.precision import autocast
 from crl_bench.trainer.losses import token_logprobs
 
-if TYPE_CHECKING:
-    from crl_bench.trainer.policy import TokenSample
+__all__ = ["check_samples", "pack_batch", "pack_rows", "packed_chunks", "packed_logprobs", "packed_tokens"]
 
-__all__ = ["pack_batch", "pack_rows", "packed_chunks", "packed_logprobs", "packed_tokens"]
 
+
+def check_samples(samples: Sequence[Any]) -> None:
+    """Raise ``ValueError`` for an empty batch of :class:`~crl_bench.trainer.policy.TokenSample`, a sample
+    without response tokens, or per-token lists (old log-probs, ``loss_mask``) of another length than its
+    response."""
+    if not samples:
+        raise ValueError("empty batch")
+    for s in samples:
+        if not s.response_ids or len(s.response_ids) != len(s.old_logprobs):
+            raise ValueError("each sample needs a non-empty response with one old log-prob per token")
+        if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
+            raise ValueError(f"loss_mask has {len(s.loss_mask)} entries for {len(s.response_ids)} response tokens")
 
 def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
     """First-fit-decreasing packing of items of token ``lengths`` into rows of at most ``width`` tokens.
@@ -78,7 +88,7 @@ def packed_chunks(lengths: Sequence[int], size: int, tokens: int = 0) -> list[ra
     return out
 
 
-def pack_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.device | str = "cpu",
+def pack_batch(samples: Sequence[Any], pad_id: int, device: torch.device | str = "cpu",
                weights: Sequence[float] | None = None) -> dict[str, Any]:
     """Pack samples into rows (:func:`pack_rows`, width = the longest sample), right-padding the rows.
 
@@ -103,8 +113,6 @@ def pack_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.device
     Raises:
         ValueError: an empty batch, an empty prompt or response, or per-token lists of another length.
     """
-    from crl_bench.trainer.policy import check_samples
-
     check_samples(samples)
     if any(not s.prompt_ids for s in samples):
         raise ValueError("packing needs a non-empty prompt for each sample (its last token predicts the first "

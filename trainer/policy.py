@@ -27,7 +27,7 @@ import torch
 from crl_bench.config import LossAgg, SequenceLayout
 from crl_bench.llm.precision import autocast
 from crl_bench.trainer.losses import ppo_clip_loss, token_logprobs
-from crl_bench.trainer.packing import pack_batch, packed_chunks, packed_logprobs
+from crl_bench.trainer.packing import check_samples, pack_batch, packed_chunks, packed_logprobs
 
 if TYPE_CHECKING:
     from crl_bench.rollout import Trajectory
@@ -168,18 +168,6 @@ def token_weights(samples: Sequence[TokenSample], loss_agg: str) -> list[float]:
         tokens[k] = tokens.get(k, 0) + s.trained_tokens
     n = len(tokens)
     return [1.0 / (n * tokens[k]) if tokens[k] else 0.0 for k in keys]
-
-
-def check_samples(samples: Sequence[TokenSample]) -> None:
-    """Raise ``ValueError`` for an empty batch, a sample without response tokens, or per-token lists
-    (old log-probs, ``loss_mask``) of another length than its response."""
-    if not samples:
-        raise ValueError("empty batch")
-    for s in samples:
-        if not s.response_ids or len(s.response_ids) != len(s.old_logprobs):
-            raise ValueError("each sample needs a non-empty response with one old log-prob per token")
-        if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
-            raise ValueError(f"loss_mask has {len(s.loss_mask)} entries for {len(s.response_ids)} response tokens")
 
 
 def build_batch(samples: Sequence[TokenSample], pad_id: int, device: torch.device | str = "cpu",

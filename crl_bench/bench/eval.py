@@ -51,21 +51,21 @@ def bench_eval(model: str, mix: str, preset: str, episodes: int, modes: list[str
 
     Raises:
         ValueError: an unknown mode, or a mode with experience for a method without a bank.
-        KeyError: an unknown method.
+        ConfigError: an unknown method (a ``ValueError``).
     """
     import dataclasses
 
     import torch
 
-    from crl_bench.config import build_config, preset_data
-    from crl_bench.methods import get_method
+    from crl_bench.config import RunConfig, build_config, preset_data
     from crl_bench.trainer.evaluation import EVAL_MODES
     from crl_bench.trainer.loop import Trainer
 
-    for mode in modes or ():            # checked before the model loads
+    spec = RunConfig(method=method).method_spec        # checked before the model loads
+    for mode in modes or ():
         if mode not in EVAL_MODES:
             raise ValueError(f"unknown eval mode {mode!r}; known: {', '.join(EVAL_MODES)}")
-        if mode != "free" and not get_method(method).uses_experience:
+        if mode != "free" and not spec.uses_experience:
             raise ValueError(f"{mode} evaluation needs an experience bank; method {method!r} has none")
 
     base = {"rollout": {"mix": mix}, "train": {"seed": seed, "steps": max(train_steps, 1)},

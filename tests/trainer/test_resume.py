@@ -246,11 +246,28 @@ def _entries(path: Path) -> list[tuple]:
     return [r[1:5] for r in _bank_rows(path)]
 
 
+#: Prepended to :data:`LESSON_WRITER_CLI` for the run that is killed: the first bank write of step 3
+#: that creates an entry holds its thread once committed, so the kill lands after step 3's first
+#: write and before step 3 can end (its metrics row, its checkpoint), however fast the run is.
+PAUSE_AFTER_STEP3_WRITE = """
+import time
+from crl_bench.experience.bank_writes import EntryWrites
+_apply = EntryWrites.apply
+def _apply_then_hold(self, ops, *, step, **kw):
+    out = _apply(self, ops, step=step, **kw)
+    if step == 3 and any(entry is not None for _, entry in out.applied):
+        time.sleep(600)
+    return out
+EntryWrites.apply = _apply_then_hold
+"""
+
+
 @pytest.mark.slow
 def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path, tiny_model_dir, monkeypatch):
     """A real complementary smoke run (the tiny model as actor and extractor, the real embedder; the
     extractor writes one lesson per extraction, tests_helpers.LessonWriterEngine, in every process) is
-    killed with SIGKILL after the step-3 distillation wrote to the bank but before step 3's checkpoint;
+    killed with SIGKILL after the step-3 distillation wrote to the bank (the write then holds its thread:
+    :data:`PAUSE_AFTER_STEP3_WRITE`) but before step 3's checkpoint;
     ``--resume`` continues it. Its steps are 1, 2, 3 once each, every metrics line parses, step 3
     equals the uninterrupted run's, the bank holds every entry once (as the uninterrupted run's bank),
     and the final actor and extractor weights are the same bytes."""
@@ -270,7 +287,8 @@ def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path, tin
     killed = tmp_path / "killed"
     tests_dir = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, "-c", LESSON_WRITER_CLI, *args, "--run-id", "killed"],
+    proc = subprocess.Popen([sys.executable, "-c", PAUSE_AFTER_STEP3_WRITE + LESSON_WRITER_CLI, *args,
+                             "--run-id", "killed"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     ckpt2, ckpt3 = (killed / CHECKPOINTS / checkpoint_name(s) for s in (2, 3))
     acknowledged: list[tuple] = []

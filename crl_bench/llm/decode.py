@@ -19,9 +19,10 @@ rounding differs from torch's kernel in the last bit, so a near-tie may resolve 
   most of a bf16 decode step.
 
 Sampling uses transformers' own warpers (temperature, top-k, top-p, in ``generate``'s order) and
-``torch.multinomial`` over the softmax of the processed scores, as ``generate`` does, so with the same
-torch seed, batch and logits the samples are those of ``generate``; after a row has left the batch the
-random stream is consumed by fewer rows and the samples differ (same distribution).
+``torch.multinomial`` over the softmax of the processed scores, as ``generate`` does, and each step
+draws for the whole batch, rows that left it included (:func:`_sample`), so with the same torch seed,
+batch and logits the samples are those of ``generate``: a seeded run samples what it sampled with
+``generate``, however early its rows finish.
 """
 
 from __future__ import annotations
@@ -305,7 +306,7 @@ def _decode(model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: Any, width
         if greedy:
             nxt = torch.argmax(scores, dim=-1)
         else:
-            nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            nxt = _sample(torch.softmax(scores, dim=-1), live, bsz, pad)
         done = [finished[g] for g in live]
         if any(done):                                   # kept finished rows are fed pad, as generate does
             nxt = nxt.masked_fill(torch.tensor(done, device=dev), pad)
@@ -355,6 +356,26 @@ def _decode(model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: Any, width
         for b, g in enumerate(live):
             kv[g] = (_row_kv(cache, b), fed)
     return Decoded(toks, stats[0], stats[1], stats[2], kv if keep_kv else None, steps)
+
+
+def _sample(probs: torch.Tensor, live: list[int], bsz: int, pad: int) -> torch.Tensor:
+    """One token per live row from ``probs`` ``(len(live), V)``, drawn as ``generate`` draws it for
+    that row of the full ``bsz``-row batch.
+
+    ``torch.multinomial`` of one sample takes ``argmax(p / q)`` with ``q`` exponential draws of the
+    whole ``(B, V)`` tensor (aten/src/ATen/native/Distributions.cpp, ``multinomial``), so the random stream a step consumes depends on the
+    batch's shape, not on its values.  Rows that left the batch get a stand-in distribution (all mass on
+    ``pad``) in a full-size draw: each live row then gets the random numbers, and so the token, that
+    ``generate`` (which keeps finished rows) gives it from the same seed, and the steps after consume
+    the stream as ``generate`` does.  Without this, the first row to finish would change every later
+    sample of a seeded run."""
+    if len(live) == bsz:
+        return torch.multinomial(probs, num_samples=1).squeeze(1)
+    full = probs.new_zeros((bsz, probs.shape[-1]))
+    full[:, pad] = 1.0
+    rows = torch.tensor(live, device=probs.device)
+    full[rows] = probs
+    return torch.multinomial(full, num_samples=1).squeeze(1).index_select(0, rows)
 
 
 def _row_kv(cache: BufferCache, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

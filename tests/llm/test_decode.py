@@ -142,6 +142,24 @@ def test_samples_equal_generate_with_the_same_seed(tokenizer, tiny_model):
         _same(a, b)
 
 
+def test_samples_equal_generate_after_rows_leave_the_batch(tokenizer, tiny_model):
+    """Constrained rows whose sampled replies differ in length leave the batch at different steps
+    (``drop_finished``): every later draw, and the next call's, is still generate's from the same seed,
+    because each step draws for the whole batch.  A draw over the live rows only would give other
+    tokens from the first finished row on."""
+    prompts, _ = _prompts(tokenizer, 6)
+    allowed = [["up" + " and up" * k + "</answer>" for k in range(4)]] * len(prompts)   # 1 to 4 words
+    params = SamplingParams(temperature=1.5, max_new_tokens=6, stop=())
+    outs = []
+    for loop in (False, True):
+        torch.manual_seed(5)
+        eng = HFEngine(tiny_model, tokenizer, decode_loop=loop, drop_finished=True)
+        outs.append(eng.generate(prompts, params, allowed) + eng.generate(prompts, params, allowed))
+    assert len({len(g.response_ids) for g in outs[0]}) > 1          # rows did finish at different steps
+    for a, b in zip(*outs):
+        _same(a, b)
+
+
 @pytest.mark.slow
 def test_real_model_greedy_equals_generate(default_model_dir):
     """The default model, constrained replies at T = 0 on 3 prompts: in float32 the decode loop's replies,

@@ -363,12 +363,12 @@ def _sample(probs: torch.Tensor, live: list[int], bsz: int, pad: int) -> torch.T
     that row of the full ``bsz``-row batch.
 
     ``torch.multinomial`` of one sample takes ``argmax(p / q)`` with ``q`` exponential draws of the
-    whole ``(B, V)`` tensor (aten/src/ATen/native/Distributions.cpp, ``multinomial``), so the random stream a step consumes depends on the
-    batch's shape, not on its values.  Rows that left the batch get a stand-in distribution (all mass on
-    ``pad``) in a full-size draw: each live row then gets the random numbers, and so the token, that
-    ``generate`` (which keeps finished rows) gives it from the same seed, and the steps after consume
-    the stream as ``generate`` does.  Without this, the first row to finish would change every later
-    sample of a seeded run."""
+    whole ``(B, V)`` tensor (aten/src/ATen/native/Distributions.cpp, ``multinomial``), so the random
+    stream a step consumes depends on the batch's shape, not on its values.  Rows that left the batch
+    get a stand-in distribution (all mass on ``pad``) in a full-size draw: each live row then gets the
+    random numbers, and so the token, that ``generate`` (which keeps finished rows) gives it from the
+    same seed, and the steps after consume the stream as ``generate`` does.  Without this, the first
+    row to finish would change every later sample of a seeded run."""
     if len(live) == bsz:
         return torch.multinomial(probs, num_samples=1).squeeze(1)
     full = probs.new_zeros((bsz, probs.shape[-1]))

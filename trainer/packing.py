@@ -29,7 +29,6 @@ from crl_bench.trainer.losses import token_logprobs
 __all__ = ["check_samples", "pack_batch", "pack_rows", "packed_chunks", "packed_logprobs", "packed_tokens"]
 
 
-
 def check_samples(samples: Sequence[Any]) -> None:
     """Raise ``ValueError`` for an empty batch of :class:`~crl_bench.trainer.policy.TokenSample`, a sample
     without response tokens, or per-token lists (old log-probs, ``loss_mask``) of another length than its
@@ -41,6 +40,7 @@ def check_samples(samples: Sequence[Any]) -> None:
             raise ValueError("each sample needs a non-empty response with one old log-prob per token")
         if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
             raise ValueError(f"loss_mask has {len(s.loss_mask)} entries for {len(s.response_ids)} response tokens")
+
 
 def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
     """First-fit-decreasing packing of items of token ``lengths`` into rows of at most ``width`` tokens.

@@ -191,8 +191,8 @@ def bench_engines(model: str, env_id: str, n_envs: int, max_steps: int, repeats:
 DECODE_ARMS = {
     # name: HFEngine attributes
     "generate": {"decode_loop": False},
-    "loop": {"decode_loop": True, "drop_finished": True},
-    "loop-keep": {"decode_loop": True, "drop_finished": False},
+    "loop-padded": {"decode_loop": True, "group_prefill": False},
+    "loop": {"decode_loop": True, "group_prefill": True},
 }
 
 
@@ -230,7 +230,7 @@ def bench_decode(model: str, env_id: str, batches: Sequence[int], max_steps: int
     (:func:`crl_bench.bench.roofline.roofline_share`: ``share_of_pure``, ``share_of_matmul``).
 
     Returns:
-        ``{"batches": {b: {arm: {tokens, prefill_tokens, generate_s, tokens_per_s, share_of_pure,
+        ``{"batches": {b: {arm: {tokens, prefill_tokens, prefill_positions, generate_s, tokens_per_s, share_of_pure,
         share_of_matmul}, "roofline": ..., "calls": ..., "context": ..., "mismatches": ..., "ratio": {arm: tok/s over
         generate's}}}, ...}``.
     """
@@ -267,7 +267,7 @@ def bench_decode(model: str, env_id: str, batches: Sequence[int], max_steps: int
                 [EpisodeSpec(env_id, task) for task in range(b)])
             calls = rec.calls
             best = {n: [float("inf")] * len(calls) for n in names}
-            arms = {n: {"tokens": 0, "prefill_tokens": 0} for n in names}
+            arms = {n: {"tokens": 0, "prefill_tokens": 0, "prefill_positions": 0} for n in names}
             mismatches = 0
             for r in range(repeats):
                 for e in engines.values():
@@ -277,7 +277,7 @@ def bench_decode(model: str, env_id: str, batches: Sequence[int], max_steps: int
                     order = names if (r + k) % 2 == 0 else names[::-1]
                     for name in order:
                         eng = engines[name]
-                        before = _computed(eng)
+                        before, positions = _computed(eng), eng.counters["prefill_positions"]
                         torch.manual_seed(1234 + 1000 * r + k)
                         t0 = time.perf_counter()
                         gens = eng.generate(prompts, params, allowed)
@@ -286,6 +286,7 @@ def bench_decode(model: str, env_id: str, batches: Sequence[int], max_steps: int
                         if r == 0:
                             arms[name]["tokens"] += sum(len(g) for g in replies[name])
                             arms[name]["prefill_tokens"] += _computed(eng) - before
+                            arms[name]["prefill_positions"] += eng.counters["prefill_positions"] - positions
                     if temperature <= 0:
                         mismatches += sum(replies[n] != replies["generate"] for n in names)
             context = int(sum(len(p) for c in calls for p in c[0]) / max(sum(len(c[0]) for c in calls), 1))
@@ -408,13 +409,15 @@ def _run_decode(args: argparse.Namespace, env_id: str) -> int:
     print(f"decode bench: {env_id}, episodes x up to {res['max_steps']} actions, constrained replies, "
           f"temperature {res['temperature']}; each batch's rollout replayed {res['repeats']}x per arm, arms "
           f"interleaved call by call, least time per call; "
-          f"{res['threads']} torch threads, dtype {res['dtype']}, CPU {_cpu_name() or platform.processor()}")
-    print(f"{'batch':>5s} {'arm':10s} {'tokens':>7s} {'prefill':>8s} {'generate s':>10s} {'tok/s':>7s} "
-          f"{'vs generate':>11s} {'of pure':>8s} {'of matmul':>9s}")
+          f"{res['threads']} torch threads, dtype {res['dtype']}, CPU {_cpu_name() or platform.processor()}; "
+          f"prefill: prompt tokens computed, positions: the generation prefills' positions, padding included")
+    print(f"{'batch':>5s} {'arm':11s} {'tokens':>7s} {'prefill':>8s} {'positions':>9s} {'generate s':>10s} "
+          f"{'tok/s':>7s} {'vs generate':>11s} {'of pure':>8s} {'of matmul':>9s}")
     for b, row in res["batches"].items():
         for name in DECODE_ARMS:
             a = row[name]
-            print(f"{b:5d} {name:10s} {a['tokens']:7d} {a['prefill_tokens']:8d} {a['generate_s']:10.2f} "
+            print(f"{b:5d} {name:11s} {a['tokens']:7d} {a['prefill_tokens']:8d} {a['prefill_positions']:9d} "
+                  f"{a['generate_s']:10.2f} "
                   f"{a['tokens_per_s']:7.2f} {row['ratio'][name]:10.2f}x {a['share_of_pure']:8.1%} "
                   f"{a['share_of_matmul']:9.1%}")
         if res["temperature"] <= 0:

@@ -14,6 +14,10 @@ rounding differs from torch's kernel in the last bit, so a near-tie may resolve 
   root over all generated tokens at every step;
 * rows that finished (EOS or a stop string) leave the batch (``drop_finished``), so they stop costing
   forwards;
+* the prompt tokens not covered by a reused prefix are computed in groups of rows with similar
+  counts (``group_prefill``, :func:`prefill_groups`) instead of one forward padding every row to the
+  longest: in a rollout's later turns most rows reuse all but a few tokens while a few start afresh,
+  and one padded forward computed 64 rows x the longest new part;
 * attention of the few new tokens per row over the cache is two batched products per key/value head
   (:func:`short_query_attention`) instead of torch's CPU ``scaled_dot_product_attention``, which was
   most of a bf16 decode step.
@@ -39,12 +43,17 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["ATTENTION", "BufferCache", "Decoded", "decode", "decode_attention", "short_query_attention"]
+__all__ = ["ATTENTION", "BufferCache", "Decoded", "decode", "decode_attention", "prefill_groups",
+           "short_query_attention"]
 
 #: the attention implementation name :func:`decode` runs the model with (registered below)
 ATTENTION = "crl_short_query"
 #: longest query (new tokens per row) computed by :func:`short_query_attention`'s grouped products
 SHORT_QUERY = 16
+#: a prefill forward's fixed cost in prefill tokens, for :func:`prefill_groups`: on the 2-core CPUs
+#: measured, a forward of the 135M model costs ~70 ms beyond its tokens (decode steps of 8 and 64 rows:
+#: 123 and 504 ms), about 64 tokens of a large prefill (~1 ms a token; docs/performance.md, "Roofline")
+PREFILL_FORWARD_TOKENS = 64
 
 
 def short_query_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -198,6 +207,7 @@ class Decoded:
             row's cache columns (``L = width + fed``) and ``fed``, the generated tokens fed to the model
             (all but the last generated token, or fewer when the row left the batch earlier).
         steps: forwards after the prefill.
+        prefill_positions: token positions the prefill forwards computed, padding included.
     """
 
     tokens: list[list[int]]
@@ -206,6 +216,7 @@ class Decoded:
     sampling_entropy: list[list[float]]
     kv: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] | None
     steps: int
+    prefill_positions: int = 0
 
 
 def _warpers(temperature: float, top_k: int, top_p: float) -> LogitsProcessorList:
@@ -226,7 +237,7 @@ def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: list[tuple[
            tries: Sequence[Any | None] | None = None,
            stop: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
            yield_point: Callable[[], None] | None = None, drop_finished: bool = True,
-           keep_kv: bool = False) -> Decoded:
+           keep_kv: bool = False, group_prefill: bool = True) -> Decoded:
     """Generate up to ``budget`` tokens per row of a laid-out batch.
 
     Args:
@@ -248,6 +259,11 @@ def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: list[tuple[
         drop_finished: rows that finished leave the batch (their cache rows are dropped) instead of
             being fed ``pad`` to the end.
         keep_kv: return each row's cache (:attr:`Decoded.kv`).
+        group_prefill: compute the columns after ``width_p`` in groups of rows (:func:`prefill_groups`
+            over each row's count of unpadded tokens there), each group's forward only over the columns
+            its rows use, into the one cache, so every row still ends at column ``W`` and the decode
+            steps, their sampling draws included, are those of one padded forward; ``False``: one
+            forward over all rows and columns.
 
     Returns:
         :class:`Decoded`.
@@ -255,12 +271,87 @@ def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: list[tuple[
     with torch.no_grad(), decode_attention(model):
         return _decode(model, ids, att, prefix, width_p, budget=budget, eos=eos, pad=pad, temperature=temperature,
                        top_k=top_k, top_p=top_p, tries=tries, stop=stop, yield_point=yield_point,
-                       drop_finished=drop_finished, keep_kv=keep_kv)
+                       drop_finished=drop_finished, keep_kv=keep_kv, group_prefill=group_prefill)
+
+
+def prefill_groups(lengths: Sequence[int], overhead: int = PREFILL_FORWARD_TOKENS) -> list[list[int]]:
+    """Split rows into prefill forwards that compute the fewest tokens.
+
+    A forward over rows ``G`` computes ``len(G) x max(lengths[G])`` tokens (each row left-padded to the
+    group's longest) plus a fixed ``overhead`` (tokens).  Groups are runs of rows sorted by length (an
+    optimal split is one: a row never waits for a longer row than its neighbours in that order), found by
+    dynamic programming over the sorted lengths, ``O(B^2)``.
+
+    Args:
+        lengths: per row, the tokens it needs computed (``>= 1``).
+        overhead: a forward's fixed cost in tokens.
+
+    Returns:
+        the groups, each a list of row indices, the group of the longest rows first.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n = len(order)
+    best = [0] + [None] * n                             # best[j]: least cost of the first j sorted rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[order[j - 1]]
+        for i in range(j):
+            c = best[i] + (j - i) * longest + overhead
+            if best[j] is None or c < best[j]:
+                best[j], cut[j] = c, i
+    groups = []
+    j = n
+    while j:
+        groups.append(order[cut[j]:j])
+        j = cut[j]
+    return groups
+
+
+def _prefill(model: Any, ids: torch.Tensor, att: torch.Tensor, pos: torch.Tensor, width_p: int, cache: BufferCache,
+             group: bool) -> tuple[torch.Tensor, int]:
+    """Fill ``cache`` (holding columns ``[0, width_p)``) with the batch's columns ``[width_p, W)``; returns the last
+    column's logits ``(B, V)`` in float32 and the positions computed (padding included).  With ``group``, rows go
+    in :func:`prefill_groups` forwards, each over the columns ``[W - L, W)`` its rows need (``L`` the group's
+    longest count of unpadded tokens), its cache built from the batch cache's first ``W - L`` columns of its rows
+    (prefix and masked padding) and copied back."""
+    bsz, width = ids.shape
+    groups = prefill_groups(att[:, width_p:].sum(-1).tolist()) if group and bsz > 1 else [list(range(bsz))]
+    if len(groups) == 1:
+        out = model(input_ids=ids[:, width_p:], attention_mask=att, position_ids=pos[:, width_p:],
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float(), bsz * (width - width_p)
+    dev = ids.device
+    logits = None
+    positions = 0
+    for rows in groups:
+        idx = torch.tensor(rows, device=dev)
+        start = width - int(att[idx, width_p:].sum(-1).max())
+        head = None
+        if start:
+            head = [(layer.kbuf[:, :, :start].index_select(0, idx), layer.vbuf[:, :, :start].index_select(0, idx))
+                    for layer in cache.layers]
+        sub = BufferCache(width, len(cache.layers), head)
+        positions += len(rows) * (width - start)
+        out = model(input_ids=ids[idx, start:], attention_mask=att[idx], position_ids=pos[idx, start:],
+                    past_key_values=sub, use_cache=True, logits_to_keep=1)
+        last = out.logits[:, -1].float()
+        out = None
+        if logits is None:
+            logits = last.new_empty((bsz, last.shape[-1]))
+        logits[idx] = last
+        for big, small in zip(cache.layers, sub.layers):
+            if big.kbuf is None:                        # no reused prefix: the first group sizes the buffers
+                big._allocate(small.kbuf[:1].expand(bsz, -1, -1, -1))
+            big.kbuf[idx, :, start:width] = small.kbuf[:, :, start:width]
+            big.vbuf[idx, :, start:width] = small.vbuf[:, :, start:width]
+    for layer in cache.layers:
+        layer._set(width)
+    return logits, positions
 
 
 def _decode(model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: Any, width_p: int, *, budget: int, eos: int,
             pad: int, temperature: float, top_k: int, top_p: float, tries: Any, stop: Any, yield_point: Any,
-            drop_finished: bool, keep_kv: bool) -> Decoded:
+            drop_finished: bool, keep_kv: bool, group_prefill: bool) -> Decoded:
     bsz, width = ids.shape
     dev = ids.device
     greedy = temperature <= 0
@@ -276,8 +367,7 @@ def _decode(model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: Any, width
     mask = torch.zeros((bsz, width + budget), dtype=att.dtype, device=dev)
     mask[:, :width] = att
     pos = (att.long().cumsum(-1) - 1).masked_fill(att == 0, 0)
-    out = model(input_ids=ids[:, width_p:], attention_mask=att, position_ids=pos[:, width_p:],
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits, positions = _prefill(model, ids, att, pos, width_p, cache, group_prefill)    # (B, V) unprocessed
     last_pos = pos[:, -1:]
     live = list(range(bsz))
     toks: list[list[int]] = [[] for _ in range(bsz)]
@@ -286,8 +376,6 @@ def _decode(model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: Any, width
     kv: list[Any] = [None] * bsz
     steps = 0
     for t in range(budget):
-        logits = out.logits[:, -1].float()              # (b, V) unprocessed
-        out = None
         scores = logits
         if constrained:
             allowed = torch.zeros(scores.shape, dtype=torch.bool, device=dev)
@@ -350,12 +438,14 @@ def _decode(model: Any, ids: torch.Tensor, att: torch.Tensor, prefix: Any, width
         last_pos = last_pos + 1
         out = model(input_ids=nxt[:, None], attention_mask=mask[:, :width + t + 1], position_ids=last_pos,
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float()              # (b, V) unprocessed
+        out = None
         steps += 1
     if keep_kv:
         fed = cache.get_seq_length() - width
         for b, g in enumerate(live):
             kv[g] = (_row_kv(cache, b), fed)
-    return Decoded(toks, stats[0], stats[1], stats[2], kv if keep_kv else None, steps)
+    return Decoded(toks, stats[0], stats[1], stats[2], kv if keep_kv else None, steps, positions)
 
 
 def _sample(probs: torch.Tensor, live: list[int], bsz: int, pad: int) -> torch.Tensor:

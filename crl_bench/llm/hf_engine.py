@@ -349,16 +349,20 @@ class HFEngine:
             uses transformers' ``model.generate`` (the engine before that loop; same replies at
             temperature 0, kept for ``crl-bench bench rollout --decode`` and the tests).
         drop_finished: with ``decode_loop``, rows that finished leave the batch at once.
+        group_prefill: with ``decode_loop``, compute each batch's uncached prompt tokens in groups of rows
+            with similar counts instead of padding every row to the longest (``decode``'s ``group_prefill``;
+            same replies, fewer tokens computed when a few rows have long new parts).
     """
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, prefix_cache: bool = True,
                  min_prefix: int = 32, compute_dtype: torch.dtype | str | None = None,
                  keep_sequences: bool = False, cache_mb: int = 1024, group_heads: bool = True,
                  gate: ComputeGate | None = None, background: bool = False, prefill_chunk: int = 128,
-                 decode_loop: bool = True, drop_finished: bool = True) -> None:
+                 decode_loop: bool = True, drop_finished: bool = True, group_prefill: bool = True) -> None:
         self.tokenizer = tokenizer
         self.decode_loop = decode_loop
         self.drop_finished = drop_finished
+        self.group_prefill = group_prefill
         self.prefill_chunk = prefill_chunk
         self.gate = gate
         self.background = background
@@ -373,8 +377,10 @@ class HFEngine:
         # bounded: envs such as ALFWorld have a different admissible set at almost every step
         self._trie_cache: OrderedDict[tuple[str, ...], _Trie] = OrderedDict()
         self.trie_cache_size = 512
-        #: prompt tokens seen, served from the prefix store, and computed (prefill), since creation
-        self.counters = {"prompt_tokens": 0, "cached_tokens": 0, "prefill_tokens": 0, "head_tokens": 0}
+        #: prompt tokens seen, served from the prefix store, and computed (prefill), since creation;
+        #: ``prefill_positions``: the positions the generation prefills computed, padding included
+        self.counters = {"prompt_tokens": 0, "cached_tokens": 0, "prefill_tokens": 0, "head_tokens": 0,
+                         "prefill_positions": 0}
         self.model = model
         self._shadow: Any = None
         self.sync_weights(model)
@@ -599,14 +605,16 @@ class HFEngine:
             dec = decode(model, ids, att, prefix, width_p, budget=budget, eos=eos, pad=tok.pad_token_id,
                          temperature=params.temperature, top_k=max(0, params.top_k), top_p=params.top_p,
                          tries=tries, stop=stop, yield_point=self.gate.yield_point if background else None,
-                         drop_finished=self.drop_finished, keep_kv=keep)
+                         drop_finished=self.drop_finished, keep_kv=keep, group_prefill=self.group_prefill)
             seqs, lps, ents, sents = dec.tokens, dec.logprobs, dec.entropy, dec.sampling_entropy
+            c["prefill_positions"] += dec.prefill_positions
             rows_kv = [layers for layers, _ in dec.kv] if keep else None
             fed = [n for _, n in dec.kv] if keep else None
         else:
             seqs, lps, ents, sents, rows_kv, n_fed = self._generate_hf(
                 model, ids, att, prefix, width, params, tries, stop, budget, background)
             fed = [n_fed] * len(arrays)
+            c["prefill_positions"] += ids.shape[0] * (width - width_p)
 
         results = []
         for i, seq in enumerate(seqs):

@@ -189,7 +189,8 @@ def test_rollout_decode_passes_batches_and_prints_each_arm(monkeypatch, capsys):
     from crl_bench.bench import rollout
 
     seen = {}
-    arm = {"tokens": 10, "prefill_tokens": 100, "generate_s": 2.0, "tokens_per_s": 5.0, "share_of_pure": 0.5,
+    arm = {"tokens": 10, "prefill_tokens": 100, "prefill_positions": 120,
+           "generate_s": 2.0, "tokens_per_s": 5.0, "share_of_pure": 0.5,
            "share_of_matmul": 0.04}
     roof = {"prefill": {"tok_s": 800.0, "prompt": 128}, "decode": [{"tok_s": 80.0, "context": 300}],
             "matmul_flop_s": 4e11}

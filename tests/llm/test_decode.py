@@ -94,6 +94,87 @@ def test_multiturn_keep_sequences_equal_generate(tokenizer, tiny_model):
     assert new["cached_tokens"] > 0.6 * new["prompt_tokens"]
 
 
+def _uneven_calls(tokenizer):
+    """Two calls of a ``keep_sequences`` engine: six prompts, then five of them extended by their reply
+    and a few tokens (served from the store but those few) beside one new prompt of ~100 tokens that
+    shares only the chat template with them, so the second call's uncached parts are 2-5 vs ~100
+    tokens."""
+    prompts, allowed = _prompts(tokenizer, 6)
+    words = " ".join(f"note{i}" for i in range(60))
+    fresh = PromptBuilder(tokenizer).build("You are a careful agent.", words)
+
+    def calls(eng):
+        first = eng.generate(prompts, GREEDY, allowed)
+        second = [p + g.response_ids + tokenizer.encode(" ok", add_special_tokens=False)[:1] * (1 + i % 4)
+                  for i, (p, g) in enumerate(zip(prompts[:5], first))] + [fresh]
+        return first + eng.generate(second, GREEDY, allowed[:5] + [None])
+
+    return calls
+
+
+def test_grouped_prefill_equals_one_padded_forward_and_computes_fewer_positions(tokenizer, tiny_model):
+    """Rows whose uncached prompt parts differ in length are prefilled in groups (``group_prefill``):
+    the same replies, log-probs and entropies as one padded prefill and as generate, at fewer computed
+    positions (one padded forward computes every row at the longest new part)."""
+    calls = _uneven_calls(tokenizer)
+    kw = dict(batch_size=8, keep_sequences=True)
+    padded = HFEngine(tiny_model, tokenizer, group_prefill=False, **kw)
+    grouped = HFEngine(tiny_model, tokenizer, group_prefill=True, **kw)
+    a, b = calls(padded), calls(grouped)
+    for x, y in zip(a, b):
+        _same(x, y)
+    _both(tokenizer, tiny_model, calls, **kw)
+    assert grouped.counters["prefill_tokens"] == padded.counters["prefill_tokens"]
+    assert grouped.counters["prefill_positions"] < 0.5 * padded.counters["prefill_positions"]
+
+
+def test_grouped_prefill_keeps_the_seeded_samples(tokenizer, tiny_model):
+    """Sampling after a grouped prefill draws what generate draws from the same seed: the groups change
+    only how the prompt is computed, not the shape of any sampling draw."""
+    prompts, allowed = _prompts(tokenizer, 6)
+    fresh = PromptBuilder(tokenizer).build("You are a careful agent.", " ".join(f"note{i}" for i in range(60)))
+    params = SamplingParams(temperature=1.5, max_new_tokens=6, stop=())
+    outs, engines = [], []
+    for loop in (False, True):
+        torch.manual_seed(7)
+        eng = HFEngine(tiny_model, tokenizer, decode_loop=loop, keep_sequences=True)
+        first = eng.generate(prompts, params, allowed)
+        second = [p + g.response_ids for p, g in zip(prompts[:5], first)] + [fresh]
+        before = eng.counters["prefill_positions"]
+        outs.append(first + eng.generate(second, params, allowed[:5] + [None]))
+        engines.append(eng.counters["prefill_positions"] - before)
+    for a, b in zip(*outs):
+        _same(a, b)
+    assert engines[1] < 0.5 * engines[0]                # the second call's prefill was grouped
+
+
+def test_prefill_groups_are_the_cheapest_split():
+    """The dynamic programme's split costs no more than any split of the sorted rows into runs (brute
+    force over every cut set), covers each row once, and puts a few long rows apart from many short."""
+    import itertools
+    import random
+
+    from crl_bench.llm.decode import prefill_groups
+
+    def cost(groups, lengths, overhead):
+        return sum(len(g) * max(lengths[i] for i in g) + overhead for g in groups)
+
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.choice([1, 2, 3, 5, 40, 121]) for _ in range(rng.randint(1, 8))]
+        overhead = rng.choice([0, 8, 64])
+        groups = prefill_groups(lengths, overhead)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        srt = sorted(lengths)
+        best = min(sum(len(srt[a:b]) * srt[b - 1] + overhead for a, b in zip((0,) + cuts, cuts + (len(srt),)))
+                   for r in range(len(srt)) for cuts in itertools.combinations(range(1, len(srt)), r))
+        assert cost(groups, lengths, overhead) == best
+    lengths = [2] * 63 + [121]
+    groups = prefill_groups(lengths)
+    assert groups == [[63], list(range(63))]
+    assert prefill_groups([7] * 5) == [list(range(5))]
+
+
 def test_background_engine_with_gate_equals_generate_and_yields(tokenizer, tiny_model):
     """A background engine (chunked prefill, a yield point per token) gives generate's replies, and the
     loop yields to foreground work that waits."""

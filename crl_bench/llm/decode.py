@@ -278,9 +278,9 @@ def prefill_groups(lengths: Sequence[int], overhead: int = PREFILL_FORWARD_TOKEN
     """Split rows into prefill forwards that compute the fewest tokens.
 
     A forward over rows ``G`` computes ``len(G) x max(lengths[G])`` tokens (each row left-padded to the
-    group's longest) plus a fixed ``overhead`` (tokens).  Groups are runs of rows sorted by length (an
-    optimal split is one: a row never waits for a longer row than its neighbours in that order), found by
-    dynamic programming over the sorted lengths, ``O(B^2)``.
+    group's longest) plus a fixed ``overhead`` (tokens).  Groups are runs of the rows sorted by length
+    (some optimal split always is: swapping a shorter row of a wider group with a longer row of a narrower
+    one never raises the cost), found by dynamic programming over the sorted lengths, ``O(B^2)``.
 
     Args:
         lengths: per row, the tokens it needs computed (``>= 1``).

@@ -315,7 +315,9 @@ def _prefill(model: Any, ids: torch.Tensor, att: torch.Tensor, pos: torch.Tensor
     longest count of unpadded tokens), its cache built from the batch cache's first ``W - L`` columns of its rows
     (prefix and masked padding) and copied back."""
     bsz, width = ids.shape
-    groups = prefill_groups(att[:, width_p:].sum(-1).tolist()) if group and bsz > 1 else [list(range(bsz))]
+    counts = att[:, width_p:].sum(-1).tolist()          # each row's unpadded tokens after width_p
+    uneven = group and min(counts) != max(counts)
+    groups = prefill_groups(counts) if uneven else [list(range(bsz))]
     if len(groups) == 1:
         out = model(input_ids=ids[:, width_p:], attention_mask=att, position_ids=pos[:, width_p:],
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -325,7 +327,7 @@ def _prefill(model: Any, ids: torch.Tensor, att: torch.Tensor, pos: torch.Tensor
     positions = 0
     for rows in groups:
         idx = torch.tensor(rows, device=dev)
-        start = width - int(att[idx, width_p:].sum(-1).max())
+        start = width - max(counts[i] for i in rows)
         head = None
         if start:
             head = [(layer.kbuf[:, :, :start].index_select(0, idx), layer.vbuf[:, :, :start].index_select(0, idx))

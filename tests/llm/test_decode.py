@@ -94,14 +94,18 @@ def test_multiturn_keep_sequences_equal_generate(tokenizer, tiny_model):
     assert new["cached_tokens"] > 0.6 * new["prompt_tokens"]
 
 
+def _fresh_prompt(tokenizer):
+    """A prompt of ~100 tokens that shares only the chat template with those of :func:`_prompts`."""
+    return PromptBuilder(tokenizer).build("You are a careful agent.", " ".join(f"note{i}" for i in range(60)))
+
+
 def _uneven_calls(tokenizer):
     """Two calls of a ``keep_sequences`` engine: six prompts, then five of them extended by their reply
     and a few tokens (served from the store but those few) beside one new prompt of ~100 tokens that
     shares only the chat template with them, so the second call's uncached parts are 2-5 vs ~100
     tokens."""
     prompts, allowed = _prompts(tokenizer, 6)
-    words = " ".join(f"note{i}" for i in range(60))
-    fresh = PromptBuilder(tokenizer).build("You are a careful agent.", words)
+    fresh = _fresh_prompt(tokenizer)
 
     def calls(eng):
         first = eng.generate(prompts, GREEDY, allowed)
@@ -132,9 +136,9 @@ def test_grouped_prefill_keeps_the_seeded_samples(tokenizer, tiny_model):
     """Sampling after a grouped prefill draws what generate draws from the same seed: the groups change
     only how the prompt is computed, not the shape of any sampling draw."""
     prompts, allowed = _prompts(tokenizer, 6)
-    fresh = PromptBuilder(tokenizer).build("You are a careful agent.", " ".join(f"note{i}" for i in range(60)))
+    fresh = _fresh_prompt(tokenizer)
     params = SamplingParams(temperature=1.5, max_new_tokens=6, stop=())
-    outs, engines = [], []
+    outs, positions = [], []
     for loop in (False, True):
         torch.manual_seed(7)
         eng = HFEngine(tiny_model, tokenizer, decode_loop=loop, keep_sequences=True)
@@ -142,10 +146,10 @@ def test_grouped_prefill_keeps_the_seeded_samples(tokenizer, tiny_model):
         second = [p + g.response_ids for p, g in zip(prompts[:5], first)] + [fresh]
         before = eng.counters["prefill_positions"]
         outs.append(first + eng.generate(second, params, allowed[:5] + [None]))
-        engines.append(eng.counters["prefill_positions"] - before)
+        positions.append(eng.counters["prefill_positions"] - before)
     for a, b in zip(*outs):
         _same(a, b)
-    assert engines[1] < 0.5 * engines[0]                # the second call's prefill was grouped
+    assert positions[1] < 0.5 * positions[0]            # the second call's prefill was grouped
 
 
 def test_prefill_groups_are_the_cheapest_split():

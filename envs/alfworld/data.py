@@ -5,10 +5,15 @@ Under the data dir (:func:`crl_bench.data.data_dir`), ``alfworld/`` holds:
 * ``splits/train_1466.jsonl`` and ``splits/eval_134.jsonl``: the paper's task lists (one JSON object a
   line; ``additional_info.description`` = ``<task-folder>/<trial>``), from the authors' release
   (pUmpKin-Co/ComplementaryRL, ``roll/pipeline/agentic/env/alfworld/data/``).
-* the games: ``json_2.1.1/{train,valid_unseen}/<task-folder>/<trial>/game.tw-pddl``, either unpacked
+* the games: ``json_2.1.1/{train,valid_unseen,valid_seen}/<task-folder>/<trial>/game.tw-pddl``, either unpacked
   in the data dir (what ``crl-bench data download alfworld`` writes, from the ALFWorld 0.4.0 release
   asset ``json_2.1.2_tw-pddl.zip``) or packed as ``json_2.1.1.tar.xz`` (the offline copy in
   ``../shared/data``), which is unpacked once into ``<cache>/alfworld`` on first use.
+
+The third list, ``eval_seen_140.jsonl`` (every game of ALFWorld's ``valid_seen``, the split verl-agent
+and the papers built on it evaluate, sorted by folder name, with the goal each game states at reset),
+has no upstream file: it ships with the package (``crl_bench/data_manifests/``), written by
+:func:`crl_bench.envs.alfworld.expert.build_seen_list` and checked against the manifest like the others.
 
 ``crl-bench data download alfworld`` runs :func:`download_alfworld` (declared as the ``alfworld`` entry
 point of the ``crl_bench.datasets`` group).
@@ -35,6 +40,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from crl_bench.data import (
@@ -54,8 +60,11 @@ from crl_bench.data import (
 )
 from crl_bench.llm.default_model import cache_dir
 
-ALFWORLD_SPLIT_FILES = {"train": "train_1466.jsonl", "eval": "eval_134.jsonl"}
-ALFWORLD_GAME_FOLDERS = {"train": "train", "eval": "valid_unseen"}
+ALFWORLD_SPLIT_FILES = {"train": "train_1466.jsonl", "eval": "eval_134.jsonl", "eval_seen": "eval_seen_140.jsonl"}
+ALFWORLD_GAME_FOLDERS = {"train": "train", "eval": "valid_unseen", "eval_seen": "valid_seen"}
+#: Task lists that ship with the package (``crl_bench/data_manifests/alfworld_<file>``) instead of
+#: being downloaded into the data dir: ALFWorld has no list file for ``valid_seen``.
+ALFWORLD_PACKAGED_SPLITS = frozenset({"eval_seen"})
 ALFWORLD_ROOT = "json_2.1.1"
 ALFWORLD_ARCHIVE = "json_2.1.1.tar.xz"
 #: Largest game file unpacked (the release's largest is about 140 kB); a larger member is refused
@@ -72,10 +81,10 @@ class AlfWorldTask:
 
     Attributes:
         index: line number in the split file (0-based).
-        split: ``"train"`` or ``"eval"``.
+        split: ``"train"``, ``"eval"`` (valid_unseen) or ``"eval_seen"`` (valid_seen).
         description: ``<task-folder>/<trial>``.
         goal: the task text, e.g. ``"put some creditcard on diningtable."``.
-        difficulty: ``"easy"``/``"hard"`` as labelled in the split file.
+        difficulty: ``"easy"``/``"hard"`` as labelled in the split file (``""`` where it has none).
     """
 
     index: int
@@ -99,6 +108,15 @@ def alfworld_dir(override: str | os.PathLike | None = None) -> Path:
     return data_dir(override) / "alfworld"
 
 
+def split_file(split: str, splits_root: Path) -> Path:
+    """Where the task list of ``split`` is: ``<splits_root>/splits/<file>`` for the downloaded lists,
+    the package's copy for :data:`ALFWORLD_PACKAGED_SPLITS`. Raises ``KeyError`` for an unknown split."""
+    fname = ALFWORLD_SPLIT_FILES[split]
+    if split in ALFWORLD_PACKAGED_SPLITS:
+        return Path(str(resources.files("crl_bench.data_manifests").joinpath(f"alfworld_{fname}")))
+    return splits_root / "splits" / fname
+
+
 def _missing(what: str, where: Path) -> DataMissingError:
     return DataMissingError(
         f"ALFWorld {what} not found in {where}. Run `crl-bench data download alfworld` (downloads the "
@@ -108,7 +126,8 @@ def _missing(what: str, where: Path) -> DataMissingError:
 
 
 def alfworld_tasks(split: str, override: str | os.PathLike | None = None) -> list[AlfWorldTask]:
-    """The task list of ``split`` (``"train"``: 1,466 tasks, ``"eval"``: 134), in file order.
+    """The task list of ``split`` (``"train"``: 1,466 tasks, ``"eval"``: 134 of valid_unseen,
+    ``"eval_seen"``: 140 of valid_seen), in file order.
 
     Raises:
         KeyError: unknown split.
@@ -117,12 +136,13 @@ def alfworld_tasks(split: str, override: str | os.PathLike | None = None) -> lis
     """
     if split not in ALFWORLD_SPLIT_FILES:
         raise KeyError(f"alfworld: unknown split {split!r}; known: {sorted(ALFWORLD_SPLIT_FILES)}")
-    path = alfworld_dir(override) / "splits" / ALFWORLD_SPLIT_FILES[split]
+    path = split_file(split, alfworld_dir(override))
     if not path.is_file():
         raise _missing(f"task list {path.name}", path.parent)
     expected = load_manifest("alfworld")["splits"][ALFWORLD_SPLIT_FILES[split]]["sha256"]
     if sha256_file(path) != expected:
-        raise ChecksumError(f"{path}: not the paper's {split} list (sha256 differs from {expected})")
+        raise ChecksumError(f"{path}: not the {split} list crl-bench was verified with (sha256 differs from "
+                            f"{expected})")
     tasks = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f):
@@ -163,7 +183,7 @@ def game_hashes(splits_root: Path) -> dict[str, str]:
     games = load_manifest("alfworld")["games"]
     out = {}
     for split, fname in ALFWORLD_SPLIT_FILES.items():
-        with open(splits_root / "splits" / fname, encoding="utf-8") as f:
+        with open(split_file(split, splits_root), encoding="utf-8") as f:
             rows = [_description(line, fname, i) for i, line in enumerate(f)]
         if len(rows) != len(games[split]):
             raise ChecksumError(f"{fname}: {len(rows)} tasks, the manifest has {len(games[split])}")
@@ -174,7 +194,7 @@ def game_hashes(splits_root: Path) -> dict[str, str]:
 
 
 def alfworld_games_root(override: str | os.PathLike | None = None) -> Path:
-    """Folder that holds ``json_2.1.1/...`` with every game of both split lists.
+    """Folder that holds ``json_2.1.1/...`` with every game of the split lists.
 
     Unpacked games in the data dir are used when their completion marker names this manifest
     (module docstring); otherwise the packed ``json_2.1.1.tar.xz`` (the offline copy, which may lie
@@ -205,7 +225,8 @@ def alfworld_games_root(override: str | os.PathLike | None = None) -> Path:
         return target
     with file_lock(parent / f"{key}.lock"):
         if read_marker(target / ALFWORLD_ROOT, digest) is not None:
-            alfworld_tasks("train", override), alfworld_tasks("eval", override)  # verifies the lists
+            for split in ALFWORLD_SPLIT_FILES:                                 # verifies the lists
+                alfworld_tasks(split, override)
             for stale in [*parent.glob(f".{key}-*"), *parent.glob(f".old-{key}-*")]:   # one killed earlier
                 shutil.rmtree(stale, ignore_errors=True)
             stage = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=parent))
@@ -337,6 +358,8 @@ def download_alfworld(dest_root: Path | None = None, source: str | None = None, 
         remove_stale(root / "splits")
         (root / "splits").mkdir(exist_ok=True)
         for name, meta in man["splits"].items():
+            if meta.get("url") is None:                # a list that ships with the package
+                continue
             dest = root / "splits" / name
             if dest.is_file() and (not verify or sha256_file(dest) == meta["sha256"]):
                 continue
@@ -381,12 +404,13 @@ def build_alfworld_manifest(splits_dir: Path, games_root: Path, out: Path, urls:
     """Maintainers' tool: write the ALFWorld manifest from verified local copies.
 
     ``games_root`` holds ``json_2.1.1/...``; every game named by the split lists is hashed, in
-    split-file order (``null`` for a trial absent from the release, which the env then skips).
+    split-file order (``null`` for a trial absent from the release, which the env then skips). The
+    packaged lists (:data:`ALFWORLD_PACKAGED_SPLITS`) are read from the package and get ``url: null``.
     """
     man: dict = {"release": urls["release"], "splits": {}, "games": {}}
     for split, fname in ALFWORLD_SPLIT_FILES.items():
-        p = splits_dir / fname
-        man["splits"][fname] = {"url": urls["splits"][fname], "sha256": sha256_file(p)}
+        p = split_file(split, splits_dir.parent) if split in ALFWORLD_PACKAGED_SPLITS else splits_dir / fname
+        man["splits"][fname] = {"url": urls["splits"].get(fname), "sha256": sha256_file(p)}
         digests: list[str | None] = []
         with open(p, encoding="utf-8") as f:
             for line in f:

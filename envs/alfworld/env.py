@@ -1,4 +1,5 @@
-"""ALFWorld (text): household tasks in TextWorld, the paper's 1,466 train / 134 eval task lists.
+"""ALFWorld (text): household tasks in TextWorld, the paper's 1,466 train / 134 eval task lists and the
+140 games of valid_seen.
 
 Each env instance owns one worker process that runs the real ALFWorld TextWorld game (``alfworld``
 0.4.x: ``textworld.gym.register_game`` with ALFWorld's ``AlfredDemangler``/``AlfredInfos`` wrappers,
@@ -11,7 +12,11 @@ action before waiting on any (the split-phase protocol of :class:`~crl_bench.env
 A worker that dies or stops answering (``timeout_s``) fails the current episode with
 :class:`EnvWorkerError`; the next reset starts a fresh worker (``restarts`` counts them). Each worker's
 address space is capped at ``memory_mb`` (``RLIMIT_AS``) and its peak resident memory is reported in
-``info["worker_rss_mb"]``.
+``info["worker_rss_mb"]``. TextWorld keeps what it loads for every game a process has played (about
+4-7 MB of address space per game, measured), so a worker that plays a hundred or more games would
+hit the cap in the middle of an episode; instead, a reset whose worker has used
+:data:`RECYCLE_FRACTION` of ``memory_mb`` first replaces it with a fresh one between episodes
+(``recycles`` counts them; no episode is lost).
 
 Observation: the room description of the first observation (kept, since it lists every receptacle),
 then ``Last: <the game's feedback>``, then the admissible commands. The task line is the game's
@@ -22,7 +27,8 @@ episode, 0 otherwise; the paper's scheme (ComplementaryRL ``roll/pipeline/agenti
 
 Task ids: train ``0..1465`` = line numbers of ``train_1466.jsonl`` (the one trial missing from the
 release is skipped with a warning); eval ``10000..10133`` = ``10000 +`` line number of
-``eval_134.jsonl`` (all under ``valid_unseen``).
+``eval_134.jsonl`` (all under ``valid_unseen``); eval_seen ``20000..20139`` = ``20000 +`` line number of
+``eval_seen_140.jsonl`` (every game of ``valid_seen``, the split verl-agent evaluates).
 """
 
 from __future__ import annotations
@@ -41,15 +47,23 @@ from crl_bench.env_api import TextEnv, data_file_map, require_modules
 
 from .data import (
     ALFWORLD_ARCHIVE,
+    ALFWORLD_PACKAGED_SPLITS,
     ALFWORLD_SPLIT_FILES,
     AlfWorldTask,
     alfworld_dir,
     alfworld_games_root,
     alfworld_tasks,
     game_hashes,
+    split_file,
 )
 
 EVAL_OFFSET = 10_000
+#: First task id of the ``eval_seen`` split (ALFWorld's valid_seen): ``20000 +`` its list's line.
+EVAL_SEEN_OFFSET = 20_000
+#: Offset of each split's task ids.
+SPLIT_OFFSETS = {"train": 0, "eval": EVAL_OFFSET, "eval_seen": EVAL_SEEN_OFFSET}
+#: Share of ``memory_mb`` of address space past which a worker is replaced before the next reset.
+RECYCLE_FRACTION = 0.75
 
 SYSTEM_PROMPT = (
     "You are a household agent in a text world. Each turn you see the room, the result of your last "
@@ -80,6 +94,19 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _vm_mb() -> float:
+    """This process's address space now in MB (``VmSize``: what ``RLIMIT_AS`` caps); 0 where
+    ``/proc`` is missing."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
 def _worker_main(memory_mb: int) -> None:
     """Worker loop (``python -m crl_bench.envs.alfworld.worker --worker``): owns one TextWorld game at a time.
 
@@ -87,7 +114,8 @@ def _worker_main(memory_mb: int) -> None:
     ``["close"]``; one JSON line back on the original stdout, ``["ok", payload]`` or
     ``["error", message]``. Anything the libraries print goes to stderr (fd 1 is pointed there), so it
     cannot corrupt the protocol. Payload: ``{"obs": str, "admissible": list[str], "won": bool,
-    "done": bool, "rss_mb": float}``; the first line is ``["ok", {"pid": int, "rss_mb": float}]``.
+    "done": bool, "rss_mb": float, "vm_mb": float}`` (peak resident memory, address space now); the
+    first line is ``["ok", {"pid": int, "rss_mb": float, "vm_mb": float}]``.
     """
     import json
     import sys
@@ -112,7 +140,7 @@ def _worker_main(memory_mb: int) -> None:
         send("error", f"cannot import ALFWorld ({type(e).__name__}: {e}); "
                       f"install the extra: pip install 'crl-bench[alfworld]'")
         return
-    send("ok", {"pid": os.getpid(), "rss_mb": _rss_mb()})
+    send("ok", {"pid": os.getpid(), "rss_mb": _rss_mb(), "vm_mb": _vm_mb()})
     env, loaded = None, None
     request = textworld.EnvInfos(won=True, admissible_commands=True)
     for line in sys.stdin:
@@ -139,7 +167,7 @@ def _worker_main(memory_mb: int) -> None:
             else:
                 raise ValueError(f"unknown worker command {cmd!r}")
             send("ok", {"obs": obs, "admissible": list(infos["admissible_commands"]),
-                        "won": bool(infos["won"]), "done": bool(done), "rss_mb": _rss_mb()})
+                        "won": bool(infos["won"]), "done": bool(done), "rss_mb": _rss_mb(), "vm_mb": _vm_mb()})
         except MemoryError:
             send("error", f"MemoryError: the worker hit its {memory_mb} MB limit")
             break
@@ -168,6 +196,7 @@ class _Worker:
             raise EnvWorkerError(payload)
         self.pid: int = payload["pid"]
         self.rss_mb: float = payload["rss_mb"]
+        self.vm_mb: float = payload.get("vm_mb", 0.0)
 
     def _log_tail(self, n: int = 600) -> str:
         try:
@@ -241,7 +270,7 @@ def _task_table(root: str) -> tuple[dict[int, AlfWorldTask], dict[str, list[int]
     expected = game_hashes(alfworld_dir(root))
     table: dict[int, AlfWorldTask] = {}
     ids: dict[str, list[int]] = {}
-    for split, offset in (("train", 0), ("eval", EVAL_OFFSET)):
+    for split, offset in SPLIT_OFFSETS.items():
         ids[split] = []
         missing = []
         for t in alfworld_tasks(split, root):
@@ -292,12 +321,13 @@ class AlfWorldEnv(TextEnv):
         require_modules(self.env_id, "textworld", "alfworld")
         self.data_root = str(resolve_data_dir(data_dir))
         self.tasks, ids, self.games_root = _task_table(self.data_root)
-        self.splits = {"train": ids["train"], "eval": ids["eval"]}
+        self.splits = {split: ids[split] for split in SPLIT_OFFSETS}
         self.success_reward = float(success_reward)
         self.failure_reward = float(failure_reward)
         self.memory_mb = int(memory_mb)
         self.timeout_s = float(timeout_s)
         self.restarts = 0
+        self.recycles = 0
         self._worker: _Worker | None = None
         self._room = ""
         self._goal = ""
@@ -330,6 +360,7 @@ class AlfWorldEnv(TextEnv):
         if status != "ok":
             raise EnvWorkerError(f"ALFWorld game error: {payload}")
         self._rss_mb = max(self._rss_mb, float(payload.get("rss_mb", 0.0)))
+        self._worker.vm_mb = float(payload.get("vm_mb", 0.0))
         return payload
 
     @property
@@ -346,7 +377,8 @@ class AlfWorldEnv(TextEnv):
         """Path of the ``game.tw-pddl`` of ``task``. Raises ``KeyError`` for an unknown id."""
         if task not in self.tasks:
             raise KeyError(f"alfworld: unknown task id {task}; train ids are 0..1465, eval ids "
-                           f"{EVAL_OFFSET}..{EVAL_OFFSET + 133}")
+                           f"{EVAL_OFFSET}..{EVAL_OFFSET + 133}, eval_seen ids "
+                           f"{EVAL_SEEN_OFFSET}..{EVAL_SEEN_OFFSET + 139}")
         return os.path.join(self.games_root, self.tasks[task].member)
 
     def task_fingerprint(self, task: int) -> dict[str, Any]:
@@ -367,11 +399,12 @@ class AlfWorldEnv(TextEnv):
         return self.tasks[task].task_type
 
     def data_files(self) -> dict[str, Path]:
-        """The two split files, plus the game archive ``alfworld/json_2.1.1.tar.xz`` when the games
-        were unpacked from it (:func:`crl_bench.envs.alfworld.data.alfworld_games_root`); games already unpacked in
-        the data dir (thousands of files) are not listed.  See :meth:`TextEnv.data_files`."""
+        """The downloaded split files (not the ``eval_seen`` list, which is part of the package), plus
+        the game archive ``alfworld/json_2.1.1.tar.xz`` when the games were unpacked from it
+        (:func:`crl_bench.envs.alfworld.data.alfworld_games_root`); games already unpacked in the data
+        dir (thousands of files) are not listed.  See :meth:`TextEnv.data_files`."""
         folder = alfworld_dir(self.data_root)
-        paths = [folder / "splits" / name for name in ALFWORLD_SPLIT_FILES.values()]
+        paths = [split_file(s, folder) for s in ALFWORLD_SPLIT_FILES if s not in ALFWORLD_PACKAGED_SPLITS]
         if Path(self.games_root).absolute() != folder.absolute():
             paths.append(folder / ALFWORLD_ARCHIVE)
         return data_file_map(self.data_root, paths)
@@ -379,6 +412,11 @@ class AlfWorldEnv(TextEnv):
     # ---- TextEnv hooks ----------------------------------------------------------------------------
     def _submit_reset(self, task: int) -> None:
         path = self.gamefile(task)
+        w = self._worker
+        if w is not None and self.memory_mb > 0 and w.vm_mb > RECYCLE_FRACTION * self.memory_mb:
+            w.close()                           # between episodes: a fresh worker before the cap is hit
+            self._worker = None
+            self.recycles += 1
         worker = self._ensure_worker()
         try:
             worker.send("reset", path)
@@ -426,8 +464,10 @@ class AlfWorldEnv(TextEnv):
         return self.failure_reward
 
     def extra_info(self) -> dict[str, Any]:
-        """``worker_rss_mb`` (the worker process's peak resident memory) and ``worker_restarts``."""
-        return {"worker_rss_mb": round(self._rss_mb, 1), "worker_restarts": self.restarts}
+        """``worker_rss_mb`` (the worker process's peak resident memory), ``worker_restarts`` (workers
+        replaced after a failure) and ``worker_recycles`` (replaced between episodes near the memory cap)."""
+        return {"worker_rss_mb": round(self._rss_mb, 1), "worker_restarts": self.restarts,
+                "worker_recycles": self.recycles}
 
     def walkthrough(self, task: int) -> list[str]:
         """The game's stored solving command list (``walkthrough`` of its ``game.tw-pddl``)."""
@@ -450,7 +490,7 @@ class AlfWorldEnv(TextEnv):
 
 
 def check_data(data_dir_: str | None = None) -> dict[str, Sequence[int]]:
-    """Resolve both task lists against the games (unpacking them if needed); returns the split ids.
+    """Resolve every task list against the games (unpacking them if needed); returns the split ids.
 
     Raises:
         DataMissingError: the data is not there.
@@ -459,4 +499,4 @@ def check_data(data_dir_: str | None = None) -> dict[str, Sequence[int]]:
     return ids
 
 
-__all__ = ["AlfWorldEnv", "EnvWorkerError", "DataMissingError", "EVAL_OFFSET", "check_data"]
+__all__ = ["AlfWorldEnv", "EnvWorkerError", "DataMissingError", "EVAL_OFFSET", "EVAL_SEEN_OFFSET", "check_data"]

@@ -16,7 +16,7 @@ from tests_helpers import FolderServer
 
 from crl_bench.data import ChecksumError, DataMissingError
 from crl_bench.env_api import make_env
-from crl_bench.envs.alfworld import EVAL_OFFSET, AlfWorldEnv, EnvWorkerError, check_data
+from crl_bench.envs.alfworld import EVAL_OFFSET, EVAL_SEEN_OFFSET, AlfWorldEnv, EnvWorkerError, check_data
 from crl_bench.envs.alfworld import data as data_mod
 from crl_bench.envs.alfworld.env import _task_table
 
@@ -31,13 +31,20 @@ def test_task_lists_resolve_to_existing_games():
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         ids = check_data()
-    assert len(ids["train"]) == 1465 and len(ids["eval"]) == 134
+    assert len(ids["train"]) == 1465 and len(ids["eval"]) == 134 and len(ids["eval_seen"]) == 140
     assert 690 not in ids["train"]                  # the trial the release lacks
     assert ids["eval"] == list(range(EVAL_OFFSET, EVAL_OFFSET + 134))
+    assert ids["eval_seen"] == list(range(EVAL_SEEN_OFFSET, EVAL_SEEN_OFFSET + 140))
     e = AlfWorldEnv()
-    for t in list(ids["train"]) + list(ids["eval"]):
+    for t in list(ids["train"]) + list(ids["eval"]) + list(ids["eval_seen"]):
         assert os.path.isfile(e.gamefile(t)), t
     assert all("/valid_unseen/" in e.gamefile(t) for t in ids["eval"])
+    assert all("/valid_seen/" in e.gamefile(t) for t in ids["eval_seen"])
+    # valid_seen's 140 games by task type, as ALFWorld's split has them (Pick, Look, Clean, Heat, Cool, Pick2)
+    types = [e.task_type(t) for t in ids["eval_seen"]]
+    assert [types.count(x) for x in ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
+                                     "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep",
+                                     "pick_two_obj_and_place")] == [35, 13, 27, 16, 25, 24]
     assert all("/train/" in e.gamefile(t) for t in ids["train"])
     with pytest.raises(KeyError):
         e.gamefile(690)
@@ -68,6 +75,66 @@ def test_walkthrough_replay_solves_sampled_eval_games(env):
         assert term and not trunc and info["success"], (task, obs)
         assert r == 1.0 and total == 1.0
         assert info["worker_rss_mb"] > 0
+
+
+def test_expert_replay_wins_sampled_seen_games_and_names_a_loss(monkeypatch):
+    """``replay_split`` (the check ``python -m crl_bench.envs.alfworld.expert --split eval_seen`` runs on
+    all 140) wins sampled valid_seen games through the env's text layer, and reports a game whose plan
+    stops one command short as lost, with the reason."""
+    from crl_bench.envs.alfworld import expert
+
+    rng = np.random.default_rng(1)
+    tasks = [EVAL_SEEN_OFFSET + int(k) for k in rng.choice(140, size=2, replace=False)]
+    res = expert.replay_split("eval_seen", tasks=tasks)
+    assert (res["tasks"], res["won"], res["lost"]) == (2, 2, [])
+    short = AlfWorldEnv.walkthrough
+    monkeypatch.setattr(AlfWorldEnv, "walkthrough", lambda self, task: short(self, task)[:-1])
+    res = expert.replay_split("eval_seen", tasks=tasks[:1])
+    assert res["won"] == 0 and res["lost"][0]["why"] == "the last command did not win the game"
+
+
+def test_the_panels_are_the_documented_ones():
+    """docs/envs/alfworld.md states the panel of each eval split (game paths, sha256, goals); a change of
+    a list, a game or the fingerprint changes the hash and fails here."""
+    import re
+
+    from crl_bench.results.panel import build_panel
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "envs" / "alfworld.md").read_text()
+    stated = dict(re.findall(r"gives\s+panel\s+`([0-9a-f]{64})`\s+\(\d+\s+(eval|eval_seen)\s+tasks\)", doc))
+    assert sorted(stated.values()) == ["eval", "eval_seen"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = AlfWorldEnv()
+    try:
+        for digest, split in stated.items():
+            assert build_panel(e, "alfworld", split, e.task_ids(split))["panel_hash"] == digest, split
+    finally:
+        e.close()
+
+
+def test_a_worker_near_its_memory_cap_is_replaced_between_episodes(monkeypatch):
+    """TextWorld keeps every game a process has loaded, so a worker's address space grows game after
+    game; a reset past ``RECYCLE_FRACTION`` of ``memory_mb`` starts a fresh worker first (counted in
+    ``worker_recycles``, not as a failure), and the episode plays normally."""
+    from crl_bench.envs.alfworld import env as env_mod
+
+    e = AlfWorldEnv()
+    try:
+        e.reset(options={"task": EVAL_SEEN_OFFSET})
+        first = e.worker_pid
+        assert e._worker.vm_mb > 0                       # the worker reports its address space
+        e.reset(options={"task": EVAL_SEEN_OFFSET + 1})
+        assert e.worker_pid == first and e.recycles == 0
+        monkeypatch.setattr(env_mod, "RECYCLE_FRACTION", 0.0)
+        _obs, info = e.reset(options={"task": EVAL_SEEN_OFFSET + 2})
+        assert e.worker_pid != first and (e.recycles, e.restarts) == (1, 0)
+        assert (info["worker_recycles"], info["worker_restarts"]) == (1, 0)
+        for cmd in e.walkthrough(EVAL_SEEN_OFFSET + 2):
+            _obs, r, term, _trunc, info = e.step(f"<answer>{cmd}</answer>")
+        assert term and info["success"] and r == 1.0
+    finally:
+        e.close()
 
 
 def test_invalid_command_is_fed_back_not_raised(env):
@@ -195,7 +262,8 @@ def _manifest_for(server_url: str, archive_name: str, size: int) -> dict:
     man = json.loads(json.dumps(data_mod.load_manifest("alfworld")))
     man["release"] = {"url": f"{server_url}/{archive_name}", "size": size}
     for name in man["splits"]:
-        man["splits"][name]["url"] = f"{server_url}/splits/{name}"
+        if man["splits"][name]["url"] is not None:          # the eval_seen list ships with the package
+            man["splits"][name]["url"] = f"{server_url}/splits/{name}"
     return man
 
 
@@ -226,7 +294,7 @@ def test_download_fetches_verifies_and_unpacks(tmp_path, monkeypatch):
         server.close()
     assert (root / "splits" / "train_1466.jsonl").is_file()
     games = list((root / "json_2.1.1").rglob("game.tw-pddl"))
-    assert len(games) == 1599
+    assert len(games) == 1739                       # 1,465 train + 134 valid_unseen + 140 valid_seen
     assert sorted(p.name for p in root.iterdir()) == ["json_2.1.1", "splits"]
     ids = check_data(str(data))
     assert len(ids["train"]) == 1465 and len(ids["eval"]) == 134
@@ -242,7 +310,7 @@ def test_download_fetches_verifies_and_unpacks(tmp_path, monkeypatch):
     data_mod.download_alfworld(data, source=str(no_games), progress=False)   # re-hashed: nothing unpacked
     assert marker.is_file() and len(check_data(str(data))["train"]) == 1465
     games[0].write_bytes(games[0].read_bytes() + b" ")
-    with pytest.raises(DataMissingError, match="none of the 1599"):         # re-hashed: unpacks again
+    with pytest.raises(DataMissingError, match="none of the 1739"):         # re-hashed: unpacks again
         data_mod.download_alfworld(data, source=str(no_games), progress=False)
     games[0].unlink()
     _task_table.cache_clear()

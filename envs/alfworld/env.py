@@ -80,16 +80,25 @@ class EnvWorkerError(RuntimeError):
 
 # ---- worker process ------------------------------------------------------------------------------
 
-def _rss_mb() -> float:
-    """This process's peak resident memory in MB: Linux's ``VmHWM``, which starts afresh at exec
-    (``ru_maxrss`` does not: a worker forked from a 4 GB trainer would report 4 GB)."""
+def _status_mb(field: str) -> float | None:
+    """A ``kB`` field of Linux's ``/proc/self/status`` (e.g. ``VmHWM``) in MB; ``None`` where it
+    cannot be read."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
+    return None
+
+
+def _rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's ``VmHWM``, which starts afresh at exec
+    (``ru_maxrss`` does not: a worker forked from a 4 GB trainer would report 4 GB)."""
+    peak = _status_mb("VmHWM")
+    if peak is not None:
+        return peak
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -97,14 +106,7 @@ def _rss_mb() -> float:
 def _vm_mb() -> float:
     """This process's address space now in MB (``VmSize``: what ``RLIMIT_AS`` caps); 0 where
     ``/proc`` is missing."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return 0.0
+    return _status_mb("VmSize") or 0.0
 
 
 def _worker_main(memory_mb: int) -> None:

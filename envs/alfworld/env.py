@@ -80,33 +80,23 @@ class EnvWorkerError(RuntimeError):
 
 # ---- worker process ------------------------------------------------------------------------------
 
-def _status_mb(field: str) -> float | None:
-    """A ``kB`` field of Linux's ``/proc/self/status`` (e.g. ``VmHWM``) in MB; ``None`` where it
-    cannot be read."""
+def _memory_mb() -> dict[str, float]:
+    """This process's memory in MB from one read of Linux's ``/proc/self/status``: ``rss_mb``, the
+    peak resident size (``VmHWM``, which starts afresh at exec; ``ru_maxrss`` does not: a worker forked
+    from a 4 GB trainer would report 4 GB, so it is only the fallback where ``/proc`` is missing) and
+    ``vm_mb``, the address space now (``VmSize``: what ``RLIMIT_AS`` caps; 0 without ``/proc``)."""
+    found: dict[str, float] = {}
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith(f"{field}:"):
-                    return int(line.split()[1]) / 1024.0
+                if line.startswith(("VmHWM:", "VmSize:")):
+                    found[line[:line.index(":")]] = int(line.split()[1]) / 1024.0
     except OSError:
         pass
-    return None
-
-
-def _rss_mb() -> float:
-    """This process's peak resident memory in MB: Linux's ``VmHWM``, which starts afresh at exec
-    (``ru_maxrss`` does not: a worker forked from a 4 GB trainer would report 4 GB)."""
-    peak = _status_mb("VmHWM")
-    if peak is not None:
-        return peak
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _vm_mb() -> float:
-    """This process's address space now in MB (``VmSize``: what ``RLIMIT_AS`` caps); 0 where
-    ``/proc`` is missing."""
-    return _status_mb("VmSize") or 0.0
+    if "VmHWM" not in found:
+        import resource
+        found["VmHWM"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return {"rss_mb": found["VmHWM"], "vm_mb": found.get("VmSize", 0.0)}
 
 
 def _worker_main(memory_mb: int) -> None:
@@ -142,7 +132,7 @@ def _worker_main(memory_mb: int) -> None:
         send("error", f"cannot import ALFWorld ({type(e).__name__}: {e}); "
                       f"install the extra: pip install 'crl-bench[alfworld]'")
         return
-    send("ok", {"pid": os.getpid(), "rss_mb": _rss_mb(), "vm_mb": _vm_mb()})
+    send("ok", {"pid": os.getpid(), **_memory_mb()})
     env, loaded = None, None
     request = textworld.EnvInfos(won=True, admissible_commands=True)
     for line in sys.stdin:
@@ -169,7 +159,7 @@ def _worker_main(memory_mb: int) -> None:
             else:
                 raise ValueError(f"unknown worker command {cmd!r}")
             send("ok", {"obs": obs, "admissible": list(infos["admissible_commands"]),
-                        "won": bool(infos["won"]), "done": bool(done), "rss_mb": _rss_mb(), "vm_mb": _vm_mb()})
+                        "won": bool(infos["won"]), "done": bool(done), **_memory_mb()})
         except MemoryError:
             send("error", f"MemoryError: the worker hit its {memory_mb} MB limit")
             break

@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .data import ALFWORLD_GAME_FOLDERS, ALFWORLD_ROOT
-
-_TASK_RE = re.compile(r"Your task is to:\s*(.+)", re.IGNORECASE)
 
 
 def replay_split(split: str, data_dir: str | None = None, tasks: Sequence[int] | None = None,
@@ -52,8 +49,8 @@ def replay_split(split: str, data_dir: str | None = None, tasks: Sequence[int] |
         lost: list[dict[str, Any]] = []
         steps = 0
         for k, task in enumerate(ids):
-            why = _replay(env, task)
-            steps += len(env.walkthrough(task))
+            why, n = _replay(env, task)
+            steps += n
             if why:
                 lost.append({"task": task, "description": env.tasks[task].description, "why": why})
             if progress:
@@ -63,10 +60,18 @@ def replay_split(split: str, data_dir: str | None = None, tasks: Sequence[int] |
         env.close()
 
 
-def _replay(env: Any, task: int) -> str:
-    """Why the walkthrough of ``task`` did not win it through ``env`` (``""`` when it did)."""
+def _replay(env: Any, task: int) -> tuple[str, int]:
+    """Why the walkthrough of ``task`` did not win it through ``env`` (``""`` when it did), and the
+    walkthrough's number of commands."""
     env.reset(options={"task": task})
     plan = env.walkthrough(task)
+    return _verdict(env, plan), len(plan)
+
+
+def _verdict(env: Any, plan: list[str]) -> str:
+    """Play ``plan`` in ``env`` (just reset); why it did not win (``""`` when it did)."""
+    if not plan:
+        return "the game has no walkthrough"
     total = 0.0
     for k, cmd in enumerate(plan):
         _obs, r, term, trunc, info = env.step(f"<answer>  {cmd.upper()} </answer>")
@@ -93,7 +98,7 @@ def build_seen_list(games_root: Path, out: Path, memory_mb: int = 1024, timeout_
         FileNotFoundError: no ``valid_seen`` game under ``games_root``.
         RuntimeError: a game states no goal at reset, or its walkthrough does not win it.
     """
-    from .env import RECYCLE_FRACTION, EnvWorkerError, _Worker
+    from .env import _TASK_RE, RECYCLE_FRACTION, EnvWorkerError, _Worker
 
     folder = Path(games_root) / ALFWORLD_ROOT / ALFWORLD_GAME_FOLDERS["eval_seen"]
     games = sorted(folder.glob("*/*/game.tw-pddl"))

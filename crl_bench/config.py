@@ -38,6 +38,7 @@ from crl_bench.experience.retrieval import Rerank, UtilityCandidates
 from crl_bench.experience.transcripts import Transcript
 from crl_bench.experience.vector_index import IndexKind
 from crl_bench.methods import MethodSpec, get_method, list_methods
+from crl_bench.profiles import check_eval_protocol
 from crl_bench.rollout import Placement, PromptLayout
 
 __all__ = ["CONFIG_MAX_ALIASES", "CONFIG_MAX_BYTES", "LOGGING_BACKENDS", "NAME_PATTERN", "RENAMED_KEYS", "WANDB_MODES",
@@ -283,7 +284,28 @@ class EvalConfig:
     temperature: Annotated[float, Ge(0)] = 0.0
     """Sampling temperature at eval (0 = greedy)."""
     split: str = "eval"
-    """Which split to evaluate."""
+    """Which split to evaluate (``splits`` names another for single envs)."""
+    splits: dict = field(default_factory=dict)
+    """Per-env split in place of ``split``, e.g. ``{alfworld: eval_seen}`` (verl-agent's ALFWorld split)."""
+    max_steps: dict = field(default_factory=dict)
+    """Per-env action limit of eval episodes, e.g. ``{alfworld: 50, webshop: 15}``; an env not named keeps its
+    training limit (``rollout.max_steps``, else the env's default). Training is not changed."""
+    history: Annotated[int, Ge(0)] | None = None
+    """(action, feedback) pairs the eval prompts repeat (``prompt: window``); null = ``rollout.history``."""
+    prompt: PromptLayout | None = None
+    """Prompt layout of eval episodes; null = ``rollout.prompt``."""
+    profile: str = ""
+    """The protocol profile (``--profile``, ``crl_bench/profiles/<name>.yaml``) the eval keys above were set from;
+    recorded in the protocol. ``""`` = none. docs/evaluation.md, "Protocol profiles"."""
+    draw_size: Annotated[int, Ge(0)] = 0
+    """Episodes per sampled-worker draw (verl-agent's estimator: ``--draws 128``); 0 = off. Each of ``draw_count``
+    draws picks ``draw_size`` eval tasks at random and averages one of each task's ``samples`` episodes (docs/
+    evaluation.md, "Sampled-worker draws"); needs ``samples`` above 1."""
+    draw_count: Annotated[int, Interval(ge=1, le=100_000)] = 20
+    """How many sampled-worker draws to score (with ``draw_size`` above 0)."""
+    draw_replace: dict = field(default_factory=dict)
+    """Per env: whether a draw picks its tasks with replacement (the default, ``true``: verl-agent's ALFWorld
+    workers may repeat a game) or without (``false``: its WebShop batch draws distinct goals)."""
     writes_counters: bool = False
     """Guided evaluation episodes count their retrievals on the entries (retrieval counts and times, which the re-rank
     reads; search-tool calls included), as the released evaluation does; default ``false``: evaluation leaves the
@@ -316,6 +338,10 @@ class EvalConfig:
     evaluation.md "One stream"). ``false``: each mode its own pass, in waves of ``rollout.max_concurrent`` (the
     evaluation before the stream; ``crl-bench bench eval`` compares the two). At temperature 0 with a deterministic
     engine whose replies do not depend on the batch both give the same episodes."""
+
+    def split_of(self, env_id: str) -> str:
+        """The eval split of ``env_id``: its entry of ``splits``, else ``split``."""
+        return str(self.splits.get(env_id, self.split))
 
 
 @dataclass
@@ -700,6 +726,7 @@ def validate(cfg: RunConfig) -> None:
     if isinstance(cfg.eval.samples, int) and cfg.eval.samples > 1 and cfg.eval.temperature <= 0:
         raise ConfigError(f"eval.samples={cfg.eval.samples} needs eval.temperature above 0: greedy samples of "
                           "one task repeat each other, so pass@k would equal pass@1")
+    check_eval_protocol(cfg.eval, MAX_EPISODE_STEPS)
     if isinstance(cfg.eval.samples, int) and cfg.eval.samples > 1 and cfg.eval.trials > 1:
         raise ConfigError("eval.samples and eval.trials cannot both be above 1: samples are independent "
                           "episodes of a task, trials are retries of the tasks not yet solved")

@@ -284,6 +284,7 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self.max_steps = int(max_steps)
+        self.episode_max_steps = self.max_steps      # this episode's limit: max_steps unless reset said otherwise
         self.render_mode = render_mode
         self.observation_space = spaces.Text(max_length=1 << 16)
         self.action_space = spaces.Text(max_length=1 << 12)
@@ -437,8 +438,14 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         """Start an episode.
 
         ``options["task"]`` picks the task id; else ``seed`` is used as the task id; else the next
-        integer from gymnasium's ``np_random`` over the train split.
+        integer from gymnasium's ``np_random`` over the train split. ``options["max_steps"]`` sets this
+        episode's action limit (``episode_max_steps``; an evaluation protocol's, e.g. 100 for BALROG's
+        MiniHack); without it the episode has the constructor's ``max_steps``.
         Returns ``(observation text, info)``.
+
+        Raises:
+            KeyError: not a task id of this env. ValueError: a ``max_steps`` option below 1 or above
+                what the env can run (:meth:`check_episode_limit`).
         """
         self.reset_async(seed=seed, options=options)
         return self.reset_wait()
@@ -462,6 +469,8 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
                 train = self.task_ids("train")
                 task = int(train[int(self.np_random.integers(len(train)))])
         self.task = self.check_task(task)
+        limit = (options or {}).get("max_steps")
+        self.episode_max_steps = self.max_steps if limit is None else self.check_episode_limit(limit)
         self._steps = 0
         self._invalid = 0
         self._done = False
@@ -501,13 +510,24 @@ class TextEnv(gym.Env, metaclass=abc.ABCMeta):
         else:
             self._invalid += 1
             message = f"Invalid action: {parsed.error}"
-        truncated = (not terminated) and self._steps >= self.max_steps
+        truncated = (not terminated) and self._steps >= self.episode_max_steps
         if truncated:
             reward += self.truncation_reward()
         self._done = terminated or truncated
         self._last_obs = self._observe(message)
         return self._last_obs, float(reward), bool(terminated), bool(truncated), \
             self._info(invalid=not parsed.valid, action=parsed.action)
+
+    def check_episode_limit(self, limit: Any) -> int:
+        """``limit`` as an episode's action limit (a reset's ``max_steps`` option). Envs whose simulator
+        has a limit of its own narrow the range (MiniHack: NLE's ``inner_max_steps``).
+
+        Raises:
+            ValueError: not an integer of at least 1.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or int(limit) < 1:
+            raise ValueError(f"{self.env_id}: an episode's max_steps must be an integer >= 1, got {limit!r}")
+        return int(limit)
 
     def _submit_reset(self, task: int) -> None:
         """Start resetting to ``task`` without waiting (process-backed envs send the request here and

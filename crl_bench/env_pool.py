@@ -23,7 +23,7 @@ class EnvPool:
         self.env_kwargs = env_kwargs or {}
         self.max_steps = max_steps
         self._free: dict[str, list[TextEnv]] = {}
-        self._ready: dict[tuple[str, int], list[TextEnv]] = {}
+        self._ready: dict[tuple[str, int, int], list[TextEnv]] = {}     # (env, task, episode limit) -> envs
         self._prefetchable: dict[str, bool] = {}
         self.prefetch_hits = 0
 
@@ -44,18 +44,19 @@ class EnvPool:
             kwargs.setdefault("max_steps", self.max_steps)
         return make_env(env_id, **kwargs)
 
-    def acquire_for(self, env_id: str, task: int) -> tuple[TextEnv, bool]:
-        """An env for ``task``: ``(env, True)`` when a prefetched env has its reset to ``task`` under
-        way (finish it with ``reset_wait``), else ``(env, False)``."""
-        ready = self._ready.get((env_id, int(task)))
+    def acquire_for(self, env_id: str, task: int, max_steps: int = 0) -> tuple[TextEnv, bool]:
+        """An env for ``task``: ``(env, True)`` when a prefetched env has its reset to ``task`` (with the
+        episode limit ``max_steps``, 0 = the env's) under way (finish it with ``reset_wait``), else
+        ``(env, False)``."""
+        ready = self._ready.get((env_id, int(task), int(max_steps)))
         if ready:
             self.prefetch_hits += 1
             return ready.pop(), True
         return self.acquire(env_id), False
 
     def prefetch(self, specs: Sequence[Any]) -> int:
-        """Start the resets of ``specs`` (the rollout's ``EpisodeSpec``s: ``env_id`` and ``task``) whose env sets
-        ``prefetch_resets``; returns how many started.
+        """Start the resets of ``specs`` (the rollout's ``EpisodeSpec``s: ``env_id``, ``task``,
+        ``max_steps``) whose env sets ``prefetch_resets``; returns how many started.
 
         An env that fails to start its reset is dropped (the later episode resets normally)."""
         n = 0
@@ -66,12 +67,13 @@ class EnvPool:
             if not getattr(env, "prefetch_resets", False):
                 self.release(s.env_id, env)
                 continue
+            limit = int(getattr(s, "max_steps", 0) or 0)         # the episode's action limit, 0 = the env's
             try:
-                env.reset_async(options={"task": s.task})
+                env.reset_async(options={"task": s.task, **({"max_steps": limit} if limit else {})})
             except Exception:  # noqa: BLE001 - a broken env is replaced; the episode resets later
                 self.discard(env)
                 continue
-            self._ready.setdefault((s.env_id, int(s.task)), []).append(env)
+            self._ready.setdefault((s.env_id, int(s.task), limit), []).append(env)
             n += 1
         return n
 

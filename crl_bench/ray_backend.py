@@ -194,11 +194,12 @@ class EnvHost:
                 "max_steps": int(env.max_steps), "prefetch_resets": True,
                 "has_entry_key": bool(getattr(env, "has_entry_key", False))}
 
-    def reset(self, slot: int, task: int) -> tuple[str, dict, dict]:
-        """Reset ``slot`` to ``task``: ``(observation, info, view)``; ``view`` holds the task line,
-        the retrieval query of the first observation and the admissible actions."""
+    def reset(self, slot: int, task: int, max_steps: int | None = None) -> tuple[str, dict, dict]:
+        """Reset ``slot`` to ``task`` (with the episode's action limit ``max_steps``, default the env's):
+        ``(observation, info, view)``; ``view`` holds the task line, the retrieval query of the first
+        observation and the admissible actions."""
         env = self.envs[slot]
-        obs, info = env.reset(options={"task": int(task)})
+        obs, info = env.reset(options={"task": int(task), **({} if max_steps is None else {"max_steps": max_steps})})
         return obs, info, {"task_prompt": env.task_prompt(), "retrieval_query": env.retrieval_query(obs),
                            "admissible_actions": env.admissible_actions()}
 
@@ -250,7 +251,8 @@ class RemoteEnv:
         return ray.get(ref)
 
     def reset_async(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
-        self._pending = self.host.reset.remote(self.slot, int((options or {})["task"]))
+        opts = options or {}
+        self._pending = self.host.reset.remote(self.slot, int(opts["task"]), opts.get("max_steps"))
 
     def reset_wait(self) -> tuple[str, dict[str, Any]]:
         ref, self._pending = self._pending, None

@@ -90,7 +90,9 @@ class EpisodeSpec:
     with the current observation; with ``tool`` set, the episode may call the runner's search tool.
     ``meta`` is carried into the trajectory untouched.  ``query``, when set, is what the ``guide``
     callback retrieves with instead of the episode's own retrieval query (the ``shuffled`` memory
-    control of evaluation: another task's query); the trajectory keeps its own query.
+    control of evaluation: another task's query); the trajectory keeps its own query.  ``max_steps``,
+    when above 0, is the episode's action limit in place of the env's (an evaluation protocol's,
+    ``eval.max_steps``).
     """
 
     env_id: str
@@ -103,6 +105,11 @@ class EpisodeSpec:
     turn_retrieve: bool = False
     tool: bool = False
     query: str = ""
+    max_steps: int = 0
+
+    def reset_options(self) -> dict[str, int]:
+        """The ``options`` of the env reset that starts this episode: the task and, when set, the limit."""
+        return {"task": self.task, **({"max_steps": self.max_steps} if self.max_steps else {})}
 
 
 @dataclass
@@ -577,11 +584,11 @@ class RolloutRunner:
         t0 = time.perf_counter()
         started = []
         for e in joining:
-            env, pending = self.pool.acquire_for(e.spec.env_id, e.spec.task)
+            env, pending = self.pool.acquire_for(e.spec.env_id, e.spec.task, e.spec.max_steps)
             e.env = env
             try:
                 if not pending:
-                    env.reset_async(options={"task": e.spec.task})
+                    env.reset_async(options=e.spec.reset_options())
                 started.append(e)
             except Exception as err:  # noqa: BLE001 - an env crash fails the episode, never the run
                 self._fail(e, err, ended)
@@ -761,7 +768,7 @@ class RolloutRunner:
     def _out_of_turns(env: TextEnv, tr: Trajectory) -> bool:
         """Search-tool calls take actions too: an episode that made any ends once its turns reach the
         env's action limit (the env itself only counts the actions it was sent)."""
-        limit = int(getattr(env, "max_steps", 0) or 0)
+        limit = int(getattr(env, "episode_max_steps", 0) or getattr(env, "max_steps", 0) or 0)
         return bool(tr.tool_calls) and limit > 0 and len(tr.turns) >= limit
 
     def _finish(self, e: _Episode, ended: Callable[[_Episode], None]) -> None:

@@ -44,7 +44,7 @@ from crl_bench.env_api import EnvUnavailableError
 SETUP_ERRORS = (ConfigError, EnvUnavailableError, DataMissingError, ChecksumError)
 
 #: The keys of sweep.yaml that define what a cell computes (methods and seeds may grow).
-GRID_KEYS = ("mix", "preset", "config", "model", "steps", "set")
+GRID_KEYS = ("mix", "preset", "config", "model", "steps", "set", "profile", "draws")
 
 
 @dataclass
@@ -60,6 +60,8 @@ class SweepSpec:
         model: optional actor model name or path.
         steps: optional training steps (overrides the preset).
         sets: ``section.key=value`` overrides, applied last, in order.
+        profile: optional evaluation protocol profile (``--profile``).
+        draws: optional sampled-worker draw size (``--draws``).
     """
 
     methods: list[str]
@@ -70,11 +72,16 @@ class SweepSpec:
     model: str | None = None
     steps: int | None = None
     sets: list[str] = field(default_factory=list)
+    profile: str | None = None
+    draws: int | None = None
 
     def grid(self) -> dict[str, Any]:
-        """What must match between runs of one sweep folder."""
+        """What must match between runs of one sweep folder (``profile`` and ``draws`` only when set,
+        so the ``sweep.yaml`` of a sweep without them is unchanged)."""
         return {"mix": self.mix, "preset": self.preset, "config": self.config, "model": self.model,
-                "steps": self.steps, "set": list(self.sets)}
+                "steps": self.steps, "set": list(self.sets),
+                **({"profile": self.profile} if self.profile else {}),
+                **({"draws": self.draws} if self.draws is not None else {})}
 
     def default_name(self) -> str:
         """``<mix>-<preset>`` (file-name safe), plus a short hash of the other grid settings if any."""

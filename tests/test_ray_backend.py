@@ -297,3 +297,26 @@ def test_remote_env_asks_its_actor_for_the_query_of_a_later_observation():
     lobs2, *_ = local.step(action)
     assert obs2 == lobs2 and obs2 != obs
     assert env.retrieval_query(obs2) == local.retrieval_query(lobs2) != local.retrieval_query(lobs)
+
+
+def test_remote_env_passes_an_episode_limit_to_its_actor():
+    """An evaluation's action limit (``eval.max_steps``) reaches the env in the actor as the reset option,
+    and the next reset without it has the env's own limit again."""
+    from crl_bench.ray_backend import EnvHost, RemoteEnv
+
+    class Call:
+        def __init__(self, fn):
+            self.remote = fn
+
+    class Host:
+        def __init__(self, host):
+            for name in ("reset", "step", "call"):
+                setattr(self, name, Call(getattr(host, name)))
+
+    inner = EnvHost({}, 2)
+    env = RemoteEnv(Host(inner), 0, 0, "sokoban", inner.open(0, "sokoban"))
+    env._get = lambda value: value
+    env.reset(options={"task": 3, "max_steps": 5})
+    assert inner.envs[0].episode_max_steps == 5
+    env.reset(options={"task": 3})
+    assert inner.envs[0].episode_max_steps == 2

@@ -149,6 +149,9 @@ def test_sweep_refuses_a_folder_with_another_grid(tmp_path):
     with pytest.raises(ConfigError, match="set"):
         run_sweep(SweepSpec(["grpo"], [0], "sokoban", sets=["train.lr=1e-4"]), tmp_path, _resolve, name="x",
                   print_fn=lambda s: None, train=FakeTrain())
+    with pytest.raises(ConfigError, match="profile"):
+        run_sweep(SweepSpec(["grpo"], [0], "sokoban", sets=["train.lr=1e-5"], profile="balrog"), tmp_path,
+                  _resolve, name="x", print_fn=lambda s: None, train=FakeTrain())
 
 
 def test_sweep_bad_setting_fails_before_any_run(tmp_path):
@@ -168,6 +171,10 @@ def test_default_names_differ_with_settings_and_lists_parse():
     a = SweepSpec(["grpo"], [0], "6task", "smoke")
     b = SweepSpec(["grpo"], [0], "6task", "smoke", sets=["train.lr=1e-4"])
     assert a.default_name() == "6task-smoke" and b.default_name().startswith("6task-smoke-")
+    # an evaluation profile or draw size is part of the grid: another folder, and a reopened one must match
+    c = SweepSpec(["grpo"], [0], "alfworld", "smoke", profile="verl-agent", draws=128)
+    assert c.default_name() != SweepSpec(["grpo"], [0], "alfworld", "smoke").default_name()
+    assert "profile" not in a.grid() and c.grid()["profile"] == "verl-agent" and c.grid()["draws"] == 128
     assert parse_list("0, 1,2", int, "seeds") == [0, 1, 2]
     with pytest.raises(ConfigError, match="--seeds"):
         parse_list("0,x", int, "seeds")

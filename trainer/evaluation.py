@@ -20,7 +20,7 @@ from typing import Any, get_args
 
 import numpy as np
 
-from crl_bench.config import EvalControl, RunConfig
+from crl_bench.config import ConfigError, EvalControl, RunConfig
 from crl_bench.results.passk import pass_curves
 from crl_bench.rollout import EpisodeSpec, Trajectory
 
@@ -121,24 +121,56 @@ class Evaluator:
         return {e: [int(t) for t in (self.trainer.eval_tasks[e] if n == "all" else self.trainer.eval_tasks[e][:int(n)])]
                 for e in self.trainer.mixture.envs}
 
+    def max_steps(self) -> dict[str, int]:
+        """Each env's action limit in evaluation: ``eval.max_steps``'s where it names the env, else
+        the training limit."""
+        return {e: self.trainer.eval_max_steps.get(e) or n for e, n in self.trainer.max_steps.items()}
+
     def protocol(self, episodes: int | str | None = None) -> dict[str, Any]:
         """What makes two evaluations comparable (docs/evaluation.md): split, episodes per env (as
         asked and as run), sampling, each env's step limit, for envs that have any, their
         constructor settings (``rollout.env_kwargs``, e.g. a MiniHack variant) as ``env_settings``,
         each env's task panel hash as ``panels`` (:meth:`panels`), ``trials`` when
-        ``eval.trials`` is more than 1 and ``samples`` when ``eval.samples`` is."""
+        ``eval.trials`` is more than 1 and ``samples`` when ``eval.samples`` is. What an evaluation
+        protocol sets beyond that appears only when set (docs/evaluation.md, "Protocol profiles"):
+        ``profile``, ``splits`` (envs evaluated on another split than ``split``), ``prompt``
+        (``{"layout", "history"}`` when ``eval.prompt`` or ``eval.history`` is set) and ``draws``
+        (``{"size", "count", "replace": {env: bool}}`` with ``eval.draw_size``)."""
         tasks = self.task_ids(episodes)
-        g = self.cfg.generation
-        return {"split": self.cfg.eval.split,
-                "episodes": self.cfg.eval.episodes if episodes is None else episodes,
+        g, ec = self.cfg.generation, self.cfg.eval
+        other = {e: ec.split_of(e) for e in tasks if ec.split_of(e) != ec.split}
+        return {"split": ec.split, **({"splits": other} if other else {}),
+                **({"profile": ec.profile} if ec.profile else {}),
+                "episodes": ec.episodes if episodes is None else episodes,
                 "tasks_per_env": {e: len(ids) for e, ids in tasks.items()},
-                "temperature": self.cfg.eval.temperature, "top_p": g.top_p, "top_k": g.top_k,
-                "max_new_tokens": g.max_new_tokens, "max_steps": dict(self.trainer.max_steps),
+                "temperature": ec.temperature, "top_p": g.top_p, "top_k": g.top_k,
+                "max_new_tokens": g.max_new_tokens, "max_steps": self.max_steps(),
+                **({"prompt": {"layout": ec.prompt or self.cfg.rollout.prompt,
+                               "history": self.cfg.rollout.history if ec.history is None else ec.history}}
+                   if ec.prompt is not None or ec.history is not None else {}),
                 **({"env_settings": settings} if (settings := {
                     e: dict(kw) for e, kw in self.cfg.rollout.env_kwargs.items() if e in tasks and kw}) else {}),
                 "panels": self.panels(episodes),
-                **({"trials": self.cfg.eval.trials} if self.cfg.eval.trials > 1 else {}),
-                **({"samples": self.cfg.eval.samples} if self.cfg.eval.samples > 1 else {})}
+                **({"trials": ec.trials} if ec.trials > 1 else {}),
+                **({"samples": ec.samples} if ec.samples > 1 else {}),
+                **({"draws": {"size": ec.draw_size, "count": ec.draw_count,
+                              "replace": {e: bool(ec.draw_replace.get(e, True)) for e in tasks}}}
+                   if ec.draw_size else {})}
+
+    def check_draws(self, episodes: int | str | None = None) -> None:
+        """Refuse sampled-worker draws (``eval.draw_size``) that cannot be drawn: more tasks per draw
+        than an env has eval tasks, without replacement.
+
+        Raises:
+            ConfigError: naming the env, its task count and the draw size.
+        """
+        ec = self.cfg.eval
+        if not ec.draw_size:
+            return
+        for env_id, ids in self.task_ids(episodes).items():
+            if not ec.draw_replace.get(env_id, True) and ec.draw_size > len(ids):
+                raise ConfigError(f"eval.draw_size={ec.draw_size} is more than the {len(ids)} eval tasks of "
+                                 f"{env_id}, drawn without replacement (eval.draw_replace.{env_id}: false)")
 
     def panels(self, episodes: int | str | None = None) -> dict[str, str]:
         """Each env's task panel hash (:mod:`crl_bench.results.panel`) for the eval tasks of
@@ -149,11 +181,12 @@ class Evaluator:
 
         out: dict[str, str] = {}
         for env_id, ids in self.task_ids(episodes).items():
-            key = (env_id, self.cfg.eval.split, tuple(ids))
+            split = self.cfg.eval.split_of(env_id)
+            key = (env_id, split, tuple(ids))
             if key not in self._panels:
                 env = self.trainer.pool.acquire(env_id)
                 try:
-                    self._panels[key] = build_panel(env, env_id, self.cfg.eval.split, ids)["panel_hash"]
+                    self._panels[key] = build_panel(env, env_id, split, ids)["panel_hash"]
                 finally:
                     self.trainer.pool.release(env_id, env)
             out[env_id] = self._panels[key]
@@ -311,7 +344,8 @@ class Evaluator:
                              turn_retrieve=live and exp.integration != "trajectory",
                              tool=live and exp.search_tool != "off",
                              query=self.first_query(env_id, donors[env_id][t])
-                             if t in donors.get(env_id, {}) and self.trainer.experience.memory.retrieves else "")
+                             if t in donors.get(env_id, {}) and self.trainer.experience.memory.retrieves else "",
+                             max_steps=self.trainer.eval_max_steps.get(env_id, 0))
                  for env_id, ids in tasks.items() for i, t in enumerate(ids)]
         # evaluation leaves the bank and its usage counters as they were, unless eval.writes_counters
         # (the released evaluation counts its retrievals)
@@ -355,6 +389,8 @@ class Evaluator:
             row["successes"] = counts if samples == 1 else [c / samples for c in counts]
             if samples > 1:
                 row["pass_at_k"], row["pass_hat_k"] = pass_curves(samples, counts)
+            if self.cfg.eval.draw_size:
+                row["draws"] = self._draws(env_id, ts, tasks[env_id])
             types = self.trainer.task_types.get(env_id)
             if types:
                 by_type: dict[str, list[bool]] = defaultdict(list)
@@ -363,6 +399,9 @@ class Evaluator:
                 row["per_type"] = {k: {"episodes": len(v), "success_rate": float(np.mean(v))}
                                    for k, v in sorted(by_type.items())}
             per_env[env_id] = row
+        other = {e: self.cfg.eval.split_of(e) for e in per_env if self.cfg.eval.split_of(e) != self.cfg.eval.split}
+        if other:                           # envs evaluated on another split (eval.splits)
+            out["splits"] = other
         out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=wall,
                    mode=mode, guided=mode != "free", temperature=self.cfg.eval.temperature, tasks=tasks,
                    # with experience: how many episodes the bank actually had experience for
@@ -377,6 +416,20 @@ class Evaluator:
             out["samples"] = samples
             out["pass_at_k"], out["pass_hat_k"] = pass_curves(samples, all_counts)
         return out
+
+    def _draws(self, env_id: str, trajs: Sequence[Trajectory], ids: Sequence[int]) -> dict[str, Any]:
+        """``env_id``'s sampled-worker draws (:func:`~crl_bench.results.draws.sampled_worker_draws`)
+        from its eval episodes ``trajs`` on tasks ``ids``, drawn with a generator seeded by
+        ``train.seed`` and the env id (a run's draws are reproducible)."""
+        from crl_bench.results.draws import sampled_worker_draws
+
+        outcomes: dict[int, list[bool]] = defaultdict(list)
+        for t in trajs:
+            outcomes[int(t.task)].append(bool(t.success))
+        ec = self.cfg.eval
+        gen = np.random.default_rng([self.cfg.train.seed, zlib.crc32(env_id.encode()), 1])
+        return sampled_worker_draws([outcomes.get(int(t), []) for t in ids], ec.draw_size, ec.draw_count,
+                                    replace=bool(ec.draw_replace.get(env_id, True)), rng=gen)
 
     def trials(self, specs: list[EpisodeSpec], progress: Any, hooks: dict[str, Any], prepare: Any = None,
                 learn: Any = None) -> tuple[list[Trajectory], list[float], int]:
@@ -444,7 +497,7 @@ class Evaluator:
         :meth:`RolloutRunner.collect`, several as one queue (:meth:`RolloutRunner.collect_streams`);
         continuous batching with ``eval.stream``, else waves of ``rollout.max_concurrent``;
         ``stream_done`` as in :meth:`RolloutRunner.collect_streams`."""
-        runner, sampling = self.trainer.runner, self.trainer.eval_sampling
+        runner, sampling = self.trainer.eval_runner, self.trainer.eval_sampling
         before = getattr(runner, "continuous", True)
         runner.continuous = self.cfg.eval.stream
         try:

@@ -27,6 +27,7 @@ from crl_bench.llm.memory import PhasePeaks, rss_gb, trim_heap
 from crl_bench.llm.precision import DTYPES, resolve_dtype
 from crl_bench.methods import MethodSpec
 from crl_bench.mixtures import TaskSampler, resolve_mixture
+from crl_bench.profiles import check_profile_mix
 from crl_bench.results.alarms import LearningAlarms
 from crl_bench.results.run_folder import RunWriter
 from crl_bench.rollout import EnvPool, EpisodeSpec, PromptBuilder, RolloutRunner, Trajectory
@@ -95,6 +96,7 @@ class Trainer:
         self.threads = set_threads(cfg.model.threads)
         seed_everything(cfg.train.seed)
         self.mixture = resolve_mixture(cfg.rollout.mix)
+        check_profile_mix(cfg.eval.profile, self.mixture.envs)
         # backend ray: envs, engines and the experience manager live in Ray actors behind the same
         # interfaces (crl_bench/ray_backend.py); the loop below is the same
         self.backend = None
@@ -108,15 +110,17 @@ class Trainer:
         # one probe env per id: validates the ids early and gives the task splits
         self.train_tasks, self.eval_tasks, weights = {}, {}, {}
         self.max_steps: dict[str, int] = {}
+        self.eval_max_steps: dict[str, int] = {}                # eval episodes' limit where eval.max_steps sets one
         self.task_types: dict[str, dict[int, str]] = {}       # eval task id -> benchmark task type
         self.eval_contexts: dict[str, dict[int, str | None]] = {}   # eval task id -> context (diagnostics)
         self.data_files: dict[str, dict[str, str]] = {}
         for env_id in self.mixture.envs:
             env = self.pool.acquire(env_id)
             self.train_tasks[env_id] = env.task_ids("train")
-            self.eval_tasks[env_id] = env.task_ids(cfg.eval.split)
+            self.eval_tasks[env_id] = env.task_ids(cfg.eval.split_of(env_id))
             weights[env_id] = env.task_weights("train")
             self.max_steps[env_id] = int(env.max_steps)
+            self.eval_max_steps[env_id] = int(cfg.eval.max_steps.get(env_id, 0))
             contexts = {int(t): env.context(int(t)) for t in self.eval_tasks[env_id]}
             if any(v is not None for v in contexts.values()):
                 self.eval_contexts[env_id] = contexts
@@ -148,6 +152,17 @@ class Trainer:
         self.runner = RolloutRunner(self.engine, self.prompts, self.pool, self.sampling, g.constrained,
                                     max_concurrent=cfg.rollout.max_concurrent,
                                     max_context_tokens=cfg.rollout.max_context_tokens or context_window(model))
+        # evaluation's own prompts where its protocol gives another layout or history (eval.prompt, eval.history)
+        ec = cfg.eval
+        self._eval_runner: RolloutRunner | None = None
+        if ec.prompt is not None or ec.history is not None:
+            self.eval_prompts = PromptBuilder(tokenizer, cfg.generation.prefill,
+                                              cfg.rollout.history if ec.history is None else ec.history,
+                                              layout=ec.prompt or cfg.rollout.prompt,
+                                              placement=cfg.experience.placement)
+            self._eval_runner = RolloutRunner(self.engine, self.eval_prompts, self.pool, self.eval_sampling,
+                                             g.constrained, max_concurrent=cfg.rollout.max_concurrent,
+                                             max_context_tokens=self.runner.max_context_tokens)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.updater = make_updater(
@@ -180,6 +195,13 @@ class Trainer:
                                               eval_sampling=self.eval_sampling, gate=self.gate,
                                               read_only_bank=read_only_bank, backend=self.backend)
         self.evaluator = Evaluator(self)           # the eval modes, tasks, panels and protocol of this run
+        self.evaluator.check_draws()
+
+    @property
+    def eval_runner(self) -> Any:
+        """The rollout runner of evaluation: the training runner, or one with the eval prompts where
+        ``eval.prompt`` / ``eval.history`` give another layout or history (same engine and envs)."""
+        return self._eval_runner if self._eval_runner is not None else self.runner
 
     # ---- setup ------------------------------------------------------------------------------------
     def _prepare_model(self, model: Any) -> Any:

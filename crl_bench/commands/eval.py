@@ -55,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
     evaluate) under the run's config; a ``complementary``/``static`` run is evaluated guided by its own
     ``experience.sqlite`` (opened read-only: no entry, counter or file changes), with the memory
     controls, and experience-free, like the run's final ``eval.json`` (``--modes`` picks the modes).
-    The result, with its protocol, goes to ``RUN/checkpoint-<split>-split.json`` unless ``--out``
-    says otherwise (the leaderboard reads it as a row of that protocol). Without ``--run``: the model
+    The result, with its protocol, goes to ``RUN/checkpoint-<split>-split.json`` (with ``--profile
+    P``: ``checkpoint-<split>-P-split.json``) unless ``--out`` says otherwise (the leaderboard reads
+    it as a row of that protocol). Without ``--run``: the model
     free (no bank to guide it).
 
     A greedy evaluation (``eval.temperature`` 0) also keeps each finished mode in ``<out>.partial``
@@ -96,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
         # a LoRA run's checkpoint is peft's adapter: load_model_and_tokenizer loads its base model and
         # merges the adapter in, so the eval must not wrap the merged weights in a fresh adapter
         cfg.model.lora = False
-    out = Path(args.out) if args.out else (run_dir / f"checkpoint-{cfg.eval.split}-split.json" if run_dir else None)
+    profile = f"-{cfg.eval.profile}" if cfg.eval.profile else ""
+    out = Path(args.out) if args.out else (run_dir / f"checkpoint-{cfg.eval.split}{profile}-split.json"
+                                           if run_dir else None)
     if out is not None and not out.parent.is_dir():
         raise ConfigError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
     bank = None

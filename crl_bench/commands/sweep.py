@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         check_name(args.name, "--name")
     spec = SweepSpec(methods=parse_list(args.methods, str, "methods"), seeds=parse_list(args.seeds, int, "seeds"),
                      mix=args.mix, preset=args.preset, config=args.config, model=args.model, steps=args.steps,
-                     sets=list(args.set))
+                     sets=list(args.set), profile=args.profile, draws=args.draws)
 
     def resolve(method: str, seed: int) -> RunConfig:
         ns = argparse.Namespace(**{**vars(args), "method": method, "seed": seed})

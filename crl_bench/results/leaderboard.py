@@ -190,17 +190,23 @@ def _per_env_text(values: dict[str, Any]) -> str:
 def protocol_label(protocol: dict[str, Any]) -> str:
     """Compact text of an eval protocol, e.g. ``"eval · 4 ep/env · T=0 · max_steps 6"``.
 
-    Shows split, episodes per env (``all tasks`` for ``"all"``), the tasks actually run when they
-    differ from the episodes asked, temperature, ``top_p`` unless 1, ``top_k`` unless 0/absent,
-    ``max_new_tokens`` when recorded, the step limit (one number if all envs share it), each env's
-    constructor settings when it has any (e.g. ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``),
-    the attempts per task when more than one (``3 trials``), the independent samples per task when
-    more than one (``8 samples``) and the task panel where recorded
-    (``panel 3f2a...``: one env's panel hash, or for several envs the hash of all of them,
+    Shows the protocol profile where there is one, split (with the envs on another split), episodes
+    per env (``all tasks`` for ``"all"``), the tasks actually run when they differ from the episodes
+    asked, temperature, ``top_p`` unless 1, ``top_k`` unless 0/absent, ``max_new_tokens`` when
+    recorded, the step limit (one number if all envs share it), the eval prompt's layout and history
+    where the evaluation sets them, each env's constructor settings when it has any (e.g.
+    ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``), the attempts per task when more than one
+    (``3 trials``), the independent samples per task when more than one (``8 samples``), the
+    sampled-worker draws (``20 draws of 128``) and the task panel where recorded (``panel 3f2a...``:
+    one env's panel hash, or for several envs the hash of all of them,
     :func:`panels_hash`; shortened to :data:`~crl_bench.results.panel.SHORT` hex digits).
     """
     ep = protocol["episodes"]
-    parts = [str(protocol["split"]), "all tasks" if ep == "all" else f"{ep} ep/env"]
+    split = str(protocol["split"])
+    if protocol.get("splits"):              # envs evaluated on another split (eval.splits)
+        split += " (" + ", ".join(f"{e}: {v}" for e, v in sorted(protocol["splits"].items())) + ")"
+    parts = ([f"profile {protocol['profile']}"] if protocol.get("profile") else []) + \
+        [split, "all tasks" if ep == "all" else f"{ep} ep/env"]
     tpe = protocol.get("tasks_per_env") or {}
     if ep == "all" or any(v != ep for v in tpe.values()):
         parts.append(f"tasks {_per_env_text(tpe)}")
@@ -212,12 +218,16 @@ def protocol_label(protocol: dict[str, Any]) -> str:
     if protocol.get("max_new_tokens") is not None:
         parts.append(f"max_new_tokens {protocol['max_new_tokens']}")
     parts.append(f"max_steps {_per_env_text(protocol.get('max_steps') or {})}")
+    if protocol.get("prompt"):
+        parts.append(f"{protocol['prompt']['layout']} prompt, history {protocol['prompt']['history']}")
     for env, settings in sorted((protocol.get("env_settings") or {}).items()):
         parts.append(f"{env}: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
     if protocol.get("trials", 1) > 1:
         parts.append(f"{protocol['trials']} trials")
     if protocol.get("samples", 1) > 1:
         parts.append(f"{protocol['samples']} samples")
+    if protocol.get("draws"):
+        parts.append(f"{protocol['draws']['count']} draws of {protocol['draws']['size']}")
     if protocol.get("panels"):
         parts.append(f"panel {short_hash(panels_hash(protocol['panels']))}")
     return " · ".join(parts)

@@ -165,8 +165,9 @@ def panel_problems(data: dict[str, Any]) -> tuple[list[str], list[str]]:
             notes.append(f"eval_protocol.panels.{env_id}: not checked, the env cannot be built here ({e})")
             continue
         try:
-            ids = panel_task_ids(env, proto["split"], int(proto["tasks_per_env"].get(env_id, 0)))
-            here = build_panel(env, env_id, proto["split"], ids)["panel_hash"]
+            split = (proto.get("splits") or {}).get(env_id, proto["split"])
+            ids = panel_task_ids(env, split, int(proto["tasks_per_env"].get(env_id, 0)))
+            here = build_panel(env, env_id, split, ids)["panel_hash"]
         except KeyError as e:
             problems.append(f"$.eval_protocol.panels.{env_id}: the protocol's tasks are not tasks here ({e})")
             continue

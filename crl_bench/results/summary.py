@@ -8,7 +8,8 @@ makes results comparable across runs, machines and submitters (schema_version 1,
      "model": {"name", "variant", "extractor"}, "mix": {"name", "envs": {env_id: weight}},
      "eval_protocol": {"split", "episodes", "temperature", "top_p", ["top_k", "max_new_tokens"],
                        "max_steps": {env_id: int}, "tasks_per_env": {env_id: int},
-                       ["env_settings": {env_id: {setting: value}}]},
+                       ["env_settings": {env_id: {setting: value}}], ["splits", "profile", "prompt",
+                       "trials", "samples", "draws"]},
      "seeds": [...], "runs": [{"run_id", "seed", "train": {"steps", "episodes", "wall_s"}, ["alerts": [...],]
                                "eval": {"free": EVALS | null, "guided": EVALS | null,
                                         ["shuffled": EVALS, "empty": EVALS,]
@@ -59,7 +60,7 @@ TRIAL_KEYS = ("success_by_trial", "attempts", "samples", "pass_at_k", "pass_hat_
 #: panel's task order, 0/1, or the share of successful samples with ``eval.samples``, which the paired
 #: memory lift of the leaderboard resamples).
 PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate", "score_mean", "per_type",
-                "successes", "pass_at_k", "pass_hat_k")
+                "successes", "pass_at_k", "pass_hat_k", "draws")
 #: Evaluation modes a run's summary carries (``initial`` besides): experience-free, guided, and the
 #: memory controls (docs/evaluation.md).
 EVAL_MODES = ("free", "guided", "shuffled", "empty")
@@ -67,8 +68,8 @@ EVAL_MODES = ("free", "guided", "shuffled", "empty")
 #: trained elsewhere (or not at all); it has no extractor.
 EVAL_ONLY = "eval-only"
 #: Protocol keys of a new-format ``eval.json`` that a summary keeps.
-PROTOCOL_KEYS = ("split", "episodes", "temperature", "top_p", "top_k", "max_new_tokens", "max_steps",
-                 "tasks_per_env", "env_settings", "panels", "trials", "samples")
+PROTOCOL_KEYS = ("split", "splits", "profile", "episodes", "temperature", "top_p", "top_k", "max_new_tokens",
+                 "max_steps", "prompt", "tasks_per_env", "env_settings", "panels", "trials", "samples", "draws")
 
 
 class SummaryError(ValueError):

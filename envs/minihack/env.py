@@ -237,6 +237,19 @@ class MiniHackTextEnv(TextEnv):
         return {"seeds": [core, disp], **super().task_fingerprint(task)}
 
     # ---- TextEnv hooks --------------------------------------------------------------------------
+    def check_episode_limit(self, limit: Any) -> int:
+        """An episode's action limit (:meth:`TextEnv.check_episode_limit`) within NLE's own
+        ``inner_max_steps``, which would otherwise end the game first (as ABORTED).
+
+        Raises:
+            ValueError: below 1 or above ``inner_max_steps`` (construct the env with a larger one).
+        """
+        n = super().check_episode_limit(limit)
+        if n > self.inner_max_steps:
+            raise ValueError(f"{self.env_id}: an episode's max_steps {n} is above NLE's step limit "
+                             f"{self.inner_max_steps} (setting inner_max_steps)")
+        return n
+
     def _reset_task(self, task: int) -> None:
         if self._closed:
             raise RuntimeError(f"{self.env_id}: reset() after close()")

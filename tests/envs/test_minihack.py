@@ -287,6 +287,19 @@ def test_inner_step_limit_is_terminated():
         env.close()
 
 
+def test_episode_limit_within_the_inner_step_limit():
+    env = MiniHackRoomEnv(max_steps=2, inner_max_steps=6)
+    try:
+        env.reset(options={"task": 0, "max_steps": 5})         # an evaluation's limit (eval.max_steps)
+        assert env.episode_max_steps == 5
+        with pytest.raises(ValueError, match="above NLE's step limit 6"):
+            env.reset(options={"task": 0, "max_steps": 7})
+        env.reset(options={"task": 0})
+        assert env.episode_max_steps == 2
+    finally:
+        env.close()
+
+
 # ---- Maze ----------------------------------------------------------------------------------------
 
 def test_maze_walls_and_messages(envs):

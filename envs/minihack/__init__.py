@@ -1,17 +1,18 @@
 """MiniHack navigation tasks as text environments (installed as ``crl_bench.envs.minihack``).
 
-Four tasks wrap real MiniHack environments (minihack 1.0.2 on NLE 1.3.0, the NetHack Learning
+Five tasks wrap real MiniHack environments (minihack 1.0.2 on NLE 1.3.0, the NetHack Learning
 Environment); the game runs in NetHack itself and this package only names the actions, renders the
 symbolic observation as text and maps the game's end status to the reward:
 
-=================  ================================  =========================================
-env id             default MiniHack id (``variant``)  actions
-=================  ================================  =========================================
-minihack-room      ``MiniHack-Room-5x5-v0``          8 compass moves
-minihack-maze      ``MiniHack-MazeWalk-9x9-v0``      8 compass moves
-minihack-keyroom   ``MiniHack-KeyRoom-S5-v0``        8 compass moves, ``pickup``, ``apply``
-minihack-river     ``MiniHack-River-v0``             8 compass moves (walk into a boulder to push)
-=================  ================================  =========================================
+===================  ================================  ==============================================
+env id               default MiniHack id (``variant``)  actions
+===================  ================================  ==============================================
+minihack-room        ``MiniHack-Room-5x5-v0``          8 compass moves
+minihack-maze        ``MiniHack-MazeWalk-9x9-v0``      8 compass moves
+minihack-maze-15x15  ``MiniHack-MazeWalk-15x15-v0``    8 compass moves (100 actions by default)
+minihack-keyroom     ``MiniHack-KeyRoom-S5-v0``        8 compass moves, ``pickup``, ``apply``
+minihack-river       ``MiniHack-River-v0``             8 compass moves (walk into a boulder to push)
+===================  ================================  ==============================================
 
 Modules (each docstring lists the upstream facts it relies on):
 
@@ -19,7 +20,8 @@ Modules (each docstring lists the upstream facts it relies on):
 * :mod:`.prompts`: the system prompts (one shared intro, per-task rules, variant notes);
 * :mod:`.render`: NLE observation -> map, legend and position text (:class:`~.render.MapRenderer`);
 * :mod:`.env`: :class:`MiniHackTextEnv`, the NLE adapter (seeding, stepping, end status -> reward);
-* :mod:`.tasks`: the four task classes.
+* :mod:`.tasks`: the task classes;
+* :mod:`.explore`: a scripted explorer, the check that navigation tasks are solvable.
 
 Observation text (``view="full"``: the seen part of the map trimmed to its bounding box;
 ``view="crop"``: the 9x9 cells around the agent, like MiniHack's ``chars_crop``, unseen/outside
@@ -42,7 +44,7 @@ Row/column are relative to the map shown in that observation.
 from .actions import KEY_ACTIONS, KEY_ALIASES, MOVE_ACTIONS, MOVE_ALIASES, MOVE_DELTAS
 from .env import MiniHackTextEnv
 from .render import offset_sentence as _offset_sentence  # noqa: F401 - the module's former private name (tests)
-from .tasks import MiniHackKeyRoomEnv, MiniHackMazeEnv, MiniHackRiverEnv, MiniHackRoomEnv
+from .tasks import MiniHackKeyRoomEnv, MiniHackMaze15Env, MiniHackMazeEnv, MiniHackRiverEnv, MiniHackRoomEnv
 
 __all__ = [
     "KEY_ACTIONS",
@@ -51,6 +53,7 @@ __all__ = [
     "MOVE_ALIASES",
     "MOVE_DELTAS",
     "MiniHackKeyRoomEnv",
+    "MiniHackMaze15Env",
     "MiniHackMazeEnv",
     "MiniHackRiverEnv",
     "MiniHackRoomEnv",

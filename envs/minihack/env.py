@@ -74,7 +74,8 @@ class MiniHackTextEnv(TextEnv):
             southeast).``), the kind of relative
             description BALROG's language observation of NetHack gives; off by default.  The ``cpu``
             preset turns it on (docs/learning.md).
-        max_steps: actions per episode before truncation (see :class:`TextEnv`); default 30.
+        max_steps: actions per episode before truncation (see :class:`TextEnv`); default the class's
+            :attr:`default_max_steps` (30; the 15x15 maze's 100).
         inner_max_steps: NLE's own step limit (reaching it ends the game as ABORTED, which this env
             reports as terminated with reward 0); default ``max(1000, 10 * max_steps)`` so that
             ``max_steps`` governs.
@@ -109,6 +110,8 @@ class MiniHackTextEnv(TextEnv):
     #: MiniHack gymnasium id wrapped when no ``variant`` is given
     default_variant: ClassVar[str] = "MiniHack-Room-5x5-v0"
     default_view: ClassVar[str] = "full"
+    #: actions per episode when the constructor is given none
+    default_max_steps: ClassVar[int] = 30
     #: NLE action set handed to the MiniHack env (names: :data:`~.actions.ACTION_NAMES`)
     nle_actions: ClassVar[tuple[Any, ...]] = MOVE_ACTIONS
     action_aliases: ClassVar[dict[str, str]] = MOVE_ALIASES
@@ -131,10 +134,11 @@ class MiniHackTextEnv(TextEnv):
     system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(nle_actions),
                                                 scene_text)
 
-    def __init__(self, variant: str | None = None, view: str | None = None, max_steps: int = 30,
+    def __init__(self, variant: str | None = None, view: str | None = None, max_steps: int | None = None,
                  inner_max_steps: int | None = None, render_mode: str | None = "ansi",
                  goal_offset: bool = False, query: str = "map", raw_key: str = "released") -> None:
-        super().__init__(max_steps=max_steps, render_mode=render_mode)
+        super().__init__(max_steps=self.default_max_steps if max_steps is None else max_steps,
+                         render_mode=render_mode)
         if query not in ("map", "raw"):
             raise ValueError(f"{self.env_id}: query must be 'map' or 'raw', got {query!r}")
         if raw_key not in ("released", "reset"):

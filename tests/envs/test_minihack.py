@@ -10,13 +10,14 @@ from crl_bench.env_api import make_env
 from crl_bench.envs.minihack import (
     MOVE_DELTAS,
     MiniHackKeyRoomEnv,
+    MiniHackMaze15Env,
     MiniHackMazeEnv,
     MiniHackRiverEnv,
     MiniHackRoomEnv,
     MiniHackTextEnv,
 )
 
-ENV_CLASSES = [MiniHackRoomEnv, MiniHackMazeEnv, MiniHackKeyRoomEnv, MiniHackRiverEnv]
+ENV_CLASSES = [MiniHackRoomEnv, MiniHackMazeEnv, MiniHackMaze15Env, MiniHackKeyRoomEnv, MiniHackRiverEnv]
 MOVES = list(MOVE_DELTAS)
 
 
@@ -301,6 +302,37 @@ def test_episode_limit_within_the_inner_step_limit():
 
 
 # ---- Maze ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("env_id", "limit", "within"), [("minihack-maze", 100, 37), ("minihack-maze-15x15", 300, 142)])
+def test_the_explorer_solves_the_mazes_as_rendered(env_id, limit, within):
+    """Every one of the first 20 eval mazes is solved with the env's own moves by frontier exploration over
+    what the env has shown (envs/minihack/explore.py); the longest solution is bounded by what 50 tasks
+    needed here (a changed NLE or renderer that hid passages would fail this)."""
+    from crl_bench.envs.minihack.explore import explore_episode
+
+    env = make_env(env_id)
+    try:
+        results = [explore_episode(env, t, limit) for t in env.task_ids("eval")[:20]]
+    finally:
+        env.close()
+    assert all(ok for ok, _ in results), results
+    assert max(n for _, n in results) <= within
+
+
+def test_maze_15x15_env_and_the_explorer_cli(capsys):
+    from crl_bench.envs.minihack.explore import main
+
+    env = make_env("minihack-maze-15x15")
+    try:
+        assert env.max_steps == 100 and env.variant == "MiniHack-MazeWalk-15x15-v0"
+        assert env.admissible_actions() == list(MOVE_DELTAS)
+    finally:
+        env.close()
+    assert main(["--env", "minihack-maze-15x15", "--episodes", "3", "--max-steps", "300"]) == 0
+    assert "3 of 3 solved" in capsys.readouterr().out
+    # within BALROG's 100 actions the explorer leaves the second task unsolved: exit 1, the task named
+    assert main(["--env", "minihack-maze-15x15", "--episodes", "3"]) == 1
+    assert "task 1000001: not solved in 100 actions" in capsys.readouterr().out
 
 def test_maze_walls_and_messages(envs):
     env = envs[MiniHackMazeEnv]

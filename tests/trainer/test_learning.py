@@ -17,7 +17,7 @@ import torch
 def test_cpu_preset_step_favours_the_winning_actions():
     from crl_bench.config import build_config, preset_data
     from crl_bench.trainer.loop import Trainer
-    from crl_bench.trainer.policy import TokenSample, build_batch, sequence_logprobs
+    from crl_bench.trainer.policy import build_batch, episode_samples, sequence_logprobs
 
     # the cpu preset as shipped, with fewer groups, and activations kept rather than recomputed in
     # backward (the preset recomputes them to bound memory: the same gradients, one forward more)
@@ -33,9 +33,11 @@ def test_cpu_preset_step_favours_the_winning_actions():
         assert m["optimizer_steps"] == 1 and m["grad_norm"] > 0
         assert 0.0 < m["reply_entropy"] <= math.log(12) + 1e-6 and 0.0 < m["entropy"]   # see test_smoke_run
         advs = tr.advantages(res.trajectories)
-        turns = [(turn, a) for traj, a in zip(res.trajectories, advs) for turn in traj.turns if a != 0]
-        samples = [TokenSample(t.prompt_ids, t.response_ids, t.logprobs, a) for t, a in turns]
-        adv = torch.tensor([a for _, a in turns])
+        # the sequences the update trained (the preset's multiturn episodes: one per episode, its
+        # replies masked in), so each log-prob below is a whole episode's replies
+        samples = [s for s in episode_samples(res.trajectories, advs, layout=cfg.train.sequences)
+                   if s.advantage != 0]
+        adv = torch.tensor([s.advantage for s in samples])
         win = adv > 0
         assert win.any() and (~win).any()
 
@@ -52,7 +54,7 @@ def test_cpu_preset_step_favours_the_winning_actions():
         tr.model.load_state_dict(before)
         start = action_logprobs()
         tr.model.load_state_dict(trained)
-        delta = after - start                 # per turn: log P(reply) after minus before the update
+        delta = after - start                 # per sequence: log P(replies) after minus before the update
         # the step ascended the GRPO objective: the advantage-weighted change of the replies' log-probs
         # is positive, and the winning episodes' replies gained against the losing ones'. (The winners'
         # own mean may fall: a reply such as "north" that is in both, mostly in losing episodes, is

@@ -269,13 +269,12 @@ def test_reflexion_manager_actor_keeps_reflections_per_task(tmp_path, monkeypatc
         host.close()
 
 
-def test_remote_env_asks_its_actor_for_the_query_of_a_later_observation():
-    """Turn-level retrieval queries the current state: after the reset observation, the remote env asks
-    the env in its actor, as a local env answers (without this every turn got the reset query)."""
-    from crl_bench.env_api import make_env
+def _remote_sokoban(max_steps: int):
+    """A :class:`RemoteEnv` of sokoban whose actor is an :class:`EnvHost` run in place (its methods as a
+    Ray handle sees them, ``.remote`` calling them directly), and that host."""
     from crl_bench.ray_backend import EnvHost, RemoteEnv
 
-    class Call:                       # the actor's method as a Ray handle sees it, run in place
+    class Call:
         def __init__(self, fn):
             self.remote = fn
 
@@ -284,10 +283,18 @@ def test_remote_env_asks_its_actor_for_the_query_of_a_later_observation():
             for name in ("reset", "step", "call"):
                 setattr(self, name, Call(getattr(host, name)))
 
-    inner = EnvHost({}, 0)
-    desc = inner.open(0, "sokoban")
-    env = RemoteEnv(Host(inner), 0, 0, "sokoban", desc)
+    inner = EnvHost({}, max_steps)
+    env = RemoteEnv(Host(inner), 0, 0, "sokoban", inner.open(0, "sokoban"))
     env._get = lambda value: value
+    return env, inner
+
+
+def test_remote_env_asks_its_actor_for_the_query_of_a_later_observation():
+    """Turn-level retrieval queries the current state: after the reset observation, the remote env asks
+    the env in its actor, as a local env answers (without this every turn got the reset query)."""
+    from crl_bench.env_api import make_env
+
+    env, _ = _remote_sokoban(0)
     local = make_env("sokoban")
     obs, _ = env.reset(options={"task": 3})
     lobs, _ = local.reset(options={"task": 3})
@@ -302,20 +309,7 @@ def test_remote_env_asks_its_actor_for_the_query_of_a_later_observation():
 def test_remote_env_passes_an_episode_limit_to_its_actor():
     """An evaluation's action limit (``eval.max_steps``) reaches the env in the actor as the reset option,
     and the next reset without it has the env's own limit again."""
-    from crl_bench.ray_backend import EnvHost, RemoteEnv
-
-    class Call:
-        def __init__(self, fn):
-            self.remote = fn
-
-    class Host:
-        def __init__(self, host):
-            for name in ("reset", "step", "call"):
-                setattr(self, name, Call(getattr(host, name)))
-
-    inner = EnvHost({}, 2)
-    env = RemoteEnv(Host(inner), 0, 0, "sokoban", inner.open(0, "sokoban"))
-    env._get = lambda value: value
+    env, inner = _remote_sokoban(2)
     env.reset(options={"task": 3, "max_steps": 5})
     assert inner.envs[0].episode_max_steps == 5
     env.reset(options={"task": 3})

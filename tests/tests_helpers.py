@@ -285,3 +285,13 @@ class PromptHashEngine:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             out.append(Generation(list(p), ids, [-0.5] * len(ids), text, "stop"))
         return out
+
+
+def write_evaluated_run(writer, cfg, ev):
+    """Write ``writer``'s run folder as a run of ``cfg`` with no training step whose final evaluation is
+    ``ev`` (config.yaml with ``train.steps`` 0, versions.json, eval.json): what ``build_summary`` reads."""
+    written = cfg.to_dict()
+    written["train"]["steps"] = 0
+    writer.write_config(written)
+    writer.write_versions()
+    writer.write_json("eval.json", ev)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests_helpers import CoinEnv, coin_config
+from tests_helpers import CoinEnv, coin_config, write_evaluated_run
 
 from crl_bench.config import ConfigError, build_config, preset_data
 from crl_bench.env_api import TextEnv, register_env
@@ -275,11 +275,7 @@ def test_protocol_label_and_summary_schema_take_the_new_keys(tmp_path, tiny_mode
     writer = RunWriter(tmp_path / "runs", "run")
     tr = Trainer(cfg, writer=writer, model=tiny_model, tokenizer=tokenizer)
     ev = tr.evaluator.evaluate_all()
-    written = cfg.to_dict()
-    written["train"]["steps"] = 0
-    writer.write_config(written)
-    writer.write_versions()
-    writer.write_json("eval.json", ev)
+    write_evaluated_run(writer, cfg, ev)
     tr.close()
     summary = build_summary(writer.dir)
     validate_summary(summary)                        # the schema knows the protocol's new keys

@@ -5,7 +5,7 @@ protocol."""
 from __future__ import annotations
 
 import pytest
-from tests_helpers import CoinEnv, coin_config
+from tests_helpers import CoinEnv, coin_config, write_evaluated_run
 
 from crl_bench.config import ConfigError
 from crl_bench.env_api import register_env
@@ -82,11 +82,7 @@ def test_each_task_runs_n_times_and_the_block_gives_pass_curves(tmp_path, tokeni
     assert block["pass_at_k"] == pytest.approx(at) and block["samples"] == 4
     assert ev["protocol"]["samples"] == 4 and "4 samples" in protocol_label(ev["protocol"])
     assert tr.evaluator.episode_count() == 8
-    written = cfg.to_dict()
-    written["train"]["steps"] = 0
-    writer.write_config(written)
-    writer.write_versions()
-    writer.write_json("eval.json", ev)
+    write_evaluated_run(writer, cfg, ev)
     tr.close()
     s = build_summary(writer.dir)
     validate_summary(s)                              # the schema knows the sample keys

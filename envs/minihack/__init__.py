@@ -1,6 +1,6 @@
 """MiniHack navigation tasks as text environments (installed as ``crl_bench.envs.minihack``).
 
-Five tasks wrap real MiniHack environments (minihack 1.0.2 on NLE 1.3.0, the NetHack Learning
+Six tasks wrap real MiniHack environments (minihack 1.0.2 on NLE 1.3.0, the NetHack Learning
 Environment); the game runs in NetHack itself and this package only names the actions, renders the
 symbolic observation as text and maps the game's end status to the reward:
 
@@ -10,6 +10,7 @@ env id               default MiniHack id (``variant``)  actions
 minihack-room        ``MiniHack-Room-5x5-v0``          8 compass moves
 minihack-maze        ``MiniHack-MazeWalk-9x9-v0``      8 compass moves
 minihack-maze-15x15  ``MiniHack-MazeWalk-15x15-v0``    8 compass moves (100 actions by default)
+minihack-corridor    ``MiniHack-Corridor-R3-v0``       8 moves, ``open``, ``kick``, ``search`` (100)
 minihack-keyroom     ``MiniHack-KeyRoom-S5-v0``        8 compass moves, ``pickup``, ``apply``
 minihack-river       ``MiniHack-River-v0``             8 compass moves (walk into a boulder to push)
 ===================  ================================  ==============================================
@@ -41,17 +42,26 @@ plus ``Key: carried/not carried.`` (KeyRoom) and ``Last: <message>`` lines when 
 Row/column are relative to the map shown in that observation.
 """
 
-from .actions import KEY_ACTIONS, KEY_ALIASES, MOVE_ACTIONS, MOVE_ALIASES, MOVE_DELTAS
+from .actions import CORRIDOR_ACTIONS, KEY_ACTIONS, KEY_ALIASES, MOVE_ACTIONS, MOVE_ALIASES, MOVE_DELTAS
 from .env import MiniHackTextEnv
 from .render import offset_sentence as _offset_sentence  # noqa: F401 - the module's former private name (tests)
-from .tasks import MiniHackKeyRoomEnv, MiniHackMaze15Env, MiniHackMazeEnv, MiniHackRiverEnv, MiniHackRoomEnv
+from .tasks import (
+    MiniHackCorridorEnv,
+    MiniHackKeyRoomEnv,
+    MiniHackMaze15Env,
+    MiniHackMazeEnv,
+    MiniHackRiverEnv,
+    MiniHackRoomEnv,
+)
 
 __all__ = [
+    "CORRIDOR_ACTIONS",
     "KEY_ACTIONS",
     "KEY_ALIASES",
     "MOVE_ACTIONS",
     "MOVE_ALIASES",
     "MOVE_DELTAS",
+    "MiniHackCorridorEnv",
     "MiniHackKeyRoomEnv",
     "MiniHackMaze15Env",
     "MiniHackMazeEnv",

@@ -23,6 +23,9 @@ ACTION_NAMES: dict[int, str] = {
     int(nethack.CompassDirection.NW): "northwest",
     int(nethack.Command.PICKUP): "pickup",
     int(nethack.Command.APPLY): "apply",
+    int(nethack.Command.OPEN): "open",
+    int(nethack.Command.KICK): "kick",
+    int(nethack.Command.SEARCH): "search",
 }
 
 #: Screen displacement ``(d_row, d_col)`` of each move (row grows southwards).
@@ -36,6 +39,10 @@ MOVE_DELTAS: dict[str, tuple[int, int]] = {
 MOVE_ACTIONS: tuple[Any, ...] = tuple(nethack.CompassDirection)
 #: NLE action set of KeyRoom: the 8 moves, then PICKUP and APPLY.
 KEY_ACTIONS: tuple[Any, ...] = MOVE_ACTIONS + (nethack.Command.PICKUP, nethack.Command.APPLY)
+#: NLE action set of the corridors, MiniHack's own (``minihack/envs/corridor.py`` NAVIGATE_ACTIONS): the 8
+#: moves, then OPEN and KICK (each asks "In what direction?", which the next move answers) and SEARCH.
+CORRIDOR_ACTIONS: tuple[Any, ...] = MOVE_ACTIONS + (nethack.Command.OPEN, nethack.Command.KICK,
+                                                   nethack.Command.SEARCH)
 
 
 def action_names(actions: Iterable[Any]) -> tuple[str, ...]:

@@ -1,12 +1,14 @@
 """A scripted explorer for the MiniHack navigation tasks: the check that every task of a split can be
-solved with the env's own actions within its step limit (``python -m crl_bench.envs.minihack.explore``).
+solved with the env's own actions (``python -m crl_bench.envs.minihack.explore``).
 
 It plays through the env's ``step`` like the actor, choosing each move from the symbols the text
 rendering is made from (NLE's ``glyphs`` of the dungeon and the agent's position in ``blstats``): the
 stairs when they have been seen, else the nearest seen cell it has not stood on whose neighbours are
 still unseen (frontier exploration, breadth-first over the cells seen so far). Doorways are entered and
 left orthogonally only (NetHack forbids diagonal moves there); a target the agent fails to reach three
-times counts as blocked. It attacks nothing on purpose: a monster in the way is walked into.
+times counts as blocked. It attacks nothing on purpose: a monster in the way is walked into. With
+``search`` and ``kick`` among the env's actions (the corridor task) it also searches for hidden doors
+and passages when nothing else is reachable, and kicks closed doors that do not open.
 
 Facts used: NetHack 3.6 ``include/defsym.h`` (cmap 0 stone, 1-11 walls, 12 doorless doorway, 13/14
 open doors, 15/16 closed doors, 17 bars, 18 tree, 19/20 floor, 21/22 corridor, 23-26 stairs and
@@ -90,8 +92,43 @@ def _next_move(kinds: np.ndarray, pos: tuple[int, int], visited: set[tuple[int, 
     return first[nearest] if nearest is not None else None
 
 
-def explore_episode(env: Any, task: int, max_steps: int | None = None) -> tuple[bool, int]:
+def _next_search(kinds: np.ndarray, pos: tuple[int, int], searched: dict[tuple[int, int], int],
+                 blocked: set[tuple[int, int]], searches: int) -> str | None:
+    """``"search"`` when the agent stands on a cell to search from, else the first move towards the
+    nearest one: a reachable cell next to a wall or an unseen cell, searched fewer than ``searches``
+    times; ``None`` when none is left."""
+    h, w = kinds.shape
+
+    def worth(y: int, x: int) -> bool:
+        return searched.get((y, x), 0) < searches and any(
+            0 <= y + dy < h and 0 <= x + dx < w and kinds[y + dy, x + dx] in ("unseen", "blocked")
+            for dy, dx in MOVE_DELTAS.values())
+
+    first: dict[tuple[int, int], str] = {pos: ""}
+    queue = deque([pos])
+    while queue:
+        cur = queue.popleft()
+        if worth(*cur):
+            return first[cur] or "search"
+        for name, nxt in _moves(kinds, *cur, blocked):
+            if nxt not in first:
+                first[nxt] = first[cur] or name
+                queue.append(nxt)
+    return None
+
+
+def _closed_door(glyph: int) -> bool:
+    return bool(nethack.glyph_is_cmap(glyph)) and nethack.glyph_to_cmap(glyph) in (15, 16)
+
+
+def explore_episode(env: Any, task: int, max_steps: int | None = None, searches: int = 10,
+                    kicks: int = 8) -> tuple[bool, int]:
     """Play task ``task`` of the MiniHack text env ``env`` with the explorer.
+
+    Where the env's actions include them, the explorer also searches for hidden passages when no
+    stairs and no frontier are reachable (``searches`` times from each cell next to a wall or an
+    unseen cell, nearest first) and kicks a closed door it failed to walk through (at most ``kicks``
+    times; ``kick`` asks for a direction, the next reply).
 
     Args:
         env: a :class:`~crl_bench.envs.minihack.env.MiniHackTextEnv` with the 8 compass moves.
@@ -99,37 +136,55 @@ def explore_episode(env: Any, task: int, max_steps: int | None = None) -> tuple[
         max_steps: the episode's action limit (default: the env's).
 
     Returns:
-        ``(success, actions taken)``; no move left to try ends the episode as a failure.
+        ``(success, actions taken)``; nothing left to try ends the episode as a failure.
     """
     opts = {"task": task, **({"max_steps": max_steps} if max_steps else {})}
     env.reset(options=opts)
+    actions = set(env.admissible_actions() or ())
     keys = env._nle._observation_keys
     gi, bi = keys.index("glyphs"), keys.index("blstats")
     visited: set[tuple[int, int]] = set()
     blocked: set[tuple[int, int]] = set()
     failed: dict[tuple[int, int], int] = {}
-    steps, target = 0, None
+    searched: dict[tuple[int, int], int] = {}
+    kicked: dict[tuple[int, int], int] = {}
+    plan: list[str] = []                            # replies decided together (kick, then its direction)
+    steps, target, move = 0, None, ""
     while True:
         obs = env._nle.last_observation
         glyphs, bl = obs[gi], obs[bi]
         pos = (int(bl[1]), int(bl[0]))
         if target is not None and pos != target:
-            # the move did not take the agent there (a wall, a locked door, a monster): after three
-            # tries (a closed door opens on the first, a monster may die) the cell counts as blocked
-            failed[target] = failed.get(target, 0) + 1
-            if failed[target] >= 3:
-                blocked.add(target)
+            # the move did not take the agent there (a wall, a locked door, a monster): a closed door is
+            # kicked; any other target missed three times (a monster may die) counts as blocked
+            if "kick" in actions and _closed_door(int(glyphs[target])) and kicked.get(target, 0) < kicks:
+                kicked[target] = kicked.get(target, 0) + 1
+                plan = ["kick", move]
+            else:
+                failed[target] = failed.get(target, 0) + 1
+                if failed[target] >= 3:
+                    blocked.add(target)
         visited.add(pos)
-        kinds = np.vectorize(_cell, otypes=[object])(glyphs)
-        move = _next_move(kinds, pos, visited, blocked)
-        if move is None:
-            return False, steps
-        dy, dx = MOVE_DELTAS[move]
-        _obs, _r, term, trunc, info = env.step(f"<answer>{move}</answer>")
+        target = None
+        if plan:
+            act = plan.pop(0)
+        else:
+            kinds = np.vectorize(_cell, otypes=[object])(glyphs)
+            act = _next_move(kinds, pos, visited, blocked)
+            if act is None and "search" in actions:
+                act = _next_search(kinds, pos, searched, blocked, searches)
+                if act == "search":
+                    searched[pos] = searched.get(pos, 0) + 1
+            if act is None:
+                return False, steps
+            if act in MOVE_DELTAS:
+                move = act
+                dy, dx = MOVE_DELTAS[act]
+                target = (pos[0] + dy, pos[1] + dx)
+        _obs, _r, term, trunc, info = env.step(f"<answer>{act}</answer>")
         steps += 1
         if term or trunc:
             return bool(info["success"]), steps
-        target = (pos[0] + dy, pos[1] + dx)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The MiniHack tasks: room, the two mazes, key room and river (subclasses of :class:`MiniHackTextEnv`;
+"""The MiniHack tasks: room, the two mazes, corridors, key room and river (subclasses of :class:`MiniHackTextEnv`;
 env ids, default MiniHack ids and actions in the package docstring).
 
 Facts used (read in the upstream sources named, and measured on this machine):
@@ -27,11 +27,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .actions import KEY_ACTIONS, KEY_ALIASES, MOVE_ACTIONS, action_names
+from .actions import CORRIDOR_ACTIONS, KEY_ACTIONS, KEY_ALIASES, MOVE_ACTIONS, action_names
 from .env import MiniHackTextEnv, join_messages
 from .prompts import MAP_SCENE, MAZE_SCENE, build_prompt
 
-__all__ = ["MiniHackKeyRoomEnv", "MiniHackMaze15Env", "MiniHackMazeEnv", "MiniHackRiverEnv", "MiniHackRoomEnv"]
+__all__ = ["MiniHackCorridorEnv", "MiniHackKeyRoomEnv", "MiniHackMaze15Env", "MiniHackMazeEnv", "MiniHackRiverEnv",
+           "MiniHackRoomEnv"]
 
 
 def _names_key(inv_strs: np.ndarray) -> bool:
@@ -93,6 +94,29 @@ class MiniHackMaze15Env(MiniHackMazeEnv):
     default_max_steps: ClassVar[int] = 100
     system_prompt: ClassVar[str] = build_prompt(MiniHackMazeEnv.rules_text, default_variant,
                                                 action_names(MOVE_ACTIONS), MiniHackMazeEnv.scene_text)
+
+
+class MiniHackCorridorEnv(MiniHackTextEnv):
+    """``minihack-corridor``: three lit rooms joined by random corridors, the stairs down in one of them
+    (``MiniHack-Corridor-R3-v0``, ``minihack/dat/corridor3.des``: ``RANDOM_CORRIDORS``), one of BALROG's
+    eight MiniHack tasks; 100 actions by default, as BALROG allows.
+
+    Actions are MiniHack's own for the corridors: the 8 moves, ``open`` and ``kick`` (NetHack then asks
+    "In what direction?", shown as the step's message; the next move answers it) and ``search``
+    (NetHack's random corridors and doors can be hidden until searched for next to them).
+    """
+
+    env_id: ClassVar[str] = "minihack-corridor"
+    default_variant: ClassVar[str] = "MiniHack-Corridor-R3-v0"
+    default_max_steps: ClassVar[int] = 100
+    nle_actions: ClassVar[tuple[Any, ...]] = CORRIDOR_ACTIONS
+    goal_text: ClassVar[str] = "Find the stairs down '>' in one of the rooms and step onto them."
+    rules_text: ClassVar[str] = (
+        "Rooms are joined by corridors '#' that you see only next to you. Goal: find the stairs down '>' "
+        "and step onto them. Walking into a closed door '+' opens it; open and kick ask for a direction, "
+        "which your next move gives; search looks for hidden doors and corridors next to you.")
+    system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(nle_actions),
+                                                MAP_SCENE)
 
 
 class MiniHackKeyRoomEnv(MiniHackTextEnv):

@@ -9,6 +9,7 @@ import pytest
 from crl_bench.env_api import make_env
 from crl_bench.envs.minihack import (
     MOVE_DELTAS,
+    MiniHackCorridorEnv,
     MiniHackKeyRoomEnv,
     MiniHackMaze15Env,
     MiniHackMazeEnv,
@@ -17,7 +18,8 @@ from crl_bench.envs.minihack import (
     MiniHackTextEnv,
 )
 
-ENV_CLASSES = [MiniHackRoomEnv, MiniHackMazeEnv, MiniHackMaze15Env, MiniHackKeyRoomEnv, MiniHackRiverEnv]
+ENV_CLASSES = [MiniHackRoomEnv, MiniHackMazeEnv, MiniHackMaze15Env, MiniHackCorridorEnv, MiniHackKeyRoomEnv,
+               MiniHackRiverEnv]
 MOVES = list(MOVE_DELTAS)
 
 
@@ -317,6 +319,28 @@ def test_the_explorer_solves_the_mazes_as_rendered(env_id, limit, within):
         env.close()
     assert all(ok for ok, _ in results), results
     assert max(n for _, n in results) <= within
+
+
+def test_corridor_actions_and_the_explorer():
+    """The corridor task has MiniHack's own corridor actions; ``kick`` asks for a direction that the next
+    move gives; the explorer, searching for hidden passages and kicking stuck doors, solves the first 10
+    eval tasks (on this machine 29 of the first 30 within 1,000 actions; task 1000010 is not shown
+    solvable: its one way on is a corridor blocked by a boulder or a dead end)."""
+    from crl_bench.envs.minihack.explore import explore_episode
+
+    env = make_env("minihack-corridor")
+    try:
+        assert env.max_steps == 100
+        assert env.admissible_actions() == MOVES + ["open", "kick", "search"]
+        env.reset(options={"task": 1_000_011})
+        obs, *_ = env.step(ans("kick"))
+        assert "Last: In what direction?" in obs
+        obs, _r, _t, _tr, info = env.step(ans("north"))
+        assert info["steps"] == 2 and not info["invalid_action"] and "You kick at empty space." in obs
+        results = [explore_episode(env, t, 1000) for t in env.task_ids("eval")[:10]]
+    finally:
+        env.close()
+    assert all(ok for ok, _ in results), results
 
 
 def test_maze_15x15_env_and_the_explorer_cli(capsys):

@@ -79,7 +79,7 @@ def test_verl_agent_profile_values():
     assert ev.draw_replace == {"alfworld": True, "webshop": False} and ev.draw_size == 0
     bal = build_config([profile_layer("balrog")]).eval
     assert (bal.temperature, bal.episodes, bal.history) == (0.0, 5, 16)
-    assert bal.max_steps == {"minihack-maze": 100, "minihack-maze-15x15": 100}
+    assert bal.max_steps == {"minihack-maze": 100, "minihack-maze-15x15": 100, "minihack-corridor": 100}
     assert build_config([profile_layer("balrog-t1")]).eval.temperature == 1.0
 
 

@@ -53,19 +53,20 @@ def run(args: argparse.Namespace) -> int:
         if args.episodes is not None:
             extra["eval.episodes"] = args.episodes
         cfg = resolve_config(args, extra)
+        split = cfg.eval.split_of(args.env)          # a profile's split for this env (eval.splits), else --split
         settings = dict(cfg.rollout.env_kwargs.get(args.env, {}))
         env = EnvPool({args.env: settings}, cfg.rollout.max_steps).make(args.env)
         try:
             ep = cfg.eval.episodes
-            ids = panel_task_ids(env, args.split, ep)
-            with tqdm(total=len(ids), desc=f"panel {args.env} {args.split}", unit="task", disable=args.quiet) as bar:
-                panel = build_panel(env, args.env, args.split, ids, episodes=ep, env_settings=settings,
+            ids = panel_task_ids(env, split, ep)
+            with tqdm(total=len(ids), desc=f"panel {args.env} {split}", unit="task", disable=args.quiet) as bar:
+                panel = build_panel(env, args.env, split, ids, episodes=ep, env_settings=settings,
                                     progress=bar.update)
         finally:
             env.close()
-        out = Path(args.out) if args.out else Path(f"{args.env}-{args.split}.panel.json")
+        out = Path(args.out) if args.out else Path(f"{args.env}-{split}.panel.json")
         out.write_text(json.dumps(panel, indent=1) + "\n")
-        print(f"panel {panel['panel_hash']}: {args.env} {args.split}, {len(ids)} tasks; wrote {out}")
+        print(f"panel {panel['panel_hash']}: {args.env} {split}, {len(ids)} tasks; wrote {out}")
         return 0
     try:
         panel = read_panel(args.panel)

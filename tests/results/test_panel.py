@@ -177,3 +177,14 @@ def test_swebench_panel_entry_names_the_instance_without_a_container():
     assert fp["fail_to_pass"] == list(inst.fail_to_pass) and fp["test_patch_sha256"] != content_hash("")
     changed = task_entry(EVAL_OFFSET, {**fp, "base_commit": "0" * 40})
     assert changed["hash"] != task_entry(EVAL_OFFSET, fp)["hash"]
+
+
+def test_panel_export_takes_a_profile_s_split_and_episodes(tmp_path, capsys):
+    """``panel export --profile verl-agent`` writes the panel that profile evaluates: ALFWorld's seen
+    split, every task (the hash docs/envs/alfworld.md gives), not ``--split``'s default."""
+    out = tmp_path / "seen.json"
+    assert main(["panel", "export", "alfworld", "--profile", "verl-agent", "--out", str(out), "--quiet"]) == 0
+    panel = read_panel(out)
+    assert panel["split"] == "eval_seen" and len(panel["tasks"]) == 140
+    assert panel["panel_hash"] == "18f9b1cc690df32ad2ee573254a69280f64b8afa04d9976c43db30123ee0f1e1"
+    assert "alfworld eval_seen, 140 tasks" in capsys.readouterr().out

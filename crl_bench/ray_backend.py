@@ -239,6 +239,7 @@ class RemoteEnv:
         self.system_prompt = desc["system_prompt"]
         self.reply_format = desc["reply_format"]
         self.max_steps = desc["max_steps"]
+        self.episode_max_steps = self.max_steps
         self.prefetch_resets = desc["prefetch_resets"]     # every remote reset overlaps the driver's work
         self.has_entry_key = desc.get("has_entry_key", False)
         self._pending: Any = None
@@ -252,6 +253,7 @@ class RemoteEnv:
 
     def reset_async(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         opts = options or {}
+        self.episode_max_steps = int(opts.get("max_steps") or self.max_steps)   # as TextEnv.episode_max_steps
         self._pending = self.host.reset.remote(self.slot, int(opts["task"]), opts.get("max_steps"))
 
     def reset_wait(self) -> tuple[str, dict[str, Any]]:

@@ -311,6 +311,6 @@ def test_remote_env_passes_an_episode_limit_to_its_actor():
     and the next reset without it has the env's own limit again."""
     env, inner = _remote_sokoban(2)
     env.reset(options={"task": 3, "max_steps": 5})
-    assert inner.envs[0].episode_max_steps == 5
+    assert inner.envs[0].episode_max_steps == 5 and env.episode_max_steps == 5
     env.reset(options={"task": 3})
-    assert inner.envs[0].episode_max_steps == 2
+    assert inner.envs[0].episode_max_steps == 2 and env.episode_max_steps == 2

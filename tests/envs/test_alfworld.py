@@ -198,8 +198,8 @@ def test_rollout_marks_a_crashed_episode_failed_and_goes_on(tokenizer, tiny_mode
     orig_acquire_for = pool.acquire_for
     pool._busy = []
 
-    def acquire_for(env_id, task):
-        env, pending = orig_acquire_for(env_id, task)
+    def acquire_for(env_id, task, max_steps=0):
+        env, pending = orig_acquire_for(env_id, task, max_steps)
         pool._busy.append(env)
         return env, pending
 
@@ -232,9 +232,9 @@ def test_prefetched_reset_is_used_by_the_next_collect(tokenizer, tiny_model):
     nxt = [EpisodeSpec("alfworld", EVAL_OFFSET + 4), EpisodeSpec("alfworld", EVAL_OFFSET + 4)]
     try:
         runner.collect(first, prefetch=nxt)
-        assert len(pool._ready[("alfworld", EVAL_OFFSET + 4)]) == 2
+        assert len(pool._ready[("alfworld", EVAL_OFFSET + 4, 0)]) == 2      # (env, task, episode limit)
         trajs = runner.collect(nxt)
-        assert pool.prefetch_hits == 2 and not pool._ready.get(("alfworld", EVAL_OFFSET + 4))
+        assert pool.prefetch_hits == 2 and not pool._ready.get(("alfworld", EVAL_OFFSET + 4, 0))
         assert all(t.steps == 1 and not t.error for t in trajs)
         assert trajs[0].task_prompt == trajs[1].task_prompt != ""
     finally:

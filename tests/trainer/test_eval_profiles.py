@@ -296,3 +296,27 @@ def test_a_profile_name_holds_all_its_values():
     # the draws' samples and count may differ
     ev = build_config([profile_layer("verl-agent"), {"eval": {"draw_size": 128, "samples": 8, "draw_count": 50}}]).eval
     assert (ev.samples, ev.draw_count) == (8, 50)
+
+
+def test_a_prefetched_reset_keeps_its_episode_limit():
+    """A reset started ahead of time (``EnvPool.prefetch``) carries the episode's limit, and serves only an
+    episode with that limit."""
+    from crl_bench.env_pool import EnvPool
+    from crl_bench.rollout import EpisodeSpec
+
+    class SlowWait(WaitEnv):
+        env_id = "test-wait-prefetch"
+        prefetch_resets = True
+
+    register_env("test-wait-prefetch", SlowWait)
+    pool = EnvPool({}, 2)
+    try:
+        assert pool.prefetch([EpisodeSpec("test-wait-prefetch", 100, max_steps=4)]) == 1
+        env, pending = pool.acquire_for("test-wait-prefetch", 100)        # the training limit: not that reset
+        assert not pending
+        env, pending = pool.acquire_for("test-wait-prefetch", 100, 4)
+        assert pending
+        env.reset_wait()
+        assert env.episode_max_steps == 4
+    finally:
+        pool.close()

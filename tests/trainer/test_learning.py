@@ -21,7 +21,7 @@ def test_cpu_preset_step_favours_the_winning_actions():
 
     # the cpu preset as shipped, with fewer groups, and activations kept rather than recomputed in
     # backward (the preset recomputes them to bound memory: the same gradients, one forward more)
-    cfg = build_config([preset_data("cpu"), {"train": {"groups_per_step": 4, "seed": 0},
+    cfg = build_config([preset_data("cpu"), {"train": {"groups_per_step": 3, "seed": 0},
                                              "model": {"gradient_checkpointing": False}}])
     assert cfg.rollout.env_kwargs["minihack-room"]["variant"] == "MiniHack-Room-Random-5x5-v0"
     tr = Trainer(cfg)

@@ -39,7 +39,7 @@ from crl_bench.experience.transcripts import Transcript
 from crl_bench.experience.vector_index import IndexKind
 from crl_bench.methods import MethodSpec, get_method, list_methods
 from crl_bench.profiles import check_eval_protocol
-from crl_bench.rollout import Placement, PromptLayout
+from crl_bench.prompts import Placement, PromptLayout
 
 __all__ = ["CONFIG_MAX_ALIASES", "CONFIG_MAX_BYTES", "LOGGING_BACKENDS", "NAME_PATTERN", "RENAMED_KEYS", "WANDB_MODES",
            "AlarmConfig", "ConfigError", "EvalConfig", "ExperienceConfig", "ExtractorConfig", "GenerationConfig",
@@ -48,7 +48,7 @@ __all__ = ["CONFIG_MAX_ALIASES", "CONFIG_MAX_BYTES", "LOGGING_BACKENDS", "NAME_P
            "validate"]
 
 # The allowed values of the choice keys acted on in this package's trainer or by several modules; a
-# module that alone acts on a choice defines its type (rollout.PromptLayout, vector_index.IndexKind, ...).
+# module that alone acts on a choice defines its type (prompts.PromptLayout, vector_index.IndexKind, ...).
 ModelDType = Literal["auto", "float32", "bfloat16", "float16"]
 Engine = Literal["transformers", "vllm"]
 Backend = Literal["local", "ray"]
@@ -342,6 +342,10 @@ class EvalConfig:
     def split_of(self, env_id: str) -> str:
         """The eval split of ``env_id``: its entry of ``splits``, else ``split``."""
         return str(self.splits.get(env_id, self.split))
+
+    def other_splits(self, env_ids: Any) -> dict[str, str]:
+        """``{env: split}`` for the envs of ``env_ids`` evaluated on another split than ``split``."""
+        return {e: self.split_of(e) for e in env_ids if self.split_of(e) != self.split}
 
 
 @dataclass

@@ -6,7 +6,7 @@ A config section is a dataclass whose fields say everything about a key:
   (finite only: ``.nan`` and ``.inf`` are refused), ``str``, ``dict``, ``list[...]`` (a
   comma-separated string is read as a list), ``X | None``;
 * its **allowed values**, as a ``typing.Literal`` (one alias per choice, defined once in the module
-  that acts on it, e.g. :data:`crl_bench.rollout.PromptLayout`; the tuple of its values is
+  that acts on it, e.g. :data:`crl_bench.prompts.PromptLayout`; the tuple of its values is
   ``typing.get_args`` of it);
 * its **bounds**, as ``typing.Annotated`` metadata from the ``annotated-types`` package (``Ge``,
   ``Gt``, ``Le``, ``Lt``, ``Interval``), e.g. ``steps: Annotated[int, Ge(0)]``;

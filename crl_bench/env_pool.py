@@ -55,8 +55,8 @@ class EnvPool:
         return self.acquire(env_id), False
 
     def prefetch(self, specs: Sequence[Any]) -> int:
-        """Start the resets of ``specs`` (the rollout's ``EpisodeSpec``s: ``env_id``, ``task``,
-        ``max_steps``) whose env sets ``prefetch_resets``; returns how many started.
+        """Start the resets of ``specs`` (the rollout's ``EpisodeSpec``s: ``env_id``, ``task``, ``max_steps``,
+        ``reset_options()``) whose env sets ``prefetch_resets``; returns how many started.
 
         An env that fails to start its reset is dropped (the later episode resets normally)."""
         n = 0
@@ -67,13 +67,12 @@ class EnvPool:
             if not getattr(env, "prefetch_resets", False):
                 self.release(s.env_id, env)
                 continue
-            limit = int(getattr(s, "max_steps", 0) or 0)         # the episode's action limit, 0 = the env's
             try:
-                env.reset_async(options={"task": s.task, **({"max_steps": limit} if limit else {})})
+                env.reset_async(options=s.reset_options())
             except Exception:  # noqa: BLE001 - a broken env is replaced; the episode resets later
                 self.discard(env)
                 continue
-            self._ready.setdefault((s.env_id, int(s.task), limit), []).append(env)
+            self._ready.setdefault((s.env_id, int(s.task), int(s.max_steps)), []).append(env)
             n += 1
         return n
 

@@ -55,7 +55,7 @@ def test_choice_keys_are_checked_from_their_type():
 def test_module_tuples_are_the_config_types():
     from crl_bench.experience.cases import CASE_OUTCOMES
     from crl_bench.experience.vector_index import INDEX_KINDS
-    from crl_bench.rollout import PROMPT_LAYOUTS
+    from crl_bench.prompts import PROMPT_LAYOUTS
     from crl_bench.trainer.data_parallel import SHARDINGS
     from crl_bench.trainer.evaluation import EVAL_CONTROLS
     from crl_bench.trainer.policy import LOSS_AGGS, SEQUENCE_LAYOUTS

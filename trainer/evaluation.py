@@ -138,7 +138,7 @@ class Evaluator:
         (``{"size", "count", "replace": {env: bool}}`` with ``eval.draw_size``)."""
         tasks = self.task_ids(episodes)
         g, ec = self.cfg.generation, self.cfg.eval
-        other = {e: ec.split_of(e) for e in tasks if ec.split_of(e) != ec.split}
+        other = ec.other_splits(tasks)
         return {"split": ec.split, **({"splits": other} if other else {}),
                 **({"profile": ec.profile} if ec.profile else {}),
                 "episodes": ec.episodes if episodes is None else episodes,
@@ -399,8 +399,7 @@ class Evaluator:
                 row["per_type"] = {k: {"episodes": len(v), "success_rate": float(np.mean(v))}
                                    for k, v in sorted(by_type.items())}
             per_env[env_id] = row
-        other = {e: self.cfg.eval.split_of(e) for e in per_env if self.cfg.eval.split_of(e) != self.cfg.eval.split}
-        if other:                           # envs evaluated on another split (eval.splits)
+        if other := self.cfg.eval.other_splits(per_env):     # envs evaluated on another split (eval.splits)
             out["splits"] = other
         out.update(split=self.cfg.eval.split, per_env=per_env, wall_s=wall,
                    mode=mode, guided=mode != "free", temperature=self.cfg.eval.temperature, tasks=tasks,

@@ -9,7 +9,7 @@ step.
 
 Probe states: the first eval task of each of the first ``n`` contexts of ``diag-vault``
 (:mod:`crl_bench.envs.diag`), each shown three ways, with exactly the prompt a guided episode's
-first turn gets (the run's :class:`~crl_bench.rollout.PromptBuilder`: placement, layout, prefill):
+first turn gets (the run's :class:`~crl_bench.prompts.PromptBuilder`: placement, layout, prefill):
 
 * ``right``: a knowledge block with one entry naming the context's code
   (:meth:`~crl_bench.envs.diag.DiagEnv.lesson_for`);

@@ -156,11 +156,10 @@ class Trainer:
         ec = cfg.eval
         self._eval_runner: RolloutRunner | None = None
         if ec.prompt is not None or ec.history is not None:
-            self.eval_prompts = PromptBuilder(tokenizer, cfg.generation.prefill,
-                                              cfg.rollout.history if ec.history is None else ec.history,
-                                              layout=ec.prompt or cfg.rollout.prompt,
-                                              placement=cfg.experience.placement)
-            self._eval_runner = RolloutRunner(self.engine, self.eval_prompts, self.pool, self.eval_sampling,
+            prompts = PromptBuilder(tokenizer, cfg.generation.prefill,
+                                    cfg.rollout.history if ec.history is None else ec.history,
+                                    layout=ec.prompt or cfg.rollout.prompt, placement=cfg.experience.placement)
+            self._eval_runner = RolloutRunner(self.engine, prompts, self.pool, self.eval_sampling,
                                              g.constrained, max_concurrent=cfg.rollout.max_concurrent,
                                              max_context_tokens=self.runner.max_context_tokens)
         params = [p for p in self.model.parameters() if p.requires_grad]

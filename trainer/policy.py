@@ -68,7 +68,7 @@ SEQUENCE_LAYOUTS: tuple[str, ...] = get_args(SequenceLayout)
 
 def append_only(turns: Sequence[Any]) -> bool:
     """Whether each turn's prompt ids begin with the previous turn's prompt ids and response ids, token
-    for token (the ``multiturn`` prompts of :class:`~crl_bench.rollout.PromptBuilder`; never the
+    for token (the ``multiturn`` prompts of :class:`~crl_bench.prompts.PromptBuilder`; never the
     ``window`` layout, whose prompts are rebuilt each turn)."""
     for prev, cur in zip(turns, turns[1:]):
         n, r = len(prev.prompt_ids), len(prev.response_ids)

@@ -15,7 +15,7 @@ from typing import Any
 
 from crl_bench.bench.options import add_model_and_env, first_env, positive_int
 from crl_bench.bench.roofline import pure_throughput  # noqa: F401 - its old home; callers may import it here
-from crl_bench.rollout import PROMPT_LAYOUTS
+from crl_bench.prompts import PROMPT_LAYOUTS
 
 __all__ = ["ENGINE_ARMS", "HELP", "STEP_ARMS", "add_parser", "bench_step", "engine_arms", "format_step", "run"]
 

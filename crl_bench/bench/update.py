@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from crl_bench.bench.options import add_model_and_env, first_env, positive_int
-from crl_bench.rollout import PROMPT_LAYOUTS
+from crl_bench.prompts import PROMPT_LAYOUTS
 
 __all__ = ["HELP", "PeakRSS", "add_parser", "bench_update", "format_update", "run"]
 

@@ -49,6 +49,10 @@ def _cell(glyph: int) -> str:
     return "open"                                              # objects, monsters, the agent
 
 
+#: glyph -> its :func:`_cell` kind, for every glyph (a look-up per cell instead of a call)
+_KINDS = np.array([_cell(g) for g in range(nethack.MAX_GLYPH + 1)], dtype=object)
+
+
 def _moves(kinds: np.ndarray, y: int, x: int, blocked: set[tuple[int, int]]):
     """The moves ``(name, (y2, x2))`` from ``(y, x)`` onto seen passable cells."""
     h, w = kinds.shape
@@ -169,7 +173,7 @@ def explore_episode(env: Any, task: int, max_steps: int | None = None, searches:
         if plan:
             act = plan.pop(0)
         else:
-            kinds = np.vectorize(_cell, otypes=[object])(glyphs)
+            kinds = _KINDS[glyphs]
             act = _next_move(kinds, pos, visited, blocked)
             if act is None and "search" in actions:
                 act = _next_search(kinds, pos, searched, blocked, searches)

@@ -12,6 +12,7 @@ Commands::
     crl-bench submission check DIR | crl-bench submission pack RUN ... --name NAME
     crl-bench eval  --mix sokoban [--run RUN_DIR | --model NAME] [--split eval] [--episodes N|all] [--modes M,...]
     crl-bench envs list | crl-bench envs play ENV [--task N]
+    crl-bench serve ENV [--split S] [--host 127.0.0.1] [--port N] [--max-sessions N]
     crl-bench bench env | rollout | retrieval | overhead | step [--mix M --preset P --train-steps N]
                                             [--engines transformers,vllm]
     crl-bench bank show RUN | crl-bench bank stats RUN

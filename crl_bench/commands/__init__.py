@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "submission": "crl_bench.commands.submission",
     "eval": "crl_bench.commands.eval",
     "envs": "crl_bench.commands.envs",
+    "serve": "crl_bench.commands.serve",
     "bench": "crl_bench.commands.bench",
     "data": "crl_bench.commands.data",
     "swe": "crl_bench.commands.swe",

@@ -51,6 +51,7 @@ __all__ = ["CONFIG_MAX_ALIASES", "CONFIG_MAX_BYTES", "LOGGING_BACKENDS", "NAME_P
 # module that alone acts on a choice defines its type (prompts.PromptLayout, vector_index.IndexKind, ...).
 ModelDType = Literal["auto", "float32", "bfloat16", "float16"]
 Engine = Literal["transformers", "vllm"]
+ActorEngine = Literal["transformers", "vllm", "openai"]
 Backend = Literal["local", "ray"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean"]
 LogprobTemperature = Literal["sampling", "raw"]
@@ -107,8 +108,9 @@ class ModelConfig:
 class GenerationConfig:
     """Sampling for rollouts."""
 
-    engine: Engine = "transformers"
-    """``transformers`` (default, CPU or GPU) or ``vllm`` (extra ``[vllm]``)."""
+    engine: ActorEngine = "transformers"
+    """``transformers`` (default, CPU or GPU), ``vllm`` (extra ``[vllm]``) or ``openai``: an OpenAI-compatible
+    server generates, for evaluation only (extra ``[openai]``; docs/serving.md "Scoring a served model")."""
     temperature: Annotated[float, Ge(0)] = 1.0
     """Sampling temperature of the actor's rollouts; 0 = greedy (then a group's episodes of one task repeat each
     other unless the env is stochastic)."""
@@ -147,6 +149,21 @@ class GenerationConfig:
     """With ``engine: vllm``, memory for vLLM's KV cache (GiB); ``null`` (the default): sized from
     ``vllm_gpu_memory_utilization`` on a GPU, 1 GiB on vLLM's CPU backend
     (:data:`crl_bench.llm.vllm_engine.CPU_KV_CACHE_GB`)."""
+    openai_base_url: str = ""
+    """With ``engine: openai``, the server's API root, e.g. ``http://127.0.0.1:8000/v1``."""
+    openai_model: str = ""
+    """With ``engine: openai``, the model name the server knows."""
+    openai_api: Literal["completions", "chat"] = "completions"
+    """With ``engine: openai``: ``completions`` (token-id prompts built with ``model.name``'s tokenizer, exactly
+    our engines' prompts) or ``chat`` (the episode's messages, for chat-only servers; needs ``prefill: ""``)."""
+    openai_api_key_env: str = "OPENAI_API_KEY"
+    """With ``engine: openai``, the environment variable holding the API key (never written to a run's files)."""
+    openai_concurrency: Annotated[int, Interval(ge=1, le=MAX_BATCH)] = 8
+    """With ``engine: openai``, requests in flight at once."""
+    openai_retries: Annotated[int, Ge(0)] = 5
+    """With ``engine: openai``, retries of a failed request (exponential backoff)."""
+    openai_timeout_s: Annotated[float, Gt(0)] = 120.0
+    """With ``engine: openai``, one request's timeout (seconds)."""
 
 
 @dataclass
@@ -737,6 +754,8 @@ def validate(cfg: RunConfig) -> None:
     if cfg.experience.search_tool != "off" and cfg.generation.constrained:
         raise ConfigError("experience.search_tool needs generation.constrained=false: a search call is free "
                           "text, which decoding restricted to the env's action names cannot write")
+    if cfg.generation.engine == "openai":
+        _validate_openai(cfg)
     if cfg.generation.engine == "vllm" and not cfg.train.recompute_old_logprobs:
         raise ConfigError("train.recompute_old_logprobs must be true with generation.engine=vllm: the sampler is "
                           "not the trainer, so its log-probs are not the trainer's old log-probs (vLLM's are "
@@ -759,6 +778,22 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("train.sharding=fsdp cannot take a KL term with model.lora=true (the reference is the "
                           "sharded model with its adapters switched off); use train.sharding=ddp, or "
                           "train.kl_coef=0")
+
+
+def _validate_openai(cfg: RunConfig) -> None:
+    """The rules of ``generation.engine: openai`` (:mod:`crl_bench.llm.openai_engine`); ConfigError naming the key."""
+    g = cfg.generation
+    for key in ("openai_base_url", "openai_model"):
+        if not getattr(g, key).strip():
+            raise ConfigError(f"generation.{key} must be set with generation.engine=openai")
+    if g.constrained:
+        raise ConfigError("generation.constrained must be false with generation.engine=openai: a served model's "
+                          "replies are its own (crl-bench eval --engine openai sets it)")
+    if g.openai_api == "chat" and g.prefill:
+        raise ConfigError("generation.prefill must be empty with generation.openai_api=chat: a chat server cannot "
+                          "continue a prefilled reply, so the model writes the whole <answer>...</answer>")
+    if cfg.backend != "local":
+        raise ConfigError("generation.engine=openai runs with backend=local (the server does the generation)")
 
 
 def _validate_logging(lc: LoggingConfig) -> None:

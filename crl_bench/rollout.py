@@ -519,7 +519,11 @@ class RolloutRunner:
                 dataclasses.replace(sampling, max_new_tokens=budget, stop=tuple(group_stops))
             t0 = time.perf_counter()
             ids = [prompt_ids[e.index] for e in group]
-            out = self.engine.generate(ids, turn_sampling, [allowed[e.index] for e in group])
+            if getattr(self.engine, "wants_chats", False):     # a chat server reads the messages, not the ids
+                out = self.engine.generate(ids, turn_sampling, [allowed[e.index] for e in group],
+                                           chats=[list(e.chat) for e in group])
+            else:
+                out = self.engine.generate(ids, turn_sampling, [allowed[e.index] for e in group])
             if self.max_context_tokens:
                 out = [self._fit_reply(g, self.max_context_tokens - len(p)) for g, p in zip(out, ids)]
             stats.generate_s += time.perf_counter() - t0

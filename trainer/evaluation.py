@@ -135,7 +135,9 @@ class Evaluator:
         protocol sets beyond that appears only when set (docs/evaluation.md, "Protocol profiles"):
         ``profile``, ``splits`` (envs evaluated on another split than ``split``), ``prompt``
         (``{"layout", "history"}`` when ``eval.prompt`` or ``eval.history`` is set) and ``draws``
-        (``{"size", "count", "replace": {env: bool}}`` with ``eval.draw_size``)."""
+        (``{"size", "count", "replace": {env: bool}}`` with ``eval.draw_size``) and ``served``
+        (``{"engine", "model", "api", "prefill", "constrained"}``: a served model's replies,
+        ``generation.engine: openai``)."""
         tasks = self.task_ids(episodes)
         g, ec = self.cfg.generation, self.cfg.eval
         other = ec.other_splits(tasks)
@@ -155,7 +157,10 @@ class Evaluator:
                 **({"samples": ec.samples} if ec.samples > 1 else {}),
                 **({"draws": {"size": ec.draw_size, "count": ec.draw_count,
                               "replace": {e: bool(ec.draw_replace.get(e, True)) for e in tasks}}}
-                   if ec.draw_size else {})}
+                   if ec.draw_size else {}),
+                **({"served": {"engine": "openai", "model": g.openai_model, "api": g.openai_api,
+                               "prefill": g.prefill, "constrained": g.constrained}}
+                   if g.engine == "openai" else {})}
 
     def check_draws(self, episodes: int | str | None = None) -> None:
         """Refuse sampled-worker draws (``eval.draw_size``) that cannot be drawn: more tasks per draw

@@ -85,6 +85,11 @@ def run_training(cfg: RunConfig, quiet: bool = False) -> str:
     if quiet:                       # also transformers' own loading/saving progress bars
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
+    if cfg.generation.engine == "openai":
+        from crl_bench.config import ConfigError
+
+        raise ConfigError("generation.engine=openai evaluates a model behind a server; it cannot train (there are "
+                          "no weights here to update): crl-bench eval --engine openai --model NAME --base-url URL")
     if not cfg.run_id:
         cfg.run_id = make_run_id(cfg.method, cfg.rollout.mix, cfg.train.seed)
     preflight(cfg)
@@ -522,7 +527,9 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
     except EmbeddingDimError as e:      # the bank was filled with another experience.embedder
         raise ConfigError(f"{where}: {e}; evaluate with the run's own experience.embedder "
                           f"({cfg.experience.embedder!r} is set here)") from None
-    ev: dict[str, Any] = {"model": cfg.model.name, "method": cfg.method, "run": run}
+    served = cfg.generation.engine == "openai"
+    ev: dict[str, Any] = {"model": cfg.generation.openai_model if served else cfg.model.name, "method": cfg.method,
+                          "run": run}
     try:
         evaluator = trainer.evaluator
         modes = list(evaluator.modes if bank is not None else ["free"]) if modes is None else list(modes)
@@ -556,6 +563,8 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
             if todo:
                 evaluator.evaluate_modes(todo, progress=bar.update, on_mode=finished)
         ev.update({m: ev.pop(m) for m in modes})    # the modes in the order asked
+        if served:                                  # requests, tokens and latency of this evaluation
+            ev["served"] = {"base_url": cfg.generation.openai_base_url, **trainer.engine.stats.summary()}
     finally:
         trainer.close()
     return ev, data_files

@@ -131,7 +131,12 @@ class Trainer:
             self.pool.release(env_id, env)
         self.sampler = TaskSampler(self.mixture, self.train_tasks, seed=cfg.train.seed, task_weights=weights)
 
-        if model is None:
+        if model is None and cfg.generation.engine == "openai":
+            from crl_bench.llm.hf_engine import load_architecture, load_tokenizer
+            # a served model generates: the actor here is its tokenizer and, for its config, its
+            # architecture on the meta device (no weights; nothing trains: OpenAIEngine.sync_weights)
+            model, tokenizer = load_architecture(cfg.model.name), load_tokenizer(cfg.model.name)
+        elif model is None:
             from crl_bench.llm.hf_engine import load_model_and_tokenizer
             # trainable weights stay float32 (master weights); compute_dtype is what runs
             model, tokenizer = load_model_and_tokenizer(cfg.model.name, "float32")
@@ -238,6 +243,11 @@ class Trainer:
                 raise ValueError("backend=ray runs the transformers engine in its engine actors; "
                                  "generation.engine=vllm runs with backend=local")
             return self.backend.engine(self.model, self.tokenizer)
+        if g.engine == "openai":
+            from crl_bench.llm.openai_engine import OpenAIEngine
+            return OpenAIEngine(self.tokenizer, g.openai_base_url, g.openai_model, api=g.openai_api,
+                                api_key_env=g.openai_api_key_env, concurrency=g.openai_concurrency,
+                                retries=g.openai_retries, timeout_s=g.openai_timeout_s)
         if g.engine == "vllm":
             from crl_bench.llm.vllm_engine import VLLMEngine
             return VLLMEngine.from_model(self.model, self.tokenizer, self.cfg.model, gen_cfg=g,

@@ -33,6 +33,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="without --run: also write DIR (new) as an evaluation-only run folder (method "
                         "eval-only: config.yaml, versions.json, data.json, eval.json), which the leaderboard "
                         "shows as a row, e.g. for a released checkpoint this project did not train")
+    e.add_argument("--engine", choices=["transformers", "vllm", "openai"],
+                   help="generation engine (default: the config's); openai: a model behind an OpenAI-compatible "
+                        "server, named by --model, at --base-url (docs/serving.md \"Scoring a served model\")")
+    e.add_argument("--base-url", help="with --engine openai: the server's API root, e.g. http://127.0.0.1:8000/v1")
+    e.add_argument("--api", choices=["completions", "chat"], default="completions",
+                   help="with --engine openai: completions (token-id prompts, exact; open-model servers) or chat "
+                        "(messages; chat-only servers; no prefill)")
+    e.add_argument("--tokenizer", help="with --engine openai: the model whose tokenizer builds the prompts "
+                                       "(default: --model for completions, the default model for chat)")
     e.add_argument("--quiet", action="store_true")
     return e
 
@@ -72,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from crl_bench.trainer.lifecycle import evaluate_saved
 
     run_dir = Path(args.run) if args.run else None
+    served = _served(args, run_dir)          # checked first: with --engine openai, --model is the served name
     save = Path(args.save_run) if getattr(args, "save_run", None) else None
     if save is not None and run_dir is not None:
         raise ConfigError("--save-run writes a new evaluation-only run folder; with --run the result goes to "
@@ -89,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                                   f"model use --config {run_dir / 'config.yaml'}")
             args.model = str(ckpt)
         args.config = args.config or str(run_dir / "config.yaml")
-    extra: dict[str, Any] = {"eval.split": args.split}
+    extra: dict[str, Any] = {"eval.split": args.split, **served}
     if args.episodes is not None:
         extra["eval.episodes"] = args.episodes
     cfg = resolve_config(args, extra)
@@ -124,6 +134,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _served(args: argparse.Namespace, run_dir: Path | None) -> dict[str, Any]:
+    """The settings of ``--engine``, ``--base-url``, ``--api`` (``{"section.key": value}``); with ``--engine
+    openai``, ``args.model`` becomes the tokenizer's model (``--tokenizer``; with ``--run``, the run's
+    checkpoint) and ``--model`` the name the server knows.
+
+    Raises:
+        ConfigError: ``--engine openai`` without ``--model`` or ``--base-url``; those flags without it.
+    """
+    out: dict[str, Any] = {}
+    if args.engine and args.engine != "openai":
+        out["generation.engine"] = args.engine
+    if args.engine != "openai":
+        if args.base_url or args.tokenizer:
+            raise ConfigError("--base-url and --tokenizer go with --engine openai")
+    else:
+        if not args.model or not args.base_url:
+            raise ConfigError("--engine openai needs --model NAME (the name the server knows) and --base-url URL")
+        out.update({"generation.engine": "openai", "generation.openai_model": args.model,
+                    "generation.openai_base_url": args.base_url, "generation.openai_api": args.api,
+                    "generation.constrained": False})
+        if args.api == "chat":
+            out["generation.prefill"] = ""
+        args.model = args.tokenizer or (None if args.api == "chat" or run_dir is not None else args.model)
+    return out
+
+
 def _save_eval_run(folder: Path, cfg: Any, ev: dict[str, Any], data_files: dict[str, dict[str, str]]) -> None:
     """Write ``folder`` as an evaluation-only run folder: ``config.yaml`` (the evaluation's settings,
     method :data:`EVAL_ONLY`, no training steps), ``versions.json`` (with the model's description),
@@ -137,6 +173,8 @@ def _save_eval_run(folder: Path, cfg: Any, ev: dict[str, Any], data_files: dict[
     config.update(method=EVAL_ONLY, run_id=folder.name, output_dir=str(folder.parent))
     config["train"]["steps"] = 0
     writer.write_config(config)
-    writer.write_versions(model=cfg.model.name, dtype=cfg.model.dtype)
+    served = cfg.generation.engine == "openai"
+    writer.write_versions(model=cfg.generation.openai_model if served else cfg.model.name,
+                          dtype=None if served else cfg.model.dtype)
     writer.write_json("data.json", {"data_checksums": data_checksums(data_files)})
     writer.write_json("eval.json", {**ev, "step": 0, "method": EVAL_ONLY})

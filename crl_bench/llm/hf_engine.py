@@ -87,6 +87,28 @@ def load_tokenizer(name: str) -> Any:
     return tok
 
 
+def load_architecture(name: str) -> Any:
+    """Model ``name``'s architecture without its weights (parameters on torch's ``meta`` device: no memory,
+    no file read but the config), for an actor whose replies come from elsewhere (an OpenAI-compatible
+    server, ``generation.engine: openai``): what reads the model's config (its context window) works,
+    nothing can run it.
+
+    Raises:
+        ModelNotAvailable: as :func:`load_model_and_tokenizer`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from crl_bench.llm.default_model import ModelNotAvailable, resolve_model
+
+    path = resolve_model(name)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as e:
+        raise ModelNotAvailable(f"cannot read the config of model {name!r}: {e}") from None
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
 def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str | None = None):
     """Load a causal LM and its tokenizer; the default alias is converted from its GGUF once.
 

@@ -343,6 +343,7 @@ class RolloutRunner:
                         sampling: SamplingParams | None = None, progress: Callable[[int], None] | None = None,
                         prefetch: Sequence[EpisodeSpec] | None = None,
                         stream_done: Callable[[int, list[Trajectory]], None] | None = None,
+                        episode_done: Callable[[int, int, Trajectory], None] | None = None,
                         ) -> list[list[Trajectory]]:
         """Roll out several streams of specs as one queue (:meth:`collect` per stream, batched together).
 
@@ -354,6 +355,8 @@ class RolloutRunner:
             sampling, progress, prefetch: as in :meth:`collect`.
             stream_done: called as ``stream_done(k, trajectories of stream k)`` as soon as the last
                 episode of stream ``k`` has ended (while the other streams may still run).
+            episode_done: called as ``episode_done(k, i, trajectory)`` as soon as episode ``i`` of
+                stream ``k`` (its place in that stream's specs) has ended, failed ones included.
 
         Returns one list of trajectories per stream, each in the order of its specs.
 
@@ -375,8 +378,11 @@ class RolloutRunner:
         for e in eps:
             out[e.stream].append(e.traj)
         left = [len(specs) for specs, _ in streams]
+        first = [sum(left[:k]) for k in range(len(streams))]       # queue index of each stream's first spec
 
         def ended(e: _Episode) -> None:
+            if episode_done is not None:
+                episode_done(e.stream, e.index - first[e.stream], e.traj)
             if progress:
                 progress(1)
             left[e.stream] -= 1

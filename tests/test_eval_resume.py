@@ -49,7 +49,7 @@ class _StandInTrainer:
         type(self).evaluated.append(mode)
         return {"mode": mode, "success_rate": MODES.index(mode) / 10, "episodes": 3}
 
-    def evaluate_modes(self, modes, progress=None, on_mode=None):
+    def evaluate_modes(self, modes, progress=None, on_mode=None, journal=None):
         """One stream of ``modes``: each mode's block is handed to ``on_mode`` as it ends, in order."""
         out = {}
         for mode in modes:

@@ -281,11 +281,15 @@ class Evaluator:
         return self.evaluate_modes([mode], episodes, progress)[mode]
 
     def evaluate_modes(self, modes: Sequence[str], episodes: int | str | None = None,
-                       progress: Any = None, on_mode: Any = None) -> dict[str, dict[str, Any]]:
+                       progress: Any = None, on_mode: Any = None, journal: Any = None) -> dict[str, dict[str, Any]]:
         """Evaluate each of ``modes`` (blocks as :meth:`evaluate`, keyed by mode) on the same tasks;
         ``on_mode(mode, block)``, if given, is called as soon as a mode's block is known (in a stream
         with one attempt, when the mode's last episode ends: the queue holds the modes in the order
         given, so they end about in that order).
+
+        ``journal`` (an :class:`~crl_bench.trainer.eval_journal.EpisodeJournal`), with ``eval.trials``
+        1: every finished episode is recorded there, and the episodes it already holds are not rolled
+        out again but counted in their mode's block, which then says how many (``resumed_episodes``).
 
         With ``eval.stream`` (default) the modes run as one stream (docs/evaluation.md "One stream"):
         every mode's episodes in one queue of the rollout's continuous batching
@@ -324,17 +328,37 @@ class Evaluator:
         self.trainer.clear_actor_prefix_store()
         tasks = self.task_ids(episodes)
         plans = [self._plan(mode, tasks) for mode in modes]
+        if self.cfg.eval.trials > 1:
+            journal = None                      # a retry depends on the attempts before it: no resume
+        kept: list[dict[int, Trajectory]] = [{} for _ in plans]
+        order = [list(range(len(p["specs"]))) for p in plans]      # each rolled-out spec's place in its mode
+        for j, p in enumerate(plans):
+            if journal is not None:
+                kept[j] = {i: t for i, t in journal.kept(p["mode"]).items() if i < len(p["specs"])}
+                order[j] = [i for i in order[j] if i not in kept[j]]
+                p["specs"] = [p["specs"][i] for i in order[j]]
         t0 = time.perf_counter()
         blocks: dict[str, dict[str, Any]] = {}
 
         def done(j: int, run: tuple[list[Trajectory], list[float], int]) -> None:
+            trajs, by_trial, attempts = run
+            if kept[j]:                         # the journal's episodes back in their places
+                every = {**kept[j], **dict(zip(order[j], trajs))}
+                trajs = [every[i] for i in range(len(every))]
+                by_trial, attempts = [sum(1 for t in trajs if t.success) / len(trajs)], attempts + len(kept[j])
             # wall_s: from the evaluation's start until the mode's last episode ended
-            blocks[plans[j]["mode"]] = block = self._block(plans[j], tasks, *run, time.perf_counter() - t0)
+            blocks[plans[j]["mode"]] = block = self._block(plans[j], tasks, trajs, by_trial, attempts,
+                                                           time.perf_counter() - t0)
+            if kept[j]:
+                block["resumed_episodes"] = len(kept[j])
             if on_mode is not None:
                 on_mode(plans[j]["mode"], block)
 
+        def episode(j: int, i: int, t: Trajectory) -> None:
+            journal.record(plans[j]["mode"], order[j][i], t)
+
         with self.trainer.peaks.phase("eval"):
-            self._attempts(plans, progress, done)
+            self._attempts(plans, progress, done, episode if journal is not None else None)
         return {p["mode"]: blocks[p["mode"]] for p in plans}
 
     def _plan(self, mode: str, tasks: dict[str, list[int]]) -> dict[str, Any]:
@@ -447,11 +471,12 @@ class Evaluator:
         return self._attempts([plan], progress)[0]
 
     def _attempts(self, plans: list[dict[str, Any]], progress: Any,
-                  done: Any = None) -> list[tuple[list[Trajectory], list[float], int]]:
+                  done: Any = None, episode: Any = None) -> list[tuple[list[Trajectory], list[float], int]]:
         """:meth:`trials` of several modes' plans together: each attempt runs every plan's unsolved
         specs as one stream (:meth:`_collect`), then each plan's ``learn`` sees its own failures.
         ``done(j, result of plan j)`` is called once per plan as soon as its result is known (with a
-        single attempt: when its stream's last episode ends)."""
+        single attempt: when its stream's last episode ends); ``episode(j, i, trajectory)`` as soon as
+        an attempt's episode of spec ``i`` of plan ``j`` has ended."""
         trials = self.cfg.eval.trials
 
         reported: set[int] = set()
@@ -474,7 +499,9 @@ class Evaluator:
                 p = plans[j]
                 run = [p["prepare"](p["specs"][i]) if p["prepare"] is not None else p["specs"][i] for i in pending[j]]
                 streams.append((run, p["hooks"]))
-            ran_all = self._collect(streams, progress, stream_done) if streams else []
+            ended = None if episode is None else \
+                (lambda s, i, t, which=which, pending=pending: episode(which[s], pending[which[s]][i], t))
+            ran_all = self._collect(streams, progress, stream_done, ended) if streams else []
             for j, ran in zip(which, ran_all):
                 attempts[j] += len(ran)
                 learn = plans[j]["learn"]
@@ -496,15 +523,19 @@ class Evaluator:
         return results
 
     def _collect(self, streams: list[tuple[list[EpisodeSpec], dict[str, Any]]], progress: Any,
-                 stream_done: Any = None) -> list[list[Trajectory]]:
+                 stream_done: Any = None, episode_done: Any = None) -> list[list[Trajectory]]:
         """Roll out ``streams`` (``(specs, hooks)``) with the eval sampling: one stream by
-        :meth:`RolloutRunner.collect`, several as one queue (:meth:`RolloutRunner.collect_streams`);
-        continuous batching with ``eval.stream``, else waves of ``rollout.max_concurrent``;
-        ``stream_done`` as in :meth:`RolloutRunner.collect_streams`."""
+        :meth:`RolloutRunner.collect`, several (or any with ``episode_done``) as one queue
+        (:meth:`RolloutRunner.collect_streams`); continuous batching with ``eval.stream``, else waves
+        of ``rollout.max_concurrent``; ``stream_done`` and ``episode_done`` as in
+        :meth:`RolloutRunner.collect_streams`."""
         runner, sampling = self.trainer.eval_runner, self.trainer.eval_sampling
         before = getattr(runner, "continuous", True)
         runner.continuous = self.cfg.eval.stream
         try:
+            if episode_done is not None:
+                return runner.collect_streams(streams, sampling, progress=progress, stream_done=stream_done,
+                                              episode_done=episode_done)
             if len(streams) == 1:
                 specs, hooks = streams[0]
                 out = [runner.collect(specs, sampling, progress=progress, **hooks)]

@@ -482,8 +482,9 @@ def partial_eval_modes(partial: Path, key: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[str] | None = None,
-                   partial: Path | None = None, model_key: str | None = None, run: str | None = None,
-                   where: str = "", quiet: bool = False) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+                   partial: Path | None = None, journal: Path | None = None, model_key: str | None = None,
+                   run: str | None = None, where: str = "",
+                   quiet: bool = False) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
     """Evaluate the actor ``cfg.model.name`` (a finished run's checkpoint, or any model) on
     ``cfg.eval``'s split: what ``crl-bench eval`` runs.
 
@@ -496,6 +497,10 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
         partial: with a greedy evaluation, a file that keeps each finished mode (with
             :func:`partial_eval_key`) so that the same evaluation run again evaluates only the modes
             it had not finished; ``None``: always run whole.
+        journal: a file that keeps each finished episode (greedy or sampled,
+            :class:`~crl_bench.trainer.eval_journal.EpisodeJournal`, with the same key), so that the
+            same evaluation run again rolls out only the episodes it had not finished; removed by the
+            caller once the result is written. ``None``: no episode is kept.
         model_key: the model as given (a local folder is part of the partial file's key).
         run: the run folder, recorded in the result.
         where: what the errors name (e.g. ``--run 'RUN'``).
@@ -530,6 +535,7 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
     served = cfg.generation.engine == "openai"
     ev: dict[str, Any] = {"model": cfg.generation.openai_model if served else cfg.model.name, "method": cfg.method,
                           "run": run}
+    episodes = None
     try:
         evaluator = trainer.evaluator
         modes = list(evaluator.modes if bank is not None else ["free"]) if modes is None else list(modes)
@@ -540,13 +546,21 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
         data_files = trainer.data_files
         key: dict[str, Any] = {}
         done: dict[str, Any] = {}
-        if partial is not None:
+        if partial is not None or journal is not None:
             key = partial_eval_key(cfg, model_key, bank, ev)
+        if partial is not None:
             done = partial_eval_modes(partial, key)
+        if journal is not None:
+            from crl_bench.trainer.eval_journal import EpisodeJournal
+
+            episodes = EpisodeJournal(journal, key)
         if done and any(m in done for m in modes):
             print(f"resuming from {partial}: {', '.join(m for m in modes if m in done)} already evaluated",
                   file=sys.stderr)
         todo = [m for m in modes if m not in done]
+        resumed = sum(len(episodes.kept(m)) for m in todo) if episodes is not None and cfg.eval.trials == 1 else 0
+        if resumed:
+            print(f"resuming from {journal}: {resumed} episode(s) already evaluated", file=sys.stderr)
         for mode in modes:
             if mode in done:
                 ev[mode] = done[mode]
@@ -558,13 +572,15 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
 
         # the modes still to evaluate run as one stream (docs/evaluation.md "One stream"); the bar
         # counts only its episodes, so its rate and ETA are of this run
-        with tqdm(total=evaluator.episode_count(modes=todo), desc=f"eval {cfg.eval.split}", unit="ep",
+        with tqdm(total=evaluator.episode_count(modes=todo) - resumed, desc=f"eval {cfg.eval.split}", unit="ep",
                   disable=quiet or not todo, smoothing=0) as bar:
             if todo:
-                evaluator.evaluate_modes(todo, progress=bar.update, on_mode=finished)
+                evaluator.evaluate_modes(todo, progress=bar.update, on_mode=finished, journal=episodes)
         ev.update({m: ev.pop(m) for m in modes})    # the modes in the order asked
         if served:                                  # requests, tokens and latency of this evaluation
             ev["served"] = {"base_url": cfg.generation.openai_base_url, **trainer.engine.stats.summary()}
     finally:
+        if episodes is not None:
+            episodes.close()
         trainer.close()
     return ev, data_files

@@ -73,10 +73,13 @@ def run(args: argparse.Namespace) -> int:
     (no leaderboard reads it) until the whole result is written, so an interrupted one, run again
     with the same arguments, evaluates only the modes it had not finished: every mode starts from an
     empty prefix store and greedy decoding draws nothing, so a mode's result does not depend on the
-    modes before it (a sampled evaluation's draws do, so it always runs whole). A partial file is
-    used only when it was written for the same settings, model and bank files (path, size,
-    modification time); any other is ignored and replaced. An ``--out`` whose folder does not exist
-    is a ``ConfigError`` before any model loads.
+    modes before it. Every evaluation with an output file also keeps each finished episode in
+    ``<out>.episodes.jsonl`` (:class:`~crl_bench.trainer.eval_journal.EpisodeJournal`), so that one
+    interrupted mid-mode, greedy or sampled, rolls out only the episodes it had not finished; a mode
+    with kept episodes says how many (``resumed_episodes``). Partial and journal files are used only
+    when written for the same settings, model and bank files (path, size, modification time); any
+    other is ignored and replaced; both are removed once the result is written. An ``--out`` whose
+    folder does not exist is a ``ConfigError`` before any model loads.
     """
     from crl_bench.trainer.lifecycle import evaluate_saved
 
@@ -118,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
         if not bank.is_file():
             raise ConfigError(f"--run {args.run!r} is a {cfg.method} run without its experience.sqlite")
     partial = out.with_name(out.name + ".partial") if out is not None and cfg.eval.temperature == 0 else None
-    ev, data_files = evaluate_saved(cfg, bank=bank, modes=args.modes, partial=partial, model_key=args.model,
+    journal = out.with_name(out.name + ".episodes.jsonl") if out is not None else None
+    ev, data_files = evaluate_saved(cfg, bank=bank, modes=args.modes, partial=partial, journal=journal,
+                                    model_key=args.model,
                                     run=str(run_dir) if run_dir else None, where=f"--run {args.run!r}",
                                     quiet=args.quiet)
     print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "tasks"} if isinstance(v, dict) else v)
@@ -128,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {out}")
         if partial is not None:
             partial.unlink(missing_ok=True)
+        journal.unlink(missing_ok=True)
     if save is not None:
         _save_eval_run(save, cfg, ev, data_files)
         print(f"wrote {save} (an evaluation-only run folder: crl-bench leaderboard {save.parent})")

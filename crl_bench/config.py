@@ -52,6 +52,8 @@ __all__ = ["CONFIG_MAX_ALIASES", "CONFIG_MAX_BYTES", "LOGGING_BACKENDS", "NAME_P
 ModelDType = Literal["auto", "float32", "bfloat16", "float16"]
 Engine = Literal["transformers", "vllm"]
 ActorEngine = Literal["transformers", "vllm", "openai"]
+DEFAULT_PREFILL = "<answer>"
+"""``generation.prefill``'s default; an evaluation's protocol names the prefill only when it differs."""
 Backend = Literal["local", "ray"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean"]
 LogprobTemperature = Literal["sampling", "raw"]
@@ -120,7 +122,7 @@ class GenerationConfig:
     """Sample from the ``top_k`` most likely tokens only (0 = no limit)."""
     max_new_tokens: Annotated[int, Interval(ge=1, le=MAX_TOKENS)] = 24
     """Cap on reply tokens per turn."""
-    prefill: str = "<answer>"
+    prefill: str = DEFAULT_PREFILL
     """Text that opens the assistant turn (default ``<answer>``); it is part of the prompt, not of the actor's
     tokens."""
     constrained: bool = True

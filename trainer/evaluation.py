@@ -20,7 +20,7 @@ from typing import Any, get_args
 
 import numpy as np
 
-from crl_bench.config import ConfigError, EvalControl, RunConfig
+from crl_bench.config import DEFAULT_PREFILL, ConfigError, EvalControl, RunConfig
 from crl_bench.results.passk import pass_curves
 from crl_bench.rollout import EpisodeSpec, Trajectory
 
@@ -135,9 +135,10 @@ class Evaluator:
         protocol sets beyond that appears only when set (docs/evaluation.md, "Protocol profiles"):
         ``profile``, ``splits`` (envs evaluated on another split than ``split``), ``prompt``
         (``{"layout", "history"}`` when ``eval.prompt`` or ``eval.history`` is set) and ``draws``
-        (``{"size", "count", "replace": {env: bool}}`` with ``eval.draw_size``) and ``served``
-        (``{"engine", "model", "api", "prefill", "constrained"}``: a served model's replies,
-        ``generation.engine: openai``)."""
+        (``{"size", "count", "replace": {env: bool}}`` with ``eval.draw_size``), ``constrained``
+        (``false`` when replies are free: ``generation.constrained``) and ``prefill`` (when it is not
+        :data:`~crl_bench.config.DEFAULT_PREFILL`). Which engine generated is not part of it (engines
+        give the same replies); a served model's record names it (``served``)."""
         tasks = self.task_ids(episodes)
         g, ec = self.cfg.generation, self.cfg.eval
         other = ec.other_splits(tasks)
@@ -158,9 +159,8 @@ class Evaluator:
                 **({"draws": {"size": ec.draw_size, "count": ec.draw_count,
                               "replace": {e: bool(ec.draw_replace.get(e, True)) for e in tasks}}}
                    if ec.draw_size else {}),
-                **({"served": {"engine": "openai", "model": g.openai_model, "api": g.openai_api,
-                               "prefill": g.prefill, "constrained": g.constrained}}
-                   if g.engine == "openai" else {})}
+                **({"constrained": False} if not g.constrained else {}),
+                **({"prefill": g.prefill} if g.prefill != DEFAULT_PREFILL else {})}
 
     def check_draws(self, episodes: int | str | None = None) -> None:
         """Refuse sampled-worker draws (``eval.draw_size``) that cannot be drawn: more tasks per draw

@@ -578,7 +578,9 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
                 evaluator.evaluate_modes(todo, progress=bar.update, on_mode=finished, journal=episodes)
         ev.update({m: ev.pop(m) for m in modes})    # the modes in the order asked
         if served:                                  # requests, tokens and latency of this evaluation
-            ev["served"] = {"base_url": cfg.generation.openai_base_url, **trainer.engine.stats.summary()}
+            g = cfg.generation
+            ev["served"] = {"engine": "openai", "model": g.openai_model, "api": g.openai_api,
+                            "base_url": g.openai_base_url, **trainer.engine.stats.summary()}
     finally:
         if episodes is not None:
             episodes.close()

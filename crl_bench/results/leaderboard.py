@@ -196,7 +196,8 @@ def protocol_label(protocol: dict[str, Any]) -> str:
     recorded, the step limit (one number if all envs share it), the eval prompt's layout and history
     where the evaluation sets them, each env's constructor settings when it has any (e.g.
     ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``), the attempts per task when more than one
-    (``3 trials``), the independent samples per task when more than one (``8 samples``), the
+    (``3 trials``), the independent samples per task when more than one (``8 samples``), ``free
+    replies`` and the prefill where the evaluation did not restrict replies or changed the prefill, the
     sampled-worker draws (``20 draws of 128``) and the task panel where recorded (``panel 3f2a...``:
     one env's panel hash, or for several envs the hash of all of them,
     :func:`panels_hash`; shortened to :data:`~crl_bench.results.panel.SHORT` hex digits).
@@ -220,6 +221,10 @@ def protocol_label(protocol: dict[str, Any]) -> str:
     parts.append(f"max_steps {_per_env_text(protocol.get('max_steps') or {})}")
     if protocol.get("prompt"):
         parts.append(f"{protocol['prompt']['layout']} prompt, history {protocol['prompt']['history']}")
+    if protocol.get("constrained") is False:
+        parts.append("free replies")
+    if "prefill" in protocol:
+        parts.append(f"prefill {json.dumps(protocol['prefill'])}")
     for env, settings in sorted((protocol.get("env_settings") or {}).items()):
         parts.append(f"{env}: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
     if protocol.get("trials", 1) > 1:

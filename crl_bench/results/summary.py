@@ -9,7 +9,7 @@ makes results comparable across runs, machines and submitters (schema_version 1,
      "eval_protocol": {"split", "episodes", "temperature", "top_p", ["top_k", "max_new_tokens"],
                        "max_steps": {env_id: int}, "tasks_per_env": {env_id: int},
                        ["env_settings": {env_id: {setting: value}}], ["splits", "profile", "prompt",
-                       "trials", "samples", "draws"]},
+                       "trials", "samples", "draws", "constrained", "prefill"]},
      "seeds": [...], "runs": [{"run_id", "seed", "train": {"steps", "episodes", "wall_s"}, ["alerts": [...],]
                                "eval": {"free": EVALS | null, "guided": EVALS | null,
                                         ["shuffled": EVALS, "empty": EVALS,]
@@ -69,7 +69,8 @@ EVAL_MODES = ("free", "guided", "shuffled", "empty")
 EVAL_ONLY = "eval-only"
 #: Protocol keys of a new-format ``eval.json`` that a summary keeps.
 PROTOCOL_KEYS = ("split", "splits", "profile", "episodes", "temperature", "top_p", "top_k", "max_new_tokens",
-                 "max_steps", "prompt", "tasks_per_env", "env_settings", "panels", "trials", "samples", "draws")
+                 "max_steps", "prompt", "tasks_per_env", "env_settings", "panels", "trials", "samples", "draws",
+                 "constrained", "prefill")
 
 
 class SummaryError(ValueError):

@@ -99,14 +99,19 @@ def test_eval_of_a_served_model_records_its_requests_and_never_the_key(server, t
                  "--out", str(out), "--save-run", str(run), "--quiet"]) == 0
     ev = json.loads(out.read_text())
     assert ev["model"] == SERVED
-    assert ev["protocol"]["served"] == {"engine": "openai", "model": SERVED, "api": "completions",
-                                        "prefill": "<answer>", "constrained": False}
+    assert ev["protocol"]["constrained"] is False and "prefill" not in ev["protocol"]     # the default <answer>
+    assert {k: ev["served"][k] for k in ("engine", "model", "api")} == {"engine": "openai", "model": SERVED,
+                                                                         "api": "completions"}
     assert ev["served"]["requests"] >= 4 and ev["served"]["completion_tokens"] > 0
     assert ev["served"]["latency_s_p95"] >= ev["served"]["latency_s_p50"] > 0
     assert ev["free"]["per_env"]["diag-vault"]["episodes"] == 4
     for path in run.rglob("*"):
         if path.is_file():
             assert "sk-not-to-be-written" not in path.read_text(errors="replace"), path
+    from crl_bench.results.leaderboard import collect, protocol_label
+
+    rows = collect([run.parent])            # the eval-only folder is a leaderboard row of the served model
+    assert len(rows) == 1 and "free replies" in protocol_label(rows[0]["eval_protocol"])
 
 
 def test_the_chat_api_scores_the_same_tasks(server, tmp_path):
@@ -115,5 +120,5 @@ def test_the_chat_api_scores_the_same_tasks(server, tmp_path):
                  "--base-url", server, "--api", "chat", "--set", "eval.temperature=0", "--set", "rollout.max_steps=2",
                  "--out", str(out), "--quiet"]) == 0
     ev = json.loads(out.read_text())
-    assert ev["protocol"]["served"]["api"] == "chat" and ev["protocol"]["served"]["prefill"] == ""
+    assert ev["served"]["api"] == "chat" and ev["protocol"]["prefill"] == ""
     assert ev["served"]["requests"] >= 2 and 0 <= ev["free"]["success_rate"] <= 1

@@ -62,18 +62,6 @@ class ServedStats:
                 "latency_s_mean": round(sum(lat) / len(lat), 4) if lat else None,
                 "latency_s_p50": q(0.5), "latency_s_p95": q(0.95), "latency_s_max": lat[-1] if lat else None}
 
-    def since(self, before: dict[str, Any]) -> dict[str, Any]:
-        """The counts added since ``before`` (a :meth:`mark`), with the latencies of those requests."""
-        part = ServedStats(self.requests - before["requests"], self.prompt_tokens - before["prompt_tokens"],
-                           self.completion_tokens - before["completion_tokens"],
-                           self.latency_s[before["latencies"]:])
-        return part.summary()
-
-    def mark(self) -> dict[str, Any]:
-        """A point to measure :meth:`since` from."""
-        return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens, "latencies": len(self.latency_s)}
-
 
 class OpenAIEngine:
     """The :class:`~crl_bench.llm.base.Engine` of an OpenAI-compatible server (see the module docstring).

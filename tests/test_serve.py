@@ -128,8 +128,9 @@ def test_a_scripted_diag_vault_solution_succeeds():
             assert r.done and r.reward == 1.0 and r.observation["info"]["success"] is True
 
 
-EPISODE_ENVS = ["alfworld", "diag-corridor", "diag-vault", "minihack-corridor", "minihack-keyroom", "minihack-maze",
-                "minihack-maze-15x15", "minihack-river", "minihack-room", "sokoban", "webshop"]
+EPISODE_ENVS = ["alfworld", "diag-corridor", "diag-vault", "minihack-corridor", "minihack-corridor-battle",
+                "minihack-keyroom", "minihack-maze", "minihack-maze-15x15", "minihack-quest-easy",
+                "minihack-quest-medium", "minihack-river", "minihack-room", "sokoban", "webshop"]
 
 
 def test_every_env_but_swebench_is_served():

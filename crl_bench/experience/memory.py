@@ -59,6 +59,11 @@ RELEASED_FAMILIES: dict[str, str] = {
     "minihack-maze": "minihack_navigation",
     "minihack-keyroom": "minihack_navigation",
     "minihack-river": "minihack_navigation",
+    "minihack-maze-15x15": "minihack_navigation",
+    "minihack-corridor": "minihack_navigation",
+    "minihack-corridor-battle": "minihack_navigation",
+    "minihack-quest-easy": "minihack_skill",
+    "minihack-quest-medium": "minihack_skill",
 }
 """Envs whose released bank is shared with other envs here: env id -> the released memory task name.
 
@@ -68,8 +73,9 @@ env config's ``env_type``, ``memory_integration_mixin.py`` ``initialize_memory_i
 of that task's entries (``multi_task_tabuler`` memory in the example config; ``hook_on_episode_start``
 ~98-100, ``hook_on_episode_end`` ~318, ``merge_memory`` per task). Its MiniHack envs are ``minihack``
 with ``env_type: navigation`` (MazeWalk, HideNSeek, Memento, Room Ultimate) or ``skill`` (LavaCross,
-Skill) in ``multitask_env_tool.yaml``; crl-bench's four MiniHack envs are navigation tasks (MiniHack's
-``MiniHackNavigation`` subclasses), so they share ``minihack_navigation``. Any other env is its own
+Skill) in ``multitask_env_tool.yaml``; crl-bench's MiniHack envs but the quests are navigation tasks
+(MiniHack's ``MiniHackNavigation`` subclasses), so they share ``minihack_navigation``; the quests are
+``MiniHackSkill`` levels and share ``minihack_skill``. Any other env is its own
 family (one env per released env class)."""
 
 

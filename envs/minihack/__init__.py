@@ -1,6 +1,6 @@
 """MiniHack navigation tasks as text environments (installed as ``crl_bench.envs.minihack``).
 
-Six tasks wrap real MiniHack environments (minihack 1.0.2 on NLE 1.3.0, the NetHack Learning
+Nine tasks wrap real MiniHack environments (minihack 1.0.2 on NLE 1.3.0, the NetHack Learning
 Environment); the game runs in NetHack itself and this package only names the actions, renders the
 symbolic observation as text and maps the game's end status to the reward:
 
@@ -13,6 +13,11 @@ minihack-maze-15x15  ``MiniHack-MazeWalk-15x15-v0``    8 compass moves (100 acti
 minihack-corridor    ``MiniHack-Corridor-R3-v0``       8 moves, ``open``, ``kick``, ``search`` (100)
 minihack-keyroom     ``MiniHack-KeyRoom-S5-v0``        8 compass moves, ``pickup``, ``apply``
 minihack-river       ``MiniHack-River-v0``             8 compass moves (walk into a boulder to push)
+minihack-corridor-   ``MiniHack-CorridorBattle-Dark-   8 compass moves (moving into a monster attacks
+battle               v0``                              it; 100 actions)
+minihack-quest-easy  ``MiniHack-Quest-Easy-v0``        8 moves, ``zap`` (the wand of cold; 100)
+minihack-quest-      ``MiniHack-Quest-Medium-v0``      8 moves, ``zap`` (the wand of cold; 100)
+medium
 ===================  ================================  ==============================================
 
 Modules (each docstring lists the upstream facts it relies on):
@@ -21,7 +26,8 @@ Modules (each docstring lists the upstream facts it relies on):
 * :mod:`.prompts`: the system prompts (one shared intro, per-task rules, variant notes);
 * :mod:`.render`: NLE observation -> map, legend and position text (:class:`~.render.MapRenderer`);
 * :mod:`.env`: :class:`MiniHackTextEnv`, the NLE adapter (seeding, stepping, end status -> reward);
-* :mod:`.tasks`: the task classes;
+* :mod:`.tasks`: the navigation task classes;
+* :mod:`.quests`: the tasks with fights (corridor battle, quests);
 * :mod:`.explore`: a scripted explorer, the check that navigation tasks are solvable.
 
 Observation text (``view="full"``: the seen part of the map trimmed to its bounding box;
@@ -44,6 +50,7 @@ Row/column are relative to the map shown in that observation.
 
 from .actions import CORRIDOR_ACTIONS, KEY_ACTIONS, KEY_ALIASES, MOVE_ACTIONS, MOVE_ALIASES, MOVE_DELTAS
 from .env import MiniHackTextEnv
+from .quests import QUEST_ACTIONS, MiniHackCorridorBattleEnv, MiniHackQuestEasyEnv, MiniHackQuestMediumEnv
 from .render import offset_sentence as _offset_sentence  # noqa: F401 - the module's former private name (tests)
 from .tasks import (
     MiniHackCorridorEnv,
@@ -61,10 +68,14 @@ __all__ = [
     "MOVE_ACTIONS",
     "MOVE_ALIASES",
     "MOVE_DELTAS",
+    "QUEST_ACTIONS",
+    "MiniHackCorridorBattleEnv",
     "MiniHackCorridorEnv",
     "MiniHackKeyRoomEnv",
     "MiniHackMaze15Env",
     "MiniHackMazeEnv",
+    "MiniHackQuestEasyEnv",
+    "MiniHackQuestMediumEnv",
     "MiniHackRiverEnv",
     "MiniHackRoomEnv",
     "MiniHackTextEnv",

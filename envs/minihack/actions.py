@@ -26,6 +26,7 @@ ACTION_NAMES: dict[int, str] = {
     int(nethack.Command.OPEN): "open",
     int(nethack.Command.KICK): "kick",
     int(nethack.Command.SEARCH): "search",
+    int(nethack.Command.ZAP): "zap",
 }
 
 #: Screen displacement ``(d_row, d_col)`` of each move (row grows southwards).

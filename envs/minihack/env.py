@@ -41,7 +41,9 @@ with warnings.catch_warnings():  # minihack imports pkg_resources (deprecated)
     import gymnasium as gym
     import minihack  # noqa: F401 - imported to register the MiniHack-* ids with gymnasium
 
-_WELCOME = "Hello Agent, welcome to NetHack!"
+#: NetHack's greeting at the start of a game ("Hello Agent, welcome to NetHack! You are a chaotic male human
+#: Rogue.", "Salutations Agent, ..." for a Knight): not shown as the reset message
+_WELCOME = "welcome to NetHack!"
 
 
 def task_seeds(task: int) -> tuple[int, int]:
@@ -62,7 +64,7 @@ def join_messages(*parts: str) -> str:
 
 
 class MiniHackTextEnv(TextEnv):
-    """A MiniHack task with text observations and named actions (base of the four envs).
+    """A MiniHack task with text observations and named actions (base of the MiniHack envs).
 
     Args:
         variant: the MiniHack gymnasium id to wrap (must be registered by ``import minihack``);
@@ -114,6 +116,9 @@ class MiniHackTextEnv(TextEnv):
     default_max_steps: ClassVar[int] = 30
     #: NLE action set handed to the MiniHack env (names: :data:`~.actions.ACTION_NAMES`)
     nle_actions: ClassVar[tuple[Any, ...]] = MOVE_ACTIONS
+    #: NLE actions the env sends itself (keys answering NetHack's prompts), appended to the action set
+    #: handed to MiniHack after :attr:`nle_actions`; never offered to the actor (:meth:`_send_key`)
+    hidden_actions: ClassVar[tuple[Any, ...]] = ()
     action_aliases: ClassVar[dict[str, str]] = MOVE_ALIASES
     splits: ClassVar[dict[str, Sequence[int]]] = {"train": range(0, 1_000_000),
                                                    "eval": range(1_000_000, 1_000_500)}
@@ -166,10 +171,13 @@ class MiniHackTextEnv(TextEnv):
         if query == "raw":
             keys += tuple(k for k in self.raw_keys if k not in keys)
         self._env = gym.make(spec, max_episode_steps=-1, disable_env_checker=True,
-                             observation_keys=keys, actions=self.nle_actions)
+                             observation_keys=keys, actions=self.nle_actions + self.hidden_actions)
         self._nle = self._env.unwrapped
         names = []
-        for a in self._nle.actions:
+        self._key_index: dict[int, int] = {}  # key code -> its first index in the NLE action set
+        for i, a in enumerate(self._nle.actions):
+            self._key_index.setdefault(int(a), i)
+        for a in self._nle.actions[:len(self.nle_actions)]:
             if int(a) not in ACTION_NAMES:
                 raise ValueError(f"{self.env_id}: NLE action {a!r} of {self.variant} has no name")
             names.append(ACTION_NAMES[int(a)])
@@ -264,12 +272,11 @@ class MiniHackTextEnv(TextEnv):
         self._renderer.reset()
         self._capture(obs)
         msg = decode_text(obs["message"])
-        self._reset_message = "" if msg.startswith(_WELCOME) else msg
+        self._reset_message = "" if _WELCOME in msg else msg
 
     def _apply(self, action: str) -> tuple[float, bool, bool, str]:
-        idx = self._action_index[action]
         pre = self._before_step(action)
-        obs, _r, term, trunc, info = self._env.step(idx)
+        obs, _r, term, trunc, info = self._send(action)
         self._end_status = int(info.get("end_status", 0))
         self._capture(obs)
         message = self._after_step(action, pre, decode_text(obs["message"]))
@@ -320,6 +327,21 @@ class MiniHackTextEnv(TextEnv):
     def _after_step(self, action: str, pre: Any, message: str) -> str:
         """The step's message (NLE's ``message``, decoded) as the observation shows it."""
         return message
+
+    def _send(self, action: str) -> tuple[Any, ...]:
+        """Step MiniHack with the actor's ``action`` (a name of :meth:`admissible_actions`); returns the
+        gymnasium step tuple. Subclasses that play a key sequence for one action override this."""
+        return self._env.step(self._action_index[action])
+
+    def _send_key(self, key: str | int) -> tuple[Any, ...]:
+        """Step MiniHack with the key ``key`` (a character or key code), which must be the code of an
+        action of :attr:`nle_actions` or :attr:`hidden_actions`; returns the gymnasium step tuple.
+
+        Raises:
+            KeyError: no action of the env's NLE action set has that key code.
+        """
+        code = ord(key) if isinstance(key, str) else int(key)
+        return self._env.step(self._key_index[code])
 
     def _status_lines(self) -> list[str]:
         """Lines shown between the map and the message (e.g. KeyRoom's ``Key: carried.``)."""

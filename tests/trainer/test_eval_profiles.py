@@ -79,7 +79,9 @@ def test_verl_agent_profile_values():
     assert ev.draw_replace == {"alfworld": True, "webshop": False} and ev.draw_size == 0
     bal = build_config([profile_layer("balrog")]).eval
     assert (bal.temperature, bal.episodes, bal.history) == (0.0, 5, 16)
-    assert bal.max_steps == {"minihack-maze": 100, "minihack-maze-15x15": 100, "minihack-corridor": 100}
+    balrog_envs = ("minihack-maze", "minihack-maze-15x15", "minihack-corridor", "minihack-corridor-battle",
+                   "minihack-quest-easy", "minihack-quest-medium")
+    assert bal.max_steps == dict.fromkeys(balrog_envs, 100)
     assert build_config([profile_layer("balrog-t1")]).eval.temperature == 1.0
 
 

@@ -26,6 +26,7 @@ Facts used (read in the upstream sources named, minihack 1.0.2 on NLE 1.3.0, and
 
 from __future__ import annotations
 
+import string
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,8 +45,7 @@ _KEY_ACTIONS = {int(a): a for a in nethack.ACTIONS}
 #: the keys the quests send themselves: ESC (declining a prompt) and every inventory letter that is not
 #: already the key of a move
 _QUEST_HIDDEN: tuple[Any, ...] = (nethack.Command.ESC,) + tuple(
-    _KEY_ACTIONS[ord(c)] for c in "abcdefgimopqrstvwxzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    if ord(c) not in {int(a) for a in QUEST_ACTIONS})
+    _KEY_ACTIONS[ord(c)] for c in string.ascii_letters if ord(c) not in {int(a) for a in QUEST_ACTIONS})
 _ZAP_ALIASES = {"zap wand": "zap", "zap the wand": "zap", "use wand": "zap", "use the wand": "zap",
                 "zap wand of cold": "zap", "freeze": "zap"}
 

@@ -83,6 +83,12 @@ def test_verl_agent_profile_values():
                    "minihack-quest-easy", "minihack-quest-medium")
     assert bal.max_steps == dict.fromkeys(balrog_envs, 100)
     assert build_config([profile_layer("balrog-t1")]).eval.temperature == 1.0
+    # the balrog-minihack mixture is the balrog profiles' envs, so `--mix balrog-minihack --profile balrog` runs
+    from crl_bench.mixtures import resolve_mixture
+
+    mix = resolve_mixture("balrog-minihack")
+    assert list(mix.envs) == profile_data("balrog")["envs"] == profile_data("balrog-t1")["envs"] == list(balrog_envs)
+    check_profile_mix("balrog", list(mix.envs))
 
 
 def test_a_profile_file_with_training_keys_is_refused(tmp_path, monkeypatch):

@@ -105,7 +105,8 @@ class MiniHackTextEnv(TextEnv):
 
     Subclasses set the class attributes; the system prompt is built by
     :func:`~.prompts.build_prompt` from :attr:`rules_text` and :attr:`scene_text` (class attribute
-    :attr:`system_prompt`: for the default variant; an instance's: for its own variant).
+    :attr:`system_prompt`, set for each subclass: for the default variant; an instance's: for its own
+    variant).
     """
 
     env_id: ClassVar[str] = "minihack"
@@ -138,6 +139,13 @@ class MiniHackTextEnv(TextEnv):
     scene_text: ClassVar[str] = MAP_SCENE
     system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(nle_actions),
                                                 scene_text)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give a subclass the class-level :attr:`system_prompt` of its :attr:`default_variant`, built from
+        its own class attributes by :meth:`build_system_prompt`, unless it sets one itself."""
+        super().__init_subclass__(**kwargs)
+        if "system_prompt" not in cls.__dict__:
+            cls.system_prompt = cls.build_system_prompt(cls.default_variant, action_names(cls.nle_actions))
 
     def __init__(self, variant: str | None = None, view: str | None = None, max_steps: int | None = None,
                  inner_max_steps: int | None = None, render_mode: str | None = "ansi",

@@ -32,9 +32,8 @@ from typing import Any, ClassVar
 import numpy as np
 from nle import nethack
 
-from .actions import MOVE_ACTIONS, MOVE_ALIASES, action_names
+from .actions import MOVE_ACTIONS, MOVE_ALIASES
 from .env import MiniHackTextEnv, join_messages
-from .prompts import MAP_SCENE, build_prompt
 
 __all__ = ["QUEST_ACTIONS", "MiniHackCorridorBattleEnv", "MiniHackQuestEasyEnv", "MiniHackQuestMediumEnv"]
 
@@ -84,8 +83,6 @@ class MiniHackCorridorBattleEnv(_FightMixin, MiniHackTextEnv):
         "You are a knight. A corridor leads east from your small room to a long room; giant rats 'r' wait "
         "at its far end, and the stairs down '>' are behind them. Moving into a monster attacks it; if "
         "your hit points (HP) reach 0 you die. Goal: step onto the stairs.")
-    system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(MOVE_ACTIONS),
-                                                MAP_SCENE)
 
 
 class MiniHackQuestEnv(_FightMixin, MiniHackTextEnv):
@@ -177,8 +174,6 @@ class MiniHackQuestEasyEnv(MiniHackQuestEnv):
     default_variant: ClassVar[str] = "MiniHack-Quest-Easy-v0"
     rules_text: ClassVar[str] = (_QUEST_RULES + "A column of lava blocks your room; beyond it a corridor "
                                  "leads east to a small room with the stairs down '>'. Goal: step onto the stairs.")
-    system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(QUEST_ACTIONS),
-                                                MAP_SCENE)
 
 
 class MiniHackQuestMediumEnv(MiniHackQuestEnv):
@@ -191,5 +186,3 @@ class MiniHackQuestMediumEnv(MiniHackQuestEnv):
     rules_text: ClassVar[str] = (_QUEST_RULES + "A corridor leads east from your room to a big room with "
                                  "giant rats 'r'; at its east end a column of lava is in front of the "
                                  "stairs down '>'. Goal: step onto the stairs.")
-    system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(QUEST_ACTIONS),
-                                                MAP_SCENE)

@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .actions import CORRIDOR_ACTIONS, KEY_ACTIONS, KEY_ALIASES, MOVE_ACTIONS, action_names
+from .actions import CORRIDOR_ACTIONS, KEY_ACTIONS, KEY_ALIASES
 from .env import MiniHackTextEnv, join_messages
-from .prompts import MAP_SCENE, MAZE_SCENE, build_prompt
+from .prompts import MAZE_SCENE
 
 __all__ = ["MiniHackCorridorEnv", "MiniHackKeyRoomEnv", "MiniHackMaze15Env", "MiniHackMazeEnv", "MiniHackRiverEnv",
            "MiniHackRoomEnv"]
@@ -64,8 +64,6 @@ class MiniHackRoomEnv(MiniHackTextEnv):
                                            "screen_descriptions", "chars")
     goal_text: ClassVar[str] = "Walk to the stairs down '>' in the room."
     # rules_text: the base class's (step onto the stairs)
-    system_prompt: ClassVar[str] = build_prompt(MiniHackTextEnv.rules_text, default_variant,
-                                                action_names(MOVE_ACTIONS), MAP_SCENE)
 
 
 class MiniHackMazeEnv(MiniHackTextEnv):
@@ -77,8 +75,6 @@ class MiniHackMazeEnv(MiniHackTextEnv):
     scene_text: ClassVar[str] = MAZE_SCENE
     rules_text: ClassVar[str] = ("You only see the passages you have already explored. Goal: find the "
                                  "stairs down '>' and step onto them.")
-    system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(MOVE_ACTIONS),
-                                                scene_text)
 
 
 class MiniHackMaze15Env(MiniHackMazeEnv):
@@ -92,8 +88,6 @@ class MiniHackMaze15Env(MiniHackMazeEnv):
     env_id: ClassVar[str] = "minihack-maze-15x15"
     default_variant: ClassVar[str] = "MiniHack-MazeWalk-15x15-v0"
     default_max_steps: ClassVar[int] = 100
-    system_prompt: ClassVar[str] = build_prompt(MiniHackMazeEnv.rules_text, default_variant,
-                                                action_names(MOVE_ACTIONS), MiniHackMazeEnv.scene_text)
 
 
 class MiniHackCorridorEnv(MiniHackTextEnv):
@@ -115,8 +109,6 @@ class MiniHackCorridorEnv(MiniHackTextEnv):
         "Rooms are joined by corridors '#' that you see only next to you. Goal: find the stairs down '>' "
         "and step onto them. Walking into a closed door '+' opens it; open and kick ask for a direction, "
         "which your next move gives; search looks for hidden doors and corridors next to you.")
-    system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(nle_actions),
-                                                MAP_SCENE)
 
 
 class MiniHackKeyRoomEnv(MiniHackTextEnv):
@@ -140,8 +132,6 @@ class MiniHackKeyRoomEnv(MiniHackTextEnv):
         "The stairs down '>' are in a small side room behind a locked door '+'. Goal: walk onto the key "
         "'(' and pick it up, stand next to the door and apply the key to unlock and open it (an open "
         "door is shown as \"'\"), then step onto the stairs. Doors cannot be entered or left diagonally.")
-    system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(nle_actions),
-                                                MAP_SCENE)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._key_held = False
@@ -204,5 +194,3 @@ class MiniHackRiverEnv(MiniHackTextEnv):
         "it one cell (the cell behind it must be free); a boulder pushed into water fills that cell so you "
         "can walk over it. You cannot swim: walking into water makes you fall in. Goal: cross the river "
         "and step onto the stairs.")
-    system_prompt: ClassVar[str] = build_prompt(rules_text, default_variant, action_names(MOVE_ACTIONS),
-                                                MAP_SCENE)

@@ -232,12 +232,18 @@ def _get(d: Any, dotted: str, file: Path, default: Any = ..., types: tuple = ())
     return cur
 
 
+#: The ``generation`` keys of a model behind an OpenAI-compatible server (where it is and how to reach
+#: it): a served model is only evaluated, never trained, and the served model's name is the row's model.
+OPENAI_KEYS = ("openai_base_url", "openai_model", "openai_api", "openai_api_key_env", "openai_concurrency",
+               "openai_retries", "openai_timeout_s")
 #: Config keys that do not change what a run learns: names and folders, the evaluation (its protocol
-#: is keyed on its own), logging, the learning alarms, the execution backend, and when checkpoints are
-#: written. Everything else in config.yaml is a training setting.
+#: is keyed on its own), logging, the learning alarms, the execution backend, when checkpoints are
+#: written, and the served model's connection (:data:`OPENAI_KEYS`). Everything else in config.yaml is a
+#: training setting.
 NOT_TRAINING = {"run_id": None, "output_dir": None, "eval": None, "logging": None, "alarms": None,
                 "backend": None, "ray": None,
-                "train": ("seed", "save_checkpoint", "checkpoint_every", "keep_checkpoints")}
+                "train": ("seed", "save_checkpoint", "checkpoint_every", "keep_checkpoints"),
+                "generation": OPENAI_KEYS}
 
 
 def flat_experience(config: dict[str, Any]) -> dict[str, Any]:

@@ -404,13 +404,19 @@ def _edit_config(run_dir, edit):
 
 def test_runs_with_different_training_settings_are_never_pooled(tmp_path):
     """Two sweeps of one method on one protocol, the second with another learning rate: two rows,
-    each method labelled with the setting that differs. Seeds, run ids, output folders, logging and
-    null-valued keys are not training settings and split nothing."""
+    each method labelled with the setting that differs. Seeds, run ids, output folders, logging, a served
+    model's connection and null-valued keys are not training settings and split nothing."""
     a, b = _three_seeds(tmp_path / "a"), _three_seeds(tmp_path / "b")
     for d in b:
         _edit_config(d, lambda c: c["train"].update(lr=3e-5))
     _edit_config(a[0], lambda c: (c.update(logging={"backends": ["jsonl"]}),
                                   c["generation"].update(vllm_seed=None)))
+    # a served model's connection (generation.openai_*) is no training setting: a config written before
+    # those keys existed pools with one that has them
+    _edit_config(a[1], lambda c: c["generation"].update(openai_base_url="http://127.0.0.1:8000/v1", openai_model="m",
+                                                          openai_concurrency=3))
+    _edit_config(a[2], lambda c: [c["generation"].pop(k, None) for k in list(c["generation"])
+                                  if k.startswith("openai_")])
     ha, hb = (config_settings_hash(x[0] / "config.yaml") for x in (a, b))
     assert ha == config_settings_hash(a[1] / "config.yaml") != hb
     df = leaderboard_frame(collect([tmp_path]))

@@ -11,8 +11,10 @@ if [ ! -f "$out/smollm2/eval.json" ]; then
   rm -rf "$out/smollm2"
   # 4 samples per game, not --draws' 8: a draw of 128 from 140 games picks a game 5 or more times about
   # once in three draws (those picks reuse an episode and are counted), and 560 episodes of 50 actions fit
-  # two sessions of this 2-core machine where 1,120 would need four
+  # two sessions of this 2-core machine where 1,120 would need four. 32 live episodes, not the cpu preset's
+  # 64: ALFWorld's prompts are long, and 64 live episodes' caches took the process to 15 GB of the 24
   .venv/bin/crl-bench eval --preset cpu --mix alfworld --profile verl-agent --draws 128 --set eval.samples=4 \
+    --set rollout.max_concurrent=32 --set generation.batch_size=32 \
     --out "$out/eval.json" --save-run "$out/smollm2" --quiet
 fi
 .venv/bin/crl-bench leaderboard "$out" --out "$out"

@@ -283,10 +283,8 @@ def explore_episode(env: Any, task: int, max_steps: int | None = None, searches:
             act = _next_move(kinds, pos, visited, blocked)
             if act is None and "zap" in actions and zapped < zaps:
                 plan = _next_lava(kinds, pos, blocked) or []
-                if plan[:1] == ["zap"]:
-                    zapped += 1
-                    act = plan.pop(0)
-                elif plan:
+                if plan:
+                    zapped += plan[0] == "zap"
                     act = plan.pop(0)
             if act is None and "search" in actions:
                 act = _next_search(kinds, pos, searched, blocked, searches)

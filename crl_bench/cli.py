@@ -17,6 +17,7 @@ Commands::
                                             [--engines transformers,vllm]
     crl-bench bank show RUN | crl-bench bank stats RUN
     crl-bench model prepare
+    crl-bench extractor sft --mix diag-vault --preset diag --out DIR [--steps N] [--lora-rank R]
     crl-bench data list | crl-bench data download alfworld|webshop|swebench ... [--data-dir DIR] [--source S]
     crl-bench swe filter --model M --k 16 --low 0 --high 0.8 [--tasks FILE] [--out FILE]
     crl-bench swe base-image

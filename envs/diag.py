@@ -242,6 +242,75 @@ def corridor_sequences(length: int, choices: int) -> tuple[tuple[str, ...], ...]
     return tuple(table)
 
 
+# the pieces of practice-world context names: invented first words, and buildings (none holds or
+# suggests an action name of either diagnostic; tests check this, and that no practice name is a real one)
+_PRACTICE_STARTS: tuple[str, ...] = (
+    "Ab", "Bel", "Cor", "Dra", "El", "Fen", "Gal", "Hes", "Ist", "Jor", "Kel", "Lum", "Mar", "Nor", "Ost",
+    "Pel", "Quen", "Ros", "Sel", "Tor", "Ul", "Var", "Wen", "Yor", "Zan",
+)
+_PRACTICE_ENDS: tuple[str, ...] = (
+    "aby", "adin", "arth", "ebury", "ellin", "enna", "ethe", "icot", "indle", "iston", "odar", "olin",
+    "orin", "umber", "usk", "wyn",
+)
+_PRACTICE_BUILDINGS: tuple[str, ...] = (
+    "Archive", "Observatory", "Library", "Chapel", "Keep", "Hall", "Abbey", "Tower", "Museum", "Treasury",
+    "Manor", "Depot", "Exchange", "Conservatory", "Gallery", "Citadel", "Mill", "Granary", "Bastion",
+    "Rotunda", "Armoury", "Lodge", "Priory", "Arsenal",
+)
+#: the first words of the real context names, which no practice name may use
+_REAL_FIRST_WORDS = frozenset(name.split()[0] for name in CONTEXT_NAMES)
+
+
+@lru_cache(maxsize=256)
+def practice_contexts(world: int, length: int = 3, choices: int = 3
+                   ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """The invented contexts of practice world ``world``: 16 context names that are not the env's,
+    with their own vault codes and corridor sequences, drawn from a generator seeded by ``world``.
+
+    Practice worlds are what an extractor warm start (``crl-bench extractor sft``) learns from: the
+    same observations, goals and lessons as the diagnostics, but no real context name and no real
+    solution, so that the examples never hold an evaluation task's answer.  In each world the vault
+    codes of contexts ``0..7`` and of ``8..15`` are each a permutation of :data:`VAULT_ACTIONS` (chance
+    1/8 stays exact); the corridor passages are uniform draws.
+
+    Args:
+        world: a non-negative int.
+        length, choices: the corridor's doors and passages (as :class:`DiagCorridorEnv`).
+
+    Returns:
+        ``(names, vault codes, corridor sequences)``, 16 of each by context index.
+
+    Raises:
+        ValueError: ``world`` is negative, or ``length`` / ``choices`` are out of range.
+    """
+    import random
+
+    if world < 0:
+        raise ValueError(f"practice world must be non-negative, got {world}")
+    if length < 1 or not 1 <= choices <= len(CORRIDOR_ACTIONS):
+        raise ValueError(f"need length >= 1 and 1 <= choices <= {len(CORRIDOR_ACTIONS)}, "
+                         f"got length={length}, choices={choices}")
+    rng = random.Random(f"diag-practice/{world}")
+    names: list[str] = []
+    while len(names) < N_CONTEXTS:
+        first = rng.choice(_PRACTICE_STARTS) + rng.choice(_PRACTICE_ENDS)
+        name = f"{first} {rng.choice(_PRACTICE_BUILDINGS)}"
+        if (first in _REAL_FIRST_WORDS or any(n.split()[0] == first for n in names)
+                or any(a in name.lower() for a in VAULT_ACTIONS + CORRIDOR_ACTIONS)):
+            continue
+        names.append(name)
+    codes = rng.sample(VAULT_ACTIONS, len(VAULT_ACTIONS)) + rng.sample(VAULT_ACTIONS, len(VAULT_ACTIONS))
+    rng2 = random.Random(f"diag-practice/{world}/corridor/{length}/{choices}")
+    sequences = tuple(tuple(rng2.choice(CORRIDOR_ACTIONS[:choices]) for _ in range(length))
+                      for _ in range(N_CONTEXTS))
+    return tuple(names), tuple(codes), sequences
+
+
+def practice_world_names(world: int) -> tuple[str, ...]:
+    """The 16 context names of practice world ``world`` (:func:`practice_contexts`)."""
+    return practice_contexts(world)[0]
+
+
 class DiagEnv(TextEnv):
     """Base class of the diagnostics: 16 named contexts, each with one fixed winning action sequence,
     task ids ``variant * 16 + context`` and the splits of :data:`DIAG_SPLITS` (module docstring).
@@ -254,12 +323,22 @@ class DiagEnv(TextEnv):
         actions: the closed action set (canonical names, in the order the observation lists them).
         max_steps: actions (valid or invalid) per episode before truncation.
         render_mode: only ``"ansi"``.
+        practice_world: ``None`` (the env's own contexts, :data:`CONTEXT_NAMES`) or the index of a
+            practice world (:func:`practice_contexts`): invented context names with their own solutions,
+            for teaching an extractor without showing it an evaluation task's answer.
+
+    Raises:
+        ValueError: ``practice_world`` is negative.
     """
 
     splits: ClassVar[dict[str, Sequence[int]]] = DIAG_SPLITS
 
-    def __init__(self, actions: Sequence[str], max_steps: int, render_mode: str | None = "ansi") -> None:
+    def __init__(self, actions: Sequence[str], max_steps: int, render_mode: str | None = "ansi",
+                 practice_world: int | None = None) -> None:
         super().__init__(max_steps=max_steps, render_mode=render_mode)
+        self.practice_world = None if practice_world is None else int(practice_world)
+        self._names: tuple[str, ...] = (CONTEXT_NAMES if self.practice_world is None
+                                        else practice_world_names(self.practice_world))
         self._actions: tuple[str, ...] = tuple(actions)
         # the action set is fixed: one parser for every state
         self._parser = AnswerParser(self._actions, self.action_aliases)
@@ -292,7 +371,7 @@ class DiagEnv(TextEnv):
     def context(self, task: int) -> str:
         """The name of the context of task id ``task``, e.g. ``"Corvane Archive"`` (the observation
         says ``"the Corvane Archive"``)."""
-        return CONTEXT_NAMES[self.context_index(task)]
+        return self._names[self.context_index(task)]
 
     def task_fingerprint(self, task: int) -> dict[str, Any]:
         """The task's context, its solution and its first observation (:meth:`TextEnv.task_fingerprint`).
@@ -334,7 +413,7 @@ class DiagEnv(TextEnv):
         follow experience through the loop on the diagnostics (metrics ``retrieval_own_context``,
         ``shown_correct``, ``bank_correct_lessons``)."""
         lower = text.lower()
-        contexts = [i for i, name in enumerate(CONTEXT_NAMES) if name.lower() in lower
+        contexts = [i for i, name in enumerate(self._names) if name.lower() in lower
                     and (context is None or name == context)]
         named = re.findall(r"\b(" + "|".join(map(re.escape, self._actions)) + r")\b", lower)
 
@@ -342,7 +421,7 @@ class DiagEnv(TextEnv):
             it = iter(named)
             return all(a in it for a in solution)
 
-        mentioned = [name for name in CONTEXT_NAMES if name.lower() in lower]
+        mentioned = [name for name in self._names if name.lower() in lower]
         return {"contexts": mentioned, "actions": named,
                 "correct": any(holds(self._solution_of(i)) for i in contexts)}
 
@@ -360,13 +439,13 @@ class DiagEnv(TextEnv):
 
     def task_prompt(self) -> str:
         """The goal sentence of the current task, naming its context (``""`` before the first reset)."""
-        return "" if self.task is None else self._goal(CONTEXT_NAMES[self._context])
+        return "" if self.task is None else self._goal(self._names[self._context])
 
     def _reset_task(self, task: int) -> None:
         self._variant, self._context = divmod(task, N_CONTEXTS)
 
     def _observe(self, message: str = "") -> str:
-        lines = [self._goal(CONTEXT_NAMES[self._context]), surface_text(self._variant), self._status()]
+        lines = [self._goal(self._names[self._context]), surface_text(self._variant), self._status()]
         if message:
             lines.append(f"Last: {message}")
         lines.append(self._valid_line)
@@ -385,6 +464,7 @@ class DiagVaultEnv(DiagEnv):
     Args:
         max_steps: actions per episode before truncation (default 3: room for two invalid replies).
         render_mode: only ``"ansi"``.
+        practice_world: see :class:`DiagEnv` (codes from :func:`practice_contexts`).
     """
 
     env_id: ClassVar[str] = "diag-vault"
@@ -395,11 +475,12 @@ class DiagVaultEnv(DiagEnv):
         "Reply with exactly one position inside answer tags: <answer>POSITION</answer>."
     )
 
-    def __init__(self, max_steps: int = 3, render_mode: str | None = "ansi") -> None:
-        super().__init__(VAULT_ACTIONS, max_steps=max_steps, render_mode=render_mode)
+    def __init__(self, max_steps: int = 3, render_mode: str | None = "ansi", practice_world: int | None = None) -> None:
+        super().__init__(VAULT_ACTIONS, max_steps=max_steps, render_mode=render_mode, practice_world=practice_world)
+        self._codes = VAULT_CODES if self.practice_world is None else practice_contexts(self.practice_world)[1]
 
     def _solution_of(self, context: int) -> tuple[str, ...]:
-        return (VAULT_CODES[context],)
+        return (self._codes[context],)
 
     def _goal(self, name: str) -> str:
         return f"Open the vault of the {name}."
@@ -411,7 +492,7 @@ class DiagVaultEnv(DiagEnv):
         return "turn the dial to the " + ", then the ".join(actions)
 
     def _apply(self, action: str) -> tuple[float, bool, bool, str]:
-        if action == VAULT_CODES[self._context]:
+        if action == self._codes[self._context]:
             return 1.0, True, True, f"You turn the dial to the {action}. The vault opens."
         return 0.0, True, False, f"You turn the dial to the {action}. The lock jams and the vault stays shut."
 
@@ -437,6 +518,7 @@ class DiagCorridorEnv(DiagEnv):
             :data:`CORRIDOR_ACTIONS`.
         max_steps: actions per episode before truncation; default ``length + 2``.
         render_mode: only ``"ansi"``.
+        practice_world: see :class:`DiagEnv` (sequences from :func:`practice_contexts`).
 
     Raises:
         ValueError: ``length`` < 2, ``choices`` outside ``2..6``, or ``max_steps`` < ``length`` (no
@@ -453,7 +535,7 @@ class DiagCorridorEnv(DiagEnv):
     )
 
     def __init__(self, length: int = 3, choices: int = 3, max_steps: int | None = None,
-                 render_mode: str | None = "ansi") -> None:
+                 render_mode: str | None = "ansi", practice_world: int | None = None) -> None:
         length, choices = int(length), int(choices)
         if length < 2 or not 2 <= choices <= len(CORRIDOR_ACTIONS):
             raise ValueError(f"diag-corridor: need length >= 2 and 2 <= choices <= {len(CORRIDOR_ACTIONS)}, "
@@ -462,10 +544,12 @@ class DiagCorridorEnv(DiagEnv):
         if max_steps < length:
             raise ValueError(f"diag-corridor: max_steps={max_steps} is below length={length}: "
                              f"no episode could succeed")
-        super().__init__(CORRIDOR_ACTIONS[:choices], max_steps=max_steps, render_mode=render_mode)
+        super().__init__(CORRIDOR_ACTIONS[:choices], max_steps=max_steps, render_mode=render_mode,
+                         practice_world=practice_world)
         self.length = length
         self.choices = choices
-        self._sequences = corridor_sequences(length, choices)
+        self._sequences = (corridor_sequences(length, choices) if self.practice_world is None
+                           else practice_contexts(self.practice_world, length, choices)[2])
         self._door = 0          # doors passed in this episode
         self._failed = False
 

@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "data": "crl_bench.commands.data",
     "swe": "crl_bench.commands.swe",
     "bank": "crl_bench.commands.bank",
+    "extractor": "crl_bench.commands.extractor",
     "panel": "crl_bench.commands.panel",
     "model": "crl_bench.commands.model",
 }

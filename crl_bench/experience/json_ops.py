@@ -183,6 +183,42 @@ def format_numbered(entries: Sequence[ExperienceEntry], empty: str = "(none)") -
     return "\n".join(f"{n}. {_clean(e.title)}: {_clean(e.content)}" for n, e in enumerate(entries, start=1))
 
 
+def format_json_operations(ops: Sequence[Operation], shown_ids: Sequence[int]) -> str:
+    """Inverse of :func:`parse_json_operations`: ``<answer>[...]</answer>`` holding ``ops`` as the
+    released function calls (no think block), targets written as the 1-based numbers of ``shown_ids``
+    (the lessons as :func:`format_numbered` shows them).  An empty list, or ``[Operation("NONE")]``, is
+    written as ``[{"function_name": "return"}]``.  What a scripted teacher writes for the extractor's
+    warm start (:mod:`crl_bench.trainer.extractor_sft`).
+
+    Raises:
+        ValueError: a kind this format cannot write (an ``UPDATE`` / ``MERGE`` / vote naming an id that
+            is not in ``shown_ids``, or an unknown kind).
+    """
+    position = {bank_id: n for n, bank_id in enumerate(shown_ids, start=1)}
+
+    def numbers(op: Operation) -> list[int]:
+        missing = [t for t in op.targets if t not in position]
+        if missing or not op.targets:
+            raise ValueError(f"{op.kind} names ids {list(op.targets)}, not all among the shown {list(shown_ids)}")
+        return [position[t] for t in op.targets]
+
+    items: list[dict[str, Any]] = []
+    for op in ops:
+        kind = op.kind.upper()
+        if kind == "NONE":
+            continue
+        if kind == "ADD":
+            items.append({"function_name": "add", "parameters": {"title": op.title, "content": op.content}})
+        elif kind in ("UPDATE", "MERGE"):
+            items.append({"function_name": "update", "parameters": {"target_ids": numbers(op), "title": op.title,
+                                                                   "content": op.content}})
+        elif kind in ("UPVOTE", "DOWNVOTE"):
+            items.append({"function_name": kind.lower(), "parameters": {"target_ids": numbers(op)}})
+        else:
+            raise ValueError(f"unknown operation kind {op.kind!r}")
+    return "<answer>" + json.dumps(items or [{"function_name": "return"}], ensure_ascii=False) + "</answer>"
+
+
 def _answer_body(text: str) -> tuple[str | None, str]:
     """The inside of the last ``<answer>...</answer>`` after a leading think block; ``(None, error)``
     when there is none."""

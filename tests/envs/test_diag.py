@@ -437,3 +437,45 @@ def test_grade_lesson_for_a_given_context():
     assert vault.grade_lesson(text, context=CONTEXT_NAMES[1])["correct"] is True
     assert vault.grade_lesson(text, context=CONTEXT_NAMES[0])["correct"] is False
     assert vault.grade_lesson(text, context=CONTEXT_NAMES[2])["contexts"] == list(CONTEXT_NAMES[:2])
+
+
+# ---- practice worlds (the extractor warm start's invented contexts) ---------------------------------------
+def test_practice_worlds_invent_names_that_are_neither_real_nor_hold_an_action():
+    from crl_bench.envs.diag import practice_contexts
+
+    real_first = {n.split()[0] for n in CONTEXT_NAMES}
+    seen = set()
+    for world in range(300):
+        names, codes, seqs = practice_contexts(world)
+        assert len(set(names)) == N_CONTEXTS and len({n.split()[0] for n in names}) == N_CONTEXTS
+        for name in names:
+            assert name not in CONTEXT_NAMES and name.split()[0] not in real_first
+            assert not any(a in name.lower() for a in ALL_ACTIONS), name
+        # chance stays exact: each half's codes are a permutation of the dial
+        assert sorted(codes[:8]) == sorted(VAULT_ACTIONS) and sorted(codes[8:]) == sorted(VAULT_ACTIONS)
+        assert all(len(s) == 3 and set(s) <= set(CORRIDOR_ACTIONS[:3]) for s in seqs)
+        seen.add(names)
+    assert len(seen) == 300
+    assert practice_contexts(5) == practice_contexts(5)
+    with pytest.raises(ValueError):
+        practice_contexts(-1)
+
+
+@pytest.mark.parametrize("cls", [DiagVaultEnv, DiagCorridorEnv], ids=["vault", "corridor"])
+def test_practice_env_plays_its_own_contexts_and_grades_its_own_lessons(cls):
+    from crl_bench.envs.diag import practice_contexts
+
+    real, practice = cls(), cls(practice_world=7)
+    names = practice_contexts(7)[0]
+    task = 3 * N_CONTEXTS + 2
+    assert real.context(task) == CONTEXT_NAMES[2] and practice.context(task) == names[2]
+    obs, _ = practice.reset(options={"task": task})
+    assert names[2] in obs and CONTEXT_NAMES[2] not in obs and names[2] in practice.task_prompt()
+    *_, info = _play(practice, task, practice.solution(task))
+    assert info["success"]
+    lesson = practice.lesson_for(task, practice.solution(task))
+    assert practice.grade_lesson(lesson, names[2])["correct"]
+    assert not real.grade_lesson(lesson)["correct"]        # a practice lesson says nothing of a real context
+    # the real env is unchanged by the keyword's existence
+    assert real.solution(task) == cls(practice_world=None).solution(task)
+    assert practice.task_fingerprint(task) != real.task_fingerprint(task)

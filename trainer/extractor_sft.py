@@ -1,0 +1,339 @@
+"""The extractor's warm start: supervised fine-tuning on a scripted teacher's replies, graded on held-out
+episodes (``crl-bench extractor sft``; docs/method.md "Warm-starting the extractor").
+
+The paper's extractor (Qwen3-4B-Thinking, arXiv 2603.17621 Sec. 5.1) starts able to write a useful
+lesson; the default 135M one does not (1 correct lesson in 540 on ``diag-vault``, docs/diagnostics.md),
+so CISPO on its use reward has nothing to reinforce.  A warm start gives the co-evolution study an
+extractor that can write: examples of practice contexts (:mod:`crl_bench.trainer.warm_start_data`),
+rendered with the loop's own extractor prompt (:func:`crl_bench.experience.extractor.extractor_for` on
+the run's ``extractor`` settings: format, transcript, prompt budget) and answered in the reply format the
+loop parses, fine-tune the extractor model (all weights, or LoRA adapters through peft) with the
+cross-entropy of the reply tokens only; then the extractor, sampling as in the loop, answers held-out
+episodes of the env's own contexts, and :meth:`DiagEnv.grade_lesson` says whether each lesson it wrote
+is correct.
+
+* :func:`render_examples` turns teacher items into ``(prompt ids, reply ids)``;
+* :func:`finetune` runs the updates and calls back at the grading points;
+* :func:`grade_extractor` measures an extractor on held-out items;
+* :func:`warm_start` does all of it for a run config and writes the folder ``--extractor-model`` loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from crl_bench.experience.extractor import Extractor, extractor_for
+from crl_bench.experience.json_ops import format_json_operations
+from crl_bench.experience.operations import format_operations
+from crl_bench.experience.types import Operation
+from crl_bench.trainer.policy import (
+    TokenSample,
+    build_batch,
+    common_prefix_length,
+    linear_warmup,
+    sequence_logprobs,
+    shared_prefix_logprobs,
+)
+from crl_bench.trainer.warm_start_data import TeacherItem, diag_items
+
+__all__ = ["SFTExample", "reply_text", "render_examples", "finetune", "grade_extractor", "warm_start",
+           "LESSON_KINDS"]
+
+#: operation kinds that write a lesson
+LESSON_KINDS = ("ADD", "UPDATE", "MERGE")
+
+
+@dataclass
+class SFTExample:
+    """One fine-tuning example: the extractor's prompt (prefill included) and the teacher's reply.
+
+    Attributes:
+        prompt_ids: length P, never trained.
+        reply_ids: length R >= 1, the tokens the extractor should generate after the prompt.
+        item: the teacher item it was rendered from.
+    """
+
+    prompt_ids: list[int]
+    reply_ids: list[int]
+    item: TeacherItem
+
+
+def reply_text(ops: Sequence[Operation], shown_ids: Sequence[int], fmt: str, prefill: str, one_op: bool) -> str:
+    """What the extractor should generate after its prompt for ``ops``, in the loop's reply format.
+
+    ``line``: the one-line format (:func:`~crl_bench.experience.operations.format_operations`) after the
+    prompt's ``prefill``; with ``one_op`` (``extractor.one_op_per_reply``) up to the end of the first
+    operation's line, the newline included (the loop stops generating there).  ``json``: the released
+    answer (:func:`~crl_bench.experience.json_ops.format_json_operations`), targets numbered as shown.
+
+    Raises:
+        ValueError: an unknown ``fmt``, or a line-format reply that does not start with ``prefill``.
+    """
+    if fmt not in ("line", "json"):
+        raise ValueError(f"extractor format must be line or json, got {fmt!r}")
+    full = format_json_operations(ops, shown_ids) if fmt == "json" else format_operations(ops)
+    if not full.startswith(prefill):
+        raise ValueError(f"the reply {full[:40]!r} does not start with the prompt's prefill {prefill!r}")
+    rest = full[len(prefill):]
+    if one_op and fmt == "line":
+        rest = rest[:rest.index("\n") + 1]
+    return rest
+
+
+def render_examples(extractor: Extractor, items: Sequence[TeacherItem], fmt: str, one_op: bool) -> list[SFTExample]:
+    """The fine-tuning examples of ``items``: each episode and its shown entries in the extractor's prompt
+    (:meth:`ExtractorPromptBuilder.prepare`, as the loop builds it) and the teacher's reply.  An item whose
+    entries do not all fit the prompt budget is left out (its reply may name an entry the prompt lost).
+    ``json`` replies end with the tokenizer's end-of-sequence token (the loop's json extractor stops there)."""
+    tok = extractor.tokenizer
+    out = []
+    for it in items:
+        prompt_ids, shown, _ = extractor.prompts.prepare(it.record, it.shown)
+        if len(shown) < len(it.shown):
+            continue
+        text = reply_text(it.ops, [e.id for e in shown], fmt, extractor.prompts.prefill, one_op)
+        ids = tok.encode(text, add_special_tokens=False)
+        if fmt == "json" and tok.eos_token_id is not None:
+            ids.append(tok.eos_token_id)
+        out.append(SFTExample(list(prompt_ids), ids, it))
+    return out
+
+
+def finetune(model: Any, examples: Sequence[SFTExample], *, steps: int, batch_size: int, micro_batch_size: int,
+             lr: float, pad_id: int, seed: int = 0, warmup_steps: int = 0, max_grad_norm: float = 1.0,
+             compute_dtype: torch.dtype | None = None,
+             on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    """Fine-tune ``model`` on ``examples`` with the mean cross-entropy of the reply tokens (AdamW).
+
+    Batches of ``batch_size`` examples are drawn in a seeded order, a new shuffle per pass over the
+    examples; each is run in micro-batches of ``micro_batch_size`` and the loss is the mean over all
+    reply tokens of the batch.  The prompt prefix a micro-batch shares (the extractor's instructions
+    and worked example, about three quarters of a diagnostic prompt) is computed once
+    (:func:`~crl_bench.trainer.policy.shared_prefix_logprobs`; same loss and gradient).
+
+    Args:
+        model: a causal LM (or a peft model) in train-ready state; only parameters with
+            ``requires_grad`` are updated.
+        examples: at least one.
+        steps: optimizer steps (0: none).
+        batch_size, micro_batch_size: examples per step and per forward/backward.
+        lr: learning rate, reached after ``warmup_steps`` linear warm-up steps.
+        pad_id: the tokenizer's pad id.
+        seed: seed of the order.
+        max_grad_norm: gradient-norm clip.
+        compute_dtype: autocast dtype of the forward (``None``: the weights').
+        on_step: called after each step with the 1-based step and its metrics.
+
+    Returns:
+        Per step: ``{"step", "loss" (nats per reply token), "grad_norm", "tokens", "seconds"}``.
+
+    Raises:
+        ValueError: no examples, or a size below 1.
+    """
+    if not examples:
+        raise ValueError("no fine-tuning examples")
+    if batch_size < 1 or micro_batch_size < 1 or steps < 0:
+        raise ValueError(f"need batch_size, micro_batch_size >= 1 and steps >= 0, got {batch_size}, "
+                         f"{micro_batch_size}, {steps}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    schedule = linear_warmup(optimizer, warmup_steps) if warmup_steps else None
+    rng = random.Random(seed)
+    order: list[int] = []
+    history = []
+    model.train()
+    device = next(model.parameters()).device
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        batch = []
+        while len(batch) < batch_size:
+            if not order:
+                order = list(range(len(examples)))
+                rng.shuffle(order)
+            batch.append(examples[order.pop()])
+        tokens = sum(len(e.reply_ids) for e in batch)
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(0, len(batch), micro_batch_size):
+            chunk = batch[i:i + micro_batch_size]
+            samples = [TokenSample(e.prompt_ids, e.reply_ids, [0.0] * len(e.reply_ids), 0.0) for e in chunk]
+            # the prompts share the extractor's instructions and worked example: computed once per chunk
+            shared = min(common_prefix_length(samples), min(len(x.prompt_ids) for x in samples) - 1)
+            if shared > 0 and not getattr(model, "is_gradient_checkpointing", False):
+                logprobs, b = shared_prefix_logprobs(model, samples, shared, pad_id, 1.0, compute_dtype, device)
+            else:
+                b = build_batch(samples, pad_id, device)
+                logprobs = sequence_logprobs(model, b, 1.0, compute_dtype)
+            loss = -(logprobs * b["mask"]).sum() / tokens
+            loss.backward()
+            total += float(loss.detach())
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        optimizer.step()
+        if schedule is not None:
+            schedule.step()
+        m = {"step": step, "loss": total, "grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
+             "tokens": tokens, "seconds": time.perf_counter() - start}
+        history.append(m)
+        if on_step is not None:
+            on_step(step, m)
+    model.eval()
+    return history
+
+
+def _writes(op: Operation) -> bool:
+    return op.kind in LESSON_KINDS
+
+
+def grade_extractor(extractor: Extractor, items: Sequence[TeacherItem], env: Any) -> dict[str, Any]:
+    """How ``extractor`` answers held-out ``items`` (one sampled reply each, the extractor's sampling).
+
+    Args:
+        extractor: the extractor as the loop builds it.
+        items: held-out teacher items (:func:`diag_items` with ``world=None``).
+        env: the env whose :meth:`grade_lesson` judges a lesson (its own contexts).
+
+    Returns:
+        ``episodes``; ``lesson_episodes`` (items where the teacher writes a lesson: successes without a
+        shown correct lesson); ``lesson_correct`` (share of those where the reply writes a lesson that
+        states the context's whole solution: the warm start's competence); ``wrong_lessons`` (share of
+        all replies that write a lesson that is not correct for the episode's context); ``agreement``
+        (share of replies whose first operation is the teacher's: same kind and targets, and for a
+        lesson a correct one); ``valid`` (share of replies with a valid operation); ``replies`` (the first
+        20 replies with their context and the teacher's kind, for reading).
+    """
+    records = [it.record for it in items]
+    extractions = extractor.extract(records, [it.shown for it in items])
+    lesson_n = correct = wrong = agree = valid = 0
+    shown = []
+    for it, ex in zip(items, extractions):
+        ops = list(ex.parse.ops)
+        valid += bool(ex.parse.ok)
+        written = [op for op in ops if _writes(op)]
+        good = [op for op in written if env.grade_lesson(f"{op.title} {op.content}", it.context)["correct"]]
+        wrong += len(written) > len(good)
+        teacher = it.ops[0]
+        if _writes(teacher):
+            lesson_n += 1
+            correct += bool(good)
+        first = ops[0] if ops else None
+        if first is not None and first.kind == teacher.kind and tuple(first.targets) == tuple(teacher.targets):
+            agree += (not _writes(first)) or bool(good)
+        if len(shown) < 20:
+            shown.append({"context": it.context, "success": it.record.success, "teacher": teacher.kind,
+                          "reply": ex.text})
+    n = len(items)
+    return {"episodes": n, "lesson_episodes": lesson_n,
+            "lesson_correct": correct / lesson_n if lesson_n else float("nan"),
+            "wrong_lessons": wrong / n if n else float("nan"), "agreement": agree / n if n else float("nan"),
+            "valid": valid / n if n else float("nan"), "replies": shown}
+
+
+def _save(model: Any, tokenizer: Any, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, worlds: int = 64, steps: int = 200,
+               batch_size: int = 16, lr: float = 5e-5, lora_rank: int = 0, heldout: int = 128,
+               grade_every: int = 0, save_graded: bool = False, seed: int = 0,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Warm-start the extractor of ``cfg`` on teacher examples of ``env_id`` and write it to ``out``.
+
+    The extractor model is ``cfg.extractor.model`` (``same``: the actor's ``cfg.model.name``), loaded in
+    float32 (the forward under the config's compute dtype); the prompt and reply format are those
+    :func:`extractor_for` builds from ``cfg.extractor``.  Examples: ``examples`` teacher items over
+    ``worlds`` practice worlds (none of the env's own contexts).  Before the first step, every
+    ``grade_every`` steps and after the last, the extractor answers ``heldout`` episodes of the env's own
+    contexts (its ``eval`` and ``eval_unseen`` tasks) and is graded (:func:`grade_extractor`).  A step's
+    examples go through one forward and backward (their shared prompt prefix computed once).
+
+    Writes ``out/`` (the fine-tuned model, or its LoRA adapters, and tokenizer: what
+    ``--extractor-model out`` loads), ``out/warm_start.json`` (settings, the grades, the loss per step),
+    and with ``save_graded`` a folder ``out/step-N`` per grading point.
+
+    Returns:
+        The ``warm_start.json`` record.
+
+    Raises:
+        ValueError: ``env_id`` has no teacher, or a setting is out of range.
+        ModelNotAvailable: the extractor model cannot be loaded.
+    """
+    from crl_bench.env_api import make_env
+    from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
+    from crl_bench.llm.precision import DTYPES, resolve_dtype
+
+    if examples < 1 or worlds < 1 or heldout < 0 or grade_every < 0 or lora_rank < 0:
+        raise ValueError("examples and worlds must be >= 1; heldout, grade_every and lora_rank >= 0")
+    out = Path(out)
+    xc = cfg.extractor
+    env_kwargs = dict(cfg.rollout.env_kwargs.get(env_id, {}))
+    name = cfg.model.name if xc.model == "same" else xc.model
+    torch.manual_seed(seed)
+    model, tokenizer = load_model_and_tokenizer(name, dtype="float32")
+    compute_dtype = DTYPES[resolve_dtype(cfg.model.dtype, next(model.parameters()).device)]
+    if lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+    engine = HFEngine(model, tokenizer, batch_size=cfg.generation.batch_size, prefix_cache=cfg.generation.prefix_cache,
+                      compute_dtype=compute_dtype, cache_mb=cfg.generation.cache_mb)
+    extractor = extractor_for(xc, engine, tokenizer)
+    train_items = diag_items(env_id, examples, seed, world=0, worlds=worlds, env_kwargs=env_kwargs)
+    held_items = diag_items(env_id, heldout, seed + 1, world=None, env_kwargs=env_kwargs)
+    grader = make_env(env_id, **env_kwargs)
+    train = render_examples(extractor, train_items, xc.format, xc.one_op_per_reply)
+    log(f"warm start of {name!r} on {env_id}: {len(train)} examples from {worlds} practice worlds, "
+        f"{len(held_items)} held-out episodes of the env's own contexts")
+    grades: list[dict[str, Any]] = []
+
+    def grade(step: int) -> None:
+        if not held_items:
+            return
+        model.eval()
+        torch.manual_seed(seed + 7 * step + 1)
+        engine.sync_weights(model)
+        g = {"step": step, **grade_extractor(extractor, held_items, grader)}
+        grades.append(g)
+        log(f"step {step}: correct lessons {g['lesson_correct']:.3f} of {g['lesson_episodes']} lesson episodes, "
+            f"wrong lessons {g['wrong_lessons']:.3f}, agreement {g['agreement']:.3f}, valid {g['valid']:.3f}")
+        if save_graded:
+            _save(model, tokenizer, out / f"step-{step}")
+        model.train()
+
+    def on_step(step: int, m: dict[str, float]) -> None:
+        if step % 10 == 0 or step == steps:
+            log(f"step {step}/{steps}: loss {m['loss']:.4f} ({m['seconds']:.1f} s)")
+        if grade_every and step % grade_every == 0 and step != steps:
+            grade(step)
+
+    started = time.perf_counter()
+    grade(0)
+    history = finetune(model, train, steps=steps, batch_size=batch_size, micro_batch_size=batch_size,
+                       lr=lr, pad_id=tokenizer.pad_token_id, seed=seed, warmup_steps=min(10, steps // 10),
+                       compute_dtype=compute_dtype, on_step=on_step)
+    if steps:
+        grade(steps)
+    _save(model, tokenizer, out)
+    kinds: dict[str, int] = {}
+    for e in train:
+        kinds[e.item.ops[0].kind] = kinds.get(e.item.ops[0].kind, 0) + 1
+    record = {"env": env_id, "env_kwargs": env_kwargs, "base_model": name, "lora_rank": lora_rank,
+              "examples": len(train), "teacher_ops": kinds, "worlds": worlds, "steps": steps,
+              "batch_size": batch_size, "lr": lr, "seed": seed, "heldout": len(held_items),
+              "extractor": {"format": xc.format, "transcript": xc.transcript, "max_prompt_tokens": xc.max_prompt_tokens,
+                            "one_op_per_reply": xc.one_op_per_reply, "temperature": xc.temperature},
+              "seconds": round(time.perf_counter() - started, 1), "grades": grades,
+              "loss": [round(m["loss"], 5) for m in history]}
+    (out / "warm_start.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record

@@ -50,6 +50,10 @@ __all__ = ["SFTExample", "reply_text", "render_examples", "finetune", "grade_ext
 
 #: operation kinds that write a lesson
 LESSON_KINDS = ("ADD", "UPDATE", "MERGE")
+#: the validation set's practice worlds start this far past the examples' last world
+VALIDATION_OFFSET = 10_000
+#: replies generated at once when grading
+GRADE_BATCH = 16
 
 
 @dataclass
@@ -193,13 +197,15 @@ def _writes(op: Operation) -> bool:
     return op.kind in LESSON_KINDS
 
 
-def grade_extractor(extractor: Extractor, items: Sequence[TeacherItem], env: Any) -> dict[str, Any]:
+def grade_extractor(extractor: Extractor, items: Sequence[TeacherItem], grader: Callable[[TeacherItem], Any]
+                    ) -> dict[str, Any]:
     """How ``extractor`` answers held-out ``items`` (one sampled reply each, the extractor's sampling).
 
     Args:
         extractor: the extractor as the loop builds it.
-        items: held-out teacher items (:func:`diag_items` with ``world=None``).
-        env: the env whose :meth:`grade_lesson` judges a lesson (its own contexts).
+        items: held-out teacher items (:func:`diag_items`: the env's own contexts, or practice worlds
+            the examples did not use).
+        grader: the env whose :meth:`grade_lesson` judges a lesson of an item (the item's world).
 
     Returns:
         ``episodes``; ``lesson_episodes`` (items where the teacher writes a lesson: successes without a
@@ -218,6 +224,7 @@ def grade_extractor(extractor: Extractor, items: Sequence[TeacherItem], env: Any
         ops = list(ex.parse.ops)
         valid += bool(ex.parse.ok)
         written = [op for op in ops if _writes(op)]
+        env = grader(it)
         good = [op for op in written if env.grade_lesson(f"{op.title} {op.content}", it.context)["correct"]]
         wrong += len(written) > len(good)
         teacher = it.ops[0]
@@ -253,9 +260,12 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     float32 (the forward under the config's compute dtype); the prompt and reply format are those
     :func:`extractor_for` builds from ``cfg.extractor``.  Examples: ``examples`` teacher items over
     ``worlds`` practice worlds (none of the env's own contexts).  Before the first step, every
-    ``grade_every`` steps and after the last, the extractor answers ``heldout`` episodes of the env's own
-    contexts (its ``eval`` and ``eval_unseen`` tasks) and is graded (:func:`grade_extractor`).  A step's
-    examples go through one forward and backward (their shared prompt prefix computed once).
+    ``grade_every`` steps and after the last, the extractor answers two held-out sets of ``heldout``
+    episodes each and is graded on both (:func:`grade_extractor`): ``validation``, episodes of 16
+    practice worlds the examples never used, by which a checkpoint is picked; ``heldout``, episodes of
+    the env's own contexts (its ``eval`` and ``eval_unseen`` tasks), which are reported and never used to
+    pick anything.  A step's examples go through one forward and backward (their shared prompt prefix
+    computed once).
 
     Writes ``out/`` (the fine-tuned model, or its LoRA adapters, and tokenizer: what
     ``--extractor-model out`` loads), ``out/warm_start.json`` (settings, the grades, the loss per step),
@@ -286,15 +296,27 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
 
         model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
                                                  target_modules="all-linear", task_type="CAUSAL_LM"))
-    engine = HFEngine(model, tokenizer, batch_size=cfg.generation.batch_size, prefix_cache=cfg.generation.prefix_cache,
-                      compute_dtype=compute_dtype, cache_mb=cfg.generation.cache_mb)
+    # grading generates at most GRADE_BATCH replies at a time: a diag preset's batch of 128 prompts of
+    # 1,000 tokens holds gigabytes of key-value cache beside the optimizer's state
+    engine = HFEngine(model, tokenizer, batch_size=min(cfg.generation.batch_size, GRADE_BATCH),
+                      prefix_cache=cfg.generation.prefix_cache, compute_dtype=compute_dtype,
+                      cache_mb=cfg.generation.cache_mb)
     extractor = extractor_for(xc, engine, tokenizer)
     train_items = diag_items(env_id, examples, seed, world=0, worlds=worlds, env_kwargs=env_kwargs)
     held_items = diag_items(env_id, heldout, seed + 1, world=None, env_kwargs=env_kwargs)
-    grader = make_env(env_id, **env_kwargs)
+    val_items = diag_items(env_id, heldout, seed + 2, world=worlds + VALIDATION_OFFSET, worlds=16,
+                           env_kwargs=env_kwargs)
+    graders: dict[int | None, Any] = {}
+
+    def grader(item: TeacherItem) -> Any:
+        if item.world not in graders:
+            extra = {} if item.world is None else {"practice_world": item.world}
+            graders[item.world] = make_env(env_id, **env_kwargs, **extra)
+        return graders[item.world]
     train = render_examples(extractor, train_items, xc.format, xc.one_op_per_reply)
     log(f"warm start of {name!r} on {env_id}: {len(train)} examples from {worlds} practice worlds, "
-        f"{len(held_items)} held-out episodes of the env's own contexts")
+        f"{len(val_items)} validation episodes of unused practice worlds, {len(held_items)} held-out episodes "
+        f"of the env's own contexts")
     grades: list[dict[str, Any]] = []
 
     def grade(step: int) -> None:
@@ -303,12 +325,17 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
         model.eval()
         torch.manual_seed(seed + 7 * step + 1)
         engine.sync_weights(model)
-        g = {"step": step, **grade_extractor(extractor, held_items, grader)}
+        g = {"step": step, "validation": grade_extractor(extractor, val_items, grader),
+             "heldout": grade_extractor(extractor, held_items, grader)}
         grades.append(g)
-        log(f"step {step}: correct lessons {g['lesson_correct']:.3f} of {g['lesson_episodes']} lesson episodes, "
-            f"wrong lessons {g['wrong_lessons']:.3f}, agreement {g['agreement']:.3f}, valid {g['valid']:.3f}")
+        for part in ("validation", "heldout"):
+            r = g[part]
+            log(f"step {step} {part}: correct lessons {r['lesson_correct']:.3f} of {r['lesson_episodes']} lesson "
+                f"episodes, wrong lessons {r['wrong_lessons']:.3f}, agreement {r['agreement']:.3f}, "
+                f"valid {r['valid']:.3f}")
         if save_graded:
             _save(model, tokenizer, out / f"step-{step}")
+        engine.sync_weights(model)          # drops the cached prefixes until the next grading
         model.train()
 
     def on_step(step: int, m: dict[str, float]) -> None:

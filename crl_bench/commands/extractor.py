@@ -36,7 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--batch-size", type=int, default=16, help="examples per step (default 16)")
     s.add_argument("--lr", type=float, default=5e-5, help="learning rate (default 5e-5)")
     s.add_argument("--lora-rank", type=int, default=0, help="LoRA rank; 0 (default) fine-tunes all weights")
-    s.add_argument("--heldout", type=int, default=128, help="held-out episodes graded (default 128)")
+    s.add_argument("--heldout", type=int, default=128,
+                   help="episodes graded in each held-out set: unused practice worlds (validation) and the env's own "
+                        "contexts (default 128)")
     s.add_argument("--grade-every", type=int, default=0, help="also grade every N steps (default: before and "
                                                               "after only)")
     s.add_argument("--save-graded", action="store_true", help="keep the model of every grading point in DIR/step-N")
@@ -73,11 +75,11 @@ def run(args: argparse.Namespace) -> int:
     record = warm_start(cfg, envs[0], out, examples=args.examples, worlds=args.worlds, steps=args.steps,
                         batch_size=args.batch_size, lr=args.lr, lora_rank=args.lora_rank, heldout=args.heldout,
                         grade_every=args.grade_every, save_graded=args.save_graded, seed=cfg.train.seed)
-    last = record["grades"][-1] if record["grades"] else None
+    last = record["grades"][-1]["heldout"] if record["grades"] else None
     if last is not None:
-        print(f"held-out: {last['lesson_correct']:.3f} correct lessons ({last['lesson_episodes']} lesson episodes), "
-              f"{last['wrong_lessons']:.3f} wrong, {last['valid']:.3f} valid; wrote {out} "
-              f"(use --extractor-model {out})")
+        print(f"held-out (the env's own contexts): {last['lesson_correct']:.3f} correct lessons "
+              f"({last['lesson_episodes']} lesson episodes), {last['wrong_lessons']:.3f} wrong, "
+              f"{last['valid']:.3f} valid; wrote {out} (use --extractor-model {out})")
     else:
         print(f"wrote {out} (use --extractor-model {out})")
     return 0

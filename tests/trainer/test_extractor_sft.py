@@ -163,10 +163,11 @@ def test_grade_counts_correct_and_wrong_lessons_against_the_real_contexts(tokeni
     perfect = extractor_for(cfg.extractor, _ScriptedReplies(tokenizer, teacher), tokenizer)
     one = [it for it in held if it.ops[0].kind == "ADD"][:1]
     by_prompt[one[0].context] = reply_text(one[0].ops, [], "line", "<ops>\n<op>", True)
-    g = grade_extractor(perfect, one, env)
+    g = grade_extractor(perfect, one, lambda _item: env)
     assert (g["lesson_correct"], g["agreement"], g["wrong_lessons"], g["valid"]) == (1.0, 1.0, 0.0, 1.0)
 
-    g = grade_extractor(extractor_for(cfg.extractor, _ScriptedReplies(tokenizer, liar), tokenizer), held, env)
+    g = grade_extractor(extractor_for(cfg.extractor, _ScriptedReplies(tokenizer, liar), tokenizer), held,
+                        lambda _item: env)
     lessons = sum(it.ops[0].kind in ("ADD", "UPDATE") for it in held)
     assert g["lesson_episodes"] == lessons > 0 and g["lesson_correct"] == 0.0
     assert g["wrong_lessons"] == 1.0 and g["valid"] == 1.0 and g["episodes"] == 64
@@ -185,10 +186,11 @@ def test_command_writes_a_folder_the_extractor_model_option_loads(tiny_model_dir
                "--out", str(out), "--examples", "8", "--worlds", "2", "--steps", "2", "--batch-size", "2",
                "--heldout", "2"])
     assert rc == 0
-    assert "held-out:" in capsys.readouterr().out
+    assert "held-out (the env's own contexts):" in capsys.readouterr().out
     record = json.loads((out / "warm_start.json").read_text())
     assert record["env"] == "diag-vault" and record["steps"] == 2 and len(record["loss"]) == 2
     assert [g["step"] for g in record["grades"]] == [0, 2] and record["heldout"] == 2
+    assert all(g[part]["episodes"] == 2 for g in record["grades"] for part in ("validation", "heldout"))
     assert (out / "config.json").is_file()
     model, tok = load_model_and_tokenizer(str(out))
     assert tok.chat_template

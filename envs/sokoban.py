@@ -271,6 +271,52 @@ def train_level(task: int, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 
     return level
 
 
+def solve(level: SokobanState, max_states: int = 200_000) -> list[str] | None:
+    """A shortest action sequence solving ``level``: breadth-first search over (player, boxes) states.
+
+    Used to check that levels are solvable and by the extractor warm start's Sokoban teacher
+    (:mod:`crl_bench.trainer.warm_start_sokoban`).
+
+    Args:
+        level: the configuration (e.g. ``env.state()``).
+        max_states: give up (return ``None``) after this many distinct states.
+
+    Returns:
+        canonical action names (empty when already solved), or ``None`` when no solution exists within
+        the bound (a level with a box pushed into a corner that is not a target has none).
+    """
+    walls, targets = set(level.walls), frozenset(level.targets)
+    start = (level.player, frozenset(level.boxes))
+    parent: dict = {start: None}
+    queue = deque([start])
+    while queue:
+        state = queue.popleft()
+        player, boxes = state
+        if boxes <= targets:
+            path = []
+            while parent[state] is not None:
+                state, action = parent[state]
+                path.append(action)
+            return path[::-1]
+        for action, (dr, dc) in MOVES.items():
+            nxt = (player[0] + dr, player[1] + dc)
+            if nxt in walls:
+                continue
+            new_boxes = boxes
+            if nxt in boxes:
+                behind = (nxt[0] + dr, nxt[1] + dc)
+                if behind in walls or behind in boxes:
+                    continue
+                new_boxes = (boxes - {nxt}) | {behind}
+            child = (nxt, new_boxes)
+            if child not in parent:
+                if len(parent) >= max_states:
+                    return None
+                parent[child] = (state, action)
+                queue.append(child)
+    return None
+
+
 class SokobanEnv(TextEnv):
     """Sokoban on a small procedurally generated grid (default 6x6 with its border walls, 2 boxes).
 

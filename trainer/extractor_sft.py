@@ -43,15 +43,13 @@ from crl_bench.trainer.policy import (
     sequence_logprobs,
     shared_prefix_logprobs,
 )
-from crl_bench.trainer.warm_start_data import TeacherItem, diag_items
+from crl_bench.trainer.warm_start_data import DIAG_TEACHERS, TeacherItem, teacher_items
 
 __all__ = ["SFTExample", "reply_text", "render_examples", "finetune", "grade_extractor", "warm_start",
            "LESSON_KINDS"]
 
 #: operation kinds that write a lesson
 LESSON_KINDS = ("ADD", "UPDATE", "MERGE")
-#: the validation set's practice worlds start this far past the examples' last world
-VALIDATION_OFFSET = 10_000
 #: replies generated at once when grading
 GRADE_BATCH = 16
 
@@ -205,7 +203,9 @@ def grade_extractor(extractor: Extractor, items: Sequence[TeacherItem], grader: 
         extractor: the extractor as the loop builds it.
         items: held-out teacher items (:func:`diag_items`: the env's own contexts, or practice worlds
             the examples did not use).
-        grader: the env whose :meth:`grade_lesson` judges a lesson of an item (the item's world).
+        grader: the env whose :meth:`grade_lesson` judges a lesson of an item (the item's world), or
+            ``None`` for an env without a judge of its lessons: then ``lesson_correct`` and
+            ``wrong_lessons`` are NaN and ``agreement`` counts the operation's kind and targets only.
 
     Returns:
         ``episodes``; ``lesson_episodes`` (items where the teacher writes a lesson: successes without a
@@ -225,7 +225,9 @@ def grade_extractor(extractor: Extractor, items: Sequence[TeacherItem], grader: 
         valid += bool(ex.parse.ok)
         written = [op for op in ops if _writes(op)]
         env = grader(it)
-        good = [op for op in written if env.grade_lesson(f"{op.title} {op.content}", it.context)["correct"]]
+        judged = env is not None
+        good = [op for op in written if not judged
+                or env.grade_lesson(f"{op.title} {op.content}", it.context)["correct"]]
         wrong += len(written) > len(good)
         teacher = it.ops[0]
         if _writes(teacher):
@@ -238,9 +240,11 @@ def grade_extractor(extractor: Extractor, items: Sequence[TeacherItem], grader: 
             shown.append({"context": it.context, "success": it.record.success, "teacher": teacher.kind,
                           "reply": ex.text})
     n = len(items)
+    nan = float("nan")
+    judged = all(grader(it) is not None for it in items)
     return {"episodes": n, "lesson_episodes": lesson_n,
-            "lesson_correct": correct / lesson_n if lesson_n else float("nan"),
-            "wrong_lessons": wrong / n if n else float("nan"), "agreement": agree / n if n else float("nan"),
+            "lesson_correct": correct / lesson_n if lesson_n and judged else nan,
+            "wrong_lessons": wrong / n if n and judged else nan, "agreement": agree / n if n else nan,
             "valid": valid / n if n else float("nan"), "replies": shown}
 
 
@@ -258,13 +262,15 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
 
     The extractor model is ``cfg.extractor.model`` (``same``: the actor's ``cfg.model.name``), loaded in
     float32 (the forward under the config's compute dtype); the prompt and reply format are those
-    :func:`extractor_for` builds from ``cfg.extractor``.  Examples: ``examples`` teacher items over
-    ``worlds`` practice worlds (none of the env's own contexts).  Before the first step, every
-    ``grade_every`` steps and after the last, the extractor answers two held-out sets of ``heldout``
-    episodes each and is graded on both (:func:`grade_extractor`): ``validation``, episodes of 16
-    practice worlds the examples never used, by which a checkpoint is picked; ``heldout``, episodes of
-    the env's own contexts (its ``eval`` and ``eval_unseen`` tasks), which are reported and never used to
-    pick anything.  A step's examples go through one forward and backward (their shared prompt prefix
+    :func:`extractor_for` builds from ``cfg.extractor``.  Examples: ``examples`` teacher items
+    (:func:`~crl_bench.trainer.warm_start_data.teacher_items`; for a diagnostic, over ``worlds`` practice
+    worlds, none of the env's own contexts).  Before the first step, every ``grade_every`` steps and after
+    the last, the extractor answers two held-out sets of ``heldout`` episodes each and is graded on both
+    (:func:`grade_extractor`): ``validation``, by which a checkpoint is picked (a diagnostic's: 16 practice
+    worlds the examples never used); ``heldout``, reported and never used to pick anything (a
+    diagnostic's: its own contexts, the ``eval`` and ``eval_unseen`` tasks).  The games' parts play
+    ``train`` tasks with their own seeds, and their lessons have no judge (agreement and validity only).
+    A step's examples go through one forward and backward (their shared prompt prefix
     computed once).
 
     Writes ``out/`` (the fine-tuned model, or its LoRA adapters, and tokenizer: what
@@ -302,21 +308,22 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
                       prefix_cache=cfg.generation.prefix_cache, compute_dtype=compute_dtype,
                       cache_mb=cfg.generation.cache_mb)
     extractor = extractor_for(xc, engine, tokenizer)
-    train_items = diag_items(env_id, examples, seed, world=0, worlds=worlds, env_kwargs=env_kwargs)
-    held_items = diag_items(env_id, heldout, seed + 1, world=None, env_kwargs=env_kwargs)
-    val_items = diag_items(env_id, heldout, seed + 2, world=worlds + VALIDATION_OFFSET, worlds=16,
-                           env_kwargs=env_kwargs)
+    part_kw = {"worlds": worlds, "env_kwargs": env_kwargs, "max_steps": cfg.rollout.max_steps or None}
+    train_items = teacher_items(env_id, examples, seed, "train", **part_kw)
+    held_items = teacher_items(env_id, heldout, seed, "heldout", **part_kw)
+    val_items = teacher_items(env_id, heldout, seed, "validation", **part_kw)
     graders: dict[int | None, Any] = {}
 
     def grader(item: TeacherItem) -> Any:
+        if env_id not in DIAG_TEACHERS:
+            return None                     # no judge of a room's lessons: agreement and validity only
         if item.world not in graders:
             extra = {} if item.world is None else {"practice_world": item.world}
             graders[item.world] = make_env(env_id, **env_kwargs, **extra)
         return graders[item.world]
     train = render_examples(extractor, train_items, xc.format, xc.one_op_per_reply)
-    log(f"warm start of {name!r} on {env_id}: {len(train)} examples from {worlds} practice worlds, "
-        f"{len(val_items)} validation episodes of unused practice worlds, {len(held_items)} held-out episodes "
-        f"of the env's own contexts")
+    log(f"warm start of {name!r} on {env_id}: {len(train)} examples, {len(val_items)} validation and "
+        f"{len(held_items)} held-out episodes")
     grades: list[dict[str, Any]] = []
 
     def grade(step: int) -> None:

@@ -35,10 +35,16 @@ from crl_bench.experience.transcripts import EpisodeRecord
 from crl_bench.experience.types import ExperienceEntry, Operation
 from crl_bench.rollout import Trajectory, Turn
 
-__all__ = ["TeacherItem", "diag_items", "diag_teacher_ops", "TEACHERS"]
+__all__ = ["TeacherItem", "diag_items", "diag_teacher_ops", "teacher_items", "TEACHERS", "DIAG_TEACHERS",
+           "VALIDATION_OFFSET"]
 
-#: env ids that have a teacher (the diagnostics)
-TEACHERS: tuple[str, ...] = ("diag-vault", "diag-corridor")
+#: the diagnostics, whose teacher plays practice worlds and whose lessons ``grade_lesson`` judges
+DIAG_TEACHERS: tuple[str, ...] = ("diag-vault", "diag-corridor")
+#: env ids that have a teacher (``minihack-room``'s: :mod:`crl_bench.trainer.warm_start_minihack`;
+#: ``sokoban``'s: :mod:`crl_bench.trainer.warm_start_sokoban`)
+TEACHERS: tuple[str, ...] = DIAG_TEACHERS + ("minihack-room", "sokoban")
+#: the validation set's practice worlds start this far past the examples' last world
+VALIDATION_OFFSET = 10_000
 
 
 @dataclass
@@ -154,8 +160,8 @@ def diag_items(env_id: str, n: int, seed: int, world: int | None = 0, worlds: in
     """
     from crl_bench.env_api import make_env
 
-    if env_id not in TEACHERS:
-        raise ValueError(f"no warm-start teacher for env {env_id!r}; teachers exist for {', '.join(TEACHERS)}")
+    if env_id not in DIAG_TEACHERS:
+        raise ValueError(f"no practice worlds for env {env_id!r}; they exist for {', '.join(DIAG_TEACHERS)}")
     if n < 0 or worlds < 1:
         raise ValueError(f"need n >= 0 and worlds >= 1, got n={n}, worlds={worlds}")
     rng = random.Random(f"warm-start/{env_id}/{seed}/{world}")
@@ -196,3 +202,36 @@ def diag_items(env_id: str, n: int, seed: int, world: int | None = 0, worlds: in
         items.append(TeacherItem(episode_record(traj), shown, ops, context, lesson,
                                  None if world is None else world + i % len(envs)))
     return items
+
+
+def teacher_items(env_id: str, n: int, seed: int, part: str, *, worlds: int = 64, env_kwargs: dict | None = None,
+                  max_steps: int | None = None) -> list[TeacherItem]:
+    """``n`` teacher items of ``env_id`` for one part of a warm start.
+
+    ``part``: ``train`` (the examples), ``validation`` (what picks a checkpoint) or ``heldout`` (reported
+    only).  Diagnostics: the examples play practice worlds ``0 .. worlds - 1``, validation 16 practice
+    worlds past :data:`VALIDATION_OFFSET` (never in the examples), held-out the env's own contexts.
+    ``minihack-room`` and ``sokoban``: every part plays ``train`` tasks (the ``eval`` rooms and levels are
+    never played), each part with its own seed.
+
+    Raises:
+        ValueError: ``env_id`` has no teacher (:data:`TEACHERS`) or ``part`` is unknown.
+    """
+    if part not in ("train", "validation", "heldout"):
+        raise ValueError(f"part must be train, validation or heldout, got {part!r}")
+    if env_id not in TEACHERS:
+        raise ValueError(f"no warm-start teacher for env {env_id!r}; teachers exist for {', '.join(TEACHERS)}")
+    offset = {"train": 0, "validation": 2, "heldout": 1}[part]
+    if env_id == "minihack-room":
+        from crl_bench.trainer.warm_start_minihack import room_items
+
+        return room_items(n, seed + offset, env_kwargs, max_steps)
+    if env_id == "sokoban":
+        from crl_bench.trainer.warm_start_sokoban import sokoban_items
+
+        return sokoban_items(n, seed + offset, env_kwargs, max_steps)
+    if part == "train":
+        return diag_items(env_id, n, seed, world=0, worlds=worlds, env_kwargs=env_kwargs)
+    if part == "validation":
+        return diag_items(env_id, n, seed + offset, world=worlds + VALIDATION_OFFSET, worlds=16, env_kwargs=env_kwargs)
+    return diag_items(env_id, n, seed + offset, world=None, env_kwargs=env_kwargs)

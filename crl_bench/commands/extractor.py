@@ -1,6 +1,7 @@
-"""``crl-bench extractor sft --mix diag-vault --out DIR``: warm-start the experience extractor by fine-tuning it
-on a scripted teacher's replies to practice episodes, graded on held-out episodes of the env's own contexts
-(:mod:`crl_bench.trainer.extractor_sft`); a run then loads it with ``--extractor-model DIR``."""
+"""``crl-bench extractor sft --mix ENV --out DIR``: warm-start the experience extractor by fine-tuning it on a
+scripted teacher's replies to practice episodes (``diag-vault``, ``diag-corridor``, ``minihack-room``,
+``sokoban``), graded on held-out episodes (:mod:`crl_bench.trainer.extractor_sft`); a run then loads it with
+``--extractor-model DIR``."""
 
 from __future__ import annotations
 
@@ -22,16 +23,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s = xs.add_parser("sft", help="fine-tune the extractor on teacher replies (docs/method.md \"Warm-starting the "
                                   "extractor\")",
                       description="Fine-tune the experience extractor (the run config's extractor.model, 'same' = "
-                                  "the actor's model) on episodes of practice contexts answered by a scripted "
-                                  "teacher, in the prompt and reply format the run's extractor settings give; grade "
-                                  "it on held-out episodes of the env's own contexts; write DIR for "
-                                  "--extractor-model DIR.")
+                                  "the actor's model) on practice episodes answered by a scripted teacher "
+                                  "(diag-vault, diag-corridor, minihack-room, sokoban), in the prompt and reply "
+                                  "format the run's extractor settings give; grade it on held-out episodes; write "
+                                  "DIR for --extractor-model DIR.")
     add_config_args(s, with_method=True)
     s.set_defaults(method="complementary")
     s.add_argument("--out", required=True, help="folder to write (the model or its LoRA adapters, the tokenizer, "
                                                 "warm_start.json)")
     s.add_argument("--examples", type=int, default=2048, help="teacher examples (default 2048)")
-    s.add_argument("--worlds", type=int, default=64, help="practice worlds the examples spread over (default 64)")
+    s.add_argument("--worlds", type=int, default=64, help="diagnostics: practice worlds the examples spread over "
+                                                          "(default 64)")
     s.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     s.add_argument("--batch-size", type=int, default=16, help="examples per step (default 16)")
     s.add_argument("--lr", type=float, default=5e-5, help="learning rate (default 5e-5)")
@@ -77,9 +79,10 @@ def run(args: argparse.Namespace) -> int:
                         grade_every=args.grade_every, save_graded=args.save_graded, seed=cfg.train.seed)
     last = record["grades"][-1]["heldout"] if record["grades"] else None
     if last is not None:
-        print(f"held-out (the env's own contexts): {last['lesson_correct']:.3f} correct lessons "
-              f"({last['lesson_episodes']} lesson episodes), {last['wrong_lessons']:.3f} wrong, "
-              f"{last['valid']:.3f} valid; wrote {out} (use --extractor-model {out})")
+        judged = (f"{last['lesson_correct']:.3f} correct lessons ({last['lesson_episodes']} lesson episodes), "
+                  f"{last['wrong_lessons']:.3f} wrong, " if last["lesson_correct"] == last["lesson_correct"] else "")
+        print(f"held-out: {judged}{last['agreement']:.3f} agree with the teacher, {last['valid']:.3f} valid; "
+              f"wrote {out} (use --extractor-model {out})")
     else:
         print(f"wrote {out} (use --extractor-model {out})")
     return 0

@@ -16,46 +16,8 @@ SOLVE_BOUND = 200_000  # BFS states explored before giving up
 
 
 def solve(level: SokobanState, max_states: int = SOLVE_BOUND) -> list[str] | None:
-    """Shortest action sequence solving ``level`` by BFS over (player, boxes) states.
-
-    Args:
-        level: the configuration (e.g. ``env.state()``).
-        max_states: give up (return ``None``) after this many distinct states.
-
-    Returns:
-        a list of canonical action names (empty if already solved), or ``None`` if unsolvable within
-        the bound.
-    """
-    walls, targets = set(level.walls), frozenset(level.targets)
-    start = (level.player, frozenset(level.boxes))
-    parent: dict = {start: None}
-    queue = deque([start])
-    while queue:
-        state = queue.popleft()
-        player, boxes = state
-        if boxes <= targets:
-            path = []
-            while parent[state] is not None:
-                state, action = parent[state]
-                path.append(action)
-            return path[::-1]
-        for action, (dr, dc) in MOVES.items():
-            nxt = (player[0] + dr, player[1] + dc)
-            if nxt in walls:
-                continue
-            new_boxes = boxes
-            if nxt in boxes:
-                behind = (nxt[0] + dr, nxt[1] + dc)
-                if behind in walls or behind in boxes:
-                    continue
-                new_boxes = (boxes - {nxt}) | {behind}
-            child = (nxt, new_boxes)
-            if child not in parent:
-                if len(parent) >= max_states:
-                    return None
-                parent[child] = (state, action)
-                queue.append(child)
-    return None
+    """The library's solver (envs/sokoban.py) with this file's state bound."""
+    return sokoban.solve(level, max_states)
 
 
 def _blocked_directions(level: SokobanState) -> tuple[list[str], list[str]]:

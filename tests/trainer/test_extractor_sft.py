@@ -5,6 +5,7 @@ the fine-tuning loss, the held-out grade, and a folder that ``--extractor-model`
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -64,8 +65,14 @@ def test_practice_items_never_show_a_real_context_and_heldout_items_are_the_eval
     env = DiagCorridorEnv()
     assert all(any(env.context(t) == it.context for t in eval_tasks) for it in held)
     assert diag_items("diag-vault", 30, seed=3, world=0) == diag_items("diag-vault", 30, seed=3, world=0)
+    with pytest.raises(ValueError, match="no practice worlds"):
+        diag_items("minihack-room", 1, seed=0)
+    from crl_bench.trainer.warm_start_data import teacher_items
+
     with pytest.raises(ValueError, match="no warm-start teacher"):
-        diag_items("sokoban", 1, seed=0)
+        teacher_items("webshop", 1, 0, "train")
+    with pytest.raises(ValueError, match="part must be"):
+        teacher_items("diag-vault", 1, 0, "test")
 
 
 # ---- the examples: the loop's prompt, the loop's reply format ---------------------------------------------
@@ -186,7 +193,7 @@ def test_command_writes_a_folder_the_extractor_model_option_loads(tiny_model_dir
                "--out", str(out), "--examples", "8", "--worlds", "2", "--steps", "2", "--batch-size", "2",
                "--heldout", "2"])
     assert rc == 0
-    assert "held-out (the env's own contexts):" in capsys.readouterr().out
+    assert "correct lessons" in capsys.readouterr().out
     record = json.loads((out / "warm_start.json").read_text())
     assert record["env"] == "diag-vault" and record["steps"] == 2 and len(record["loss"]) == 2
     assert [g["step"] for g in record["grades"]] == [0, 2] and record["heldout"] == 2
@@ -198,14 +205,93 @@ def test_command_writes_a_folder_the_extractor_model_option_loads(tiny_model_dir
     args = argparse.Namespace(preset="diag", config=None, method="complementary", mix="diag-vault", model=None,
                               seed=None, extractor_model=str(out), set=[])
     assert resolve_config(args).extractor.model == str(out)
-    # LoRA: the folder holds the adapters, loaded merged into the base model
+    # LoRA: the folder holds the adapters, loaded merged into the base model; an env whose lessons have no
+    # judge (sokoban) is graded on agreement and validity only
     cfg = build_config([preset_data("diag"), {"model": {"name": str(tiny_model_dir)}}])
-    lora = warm_start(cfg, "diag-vault", tmp_path / "lora", examples=4, worlds=1, steps=1, batch_size=2, heldout=0,
-                      lora_rank=4, log=lambda _msg: None)
-    assert lora["grades"] == [] and (tmp_path / "lora" / "adapter_config.json").is_file()
+    soko = warm_start(cfg, "sokoban", tmp_path / "lora", examples=4, steps=1, batch_size=2, heldout=1, lora_rank=4,
+                      log=lambda _msg: None)
+    assert (tmp_path / "lora" / "adapter_config.json").is_file()
     merged, _ = load_model_and_tokenizer(str(tmp_path / "lora"))
     assert not hasattr(merged, "peft_config")
+    last = soko["grades"][-1]["heldout"]
+    assert math.isnan(last["lesson_correct"]) and math.isnan(last["wrong_lessons"]) and 0 <= last["agreement"] <= 1
     # an existing folder is not overwritten by accident; an env without a teacher is refused
     assert main(["extractor", "sft", "--mix", "diag-vault", "--model", str(tiny_model_dir), "--out", str(out)]) == 2
-    assert main(["extractor", "sft", "--mix", "sokoban", "--out", str(tmp_path / "x")]) == 2
+    assert main(["extractor", "sft", "--mix", "webshop", "--out", str(tmp_path / "x")]) == 2
     assert "teacher" in capsys.readouterr().err
+
+
+# ---- the minihack-room teacher ----------------------------------------------------------------------------
+def test_room_teacher_lessons_follow_the_stairs_and_the_moves():
+    from crl_bench.trainer.warm_start_minihack import MISLEADING, ROOM_LESSON, direction, room_teacher_ops
+
+    assert direction((5, 5), (7, 8)) == "southeast" and direction((5, 5), (5, 2)) == "west"
+    assert direction((5, 5), (5, 5)) == ""
+    good = ExperienceEntry(7, "minihack-room", *ROOM_LESSON)
+    bad = ExperienceEntry(8, "minihack-room", *MISLEADING[2])
+    (add,) = room_teacher_ops(True, ["southeast", "east", "north"], (1, 1), (2, 3), [], False)
+    assert add.kind == "ADD" and add.title == ROOM_LESSON[0] and "took 3 moves where 2 were enough" in add.content
+    (fast,) = room_teacher_ops(True, ["southeast", "east"], (1, 1), (2, 3), [], False)
+    assert "the fewest moves, 2" in fast.content
+    assert room_teacher_ops(True, ["east"], (1, 1), (1, 2), [good], False) == [Operation("UPVOTE", targets=(7,))]
+    (upd,) = room_teacher_ops(True, ["east"], (1, 1), (1, 2), [bad], True)
+    assert upd.kind == "UPDATE" and upd.targets == (8,)
+    assert room_teacher_ops(False, ["north"] * 8, (3, 3), (3, 1), [bad], True) == [Operation("DOWNVOTE", targets=(8,))]
+    (lost,) = room_teacher_ops(False, ["north", "north", "east"], (3, 3), (3, 1), [], False)
+    assert lost.kind == "ADD" and "to the west of the start" in lost.content and "moved north, east" in lost.content
+    assert room_teacher_ops(False, ["north"], (3, 3), (3, 1), [good], False) == [Operation("NONE")]
+
+
+def test_room_items_play_training_rooms_only(tokenizer):
+    from crl_bench.envs.minihack.tasks import MiniHackRoomEnv
+    from crl_bench.trainer.warm_start_data import teacher_items
+
+    kwargs = {"variant": "MiniHack-Room-Random-5x5-v0", "goal_offset": True}
+    items = teacher_items("minihack-room", 12, 0, "train", env_kwargs=kwargs, max_steps=8)
+    eval_tasks = set(MiniHackRoomEnv.splits["eval"])
+    assert all(it.meta["task"] in MiniHackRoomEnv.splits["train"] and it.meta["task"] not in eval_tasks
+               for it in items)
+    assert all(len(it.record.steps) <= 8 and it.record.env_id == "minihack-room" for it in items)
+    assert any(it.record.success for it in items)
+    for it in items:
+        if it.record.success and it.ops[0].kind == "ADD":
+            assert it.ops[0].title == "Walk straight to the stairs"
+    cfg = build_config([preset_data("cpu")])
+    extractor = extractor_for(cfg.extractor, None, tokenizer)
+    for ex in render_examples(extractor, items, "line", True):
+        reply = tokenizer.decode(ex.reply_ids, skip_special_tokens=True)
+        assert extractor._parse(extractor.prompts.prefill + reply, [e.id for e in ex.item.shown]).ops == ex.item.ops
+
+
+# ---- the sokoban teacher ----------------------------------------------------------------------------------
+def test_sokoban_teacher_names_the_push_that_made_the_level_unsolvable():
+    from crl_bench.envs.sokoban import EVAL_TASKS, SokobanEnv, solve
+    from crl_bench.trainer.warm_start_data import teacher_items
+    from crl_bench.trainer.warm_start_sokoban import MISLEADING, PLAN_LESSON, sokoban_teacher_ops
+
+    items = teacher_items("sokoban", 60, 0, "train")
+    assert {it.ops[0].kind for it in items} >= {"ADD", "UPVOTE"}
+    assert any(it.record.success for it in items) and any(it.meta["dead"] for it in items)
+    env = SokobanEnv()
+    for it in items:
+        task, dead = it.meta["task"], it.meta["dead"]
+        assert task not in EVAL_TASKS
+        env.reset(options={"task": task})
+        moves = [step[1] for step in it.record.steps]
+        for k, move in enumerate(moves):
+            env.step(f"<answer>{move}</answer>")
+            if dead is not None and k == dead["step"]:
+                state = env.state()                 # the push the teacher names: a box there, no solution
+                assert dead["cell"] in state.boxes and solve(state) is None
+                assert f"Move {k + 1} pushed a box {move}" in it.ops[0].content or it.ops[0].kind != "ADD"
+        if dead is None and not it.record.success:
+            assert solve(env.state()) is not None   # the level was still solvable: the moves ran out
+    good = ExperienceEntry(3, "sokoban", *PLAN_LESSON)
+    bad = ExperienceEntry(4, "sokoban", *MISLEADING[0])
+    assert sokoban_teacher_ops(True, ["up"], 1, None, 0, [good], False) == [Operation("UPVOTE", targets=(3,))]
+    assert sokoban_teacher_ops(False, ["up"] * 5, 3, None, 2, [bad], True) == [Operation("DOWNVOTE", targets=(4,))]
+    (waste,) = sokoban_teacher_ops(False, ["up"] * 5, 3, None, 2, [], False)
+    assert "ran out after 5: 2 of them moved nothing" in waste.content and "needed 3" in waste.content
+    (corner,) = sokoban_teacher_ops(False, ["up", "left"], 4, {"step": 1, "move": "left", "cell": (1, 1),
+                                                              "corner": True}, 0, [], False)
+    assert "Move 2 pushed a box left into the corner at row 1, column 1" in corner.content

@@ -257,7 +257,7 @@ def _save(model: Any, tokenizer: Any, folder: Path) -> None:
 def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, worlds: int = 64, steps: int = 200,
                batch_size: int = 16, lr: float = 5e-5, lora_rank: int = 0, heldout: int = 128,
                grade_every: int = 0, save_graded: bool = False, seed: int = 0,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+               log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Warm-start the extractor of ``cfg`` on teacher examples of ``env_id`` and write it to ``out``.
 
     The extractor model is ``cfg.extractor.model`` (``same``: the actor's ``cfg.model.name``), loaded in
@@ -277,6 +277,8 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     ``--extractor-model out`` loads), ``out/warm_start.json`` (settings, the grades, the loss per step),
     and with ``save_graded`` a folder ``out/step-N`` per grading point.
 
+    ``log`` receives each progress line (default: printed and flushed).
+
     Returns:
         The ``warm_start.json`` record.
 
@@ -286,6 +288,10 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     """
     from crl_bench.env_api import make_env
     from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
+
+    if log is None:
+        def log(msg: str) -> None:          # flushed: a background run's log file shows each line as it comes
+            print(msg, flush=True)
     from crl_bench.llm.precision import DTYPES, resolve_dtype
 
     if examples < 1 or worlds < 1 or heldout < 0 or grade_every < 0 or lora_rank < 0:

@@ -256,7 +256,7 @@ def _save(model: Any, tokenizer: Any, folder: Path) -> None:
 
 def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, worlds: int = 64, steps: int = 200,
                batch_size: int = 16, lr: float = 5e-5, lora_rank: int = 0, heldout: int = 128,
-               grade_every: int = 0, save_graded: bool = False, seed: int = 0,
+               grade_every: int = 0, grade_at: Sequence[int] = (), save_graded: bool = False, seed: int = 0,
                log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Warm-start the extractor of ``cfg`` on teacher examples of ``env_id`` and write it to ``out``.
 
@@ -264,7 +264,8 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     float32 (the forward under the config's compute dtype); the prompt and reply format are those
     :func:`extractor_for` builds from ``cfg.extractor``.  Examples: ``examples`` teacher items
     (:func:`~crl_bench.trainer.warm_start_data.teacher_items`; for a diagnostic, over ``worlds`` practice
-    worlds, none of the env's own contexts).  Before the first step, every ``grade_every`` steps and after
+    worlds, none of the env's own contexts).  Before the first step, every ``grade_every`` steps, at the
+    steps of ``grade_at`` and after
     the last, the extractor answers two held-out sets of ``heldout`` episodes each and is graded on both
     (:func:`grade_extractor`): ``validation``, by which a checkpoint is picked (a diagnostic's: 16 practice
     worlds the examples never used); ``heldout``, reported and never used to pick anything (a
@@ -294,8 +295,9 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
             print(msg, flush=True)
     from crl_bench.llm.precision import DTYPES, resolve_dtype
 
-    if examples < 1 or worlds < 1 or heldout < 0 or grade_every < 0 or lora_rank < 0:
-        raise ValueError("examples and worlds must be >= 1; heldout, grade_every and lora_rank >= 0")
+    if examples < 1 or worlds < 1 or heldout < 0 or grade_every < 0 or lora_rank < 0 or any(k < 1 for k in grade_at):
+        raise ValueError("examples and worlds must be >= 1; heldout, grade_every and lora_rank >= 0; grade_at "
+                         "steps >= 1")
     out = Path(out)
     xc = cfg.extractor
     env_kwargs = dict(cfg.rollout.env_kwargs.get(env_id, {}))
@@ -354,7 +356,7 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     def on_step(step: int, m: dict[str, float]) -> None:
         if step % 10 == 0 or step == steps:
             log(f"step {step}/{steps}: loss {m['loss']:.4f} ({m['seconds']:.1f} s)")
-        if grade_every and step % grade_every == 0 and step != steps:
+        if ((grade_every and step % grade_every == 0) or step in grade_at) and step != steps:
             grade(step)
 
     started = time.perf_counter()
@@ -371,6 +373,7 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     record = {"env": env_id, "env_kwargs": env_kwargs, "base_model": name, "lora_rank": lora_rank,
               "examples": len(train), "teacher_ops": kinds, "worlds": worlds, "steps": steps,
               "batch_size": batch_size, "lr": lr, "seed": seed, "heldout": len(held_items),
+              "grade_every": grade_every, "grade_at": sorted(set(grade_at)),
               "extractor": {"format": xc.format, "transcript": xc.transcript, "max_prompt_tokens": xc.max_prompt_tokens,
                             "one_op_per_reply": xc.one_op_per_reply, "temperature": xc.temperature},
               "seconds": round(time.perf_counter() - started, 1), "grades": grades,

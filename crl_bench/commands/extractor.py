@@ -43,6 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "contexts (default 128)")
     s.add_argument("--grade-every", type=int, default=0, help="also grade every N steps (default: before and "
                                                               "after only)")
+    s.add_argument("--grade-at", default="", metavar="N,N,...", help="also grade at these steps (e.g. 2,4,6)")
     s.add_argument("--save-graded", action="store_true", help="keep the model of every grading point in DIR/step-N")
     s.add_argument("--force", action="store_true", help="write into an existing DIR")
     return x
@@ -72,11 +73,18 @@ def run(args: argparse.Namespace) -> int:
     for name in ("steps", "heldout", "grade_every", "lora_rank"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(args, name)}")
+    try:
+        grade_at = [int(k) for k in args.grade_at.split(",") if k.strip()]
+    except ValueError:
+        raise ConfigError(f"--grade-at {args.grade_at!r}: expected step numbers separated by commas") from None
+    if any(k < 1 for k in grade_at):
+        raise ConfigError(f"--grade-at {args.grade_at!r}: steps start at 1")
     from crl_bench.trainer.extractor_sft import warm_start
 
     record = warm_start(cfg, envs[0], out, examples=args.examples, worlds=args.worlds, steps=args.steps,
                         batch_size=args.batch_size, lr=args.lr, lora_rank=args.lora_rank, heldout=args.heldout,
-                        grade_every=args.grade_every, save_graded=args.save_graded, seed=cfg.train.seed)
+                        grade_every=args.grade_every, grade_at=grade_at, save_graded=args.save_graded,
+                        seed=cfg.train.seed)
     last = record["grades"][-1]["heldout"] if record["grades"] else None
     if last is not None:
         judged = (f"{last['lesson_correct']:.3f} correct lessons ({last['lesson_episodes']} lesson episodes), "

@@ -191,12 +191,13 @@ def test_command_writes_a_folder_the_extractor_model_option_loads(tiny_model_dir
     out = tmp_path / "warm"
     rc = main(["extractor", "sft", "--mix", "diag-vault", "--preset", "diag", "--model", str(tiny_model_dir),
                "--out", str(out), "--examples", "8", "--worlds", "2", "--steps", "2", "--batch-size", "2",
-               "--heldout", "2", "--set", "extractor.max_new_tokens=8"])   # a random tiny model never stops early
+               "--heldout", "2", "--grade-at", "1", "--set", "extractor.max_new_tokens=8"])   # a random tiny
+    # model never stops early
     assert rc == 0
     assert "correct lessons" in capsys.readouterr().out
     record = json.loads((out / "warm_start.json").read_text())
     assert record["env"] == "diag-vault" and record["steps"] == 2 and len(record["loss"]) == 2
-    assert [g["step"] for g in record["grades"]] == [0, 2] and record["heldout"] == 2
+    assert [g["step"] for g in record["grades"]] == [0, 1, 2] and record["heldout"] == 2
     assert all(g[part]["episodes"] == 2 for g in record["grades"] for part in ("validation", "heldout"))
     assert (out / "config.json").is_file()
     model, tok = load_model_and_tokenizer(str(out))
@@ -219,6 +220,7 @@ def test_command_writes_a_folder_the_extractor_model_option_loads(tiny_model_dir
     # an existing folder is not overwritten by accident; an env without a teacher is refused
     assert main(["extractor", "sft", "--mix", "diag-vault", "--model", str(tiny_model_dir), "--out", str(out)]) == 2
     assert main(["extractor", "sft", "--mix", "webshop", "--out", str(tmp_path / "x")]) == 2
+    assert main(["extractor", "sft", "--mix", "diag-vault", "--out", str(tmp_path / "y"), "--grade-at", "2,x"]) == 2
     assert "teacher" in capsys.readouterr().err
 
 

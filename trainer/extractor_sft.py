@@ -256,7 +256,8 @@ def _save(model: Any, tokenizer: Any, folder: Path) -> None:
 
 def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, worlds: int = 64, steps: int = 200,
                batch_size: int = 16, lr: float = 5e-5, lora_rank: int = 0, heldout: int = 128,
-               grade_every: int = 0, grade_at: Sequence[int] = (), save_graded: bool = False, seed: int = 0,
+               warmup_steps: int = 8, grade_every: int = 0, grade_at: Sequence[int] = (), save_graded: bool = False,
+               seed: int = 0,
                log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Warm-start the extractor of ``cfg`` on teacher examples of ``env_id`` and write it to ``out``.
 
@@ -278,7 +279,8 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     ``--extractor-model out`` loads), ``out/warm_start.json`` (settings, the grades, the loss per step),
     and with ``save_graded`` a folder ``out/step-N`` per grading point.
 
-    ``log`` receives each progress line (default: printed and flushed).
+    The learning rate rises linearly over ``warmup_steps`` steps (0: none), then stays at ``lr``.  ``log``
+    receives each progress line (default: printed and flushed).
 
     Returns:
         The ``warm_start.json`` record.
@@ -295,9 +297,10 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
             print(msg, flush=True)
     from crl_bench.llm.precision import DTYPES, resolve_dtype
 
-    if examples < 1 or worlds < 1 or heldout < 0 or grade_every < 0 or lora_rank < 0 or any(k < 1 for k in grade_at):
-        raise ValueError("examples and worlds must be >= 1; heldout, grade_every and lora_rank >= 0; grade_at "
-                         "steps >= 1")
+    if (examples < 1 or worlds < 1 or heldout < 0 or grade_every < 0 or lora_rank < 0 or warmup_steps < 0
+            or any(k < 1 for k in grade_at)):
+        raise ValueError("examples and worlds must be >= 1; heldout, grade_every, lora_rank and warmup_steps "
+                         ">= 0; grade_at steps >= 1")
     out = Path(out)
     xc = cfg.extractor
     env_kwargs = dict(cfg.rollout.env_kwargs.get(env_id, {}))
@@ -362,7 +365,7 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     started = time.perf_counter()
     grade(0)
     history = finetune(model, train, steps=steps, batch_size=batch_size, micro_batch_size=batch_size,
-                       lr=lr, pad_id=tokenizer.pad_token_id, seed=seed, warmup_steps=min(10, steps // 10),
+                       lr=lr, pad_id=tokenizer.pad_token_id, seed=seed, warmup_steps=warmup_steps,
                        compute_dtype=compute_dtype, on_step=on_step)
     if steps:
         grade(steps)
@@ -372,7 +375,8 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
         kinds[e.item.ops[0].kind] = kinds.get(e.item.ops[0].kind, 0) + 1
     record = {"env": env_id, "env_kwargs": env_kwargs, "base_model": name, "lora_rank": lora_rank,
               "examples": len(train), "teacher_ops": kinds, "worlds": worlds, "steps": steps,
-              "batch_size": batch_size, "lr": lr, "seed": seed, "heldout": len(held_items),
+              "batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps, "seed": seed,
+              "heldout": len(held_items),
               "grade_every": grade_every, "grade_at": sorted(set(grade_at)),
               "extractor": {"format": xc.format, "transcript": xc.transcript, "max_prompt_tokens": xc.max_prompt_tokens,
                             "one_op_per_reply": xc.one_op_per_reply, "temperature": xc.temperature},

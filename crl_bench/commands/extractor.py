@@ -37,6 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     s.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     s.add_argument("--batch-size", type=int, default=16, help="examples per step (default 16)")
     s.add_argument("--lr", type=float, default=5e-5, help="learning rate (default 5e-5)")
+    s.add_argument("--warmup-steps", type=int, default=8, help="linear learning-rate warm-up steps (default 8)")
     s.add_argument("--lora-rank", type=int, default=0, help="LoRA rank; 0 (default) fine-tunes all weights")
     s.add_argument("--heldout", type=int, default=128,
                    help="episodes graded in each held-out set: unused practice worlds (validation) and the env's own "
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("examples", "worlds", "batch_size"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    for name in ("steps", "heldout", "grade_every", "lora_rank"):
+    for name in ("steps", "heldout", "grade_every", "lora_rank", "warmup_steps"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(args, name)}")
     try:
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     record = warm_start(cfg, envs[0], out, examples=args.examples, worlds=args.worlds, steps=args.steps,
                         batch_size=args.batch_size, lr=args.lr, lora_rank=args.lora_rank, heldout=args.heldout,
+                        warmup_steps=args.warmup_steps,
                         grade_every=args.grade_every, grade_at=grade_at, save_graded=args.save_graded,
                         seed=cfg.train.seed)
     last = record["grades"][-1]["heldout"] if record["grades"] else None

@@ -26,8 +26,9 @@ and reply format of the loop's extractor and fine-tunes on them.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from crl_bench.envs.diag import DIAG_SPLITS, N_CONTEXTS, DiagEnv
 from crl_bench.experience.records import episode_record
@@ -35,8 +36,8 @@ from crl_bench.experience.transcripts import EpisodeRecord
 from crl_bench.experience.types import ExperienceEntry, Operation
 from crl_bench.rollout import Trajectory, Turn
 
-__all__ = ["TeacherItem", "diag_items", "diag_teacher_ops", "teacher_items", "TEACHERS", "DIAG_TEACHERS",
-           "VALIDATION_OFFSET"]
+__all__ = ["TeacherItem", "diag_items", "diag_teacher_ops", "game_setup", "guiding_entry", "play_episode",
+           "teacher_items", "TEACHERS", "DIAG_TEACHERS", "VALIDATION_OFFSET"]
 
 #: the diagnostics, whose teacher plays practice worlds and whose lessons ``grade_lesson`` judges
 DIAG_TEACHERS: tuple[str, ...] = ("diag-vault", "diag-corridor")
@@ -79,27 +80,57 @@ def _wrong_actions(env: DiagEnv, task: int, rng: random.Random) -> list[str]:
             return seq
 
 
-def _play(env: DiagEnv, task: int, plan: Sequence[str], rng: random.Random, group_id: int) -> Trajectory:
-    """Play ``task``, taking ``plan``'s actions in order and uniform random ones after; a Trajectory
-    with the text fields the extractor reads (no tokens: nothing here is trained on the actor)."""
+def play_episode(env: Any, task: int, group_id: int, choose: Callable[[int], str],
+                 after: Callable[[int, str, bool], None] | None = None) -> Trajectory:
+    """Play ``task`` of ``env`` (reset to it), taking ``choose(k)`` as the ``k``-th action (0-based; called
+    just before the step, so it may read the env's state); ``after(k, action, terminated)`` is called just
+    after each step.  Returns the :class:`~crl_bench.rollout.Trajectory` with the text fields the
+    extractor reads (no tokens: nothing here is trained on the actor)."""
     obs, _ = env.reset(options={"task": task})
     traj = Trajectory(env_id=env.env_id, task=task, group_id=group_id, subgroup="free",
                       task_prompt=env.task_prompt())
     k = 0
     done = False
     while not done:
-        action = plan[k] if k < len(plan) else rng.choice(env.admissible_actions())
+        action = choose(k)
         nxt, reward, terminated, truncated, info = env.step(f"<answer>{action}</answer>")
         traj.turns.append(Turn([], [], [], action, False, float(reward), observation=obs,
                                reply=f"<answer>{action}</answer>"))
         traj.reward += float(reward)
         traj.steps += 1
+        if after is not None:
+            after(k, action, terminated)
         obs, k = nxt, k + 1
         done = terminated or truncated
         traj.success = bool(info.get("success", False))
         traj.terminated, traj.truncated = terminated, truncated
     traj.final_obs = obs
     return traj
+
+
+def game_setup(env_id: str, n: int, seed: int, env_kwargs: dict | None, max_steps: int | None
+               ) -> tuple[Any, random.Random]:
+    """The env (the run's ``env_kwargs``, the episode limit ``max_steps`` when given) and the seeded
+    generator of a game teacher's ``n`` items.  Raises ``ValueError`` for ``n`` < 0."""
+    from crl_bench.env_api import make_env
+
+    if n < 0:
+        raise ValueError(f"need n >= 0, got {n}")
+    kwargs = dict(env_kwargs or {})
+    if max_steps:
+        kwargs["max_steps"] = max_steps
+    return make_env(env_id, **kwargs), random.Random(f"warm-start/{env_id}/{seed}")
+
+
+def guiding_entry(rng: random.Random, shown_p: float, env_id: str, lesson: tuple[str, str],
+                  misleading: Sequence[tuple[str, str]], entry_id: int) -> tuple[list[ExperienceEntry], bool]:
+    """The entry shown with a game's episode: none (chance ``1 - shown_p``), else ``lesson`` or one of
+    ``misleading`` (even odds), as ``(entries, whether the entry is misleading)``."""
+    if rng.random() >= shown_p:
+        return [], False
+    bad = rng.random() < 0.5
+    title, content = rng.choice(list(misleading)) if bad else lesson
+    return [ExperienceEntry(entry_id, env_id, title, content)], bad
 
 
 def diag_teacher_ops(env: DiagEnv, task: int, success: bool, played: Sequence[str],
@@ -195,7 +226,8 @@ def diag_items(env_id: str, n: int, seed: int, world: int | None = 0, worlds: in
             next_id += 1 + rng.randrange(50)
         if not plan and rng.random() < solve_p:
             plan = env.solution(task)
-        traj = _play(env, task, plan, rng, group_id=i)
+        traj = play_episode(env, task, i, lambda k, plan=plan, env=env: plan[k] if k < len(plan)
+                            else rng.choice(env.admissible_actions()))
         played = [t.action for t in traj.turns if t.action]
         ops = diag_teacher_ops(env, task, traj.success, played, shown)
         lesson = env.lesson_for(task, env.solution(task)) if traj.success else ""

@@ -19,13 +19,11 @@ NLE ``blstats`` (index 0 x, 1 y).
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from crl_bench.experience.records import episode_record
 from crl_bench.experience.types import ExperienceEntry, Operation
-from crl_bench.rollout import Trajectory, Turn
-from crl_bench.trainer.warm_start_data import TeacherItem
+from crl_bench.trainer.warm_start_data import TeacherItem, game_setup, guiding_entry, play_episode
 
 __all__ = ["ROOM_LESSON", "MISLEADING", "room_items", "room_teacher_ops", "direction"]
 
@@ -123,54 +121,33 @@ def room_items(n: int, seed: int, env_kwargs: dict | None = None, max_steps: int
     Raises:
         ValueError: ``n`` < 0.
     """
-    from crl_bench.env_api import make_env
     from crl_bench.envs.minihack.actions import MOVE_DELTAS
 
-    if n < 0:
-        raise ValueError(f"need n >= 0, got {n}")
-    rng = random.Random(f"warm-start/minihack-room/{seed}")
-    kwargs = dict(env_kwargs or {})
-    if max_steps:
-        kwargs["max_steps"] = max_steps
-    env = make_env("minihack-room", **kwargs)
+    env, rng = game_setup("minihack-room", n, seed, env_kwargs, max_steps)
     moves_all = list(MOVE_DELTAS)
     items = []
     try:
         for i in range(n):
-            task = rng.randrange(len(env.splits["train"]))
-            task = env.splits["train"][task]
-            shown: list[ExperienceEntry] = []
-            misleading = False
-            if rng.random() < shown_p:
-                misleading = rng.random() < 0.5
-                title, content = rng.choice(MISLEADING) if misleading else ROOM_LESSON
-                shown = [ExperienceEntry(100 + i, "minihack-room", title, content)]
+            task = env.splits["train"][rng.randrange(len(env.splits["train"]))]
+            shown, misleading = guiding_entry(rng, shown_p, "minihack-room", ROOM_LESSON, MISLEADING, 100 + i)
             greedy = rng.choice((0.95, 0.7, 0.3))
-            obs, _ = env.reset(options={"task": task})
-            start, stairs = _positions(env)
-            traj = Trajectory(env_id=env.env_id, task=task, group_id=i, subgroup="free", task_prompt=env.task_prompt())
-            moves: list[str] = []
-            done = False
-            while not done:
+            first: dict[str, Any] = {}          # the agent's and the stairs' cells at the start
+
+            def choose(k: int, shown=shown, misleading=misleading, greedy=greedy, first=first) -> str:
                 agent, seen = _positions(env)
-                if misleading and len(moves) < 2:
-                    move = "north" if shown[0].title == "Go north first" else rng.choice(moves_all)
-                elif seen is not None and rng.random() < greedy:
-                    move = direction(agent, seen) or rng.choice(moves_all)
-                else:
-                    move = rng.choice(moves_all)
-                nxt, reward, terminated, truncated, info = env.step(f"<answer>{move}</answer>")
-                traj.turns.append(Turn([], [], [], move, False, float(reward), observation=obs,
-                                       reply=f"<answer>{move}</answer>"))
-                traj.reward += float(reward)
-                traj.steps += 1
-                moves.append(move)
-                obs, done = nxt, terminated or truncated
-                traj.success = bool(info.get("success", False))
-            traj.final_obs = obs
-            ops = room_teacher_ops(traj.success, moves, start, stairs, shown, misleading)
+                if k == 0:
+                    first.update(start=agent, stairs=seen)
+                if misleading and k < 2:
+                    return "north" if shown[0].title == "Go north first" else rng.choice(moves_all)
+                if seen is not None and rng.random() < greedy:
+                    return direction(agent, seen) or rng.choice(moves_all)
+                return rng.choice(moves_all)
+
+            traj = play_episode(env, task, i, choose)
+            moves = [t.action for t in traj.turns]
+            ops = room_teacher_ops(traj.success, moves, first["start"], first["stairs"], shown, misleading)
             items.append(TeacherItem(episode_record(traj), shown, ops, "room", ROOM_LESSON[1] if traj.success else "",
-                                     meta={"task": task, "start": start, "stairs": stairs}))
+                                     meta={"task": task, **first}))
     finally:
         env.close()
     return items

@@ -19,12 +19,9 @@ probability (0.95, 0.7 or 0.4) and moves at random otherwise, so that both outco
 
 from __future__ import annotations
 
-import random
-
 from crl_bench.experience.records import episode_record
 from crl_bench.experience.types import ExperienceEntry, Operation
-from crl_bench.rollout import Trajectory, Turn
-from crl_bench.trainer.warm_start_data import TeacherItem
+from crl_bench.trainer.warm_start_data import TeacherItem, game_setup, guiding_entry, play_episode
 
 __all__ = ["PLAN_LESSON", "MISLEADING", "sokoban_items", "sokoban_teacher_ops"]
 
@@ -104,62 +101,42 @@ def sokoban_items(n: int, seed: int, env_kwargs: dict | None = None, max_steps: 
     Raises:
         ValueError: ``n`` < 0.
     """
-    from crl_bench.env_api import make_env
     from crl_bench.envs.sokoban import MOVES, solve
 
-    if n < 0:
-        raise ValueError(f"need n >= 0, got {n}")
-    rng = random.Random(f"warm-start/sokoban/{seed}")
-    kwargs = dict(env_kwargs or {})
-    if max_steps:
-        kwargs["max_steps"] = max_steps
-    env = make_env("sokoban", **kwargs)
+    env, rng = game_setup("sokoban", n, seed, env_kwargs, max_steps)
     moves_all = list(MOVES)
     items = []
     for i in range(n):
         task = env.splits["train"][rng.randrange(len(env.splits["train"]))]
-        shown: list[ExperienceEntry] = []
-        misleading = False
-        if rng.random() < shown_p:
-            misleading = rng.random() < 0.5
-            title, content = rng.choice(MISLEADING) if misleading else PLAN_LESSON
-            shown = [ExperienceEntry(200 + i, "sokoban", title, content)]
+        shown, misleading = guiding_entry(rng, shown_p, "sokoban", PLAN_LESSON, MISLEADING, 200 + i)
         greedy = rng.choice((0.95, 0.7, 0.4))
-        obs, _ = env.reset(options={"task": task})
-        start = env.state()
-        plan = solve(start)
+        env.reset(options={"task": task})
+        plan = solve(env.state())
+        st = {"plan": plan, "dead": None, "bumps": 0, "before": None}
         shortest = None if plan is None else len(plan)
-        traj = Trajectory(env_id=env.env_id, task=task, group_id=i, subgroup="free", task_prompt=env.task_prompt())
-        moves: list[str] = []
-        dead = None
-        bumps = 0
-        done = False
-        while not done:
-            before = env.state()
-            if plan and rng.random() < greedy and not (misleading and len(moves) < 3):
-                move = plan[0]
-            else:
-                move = rng.choice(moves_all)
-            nxt, reward, terminated, truncated, info = env.step(f"<answer>{move}</answer>")
-            after = env.state()
-            traj.turns.append(Turn([], [], [], move, False, float(reward), observation=obs,
-                                   reply=f"<answer>{move}</answer>"))
-            traj.reward += float(reward)
-            traj.steps += 1
-            bumps += after == before
-            pushed = after.boxes != before.boxes
-            if plan and move == plan[0]:
-                plan = plan[1:]                 # the solver's move: the rest of its solution still holds
-            elif dead is None and not terminated:
-                plan = solve(after)             # only a push can make a level unsolvable
-            if pushed and plan is None and dead is None and not terminated:
-                cell = (after.player[0] + _STEP[move][0], after.player[1] + _STEP[move][1])
-                dead = {"step": len(moves), "move": move, "cell": cell,
-                        "corner": _corner(cell, frozenset(after.walls)) and cell not in after.targets}
-            moves.append(move)
-            obs, done = nxt, terminated or truncated
-            traj.success = bool(info.get("success", False))
-        traj.final_obs = obs
+
+        def choose(k: int, st=st, misleading=misleading, greedy=greedy) -> str:
+            st["before"] = env.state()
+            if st["plan"] and rng.random() < greedy and not (misleading and k < 3):
+                return st["plan"][0]
+            return rng.choice(moves_all)
+
+        def after(k: int, move: str, terminated: bool, st=st) -> None:
+            state = env.state()
+            st["bumps"] += state == st["before"]
+            pushed = state.boxes != st["before"].boxes
+            if st["plan"] and move == st["plan"][0]:
+                st["plan"] = st["plan"][1:]             # the solver's move: the rest of its solution holds
+            elif st["dead"] is None and not terminated:
+                st["plan"] = solve(state)               # only a push can make a level unsolvable
+            if pushed and st["plan"] is None and st["dead"] is None and not terminated:
+                cell = (state.player[0] + _STEP[move][0], state.player[1] + _STEP[move][1])
+                st["dead"] = {"step": k, "move": move, "cell": cell,
+                              "corner": _corner(cell, frozenset(state.walls)) and cell not in state.targets}
+
+        traj = play_episode(env, task, i, choose, after)
+        moves = [t.action for t in traj.turns]
+        dead, bumps = st["dead"], st["bumps"]
         ops = sokoban_teacher_ops(traj.success, moves, shortest, dead, bumps, shown, misleading)
         items.append(TeacherItem(episode_record(traj), shown, ops, "sokoban", PLAN_LESSON[1] if traj.success else "",
                                  meta={"task": task, "shortest": shortest, "dead": dead}))

@@ -1,7 +1,7 @@
 """The extractor's warm start: supervised fine-tuning on a scripted teacher's replies, graded on held-out
 episodes (``crl-bench extractor sft``; docs/method.md "Warm-starting the extractor").
 
-The paper's extractor (Qwen3-4B-Thinking, arXiv 2603.17621 Sec. 5.1) starts able to write a useful
+The paper's extractor (Qwen3-4B-Thinking, arXiv 2603.17621; docs/method.md "In short") starts able to write a useful
 lesson; the default 135M one does not (1 correct lesson in 540 on ``diag-vault``, docs/diagnostics.md),
 so CISPO on its use reward has nothing to reinforce.  A warm start gives the co-evolution study an
 extractor that can write: examples of practice contexts (:mod:`crl_bench.trainer.warm_start_data`),

@@ -274,8 +274,8 @@ def train_level(task: int, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 
 def solve(level: SokobanState, max_states: int = 200_000) -> list[str] | None:
     """A shortest action sequence solving ``level``: breadth-first search over (player, boxes) states.
 
-    Used to check that levels are solvable and by the extractor warm start's Sokoban teacher
-    (:mod:`crl_bench.trainer.warm_start_sokoban`).
+    Used to check that levels are solvable, and by anything that needs to know whether a state can still
+    be solved (a box pushed into a corner that is not a target leaves none).
 
     Args:
         level: the configuration (e.g. ``env.state()``).

@@ -43,7 +43,8 @@ from crl_bench.trainer.policy import (
     sequence_logprobs,
     shared_prefix_logprobs,
 )
-from crl_bench.trainer.warm_start_data import DIAG_TEACHERS, TeacherItem, teacher_items
+from crl_bench.trainer.warm_start_data import DIAG_TEACHERS, teacher_items
+from crl_bench.trainer.warm_start_items import TeacherItem
 
 __all__ = ["SFTExample", "reply_text", "render_examples", "finetune", "grade_extractor", "warm_start",
            "LESSON_KINDS"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from crl_bench.experience.records import episode_record
 from crl_bench.experience.types import ExperienceEntry, Operation
-from crl_bench.trainer.warm_start_data import TeacherItem, game_setup, guiding_entry, play_episode
+from crl_bench.trainer.warm_start_items import TeacherItem, game_setup, guiding_entry, play_episode
 
 __all__ = ["ROOM_LESSON", "MISLEADING", "room_items", "room_teacher_ops", "direction"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from crl_bench.experience.records import episode_record
 from crl_bench.experience.types import ExperienceEntry, Operation
-from crl_bench.trainer.warm_start_data import TeacherItem, game_setup, guiding_entry, play_episode
+from crl_bench.trainer.warm_start_items import TeacherItem, game_setup, guiding_entry, play_episode
 
 __all__ = ["PLAN_LESSON", "MISLEADING", "sokoban_items", "sokoban_teacher_ops"]
 

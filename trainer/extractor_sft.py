@@ -220,14 +220,15 @@ def grade_extractor(extractor: Extractor, items: Sequence[TeacherItem], grader: 
     records = [it.record for it in items]
     extractions = extractor.extract(records, [it.shown for it in items])
     lesson_n = correct = wrong = agree = valid = 0
+    judged = True                           # every item's lessons have a judge
     shown = []
     for it, ex in zip(items, extractions):
         ops = list(ex.parse.ops)
         valid += bool(ex.parse.ok)
         written = [op for op in ops if _writes(op)]
         env = grader(it)
-        judged = env is not None
-        good = [op for op in written if not judged
+        judged = judged and env is not None
+        good = [op for op in written if env is None
                 or env.grade_lesson(f"{op.title} {op.content}", it.context)["correct"]]
         wrong += len(written) > len(good)
         teacher = it.ops[0]
@@ -242,11 +243,10 @@ def grade_extractor(extractor: Extractor, items: Sequence[TeacherItem], grader: 
                           "reply": ex.text})
     n = len(items)
     nan = float("nan")
-    judged = all(grader(it) is not None for it in items)
     return {"episodes": n, "lesson_episodes": lesson_n,
             "lesson_correct": correct / lesson_n if lesson_n and judged else nan,
             "wrong_lessons": wrong / n if n and judged else nan, "agreement": agree / n if n else nan,
-            "valid": valid / n if n else float("nan"), "replies": shown}
+            "valid": valid / n if n else nan, "replies": shown}
 
 
 def _save(model: Any, tokenizer: Any, folder: Path) -> None:
@@ -267,8 +267,8 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     :func:`extractor_for` builds from ``cfg.extractor``.  Examples: ``examples`` teacher items
     (:func:`~crl_bench.trainer.warm_start_data.teacher_items`; for a diagnostic, over ``worlds`` practice
     worlds, none of the env's own contexts).  Before the first step, every ``grade_every`` steps, at the
-    steps of ``grade_at`` and after
-    the last, the extractor answers two held-out sets of ``heldout`` episodes each and is graded on both
+    steps of ``grade_at`` and after the last, the extractor answers two held-out sets of ``heldout``
+    episodes each and is graded on both
     (:func:`grade_extractor`): ``validation``, by which a checkpoint is picked (a diagnostic's: 16 practice
     worlds the examples never used); ``heldout``, reported and never used to pick anything (a
     diagnostic's: its own contexts, the ``eval`` and ``eval_unseen`` tasks).  The games' parts play
@@ -292,11 +292,11 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
     """
     from crl_bench.env_api import make_env
     from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
+    from crl_bench.llm.precision import DTYPES, resolve_dtype
 
     if log is None:
         def log(msg: str) -> None:          # flushed: a background run's log file shows each line as it comes
             print(msg, flush=True)
-    from crl_bench.llm.precision import DTYPES, resolve_dtype
 
     if (examples < 1 or worlds < 1 or heldout < 0 or grade_every < 0 or lora_rank < 0 or warmup_steps < 0
             or any(k < 1 for k in grade_at)):

@@ -24,9 +24,11 @@ Storage
     float32 bytes.  The key is ``entry.text()``
     unless the writer gives another (the released keying: the retrieval query of the episode the entry
     was distilled from; see :meth:`ExperienceBank.apply`). Columns ``votes``, ``parent_ids`` (a JSON
-    list) and ``origin`` hold the vote count and the lineage; banks written before they existed are
-    migrated when opened for writing and read with the defaults (0, no parents, ``add``) when opened
-    read-only. Table ``rejections`` logs every refused operation (time,
+    list) and ``origin`` hold the vote count and the lineage, ``utility`` the re-rank's moving average,
+    ``source_case`` the raw case of the episode the entry was written from
+    (:attr:`~crl_bench.experience.types.ExperienceEntry.source_case`); banks written before they existed
+    are migrated when opened for writing and read with the defaults (0, no parents, ``add``, 0.5, no
+    case) when opened read-only. Table ``rejections`` logs every refused operation (time,
     step, extraction id, env id, the operation as JSON, reason). Table ``counters`` keeps totals
     (operations applied per kind, evictions, entries deleted by votes, merge-pass results). Ids come
     from ``AUTOINCREMENT`` and are never reused,
@@ -396,7 +398,7 @@ class ExperienceBank(EntryWrites, InsightTable, ReflectionTable):
                                updated_step=r[5], source_extraction=r[6], extractor_version=r[7],
                                times_retrieved=r[8], times_success=r[9], times_failure=r[10],
                                last_retrieved=r[11], votes=int(r[12] or 0), parent_ids=parse_parents(r[13]),
-                               origin=str(r[14] or "add"), utility=float(r[15]))
+                               origin=str(r[14] or "add"), utility=float(r[15]), source_case=str(r[16] or ""))
 
     @staticmethod
     def _bump(c: sqlite3.Connection, name: str, by: int = 1) -> None:

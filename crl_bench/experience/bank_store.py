@@ -34,7 +34,8 @@ ENTRY_COLS = ("id", "env_id", "title", "content", "created_step", "updated_step"
 LATER_COLS = {"votes": ("INTEGER NOT NULL DEFAULT 0", "0"),
                "parent_ids": ("TEXT NOT NULL DEFAULT ''", "''"),
                "origin": ("TEXT NOT NULL DEFAULT 'add'", "'add'"),
-               "utility": (f"REAL NOT NULL DEFAULT {UTILITY_INIT}", str(UTILITY_INIT))}
+               "utility": (f"REAL NOT NULL DEFAULT {UTILITY_INIT}", str(UTILITY_INIT)),
+               "source_case": ("TEXT NOT NULL DEFAULT ''", "''")}
 SQL_CHUNK = 900
 
 SCHEMA = """

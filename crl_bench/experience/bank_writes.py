@@ -49,7 +49,7 @@ class EntryWrites:
 
     # ------------------------------------------------------------------ writes
     def apply(self, ops: list[Operation], *, env_id: str, step: int, extraction_id: str,
-              extractor_version: int, key_text: str | None = None) -> ApplyResult:
+              extractor_version: int, key_text: str | None = None, source_case: str = "") -> ApplyResult:
         """Validate and apply ``ops`` in order (one transaction each), then enforce the capacity cap.
 
         ``key_text``: what the entries written are indexed by (embedded once for the whole call), e.g.
@@ -59,6 +59,10 @@ class EntryWrites:
 
         ``extractor_version``: the extractor's update count, stamped on the entries written (stored in
         column ``generation``).
+
+        ``source_case``: the raw case of the episode the operations were distilled from, stored on each
+        entry written (:attr:`~crl_bench.experience.types.ExperienceEntry.source_case`); ``""`` (a merge
+        call, no episode): an UPDATE / MERGE entry takes the case of its first target that has one.
 
         * ADD inserts a new entry of ``env_id`` (origin ``add``).
         * UPDATE and MERGE delete their targets and insert one new entry (new id, origin ``update`` /
@@ -114,7 +118,7 @@ class EntryWrites:
                     res.deleted_by_vote += outcome
                 continue
             outcome = self._apply_one(op, targets, vec_of[i], env_id, step, extraction_id, extractor_version,
-                                      key_of[i])
+                                      key_of[i], source_case)
             if isinstance(outcome, str):
                 res.rejected.append((op, outcome))
             else:
@@ -209,17 +213,30 @@ class EntryWrites:
 
     def _insert(self, c: sqlite3.Connection, env_id: str, title: str, content: str, step: int, extraction_id: str,
                 extractor_version: int, now: float, blob: bytes, key: str, parents: Sequence[int],
-                origin: str) -> int:
+                origin: str, source_case: str = "") -> int:
         """Insert one new entry (fresh counters, no votes) inside the caller's transaction; its id."""
         cur = c.execute(
             "INSERT INTO entries(env_id, title, content, created_step, updated_step, source_extraction, generation, "
-            "updated_at, embedding, key_text, parent_ids, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "updated_at, embedding, key_text, parent_ids, origin, source_case) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (env_id, title, content, int(step), int(step), str(extraction_id), int(extractor_version), now, blob, key,
-             parents_json(parents), origin))
+             parents_json(parents), origin, str(source_case)))
         return int(cur.lastrowid)
 
+    @staticmethod
+    def _parent_case(c: sqlite3.Connection, parents: Sequence[int]) -> str:
+        """The ``source_case`` of the first of ``parents`` (in their order) that has one, else ``""``
+        (read before the parents are deleted)."""
+        ids = [int(p) for p in parents]
+        rows = {}
+        for lo in range(0, len(ids), SQL_CHUNK):
+            chunk = ids[lo:lo + SQL_CHUNK]
+            rows.update(c.execute(f"SELECT id, source_case FROM entries WHERE id IN ({','.join('?' * len(chunk))})",
+                                  chunk).fetchall())
+        return next((str(rows[p]) for p in ids if rows.get(p)), "")
+
     def _apply_one(self, op: Operation, targets: tuple[int, ...], vec: np.ndarray, env_id: str, step: int,
-                   extraction_id: str, extractor_version: int, key: str) -> int | str:
+                   extraction_id: str, extractor_version: int, key: str, source_case: str = "") -> int | str:
         """One ADD / UPDATE / MERGE in one transaction; returns the new entry's id or a rejection reason."""
         title, content = str(op.title).strip(), str(op.content).strip()
         now = time.time()
@@ -227,10 +244,11 @@ class EntryWrites:
         origin = {"ADD": "add", "UPDATE": "update", "MERGE": "merge"}[op.kind]
 
         def body(c: sqlite3.Connection, live: list[int]) -> tuple[int, list[int]]:
+            case = source_case or (self._parent_case(c, live) if live else "")
             if live:
                 c.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(live))})", live)
             new_id = self._insert(c, env_id, title, content, step, extraction_id, extractor_version, now, blob, key,
-                                  live, origin)
+                                  live, origin, case)
             self._bump(c, f"applied_{op.kind}")
             return new_id, live
 
@@ -246,7 +264,8 @@ class EntryWrites:
         """Apply one env's merge pass (the fold of :mod:`crl_bench.experience.manager`) in one transaction:
         delete the entries ``remove`` and write one new entry per ``(title, content)`` of ``items``,
         keyed by its own text (released: a merged entry is keyed by its content), origin ``fold``,
-        ``parent_ids`` = ``remove``, fresh counters, crediting ``extraction_id``.
+        ``parent_ids`` = ``remove``, fresh counters, crediting ``extraction_id``, the ``source_case`` of
+        the first entry of ``remove`` that has one.
 
         As released (``merge_memory``), nothing is applied when an entry of ``remove`` is no longer
         in the bank (deleted since the pass read it): returns ``None``. Items whose text fails
@@ -282,13 +301,16 @@ class EntryWrites:
                 if len(found) != len(remove):
                     self._bump(c, "merge_pass_skipped")
                     return None
+                case = self._parent_case(c, remove)
                 c.execute(f"DELETE FROM entries WHERE id IN ({marks})", remove)
+            else:
+                case = ""
             for (title, content), text in zip(good, texts):
                 if text not in row:
                     continue
                 blob = np.ascontiguousarray(row[text], dtype=np.float32).tobytes()
                 new_ids.append(self._insert(c, env_id, title, content, step, extraction_id, extractor_version, now,
-                                            blob, text, remove, "fold"))
+                                            blob, text, remove, "fold", case))
                 vecs.append(row[text])
             self._bump(c, "merge_pass_applied")
             self._bump(c, "merge_pass_removed", len(remove))

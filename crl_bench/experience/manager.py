@@ -152,12 +152,18 @@ class ExperienceManager:
         distill_batch: most episodes per extractor call.
         utility_beta: step of an entry's utility towards the outcome of each guided episode it was
             shown to (:meth:`record_outcomes`; ``experience.utility.beta``).
+        case_tokenizer: measures the raw case stored on each entry written from an episode
+            (:meth:`source_case`); ``None``: no case is stored.
+        case_tokens: token budget of that case's trajectory (``experience.cases.tokens``).
     """
 
     def __init__(self, bank: ExperienceBank, retriever: Retriever, extractor: Extractor | Any = None, *,
                  search_workers: int = 2, query_batch: int = 32, query_timeout_ms: float = 5.0,
-                 distill_batch: int = 8, utility_beta: float = 0.05) -> None:
+                 distill_batch: int = 8, utility_beta: float = 0.05, case_tokenizer: Any = None,
+                 case_tokens: int = 256) -> None:
         self.bank = bank
+        self.case_tokenizer = case_tokenizer
+        self.case_tokens = int(case_tokens)
         self.utility_beta = float(utility_beta)
         self.retriever = retriever
         self.extractor = extractor
@@ -334,18 +340,34 @@ class ExperienceManager:
         with self._mu:
             self._stats.distill_s += time.perf_counter() - t0
 
+    def source_case(self, record: Any) -> str:
+        """The raw case stored on the entries written from the episode ``record`` (an
+        :class:`~crl_bench.experience.transcripts.EpisodeRecord`; ``None`` for a request without one):
+        ``"title: content"`` of :func:`~crl_bench.experience.cases.case_text`, the text a case bank
+        would store for it; ``""`` without a record or :attr:`case_tokenizer`."""
+        if record is None or self.case_tokenizer is None or not getattr(record, "steps", None):
+            return ""
+        from crl_bench.experience.cases import case_text
+
+        title, content = case_text(record, self.case_tokenizer, self.case_tokens)
+        return f"{title}: {content}"
+
     def apply_extractions(self, done: Sequence[tuple[Any, Extraction]], merges: bool = False) -> None:
         """Apply each ``(request, extraction)``'s parsed operations to the bank (under the write lock,
-        indexed by the request's ``key_text``), count it (``merges``: as a merge call, else as a
-        distilled episode) and report its :class:`ExtractionOutcome` (:meth:`pop_outcomes`).  Called
-        by request handlers on the worker thread."""
+        indexed by the request's ``key_text``, each entry written keeping the raw case of the request's
+        episode, :meth:`source_case`), count it (``merges``: as a merge call, else as a distilled
+        episode) and report its :class:`ExtractionOutcome` (:meth:`pop_outcomes`).  Called by request
+        handlers on the worker thread."""
         for req, extraction in done:
             ops = list(extraction.parse.ops)
             result = None
             if ops:
+                case = self.source_case(getattr(req, "record", None)) \
+                    if any(op.kind in WRITE_KINDS for op in ops) else ""
                 with self.lock.write():
                     result = self.bank.apply(ops, env_id=req.env_id, step=req.step, extraction_id=extraction.id,
-                                             extractor_version=extraction.extractor_version, key_text=req.key_text)
+                                             extractor_version=extraction.extractor_version, key_text=req.key_text,
+                                             source_case=case)
             with self._mu:
                 st = self._stats
                 if merges:
@@ -634,4 +656,5 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     extractor = None if read_only else memory.writer(engine, tokenizer)
     return ExperienceManager(bank, retriever, extractor, search_workers=exp_cfg.search_workers,
                              query_batch=exp_cfg.query_batch, query_timeout_ms=exp_cfg.query_timeout_ms,
-                             utility_beta=exp_cfg.utility.beta)
+                             utility_beta=exp_cfg.utility.beta, case_tokenizer=tokenizer,
+                             case_tokens=exp_cfg.cases.tokens)

@@ -62,6 +62,12 @@ class ExperienceEntry:
         utility: moving average of the success of the guided training episodes it was shown to
             (starts at 0.5; :meth:`~crl_bench.experience.bank.ExperienceBank.record_outcome`); read by
             the ``utility`` re-rank.
+        source_case: the raw case of the entry: the episode it was written from, compacted as a case
+            bank stores it (``"task: Outcome: ... Start: ... Step 1: ..."``,
+            :func:`crl_bench.experience.cases.case_text` at ``experience.cases.tokens``); for an entry
+            written without an episode (a merge call, a merge pass) its first parent's; ``""`` when
+            none is known (imports, banks older than the column). Shown by the ``raw`` and ``both``
+            memory controls (docs/evaluation.md "Memory forms"), never in training.
     """
 
     id: int
@@ -80,6 +86,7 @@ class ExperienceEntry:
     parent_ids: tuple[int, ...] = ()
     origin: str = "add"
     utility: float = 0.5
+    source_case: str = ""
 
     def text(self) -> str:
         """The text that is embedded and shown to the actor: ``"title: content"``."""

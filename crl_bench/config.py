@@ -59,7 +59,7 @@ LossAgg = Literal["seq-mean-token-mean", "token-mean"]
 LogprobTemperature = Literal["sampling", "raw"]
 SequenceLayout = Literal["episode", "turn"]
 Sharding = Literal["ddp", "fsdp"]
-EvalControl = Literal["shuffled", "empty"]
+EvalControl = Literal["shuffled", "empty", "raw", "condensed", "both"]
 Distill = Literal["guided", "all"]
 EntryKey = Literal["query", "lesson"]
 Integration = Literal["trajectory", "turn", "both"]
@@ -332,8 +332,11 @@ class EvalConfig:
     controls: list[EvalControl] = field(default_factory=lambda: ["shuffled", "empty"])
     """Memory controls evaluated after ``guided`` by methods with a bank (docs/evaluation.md "Memory controls"):
     ``shuffled`` (each episode is shown what retrieval returns for another eval task of its env, of another context
-    where the env has contexts) and ``empty`` (the guided prompt with its knowledge block but no entry in it). Both
-    are read-only."""
+    where the env has contexts) and ``empty`` (the guided prompt with its knowledge block but no entry in it); the
+    memory forms ``raw``, ``condensed`` and ``both`` (the guided retrieval shown as the episodes the entries come
+    from, as what was distilled from them, or both; docs/evaluation.md "Memory forms"), each run only by a memory
+    kind for which it differs from ``guided`` (lessons: raw, both; insights: raw, condensed; cases and reflections:
+    none), the others skipped. All are read-only."""
     lesson_follow: Annotated[int, Interval(ge=0, le=8)] = 0
     """Probe states of the ``diag-vault`` diagnostic on which the actor's lesson following is measured after every
     training step (``lesson_follow`` in metrics.jsonl; :mod:`crl_bench.trainer.lesson_follow`); 0 = off, the

@@ -1,7 +1,7 @@
-"""Evaluation of a trainer's actor: the eval modes (``free``, ``guided`` and the memory controls
-``shuffled`` / ``empty``), the eval tasks and their panels, the protocol that makes two evaluations
-comparable, repeated trials and independent samples, and Reflexion's evaluation attempts
-(docs/evaluation.md).
+"""Evaluation of a trainer's actor: the eval modes (``free``, ``guided`` and the memory controls ``shuffled`` /
+``empty`` and the memory forms ``raw`` / ``condensed`` / ``both``), the eval tasks and their panels, the
+protocol that makes two evaluations comparable, repeated trials and independent samples, and Reflexion's
+evaluation attempts (docs/evaluation.md).
 
 :class:`Evaluator` runs on the parts of a :class:`~crl_bench.trainer.loop.Trainer` (its env pool,
 rollout runner, eval sampling and experience track) and adds no state to the actor: the training loop
@@ -28,6 +28,8 @@ from crl_bench.rollout import EpisodeSpec, Trajectory
 EVAL_CONTROLS: tuple[str, ...] = get_args(EvalControl)
 #: every eval mode, in the order a final evaluation runs the ones it has
 EVAL_MODES = ("guided", *EVAL_CONTROLS, "free")
+#: the controls that show the guided retrieval in another memory form (docs/evaluation.md "Memory forms")
+FORM_CONTROLS = ("raw", "condensed", "both")
 
 
 def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
@@ -109,10 +111,24 @@ class Evaluator:
     @property
     def modes(self) -> list[str]:
         """The modes of the final evaluation, in the order they run: ``guided`` and the memory controls
-        of ``eval.controls`` for a method with a bank (and ``experience.eval_guided``), then ``free``."""
+        of ``eval.controls`` for a method with a bank (and ``experience.eval_guided``), then ``free``.
+        A memory form the method's memory kind does not show apart from ``guided``
+        (:attr:`~crl_bench.experience.memory.Memory.forms`) is left out (:meth:`skipped_controls`)."""
         if not self.guided:
             return ["free"]
-        return ["guided", *[c for c in EVAL_CONTROLS if c in self.cfg.eval.controls], "free"]
+        skip = self.skipped_controls()
+        return ["guided", *[c for c in EVAL_CONTROLS if c in self.cfg.eval.controls and c not in skip], "free"]
+
+    def skipped_controls(self) -> dict[str, str]:
+        """``{control: why}`` for the memory forms of ``eval.controls`` that the method's memory kind
+        does not show apart from ``guided`` (a case bank's raw form is its guided mode, and it has no
+        condensed form): the final evaluation does not run them."""
+        track = self.trainer.experience
+        if track is None:
+            return {}
+        forms = track.memory.forms
+        return {c: f"memory {track.memory.name!r} shows forms {', '.join(forms) or 'none'} apart from guided"
+                for c in FORM_CONTROLS if c in self.cfg.eval.controls and c not in forms}
 
     def task_ids(self, episodes: int | str | None = None) -> dict[str, list[int]]:
         """The eval tasks of each env: the first ``episodes`` ids of its eval split (``"all"``: every
@@ -250,9 +266,11 @@ class Evaluator:
                 ``experience.eval_guided``. Raises ``ValueError`` if asked without a bank.
             mode: ``free``, ``guided`` or a memory control (docs/evaluation.md "Memory controls"):
                 ``shuffled`` (each episode retrieves with the query of another eval task of its env,
-                :meth:`shuffled_donors`) or ``empty`` (the knowledge block's header and no entry);
-                overrides ``guided``.  The controls replace the episode-start experience only:
-                turn-level retrieval and the search tool are off in them.
+                :meth:`shuffled_donors`), ``empty`` (the knowledge block's header and no entry) or a
+                memory form of the kind's (``raw``, ``condensed``, ``both``: the guided retrieval shown
+                in that form, :meth:`ExperienceTrack.form_guide`); overrides ``guided``.  The controls
+                replace the episode-start experience only: turn-level retrieval and the search tool are
+                off in them.
 
         Returns ``summarise`` of the episodes plus ``per_env`` (episodes, success rate, mean steps,
         invalid-action rate, ``score_mean`` = mean episode reward, e.g. WebShop's score, ``successes``:
@@ -274,7 +292,8 @@ class Evaluator:
         pooled over all tasks) and ``samples``.
 
         Raises:
-            ValueError: an unknown mode, or a mode with experience for a method without a bank.
+            ValueError: an unknown mode, a mode with experience for a method without a bank, or a
+                memory form the method's memory kind does not show.
         """
         if mode is None:
             mode = "guided" if (self.guided if guided is None else guided) else "free"
@@ -302,8 +321,8 @@ class Evaluator:
         episodes around it.
 
         Raises:
-            ValueError: an unknown mode, a mode given twice, or a mode with experience for a method
-                without a bank.
+            ValueError: an unknown mode, a mode given twice, a mode with experience for a method
+                without a bank, or a memory form the method's memory kind does not show.
         """
         modes = list(modes)
         for mode in modes:
@@ -311,6 +330,8 @@ class Evaluator:
                 raise ValueError(f"unknown eval mode {mode!r}; known: free, guided, {', '.join(EVAL_CONTROLS)}")
             if mode != "free" and self.trainer.experience is None:
                 raise ValueError(f"{mode} evaluation needs an experience bank; method {self.cfg.method!r} has none")
+            if mode in FORM_CONTROLS and mode not in self.trainer.experience.memory.forms:
+                raise ValueError(f"eval mode {mode!r}: {self.skipped_controls().get(mode) or 'not a form here'}")
         if len(set(modes)) != len(modes):
             raise ValueError(f"eval modes given twice: {modes}")
         if not self.cfg.eval.stream and len(modes) > 1:
@@ -368,6 +389,7 @@ class Evaluator:
         exp = self.cfg.experience
         donors = self.shuffled_donors(tasks) if mode == "shuffled" else {}
         live = mode == "guided"
+        form = mode if mode in FORM_CONTROLS else ""
         specs = [EpisodeSpec(env_id, t, group_id=i, subgroup="free" if mode == "free" else "guided",
                              retrieve=mode != "free" and (exp.integration != "turn" or not live),
                              turn_retrieve=live and exp.integration != "trajectory",
@@ -378,8 +400,8 @@ class Evaluator:
                  for env_id, ids in tasks.items() for i, t in enumerate(ids)]
         # evaluation leaves the bank and its usage counters as they were, unless eval.writes_counters
         # (the released evaluation counts its retrievals)
-        hooks = self.trainer.rollout_hooks(training=False, guided=mode != "free")
-        if mode != "guided":
+        hooks = self.trainer.rollout_hooks(training=False, guided=mode != "free", form=form)
+        if mode != "guided" and not form:
             hooks = {"guide": self.control_guide()} if mode == "empty" else \
                 {k: v for k, v in hooks.items() if k == "guide"}
         prepare = learn = None
@@ -552,8 +574,13 @@ class Evaluator:
         of ``modes`` (default :attr:`modes`: ``free`` and, for methods with an experience bank
         and ``experience.eval_guided``, ``guided`` and the memory controls of ``eval.controls``), the
         same tasks in every mode (blocks as :meth:`evaluate`, run as one stream by
-        :meth:`evaluate_modes`), and the final actor's ``lesson_follow`` (with ``eval.lesson_follow``)."""
+        :meth:`evaluate_modes`), the final actor's ``lesson_follow`` (with ``eval.lesson_follow``) and,
+        where ``eval.controls`` names memory forms the method's kind does not show, why they did not run
+        (``controls_skipped``)."""
         out: dict[str, Any] = {"step": self.trainer.step, "protocol": self.protocol(episodes)}
+        skipped = self.skipped_controls() if modes is None and self.guided else {}
+        if skipped:
+            out["controls_skipped"] = skipped
         out.update(self.evaluate_modes(self.modes if modes is None else modes, episodes, progress))
         follow = self.trainer.lesson_follow()
         if follow:                            # the final actor's lesson following

@@ -290,6 +290,24 @@ class ExperienceTrack:
         are counted on the entries only with ``eval.writes_counters`` (released evaluation)."""
         return self.guide(requests, count_retrievals=self.cfg.eval.writes_counters, judge_sampling=False)
 
+    def form_guide(self, requests: list[tuple[str, str, str]], form: str) -> list[Guidance]:
+        """Rollout callback of a memory form's control (``eval.controls``: ``raw``, ``condensed``,
+        ``both``; docs/evaluation.md "Memory forms"): the retrieval of :meth:`eval_guide` for each
+        request, never counted on the entries, shown as the memory kind's ``form``
+        (:meth:`~crl_bench.experience.memory.Memory.form_guidance`) and recorded as retrieved.  The
+        actor-critic judge does not run: the entries are shown as retrieved.
+
+        Raises:
+            ValueError: the memory kind has no such form.
+        """
+        if form not in self.memory.forms:
+            self.memory.form_guidance(self.manager, form, [], [])       # raises, naming the kind's forms
+        found = self.manager.retrieve([(self.memory.scope(env_id), query) for env_id, _, query in requests],
+                                      count_retrievals=False)
+        texts = self.memory.form_guidance(self.manager, form, [env_id for env_id, _, _ in requests], found)
+        return [Guidance(text, [e.id for e in entries], RetrievalRecord([replace(e) for e in entries], text))
+                for entries, text in zip(found, texts)]
+
     def env_score(self, env_id: str) -> tuple[float, int]:
         """``(average score, episodes)`` of the actor on ``env_id`` over the training episodes so far
         (``(0.0, 0)`` before the first)."""

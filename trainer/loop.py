@@ -490,12 +490,14 @@ class Trainer:
         return {"peak_rss_gb": round(self.peaks.lifetime_gb, 3), **self.peaks.take(),
                 **({"rss_gb": round(now, 3)} if now is not None else {})}
 
-    def rollout_hooks(self, training: bool, guided: bool = True) -> dict[str, Any]:
+    def rollout_hooks(self, training: bool, guided: bool = True, form: str = "") -> dict[str, Any]:
         """The experience track's callbacks for :meth:`RolloutRunner.collect` (none without a track):
         the episode-start guide, the turn-level guide and the search tool. ``training``: training
         (counters written, the judge samples as in training) or evaluation (``eval.writes_counters``
         decides, the judge samples as in evaluation); ``guided``: evaluation with the bank (a free
-        evaluation gets none of them).  Retrieval (query embedding, search, the judge) is the actor's
+        evaluation gets none of them); ``form``: a memory form's control (``raw``, ``condensed``,
+        ``both``): only the episode-start guide, showing the guided retrieval in that form
+        (:meth:`ExperienceTrack.form_guide`).  Retrieval (query embedding, search, the judge) is the actor's
         work: the guides run as foreground sections of the compute gate, so that no distillation step
         starts while the actor waits for its experience.  The search tool does not (the extractor's
         answer is itself background work the actor waits for)."""
@@ -512,6 +514,8 @@ class Trainer:
                     return fn(requests)
             return call
 
+        if form:
+            return {"guide": foreground(lambda requests: track.form_guide(requests, form))}
         hooks: dict[str, Any] = {"guide": foreground(track.guide if training else track.eval_guide)}
         if exp.integration in ("turn", "both"):
             hooks["turn_guide"] = foreground(lambda requests: track.turn_guide(requests, count_retrievals=writes))

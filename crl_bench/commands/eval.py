@@ -26,8 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     e.add_argument("--split", default="eval")
     e.add_argument("--episodes", type=episodes, help="episodes per env (a number, or 'all')")
     e.add_argument("--modes", type=_eval_modes, help="comma-separated eval modes: free, guided, shuffled, "
-                                                     "empty (default: the run's final-eval modes; free "
-                                                     "without --run)")
+                                                     "empty, and the memory forms raw, condensed, both "
+                                                     "(default: the run's final-eval modes; free without "
+                                                     "--run)")
     e.add_argument("--out", help="write the result JSON here")
     e.add_argument("--save-run", metavar="DIR",
                    help="without --run: also write DIR (new) as an evaluation-only run folder (method "
@@ -49,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def _eval_modes(text: str) -> list[str]:
     """``--modes free,guided,shuffled`` -> the list (argparse type; a bad name is a usage error)."""
     modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
-    known = ("free", "guided", "shuffled", "empty")
+    known = ("free", "guided", "shuffled", "empty", "raw", "condensed", "both")
     bad = [m for m in modes if m not in known]
     if bad or not modes:
         raise argparse.ArgumentTypeError(f"unknown eval mode(s) {', '.join(bad) or '(none given)'}; "

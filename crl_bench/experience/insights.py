@@ -52,7 +52,8 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from annotated_types import Ge
 
 from crl_bench.experience.cases import CasesMemory, CaseWriter, case_requests
-from crl_bench.experience.memory import empty_guidance_text, guidance_text, register_memory
+from crl_bench.experience.json_ops import format_numbered
+from crl_bench.experience.memory import Memory, empty_guidance_text, guidance_text, register_memory
 from crl_bench.experience.records import by_group, episode_record
 from crl_bench.experience.requests import Request
 from crl_bench.experience.transcripts import EpisodeRecord, compact_trajectory, outcome_text, strip_observation
@@ -611,6 +612,7 @@ class InsightsMemory(CasesMemory):
     the most similar case. The memory of ``expel``."""
 
     uses_extractor: ClassVar[bool] = True
+    forms: ClassVar[tuple[str, ...]] = ("raw", "condensed")     # both: the guided mode itself
 
     def writer(self, engine: Any, tokenizer: Any) -> Any:
         """The :class:`InsightWriter` over ``engine`` (:func:`insight_writer_for`); ``None`` without one."""
@@ -629,6 +631,17 @@ class InsightsMemory(CasesMemory):
                 text = "\n\n".join(p for p in (insight_block(lists[env_id]), text) if p)
             out.append(text)
         return out
+
+    def form_guidance(self, manager: Any, form: str, env_ids: Sequence[str],
+                      found: Sequence[Sequence[Any]]) -> list[str]:
+        """``raw``: the retrieved cases alone (the guided block without the insight list); ``condensed``:
+        the env's insight list alone (``""`` where it has none), whatever was retrieved."""
+        if form == "raw":
+            return Memory.guidance(self, manager, env_ids, [format_numbered(f, empty="") for f in found])
+        if form == "condensed":
+            lists = manager.insights(list(env_ids))
+            return [insight_block(lists[e]) if lists.get(e) else "" for e in env_ids]
+        raise ValueError(f"memory 'insights' shows forms raw and condensed, not {form!r}")
 
     def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:
         """Queue the step's cases (:func:`~crl_bench.experience.cases.case_requests`), then its insight

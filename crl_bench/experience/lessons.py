@@ -14,6 +14,9 @@ extractions whose lessons guided episodes).
 * Upkeep (:meth:`LessonsMemory.upkeep`): every ``experience.merge.every`` steps the merge pass
   (:func:`merge_pass`): the released fold (``merge_memory``, :class:`FoldRequest`) or groups of
   similar entries (:class:`MergeRequest`), both handled on the manager's worker thread.
+* Memory forms (:meth:`LessonsMemory.form_guidance`, the ``raw`` and ``both`` eval controls): the
+  lessons a guided episode retrieved shown as the episodes they were distilled from
+  (:attr:`~crl_bench.experience.types.ExperienceEntry.source_case`), or each lesson with its episode.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from annotated_types import Ge, Interval
 
+from crl_bench.experience.cases import CASES_HEADER
 from crl_bench.experience.extractor import fold_items
-from crl_bench.experience.memory import Memory, bank_scope, register_memory
+from crl_bench.experience.memory import Memory, bank_scope, guidance_text, register_memory
 from crl_bench.experience.records import by_group, entry_key, episode_record, turn_query, turn_record
 from crl_bench.experience.requests import DistillRequest, Request
 from crl_bench.experience.types import JUDGED_INVALID, ApplyResult, ExperienceEntry, Operation
@@ -197,6 +201,41 @@ def merge_writes(stats: dict[str, Any]) -> int:
     return int(kinds.get("MERGE", 0)) + int(kinds.get("UPDATE", 0)) + int(stats.get("merge_entries_out", 0))
 
 
+BOTH_HEADER = ("Knowledge distilled from earlier episodes, each lesson followed by the episode it was distilled "
+               "from. Use it where it applies to this task; do not follow it blindly.")
+"""The header of the ``both`` memory form of a bank of lessons (:func:`form_block`)."""
+
+
+def form_block(entries: Sequence[ExperienceEntry], form: str) -> str:
+    """The block the memory control ``form`` shows for the retrieved lessons ``entries``:
+
+    * ``raw``: the episodes the lessons were distilled from, numbered in retrieval order, under the
+      case bank's header (:data:`~crl_bench.experience.cases.CASES_HEADER`): what ``casebank`` would
+      show had it stored these episodes. A lesson without a recorded case is left out.
+    * ``both``: each lesson (``"n. title: content"``, as guided) with its episode on the next line
+      (``"   Episode: ..."``; none for a lesson without a case), under :data:`BOTH_HEADER`.
+
+    Whitespace inside a text is collapsed, as in the guided block. ``""`` when nothing is shown.
+
+    Raises:
+        ValueError: ``form`` is neither ``raw`` nor ``both``.
+    """
+    def clean(text: str) -> str:
+        return " ".join(str(text).split())
+
+    if form == "raw":
+        cases = [clean(e.source_case) for e in entries if e.source_case.strip()]
+        return guidance_text("\n".join(f"{n}. {c}" for n, c in enumerate(cases, start=1)), CASES_HEADER)
+    if form == "both":
+        lines = []
+        for n, e in enumerate(entries, start=1):
+            lines.append(f"{n}. {clean(e.title)}: {clean(e.content)}")
+            if e.source_case.strip():
+                lines.append(f"   Episode: {clean(e.source_case)}")
+        return guidance_text("\n".join(lines), BOTH_HEADER)
+    raise ValueError(f"a bank of lessons shows forms raw and both, not {form!r}")
+
+
 @register_memory("lessons")
 class LessonsMemory(Memory):
     """Lessons distilled by an extractor model (:mod:`crl_bench.experience.extractor`), merged
@@ -204,6 +243,7 @@ class LessonsMemory(Memory):
 
     uses_extractor: ClassVar[bool] = True
     trainable: ClassVar[bool] = True
+    forms: ClassVar[tuple[str, ...]] = ("raw", "both")     # condensed: the guided mode itself
 
     def scope(self, env_id: str) -> str:
         """The bank partition of ``env_id`` under ``experience.scope`` (:func:`bank_scope`: the env id,
@@ -216,6 +256,11 @@ class LessonsMemory(Memory):
         from crl_bench.experience.extractor import extractor_for
 
         return None if engine is None else extractor_for(self.cfg.extractor, engine, tokenizer)
+
+    def form_guidance(self, manager: Any, form: str, env_ids: Sequence[str],
+                      found: Sequence[Sequence[ExperienceEntry]]) -> list[str]:
+        """Each episode's block of memory form ``form`` (``raw`` or ``both``, :func:`form_block`)."""
+        return [form_block(entries, form) for entries in found]
 
     def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:
         """Queue the step's distillation requests (:meth:`requests`); returns their number."""

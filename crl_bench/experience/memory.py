@@ -50,6 +50,13 @@ def empty_guidance_text(header: str = GUIDANCE_HEADER) -> str:
 EMPTY_GUIDANCE = empty_guidance_text()
 """The ``empty`` control's block of a bank of lessons."""
 
+MemoryForm = Literal["raw", "condensed", "both"]
+"""The memory forms a control can show a retrieval in (docs/evaluation.md "Memory forms"): ``raw`` (the
+episodes the retrieved entries come from, compacted as cases), ``condensed`` (what was distilled from
+them: lessons, insights) and ``both``. Each kind says which of them differ from its ``guided`` mode
+(:attr:`Memory.forms`)."""
+MEMORY_FORMS: tuple[str, ...] = get_args(MemoryForm)
+
 BankScope = Literal["env", "family"]
 """Values of ``experience.scope`` (:func:`bank_scope`)."""
 BANK_SCOPES: tuple[str, ...] = get_args(BankScope)
@@ -133,6 +140,9 @@ class Memory:
             episode is shown :meth:`task_guidance` instead (no retrieval, no search tool).
         whole_episodes: what is written is about a whole finished episode, so experience is
             retrieved and written per episode only (``experience.integration: trajectory``).
+        forms: the memory forms (:data:`MEMORY_FORMS`) whose controls show the guided retrieval
+            otherwise than ``guided`` does (:meth:`form_guidance`); a form not listed either is the
+            guided mode itself or does not exist for the kind (cases have no condensed form).
 
     Args:
         cfg: the :class:`~crl_bench.config.RunConfig`.
@@ -146,6 +156,7 @@ class Memory:
     trainable: ClassVar[bool] = False
     retrieves: ClassVar[bool] = True
     whole_episodes: ClassVar[bool] = False
+    forms: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: Any, actor_engine: Any = None, tokenizer: Any = None) -> None:
         self.cfg = cfg
@@ -187,6 +198,18 @@ class Memory:
         (``bodies``, after the actor-critic judge; ``""`` where nothing was found), one per episode
         of ``env_ids``: :func:`guidance_text` under :attr:`header` (``""`` without entries)."""
         return [guidance_text(body, self.header) for body in bodies]
+
+    def form_guidance(self, manager: Any, form: str, env_ids: Sequence[str],
+                      found: Sequence[Sequence[Any]]) -> list[str]:
+        """The block of memory control ``form`` (one of :attr:`forms`) for each episode of ``env_ids``,
+        from the entries its guided retrieval returned (``found``: per episode, the
+        :class:`~crl_bench.experience.types.ExperienceEntry` list in retrieval order).
+
+        Raises:
+            ValueError: ``form`` is not one of this kind's :attr:`forms`.
+        """
+        raise ValueError(f"memory {self.name!r} has no {form!r} form distinct from its guided mode "
+                         f"(forms: {', '.join(self.forms) or 'none'})")
 
     def task_guidance(self, manager: Any, env_id: str, task: int, later: Sequence[str] = ()) -> str:
         """For a kind that does not retrieve (:attr:`retrieves` false): the block an attempt at

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from crl_bench.results.leaderboard import _canon, collect, protocol_label, run_identity
+from crl_bench.results.labels import canon, protocol_label, run_identity
+from crl_bench.results.leaderboard import collect
 from crl_bench.results.stats import (
     CI_LEVEL,
     CI_RESAMPLES,
@@ -100,7 +101,7 @@ def _mode_runs(side: Side, mode: str) -> list[tuple[dict[str, Any], dict[str, An
     out, seen = [], set()
     for s, r in side.runs:
         block = r["eval"].get(mode)
-        ident = (run_identity(s, r), _canon(s["eval_protocol"]))    # one run may have several protocols
+        ident = (run_identity(s, r), canon(s["eval_protocol"]))    # one run may have several protocols
         if block is None or ident in seen:
             continue
         if all(isinstance(v.get("successes"), list) and v["successes"] for v in block["per_env"].values()):
@@ -134,8 +135,8 @@ def compare(a: Side, b: Side, mode: str = "free", mode_b: str | None = None,
     for side, runs, m in ((a, ra, mode), (b, rb, mode_b)):
         if not runs:
             raise CompareError(f"{side.name}: no run has per-task outcomes in eval mode {m!r}")
-    protos_a = {_canon(s["eval_protocol"]): s["eval_protocol"] for s, _ in ra}
-    protos_b = {_canon(s["eval_protocol"]) for s, _ in rb}
+    protos_a = {canon(s["eval_protocol"]): s["eval_protocol"] for s, _ in ra}
+    protos_b = {canon(s["eval_protocol"]) for s, _ in rb}
     common = [p for p in protos_a if p in protos_b]
     if not common:
         pa = ", ".join(sorted({protocol_label(s["eval_protocol"]) for s, _ in ra}))
@@ -149,19 +150,19 @@ def compare(a: Side, b: Side, mode: str = "free", mode_b: str | None = None,
             raise CompareError(f"--protocol {protocol!r} matches {len(chosen)} of the protocols {a.name} and "
                                f"{b.name} share ({labels})")
         common = chosen + [p for p in common if p not in chosen]
-    proto = max(common, key=lambda p: sum(_canon(s["eval_protocol"]) == p for s, _ in ra + rb)) \
+    proto = max(common, key=lambda p: sum(canon(s["eval_protocol"]) == p for s, _ in ra + rb)) \
         if protocol is None else common[0]
     others = [protocol_label(protos_a[p]) for p in common if p != proto]
     if others:
         notes.append(f"also evaluated on both sides, under other protocols (choose with --protocol): "
                      f"{'; '.join(others)}")
     for side, runs in ((a, ra), (b, rb)):
-        kept = {r["run_id"] for s, r in runs if _canon(s["eval_protocol"]) == proto}
+        kept = {r["run_id"] for s, r in runs if canon(s["eval_protocol"]) == proto}
         other = sorted({r["run_id"] for _, r in runs} - kept)
         if other:
             notes.append(f"{side.name}: set aside {', '.join(other)} (not evaluated under this protocol)")
-    ra = [(s, r) for s, r in ra if _canon(s["eval_protocol"]) == proto]
-    rb = [(s, r) for s, r in rb if _canon(s["eval_protocol"]) == proto]
+    ra = [(s, r) for s, r in ra if canon(s["eval_protocol"]) == proto]
+    rb = [(s, r) for s, r in rb if canon(s["eval_protocol"]) == proto]
     envs = list(protos_a[proto].get("tasks_per_env") or ra[0][1]["eval"][mode]["per_env"])
     paired = {run_identity(s, r) for s, r in ra} == {run_identity(s, r) for s, r in rb}
 

@@ -19,21 +19,25 @@ from crl_bench.safe_io import markdown_cell
 
 __all__ = ["HEADLINE_COLUMNS", "headline_frame", "headline_markdown", "model_notes"]
 
-#: Columns of :func:`headline_frame`.
-HEADLINE_COLUMNS = ["mix", "protocol", "method", "model", "model_short", "extractor", "free", "guided",
-                    "shuffled", "empty", "lift_shuffled", "lift_shuffled_ci_low", "lift_shuffled_ci_high",
-                    "lift_empty", "lift_empty_ci_low", "lift_empty_ci_high", "lift_ci_over", "seeds", "n_seeds"]
 MODES = ("free", "guided", "shuffled", "empty")
+#: The memory forms (docs/evaluation.md "Memory forms"), shown in a table of their own where a run has one.
+FORMS = ("raw", "condensed", "both")
+#: The lift columns a headline row takes from its ``guided`` leaderboard row.
+LIFTS = [f"lift_{c}{part}" for c in ("shuffled", "empty", *FORMS) for part in ("", "_ci_low", "_ci_high")]
+#: Columns of :func:`headline_frame`.
+HEADLINE_COLUMNS = ["mix", "protocol", "method", "model", "model_short", "extractor", *MODES, *FORMS, *LIFTS,
+                    "lift_ci_over", "seeds", "n_seeds"]
 
 
 def headline_frame(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (mix, protocol, method, model, extractor) of a leaderboard frame.
 
-    ``free``/``guided``/``shuffled``/``empty``: that mode's ``overall_mean`` (mean over runs of each
-    run's unweighted mean over envs; NaN where the method has no such mode); the lifts and their CIs:
-    the ``guided`` row's (two-level bootstrap over seeds, then tasks within a run; ``lift_ci_over``
-    says which); ``seeds``: the seeds of any of the method's rows, ``n_seeds`` their number. Sorted by
-    mix, protocol (leaderboard order), then the better of free and guided (descending), then method.
+    ``free``/``guided``/``shuffled``/``empty`` and the memory forms ``raw``/``condensed``/``both``: that
+    mode's ``overall_mean`` (mean over runs of each run's unweighted mean over envs; NaN where the method has
+    no such mode); the lifts ``guided - <mode>`` and their CIs: the ``guided`` row's (two-level bootstrap over
+    seeds, then tasks within a run; ``lift_ci_over`` says which); ``seeds``: the seeds of any of the method's
+    rows, ``n_seeds`` their number. Sorted by mix, protocol (leaderboard order), then the better of free and
+    guided (descending), then method.
     """
     rows: list[dict[str, Any]] = []
     if df.empty:
@@ -43,11 +47,11 @@ def headline_frame(df: pd.DataFrame) -> pd.DataFrame:
         row = dict(zip(keys, key))
         row["model_short"] = part["model_short"].iloc[0]
         by_mode = {r["eval"]: r for _, r in part.iterrows()}
-        for mode in MODES:
+        for mode in (*MODES, *FORMS):
             row[mode] = by_mode[mode]["overall_mean"] if mode in by_mode else math.nan
         g = by_mode.get("guided")
-        for col in HEADLINE_COLUMNS[10:17]:
-            row[col] = g[col] if g is not None else (math.nan if col != "lift_ci_over" else "")
+        for col in [*LIFTS, "lift_ci_over"]:
+            row[col] = g[col] if g is not None and col in g else (math.nan if col != "lift_ci_over" else "")
         seeds = sorted({x for v in part["seeds"] for x in str(v).split(",") if x}, key=lambda x: (len(x), x))
         row["seeds"], row["n_seeds"] = ",".join(seeds), len(seeds)
         rows.append(row)
@@ -116,4 +120,27 @@ def headline_markdown(head: pd.DataFrame, level: float = 0.95) -> list[str]:
                   for i, (full, n) in enumerate(notes.items())]
         if notes:
             lines.append("")
+        lines += _forms_markdown(part, notes, pct)
     return lines
+
+
+def _forms_markdown(part: pd.DataFrame, notes: dict[str, int], pct: str) -> list[str]:
+    """The memory-forms table of one (mix, protocol) (lines; none where no row ran a form): the guided
+    retrieval shown as it is (``guided``), as its raw episodes, as what was distilled alone, or both,
+    and ``guided`` minus each, with their CIs."""
+    rows = part[part[list(FORMS)].notna().any(axis=1)]
+    if rows.empty:
+        return []
+    head = ["method", "model", "guided", *FORMS, *[f"guided − {f} [{pct} CI]" for f in FORMS], "CI over", "seeds"]
+    lines = ["Memory forms: the same retrieval on the same tasks, shown as the method shows it (`guided`), as the "
+             "episodes its entries come from (`raw`), as what was distilled from them alone (`condensed`), or as "
+             "both (docs/evaluation.md \"Memory forms\"); `-`: the form is the guided mode itself or does not "
+             "exist for the method's memory.", "", "| " + " | ".join(head) + " |",
+             "|---|---|" + "---:|" * 4 + "---|" * 3 + "---|---:|"]
+    for _, r in rows.iterrows():
+        cells = [r["method"], short_model(r["model"], r["model_short"], notes), _num(r["guided"]),
+                 *[_num(r[f]) for f in FORMS],
+                 *[_lift(r[f"lift_{f}"], r[f"lift_{f}_ci_low"], r[f"lift_{f}_ci_high"]) for f in FORMS],
+                 r["lift_ci_over"] or "-", f"{r['n_seeds']} ({r['seeds']})"]
+        lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
+    return lines + [""]

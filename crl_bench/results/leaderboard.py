@@ -5,12 +5,13 @@ crl_bench/results/summary.py); a finished run folder without one (``config.yaml`
 summarised on the fly; an unfinished run (no ``eval.json``) or an invalid summary is skipped with a
 warning.
 
-Rows: one per (method, model, extractor, mix, eval protocol, eval mode). The eval mode is ``free``
-(no experience), ``guided`` (read-only retrieval from the bank) or one of the memory controls
-``shuffled`` (another task's retrieval) and ``empty`` (the knowledge block with no entry), so
-experience methods get up to four rows.  A run folder's later evaluations on other splits
-(``checkpoint-<split>-split.json`` of ``crl-bench eval --run``, with their protocol) are rows of
-their own protocol. Runs with different protocols (split, episodes, tasks per env, temperature, top_p, top_k,
+Rows: one per (method, model, extractor, mix, eval protocol, eval mode). The eval mode is ``free`` (no
+experience), ``guided`` (read-only retrieval from the bank) or one of the memory controls ``shuffled``
+(another task's retrieval) and ``empty`` (the knowledge block with no entry), or one of the memory forms
+``raw``, ``condensed``, ``both`` (the guided retrieval shown as its episodes, as what was distilled from them,
+or both), so experience methods get a row per mode they ran. A run folder's later evaluations on other splits
+(``checkpoint-<split>-split.json`` of ``crl-bench eval --run``, with their protocol) are rows of their own
+protocol. Runs with different protocols (split, episodes, tasks per env, temperature, top_p, top_k,
 max_new_tokens, max_steps, trials) are never pooled: the protocol is part of the key.
 
 Numbers (the header of ``leaderboard.md`` says the same):
@@ -26,8 +27,9 @@ Numbers (the header of ``leaderboard.md`` says the same):
   (:mod:`.stats`);
 * mean eval steps and invalid-action rate, train steps, train episodes and train wall seconds:
   per-run values averaged over the row's runs;
-* a ``guided`` row's overall lifts ``guided - shuffled`` and ``guided - empty`` with the same CI,
-  paired per task within each run (:data:`LIFT_ROW_COLUMNS`); per env in :func:`lift_frame`;
+* a ``guided`` row's overall lifts ``guided - <control>`` for each control and form its runs have, with
+  the same CI, paired per task within each run (:mod:`.lifts`, :data:`LIFT_ROW_COLUMNS`); per env
+  ``guided - shuffled`` and ``guided - empty`` in :func:`lift_frame`;
 * the headline (:mod:`.headline`): one row per method and model per protocol.
 
 Duplicates: a run id met twice in one row (e.g. a run folder and a submission packed from it, or
@@ -38,7 +40,6 @@ counted (n counts runs; e.g. re-runs on nondeterministic kernels), with a warnin
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import sys
@@ -50,7 +51,16 @@ import numpy as np
 import pandas as pd
 
 from crl_bench.results.headline import headline_frame, headline_markdown, model_notes, short_model
-from crl_bench.results.panel import content_hash, short_hash
+from crl_bench.results.labels import (
+    canon,
+    label_settings,
+    model_label,
+    panels_hash,
+    protocol_label,
+    run_identity,
+    settings_details,
+)
+from crl_bench.results.lifts import LIFT_ROW_COLUMNS, lift_frame, lift_markdown, row_lifts, task_outcomes
 from crl_bench.results.reported import load_reported, reported_markdown
 from crl_bench.results.run_folder import is_run_folder
 from crl_bench.results.stats import (
@@ -69,27 +79,18 @@ from crl_bench.results.summary import (
     build_summary,
     fill_settings,
     read_summary,
-    settings_labels,
     validate_summary,
 )
 from crl_bench.safe_io import load_json, markdown_cell, printable
 
-#: eval modes of a summary run: with experience, its memory controls, without; ``initial`` is the
-#: untrained actor before step 1 (``eval.at_start``).
-MODES = ("guided", "shuffled", "empty", "free", "initial")
-#: Columns of the memory-lift table (:func:`lift_frame`).
-LIFT_COLUMNS = ["method", "model", "extractor", "mix", "protocol", "env", "n_runs", "tasks", "guided",
-                "shuffled", "lift", "lift_ci_low", "lift_ci_high", "ci_over", "empty", "lift_empty",
-                "lift_empty_ci_low", "lift_empty_ci_high", "run_ids", "settings"]
+#: eval modes of a summary run: with experience, its memory controls and forms, without; ``initial`` is
+#: the untrained actor before step 1 (``eval.at_start``).
+MODES = ("guided", "shuffled", "empty", "raw", "condensed", "both", "free", "initial")
 #: Folders never walked into.
 SKIP_DIRS = {"checkpoint", "__pycache__", "node_modules"}
 #: Columns before the per-env ones, in order.
 BASE_COLUMNS = ["method", "model", "model_short", "extractor", "mix", "eval", "protocol", "n_runs", "seeds",
                 "overall_mean", "overall_std", "overall_n", "overall_ci_low", "overall_ci_high", "overall_ci_over"]
-#: Columns of a ``guided`` row: its memory lifts over the runs that also have the control, overall
-#: (per run the mean over envs of the per-task differences), with their two-level CIs.
-LIFT_ROW_COLUMNS = ["lift_shuffled", "lift_shuffled_ci_low", "lift_shuffled_ci_high", "lift_empty",
-                    "lift_empty_ci_low", "lift_empty_ci_high", "lift_ci_over", "lift_n"]
 TAIL_COLUMNS = ["steps_mean", "invalid_action_rate", "train_steps", "train_episodes", "train_wall_s",
                 "per_seed", "run_ids", "verified", "mix_envs", "panel", "settings", "protocol_json"]
 EVAL_DOC = "docs/evaluation.md"
@@ -180,87 +181,6 @@ def collect(paths: Sequence[str | Path], warnings: list[str] | None = None) -> l
 
 
 # ---- the table ---------------------------------------------------------------------------------
-def _per_env_text(values: dict[str, Any]) -> str:
-    vals = list(values.values())
-    if vals and all(v == vals[0] for v in vals):
-        return f"{vals[0]}"
-    return ",".join(f"{e}={v}" for e, v in values.items())
-
-
-def protocol_label(protocol: dict[str, Any]) -> str:
-    """Compact text of an eval protocol, e.g. ``"eval · 4 ep/env · T=0 · max_steps 6"``.
-
-    Shows the protocol profile where there is one, split (with the envs on another split), episodes
-    per env (``all tasks`` for ``"all"``), the tasks actually run when they differ from the episodes
-    asked, temperature, ``top_p`` unless 1, ``top_k`` unless 0/absent, ``max_new_tokens`` when
-    recorded, the step limit (one number if all envs share it), the eval prompt's layout and history
-    where the evaluation sets them, each env's constructor settings when it has any (e.g.
-    ``minihack-room: variant=MiniHack-Room-Random-5x5-v0``), the attempts per task when more than one
-    (``3 trials``), the independent samples per task when more than one (``8 samples``), ``free
-    replies`` and the prefill where the evaluation did not restrict replies or changed the prefill, the
-    sampled-worker draws (``20 draws of 128``) and the task panel where recorded (``panel 3f2a...``:
-    one env's panel hash, or for several envs the hash of all of them,
-    :func:`panels_hash`; shortened to :data:`~crl_bench.results.panel.SHORT` hex digits).
-    """
-    ep = protocol["episodes"]
-    split = str(protocol["split"])
-    if protocol.get("splits"):              # envs evaluated on another split (eval.splits)
-        split += " (" + ", ".join(f"{e}: {v}" for e, v in sorted(protocol["splits"].items())) + ")"
-    parts = ([f"profile {protocol['profile']}"] if protocol.get("profile") else []) + \
-        [split, "all tasks" if ep == "all" else f"{ep} ep/env"]
-    tpe = protocol.get("tasks_per_env") or {}
-    if ep == "all" or any(v != ep for v in tpe.values()):
-        parts.append(f"tasks {_per_env_text(tpe)}")
-    parts.append(f"T={protocol['temperature']:g}")
-    if protocol.get("top_p", 1.0) != 1.0:
-        parts.append(f"top_p {protocol['top_p']:g}")
-    if protocol.get("top_k"):
-        parts.append(f"top_k {protocol['top_k']}")
-    if protocol.get("max_new_tokens") is not None:
-        parts.append(f"max_new_tokens {protocol['max_new_tokens']}")
-    parts.append(f"max_steps {_per_env_text(protocol.get('max_steps') or {})}")
-    if protocol.get("prompt"):
-        parts.append(f"{protocol['prompt']['layout']} prompt, history {protocol['prompt']['history']}")
-    if protocol.get("constrained") is False:
-        parts.append("free replies")
-    if "prefill" in protocol:
-        parts.append(f"prefill {json.dumps(protocol['prefill'])}")
-    for env, settings in sorted((protocol.get("env_settings") or {}).items()):
-        parts.append(f"{env}: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
-    if protocol.get("trials", 1) > 1:
-        parts.append(f"{protocol['trials']} trials")
-    if protocol.get("samples", 1) > 1:
-        parts.append(f"{protocol['samples']} samples")
-    if protocol.get("draws"):
-        parts.append(f"{protocol['draws']['count']} draws of {protocol['draws']['size']}")
-    if protocol.get("panels"):
-        parts.append(f"panel {short_hash(panels_hash(protocol['panels']))}")
-    return " · ".join(parts)
-
-
-def panels_hash(panels: dict[str, str]) -> str:
-    """One hash for a protocol's task panels: the env's panel hash when there is one env, else the
-    sha256 of the canonical JSON ``{env id: panel hash}`` (docs/evaluation.md "Task panels")."""
-    if len(panels) == 1:
-        return next(iter(panels.values()))
-    return content_hash(panels)
-
-
-def _canon(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def _model_label(model: dict[str, Any]) -> str:
-    return model["name"] + (f" ({model['variant']})" if model.get("variant") else "")
-
-
-def run_identity(summary: dict[str, Any], run: dict[str, Any]) -> tuple[str, str, str]:
-    """What makes one run the same run wherever its summary is met (a run folder and a submission packed
-    from it): its run id, the git commit it ran at and its training totals. Two runs that only share a
-    run id (e.g. ``static-s1`` of two sweeps) are different runs."""
-    return str(run["run_id"]), str(summary["versions"].get("git_commit")), _canon(run["train"])
-
-
 def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] | None = None) -> pd.DataFrame:
     """One row per (method, model, extractor, mix, protocol, training settings, eval mode) over
     validated summaries (settings: each run's ``settings`` hash, "" where unknown; see
@@ -289,8 +209,8 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
                 block = r["eval"].get(mode)
                 if block is None:
                     continue
-                key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
-                       _canon(proto), mode, r.get("settings", ""))
+                key = (s["method"], canon(s["model"]), s["mix"]["name"], canon(s["mix"]["envs"]),
+                       canon(proto), mode, r.get("settings", ""))
                 g = groups.setdefault(key, {"summary": s, "mode": mode, "runs": {}, "settings": key[-1], "key": key})
                 ident = run_identity(s, r)
                 if ident in g["runs"]:
@@ -315,7 +235,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         evaluated = {e for _, v in runs for e in v["eval"]["per_env"]}
         envs = [e for e in s["mix"]["envs"] if e in evaluated] + sorted(evaluated - set(s["mix"]["envs"]))
         row: dict[str, Any] = {
-            "method": s["method"], "model": _model_label(s["model"]), "model_short": s["model"]["name"],
+            "method": s["method"], "model": model_label(s["model"]), "model_short": s["model"]["name"],
             "extractor": s["model"].get("extractor") or "", "mix": s["mix"]["name"], "eval": g["mode"],
             "protocol": protocol_label(s["eval_protocol"]), "n_runs": len(runs),
             "seeds": ",".join(str(x) for x in seeds),
@@ -330,7 +250,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         row["per_seed"] = ";".join(by_seed)
         row["overall_mean"], row["overall_std"] = mean_or_nan(overall), std_or_nan(overall)
         row["overall_n"] = len(overall)
-        outcomes = _task_outcomes([v["eval"] for _, v in runs], envs)
+        outcomes = task_outcomes([v["eval"] for _, v in runs], envs)
         if outcomes is not None:
             row["overall_ci_low"], row["overall_ci_high"], row["overall_ci_over"] = two_level_ci(outcomes)
         else:
@@ -340,7 +260,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
             vals = [float(v["eval"]["per_env"][e]["success_rate"]) for _, v in runs if e in v["eval"]["per_env"]]
             row[f"success_mean/{e}"], row[f"success_std/{e}"] = mean_or_nan(vals), std_or_nan(vals)
             row[f"n/{e}"] = len(vals)
-            env_outcomes = _task_outcomes([v["eval"] for _, v in runs if e in v["eval"]["per_env"]], [e])
+            env_outcomes = task_outcomes([v["eval"] for _, v in runs if e in v["eval"]["per_env"]], [e])
             row[f"ci_low/{e}"], row[f"ci_high/{e}"] = (two_level_ci(env_outcomes)[:2] if env_outcomes is not None
                                                        else mean_ci(vals))
             if e not in all_envs:
@@ -375,14 +295,14 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
         row["run_ids"] = ",".join(v["run_id"] for _, v in runs)
         checked = [v["verified"] for _, v in runs]
         row["verified"] = "yes" if all(checked) else "partly" if any(checked) else ""
-        row["mix_envs"] = _canon(s["mix"]["envs"])
+        row["mix_envs"] = canon(s["mix"]["envs"])
         row["panel"] = panels_hash(s["eval_protocol"]["panels"]) if s["eval_protocol"].get("panels") else ""
         row["settings"] = g["settings"]
-        row["protocol_json"] = _canon(s["eval_protocol"])
+        row["protocol_json"] = canon(s["eval_protocol"])
         if g["mode"] == "guided":
-            row.update(_row_lifts(g, groups, envs))
+            row.update(row_lifts(g, groups, envs))
         rows.append(row)
-    _label_settings(rows, _details(summaries))
+    label_settings(rows, settings_details(summaries))
 
     # two different protocols must never look the same: disambiguate equal labels with a short hash
     # (within one mix: tables are per mix, and other mixes' protocols differ in their envs anyway)
@@ -404,172 +324,6 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
     df = df.sort_values(["mix", "_neg", "method", "model", "eval", "protocol"], na_position="last",
                         kind="mergesort").drop(columns="_neg").reset_index(drop=True)
     return df
-
-
-def _task_outcomes(blocks: Sequence[dict[str, Any]], envs: Sequence[str]) -> list[list[np.ndarray]] | None:
-    """Per eval block (one run), per env of ``envs``, its per-task successes (shape ``(T_e,)``); None
-    when a block lacks them or the runs' task counts differ (then no two-level CI can be drawn)."""
-    out = []
-    for block in blocks:
-        per_env = block["per_env"]
-        if not envs or any(not isinstance((per_env.get(e) or {}).get("successes"), list)
-                           or not per_env[e]["successes"] for e in envs):
-            return None
-        out.append([np.asarray(per_env[e]["successes"], dtype=float) for e in envs])
-    if not out or any([x.size for x in run] != [x.size for x in out[0]] for run in out):
-        return None
-    return out
-
-
-def _row_lifts(g: dict[str, Any], groups: dict[tuple, dict[str, Any]], envs: Sequence[str]) -> dict[str, Any]:
-    """The :data:`LIFT_ROW_COLUMNS` of a ``guided`` group ``g``: ``guided - shuffled`` and ``guided -
-    empty`` over the runs that have both modes, per run the mean over ``envs`` of the per-task
-    differences, with :func:`~crl_bench.results.stats.two_level_ci` (paired per task within a run)."""
-    out: dict[str, Any] = {c: math.nan for c in LIFT_ROW_COLUMNS}
-    out["lift_ci_over"], out["lift_n"] = "", 0
-    for control in ("shuffled", "empty"):
-        key = list(g["key"])
-        key[5] = control
-        other = groups.get(tuple(key))
-        if other is None:
-            continue
-        both = [ident for ident in g["runs"] if ident in other["runs"]]
-        a = _task_outcomes([g["runs"][i]["eval"] for i in both], envs)
-        b = _task_outcomes([other["runs"][i]["eval"] for i in both], envs)
-        if a is None or b is None or any([x.size for x in ra] != [y.size for y in rb] for ra, rb in zip(a, b)):
-            continue
-        diffs = [[x - y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
-        low, high, over = two_level_ci(diffs)
-        out[f"lift_{control}"] = float(np.mean([np.mean([d.mean() for d in run]) for run in diffs]))
-        out[f"lift_{control}_ci_low"], out[f"lift_{control}_ci_high"] = low, high
-        out["lift_ci_over"], out["lift_n"] = over, max(out["lift_n"], len(diffs))
-    return out
-
-
-def _details(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``{settings hash: training settings}`` over the summaries (``_settings``, set by :func:`collect`)."""
-    out: dict[str, dict[str, Any]] = {}
-    for s in summaries:
-        out.update(s.get("_settings") or {})
-    return out
-
-
-def _label_settings(rows: list[dict[str, Any]], details: dict[str, dict[str, Any]]) -> None:
-    """Runs of one method with different training settings are never pooled (their rows differ in
-    ``settings``); where rows of one mix, method, model, extractor and protocol have more than one,
-    each such row's ``method`` gets `` · `` and the settings that differ between those rows
-    (``casebank · experience.rerank=utility``), from ``details`` (``{hash: training settings}``).
-    Where a hash's settings are not known (no config beside its summary), more than
-    :data:`~crl_bench.results.summary.LABEL_MAX_KEYS` keys differ, or two labels would read the same,
-    every such row gets
-    `` · settings <hash prefix>`` instead (``unknown`` for runs whose summary has no settings hash)."""
-    def key(row: dict[str, Any]) -> tuple:
-        return row["mix"], row["method"], row["model"], row["extractor"], row.get("protocol_json", row["protocol"])
-
-    seen: dict[tuple, set[str]] = {}
-    for row in rows:
-        seen.setdefault(key(row), set()).add(row["settings"])
-    named = {k: settings_labels(v, details) for k, v in seen.items() if len(v) > 1}
-    for row in rows:
-        k = key(row)
-        if k not in named:
-            continue
-        labels = named[k]
-        if labels is not None:
-            row["method"] += f" · {labels[row['settings']]}"
-        else:
-            row["method"] += f" · settings {short_hash(row['settings']) if row['settings'] else 'unknown'}"
-
-
-def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """The memory lift ``guided - shuffled`` per env of every row whose runs evaluated both modes.
-
-    Rows: one per (method, model, extractor, mix, protocol, env), over the runs whose ``guided`` and
-    ``shuffled`` blocks both carry per-task ``successes`` of that env of the same length (the same
-    panel).  ``guided``/``shuffled``: mean success over runs and tasks; ``lift``: their difference;
-    ``lift_ci_low``/``lift_ci_high``: 95% CI of the two-level bootstrap over runs (seeds), then tasks
-    within each run, of each run's per-task differences (paired: a task's guided and shuffled outcomes
-    of one run are resampled together; :func:`~crl_bench.results.stats.two_level_ci`, deterministic);
-    ``ci_over`` says what it resamples (one run: the tasks only; NaN for fewer than 3 tasks).
-    ``empty``/``lift_empty``/``lift_empty_ci_*``: the same for ``guided - empty`` where every run of
-    the row has the ``empty`` control, else NaN. Runs met twice in one row are counted once.
-
-    Returns:
-        A DataFrame with :data:`LIFT_COLUMNS` (empty when no run has both modes).
-    """
-    groups: dict[tuple, dict[str, Any]] = {}
-    for s in summaries:
-        for r in s["runs"]:
-            g_block, s_block = r["eval"].get("guided"), r["eval"].get("shuffled")
-            if not g_block or not s_block:
-                continue
-            key = (s["method"], _canon(s["model"]), s["mix"]["name"], _canon(s["mix"]["envs"]),
-                   _canon(s["eval_protocol"]), r.get("settings", ""))
-            grp = groups.setdefault(key, {"summary": s, "runs": {}, "settings": key[-1]})
-            grp["runs"].setdefault(run_identity(s, r), (r["run_id"], g_block, s_block, r["eval"].get("empty")))
-    rows = []
-    for grp in groups.values():
-        s = grp["summary"]
-        envs = list(dict.fromkeys(e for _, g, _, _ in grp["runs"].values() for e in g["per_env"]))
-        for env in envs:
-            pairs, empties, ids = [], [], []
-            for rid, g, sh, em in grp["runs"].values():
-                a = (g["per_env"].get(env) or {}).get("successes")
-                b = (sh["per_env"].get(env) or {}).get("successes")
-                if a is not None and b is not None and len(a) == len(b) and len(a) > 0:
-                    pairs.append((np.asarray(a, dtype=float), np.asarray(b, dtype=float)))
-                    ids.append(rid)
-                    c = ((em or {}).get("per_env", {}).get(env) or {}).get("successes")
-                    if c is not None and len(c) == len(a):
-                        empties.append((pairs[-1][0], np.asarray(c, dtype=float)))
-            if not pairs or len({len(a) for a, _ in pairs}) != 1:
-                continue
-            low, high, over = two_level_ci([[a - b] for a, b in pairs])    # runs, then tasks within a run
-            row = {"method": s["method"], "model": _model_label(s["model"]),
-                   "extractor": s["model"].get("extractor") or "", "mix": s["mix"]["name"],
-                   "protocol": protocol_label(s["eval_protocol"]), "env": env, "n_runs": len(pairs),
-                   "tasks": int(pairs[0][0].size), "guided": float(np.mean([a for a, _ in pairs])),
-                   "shuffled": float(np.mean([b for _, b in pairs])),
-                   "lift": float(np.mean([a - b for a, b in pairs])), "lift_ci_low": low, "lift_ci_high": high,
-                   "ci_over": over, "empty": math.nan, "lift_empty": math.nan, "lift_empty_ci_low": math.nan,
-                   "lift_empty_ci_high": math.nan, "run_ids": ",".join(ids), "settings": grp["settings"]}
-            if len(empties) == len(pairs):          # every run of the row has the empty control too
-                row["empty"] = float(np.mean([c for _, c in empties]))
-                row["lift_empty"] = float(np.mean([a - c for a, c in empties]))
-                row["lift_empty_ci_low"], row["lift_empty_ci_high"], _ = two_level_ci([[a - c] for a, c in empties])
-            rows.append(row)
-    _label_settings(rows, _details(summaries))
-    df = pd.DataFrame(rows, columns=LIFT_COLUMNS)
-    return df.sort_values(["mix", "env", "method", "model", "protocol"], kind="mergesort").reset_index(drop=True) \
-        if not df.empty else df
-
-
-def lift_markdown(lift: pd.DataFrame) -> list[str]:
-    """The per-env memory-lift section of ``leaderboard.md`` (lines; none when ``lift`` is empty)."""
-    if lift.empty:
-        return []
-    head = ["method", "model", "protocol", "env", "runs", "tasks", "guided", "shuffled", "empty",
-            "guided − shuffled [95% CI]", "guided − empty [95% CI]", "CI over"]
-    lines = ["## Memory lift per env", "",
-             "Success with the task's own retrieved experience minus success with another task's (another "
-             "context's in the diagnostics), and minus the empty knowledge block, on the same eval tasks. "
-             f"95% CI: two-level percentile bootstrap ({CI_RESAMPLES} resamples, seed {CI_SEED}): the runs "
-             "(seeds), then the tasks within each run, a task's two outcomes in one run resampled together; "
-             "one run: over its tasks only (`CI over`). A lift whose CI excludes 0 says the content of the "
-             "memory mattered, not just extra text in the prompt.", ""]
-    for mix, part in lift.groupby("mix", sort=False):
-        lines += [f"### {markdown_cell(mix)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for _, r in part.iterrows():
-            ci = "n/a" if math.isnan(r["lift_ci_low"]) else f"[{r['lift_ci_low']:+.3f}, {r['lift_ci_high']:+.3f}]"
-            empty = ("-" if math.isnan(r["lift_empty"]) else f"{r['lift_empty']:+.3f}" + (
-                " n/a" if math.isnan(r["lift_empty_ci_low"])
-                else f" [{r['lift_empty_ci_low']:+.3f}, {r['lift_empty_ci_high']:+.3f}]"))
-            cells = [r["method"], r["model"], r["protocol"], r["env"], str(r["n_runs"]), str(r["tasks"]),
-                     f"{r['guided']:.3f}", f"{r['shuffled']:.3f}", _fmt_num(r["empty"], ".3f"),
-                     f"{r['lift']:+.3f} {ci}", empty, r["ci_over"]]
-            lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
-        lines.append("")
-    return lines
 
 
 # ---- writing -----------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ makes results comparable across runs, machines and submitters (schema_version 1,
                        "trials", "samples", "draws", "constrained", "prefill"]},
      "seeds": [...], "runs": [{"run_id", "seed", "train": {"steps", "episodes", "wall_s"}, ["alerts": [...],]
                                "eval": {"free": EVALS | null, "guided": EVALS | null,
-                                        ["shuffled": EVALS, "empty": EVALS,]
+                                        ["shuffled": EVALS, "empty": EVALS, "raw": EVALS,
+                                         "condensed": EVALS, "both": EVALS,]
                                         ["initial": EVALS]}}],
      "versions": {"crl_bench", "python", "git_commit", "packages"},
      "data_checksums": {env_id: {file: sha256}}, "created": ISO-8601}
@@ -21,7 +22,8 @@ makes results comparable across runs, machines and submitters (schema_version 1,
 pooled success rate, mean reward, mean steps, invalid-action rate, env errors and ``per_env``
 (episodes, success rate, mean steps, invalid-action rate, ``score_mean``, ``per_type``).
 ``initial`` (runs with ``eval.at_start``) is the untrained actor's evaluation on the same tasks;
-``shuffled`` and ``empty`` are the memory controls of experience methods (docs/evaluation.md).
+``shuffled`` and ``empty`` are the memory controls of experience methods, ``raw``, ``condensed`` and ``both``
+its memory forms (docs/evaluation.md "Memory controls", "Memory forms").
 ``alerts`` (only when the run raised any) are the learning alarms of its metrics.jsonl rows, in step
 order (:mod:`crl_bench.results.alarms`).
 
@@ -63,7 +65,7 @@ PER_ENV_KEYS = ("episodes", "success_rate", "steps_mean", "invalid_action_rate",
                 "successes", "pass_at_k", "pass_hat_k", "draws")
 #: Evaluation modes a run's summary carries (``initial`` besides): experience-free, guided, and the
 #: memory controls (docs/evaluation.md).
-EVAL_MODES = ("free", "guided", "shuffled", "empty")
+EVAL_MODES = ("free", "guided", "shuffled", "empty", "raw", "condensed", "both")
 #: The method name of a run folder written by ``crl-bench eval --save-run``: a model evaluated here and
 #: trained elsewhere (or not at all); it has no extractor.
 EVAL_ONLY = "eval-only"

@@ -279,6 +279,9 @@ class TrainConfig:
     updates on N Ray actors forming one torch.distributed group (gloo on CPU, NCCL on GPUs), each rank
     back-propagating its share of the micro-batches and the gradients summed, so the update equals the one-process
     one (trainer/data_parallel.py)."""
+    internalise_epochs: Annotated[int, Interval(ge=1, le=100)] = 1
+    """Passes (one optimiser step each) of the internalisation fine-tuning over a step's selected episodes, for a
+    method that internalises (``internalise``; released ``sft_epochs``; docs/method.md "Internalisation")."""
     sharding: Sharding = "ddp"
     """How the workers hold the model: ``ddp`` (DistributedDataParallel, a full replica per worker) or ``fsdp`` (FSDP2
     ``fully_shard``: parameters, gradients and optimiser state sharded; no shared-prefix forward). Used when

@@ -23,6 +23,12 @@ Beside them, memory baselines of the same loop:
   writes what to do differently; later attempts at the same task are shown the task's most recent
   reflections (in evaluation, the attempts of ``eval.trials``). docs/method.md, "Reflexion".
 
+And one variant of the paper's method from its released code:
+
+* ``internalise``: ``complementary``, and after each actor update the guided episodes that beat their
+  group's free mean are fine-tuned into the actor with their experience stripped from the prompts (the
+  released ``MemoryActorPipeline``; trainer/internalise.py). docs/method.md, "Internalisation".
+
 ``crl-bench run --method NAME`` looks the name up here; :func:`register_method` adds a method from
 outside the package (a plugin), which must also be a configuration of the same loop.  What a method's
 bank holds is its memory kind (:attr:`MethodSpec.memory`), one module per kind registered in
@@ -53,10 +59,13 @@ class MethodSpec:
             model edits and every guided episode of the env is shown: ExpeL) or ``reflections`` (the
             actor's own reflections on its failed attempts, kept per task and shown to later attempts
             at that task, without retrieval: Reflexion).
+        internalises: after each actor update, fine-tune the actor on the step's guided episodes that beat
+            their group's free mean, their experience stripped (:mod:`crl_bench.trainer.internalise`).
 
     Raises:
-        ValueError: an unknown memory kind, or ``trains_extractor`` for a method without experience or
-            whose memory kind has no trainable extractor (only ``lessons`` has).
+        ValueError: an unknown memory kind, ``trains_extractor`` for a method without experience or
+            whose memory kind has no trainable extractor (only ``lessons`` has), or ``internalises`` for
+            a method whose episodes are never guided (without experience).
         TypeError: an argument this spec does not have (the bank's kind is ``memory``: a bank of
             cases is ``memory="cases"``, cases with insights ``memory="insights"``).
     """
@@ -66,6 +75,7 @@ class MethodSpec:
     uses_experience: bool = False
     trains_extractor: bool = False
     memory: str = "lessons"
+    internalises: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -75,6 +85,8 @@ class MethodSpec:
         if self.trains_extractor and (not self.uses_experience or not kind.trainable):
             raise ValueError(f"method {self.name!r}: only a method whose bank holds lessons has an extractor "
                              "to train")
+        if self.internalises and not self.uses_experience:
+            raise ValueError(f"method {self.name!r}: internalisation needs guided episodes (uses_experience)")
 
     @property
     def uses_extractor(self) -> bool:
@@ -120,7 +132,17 @@ REFLEXION = MethodSpec(
     memory="reflections",
 )
 
-_METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY, CASEBANK, EXPEL, REFLEXION)}
+INTERNALISE = MethodSpec(
+    name="internalise",
+    description="Complementary RL, and guided episodes that beat their group's free mean fine-tuned into the actor "
+                "with the experience stripped (released MemoryActorPipeline)",
+    uses_experience=True,
+    trains_extractor=True,
+    internalises=True,
+)
+
+_METHODS: dict[str, MethodSpec] = {m.name: m for m in (GRPO, STATIC, COMPLEMENTARY, CASEBANK, EXPEL, REFLEXION,
+                                                        INTERNALISE)}
 
 
 def register_method(spec: MethodSpec) -> None:

@@ -51,6 +51,10 @@ class Turn:
         experience_ids, retrieval, query: with turn-level retrieval, the ids of the entries retrieved
             before this turn, the guide's record of that retrieval and the retrieval query of this
             turn's observation (else empty / ``None`` / "").
+        free_prompt_ids: the prompt this turn would have had without experience (the episode's
+            guidance and this turn's retrieved text left out, all else equal), kept only when the
+            runner records them (:attr:`RolloutRunner.free_prompts`) and the prompt carried
+            experience; ``None`` otherwise (internalisation, trainer/internalise.py).
     """
 
     prompt_ids: list[int]
@@ -67,6 +71,7 @@ class Turn:
     experience_ids: list[int] = field(default_factory=list)
     retrieval: RetrievalRecord | None = None
     query: str = ""
+    free_prompt_ids: list[int] | None = None
 
     @property
     def action_mask(self) -> list[int]:
@@ -279,6 +284,11 @@ class RolloutRunner:
             of it, and an episode whose prompt holds ``max_context_tokens`` or more ends before the
             turn, truncated, with ``context_full`` set.
         continuous: continuous batching (above); ``False``: waves.
+
+    Attribute ``free_prompts`` (default ``False``): also record, for each turn whose prompt carried
+    experience, the prompt it would have had without it (:attr:`Turn.free_prompt_ids`: built by the same
+    prompt builder with no guidance; with the ``multiturn`` layout each later prompt extends the free
+    prompt before it, as the real prompts extend theirs).
     """
 
     def __init__(self, engine: Engine, prompt_builder: PromptBuilder, pool: EnvPool,
@@ -292,6 +302,7 @@ class RolloutRunner:
         self.max_concurrent = max(0, int(max_concurrent))
         self.max_context_tokens = max(0, int(max_context_tokens))
         self.continuous = bool(continuous)
+        self.free_prompts = False
         self.last_stats = RolloutStats()
 
     def _fit_reply(self, gen: Generation, room: int) -> Generation:
@@ -487,7 +498,7 @@ class RolloutRunner:
             stats.retrieve_s += time.perf_counter() - t0
         # a stream whose episodes may still call the search tool stops its replies at the call's close
         tool_open = {e.stream for e in live if e.has_tool and e.tool_uses < hooks[e.stream]["tool"].max_uses}
-        prompt_ids, allowed, prefills = {}, {}, {}
+        prompt_ids, allowed, prefills, free_ids = {}, {}, {}, {}
         budget, stops = sampling.max_new_tokens, list(sampling.stop)
         for e in live:
             env, tr = e.env, e.traj
@@ -495,10 +506,13 @@ class RolloutRunner:
             prefills[e.index] = self.prompts.prefill if fmt.prefill is None else fmt.prefill
             turn_text = turn_found[e.index][1].text if e.index in turn_found else ""
             last = tr.turns[-1] if tr.turns else None
+            before = list(e.chat)
             prompt_ids[e.index] = self.prompts.turn(e.chat, env.system_prompt, tr.task_prompt, e.history, e.obs,
                                                     tr.guidance, fmt.instruction, prefills[e.index],
                                                     turn_guidance=turn_text,
                                                     previous=(last.prompt_ids, last.response_ids) if last else None)
+            if self.free_prompts and (tr.guidance or turn_text.strip()):
+                free_ids[e.index] = self._free_prompt(e, before, prompt_ids[e.index], prefills[e.index], turn_text)
             allowed[e.index] = None if e.has_tool else self._allowed(env)
             budget = max(budget, fmt.min_new_tokens)
             stops += [x for x in fmt.stop if x not in stops]
@@ -564,7 +578,8 @@ class RolloutRunner:
                 tr = e.traj
                 e.tool_uses += 1
                 tr.tool_calls.append(ToolCall(len(tr.turns), query, answer, list(entry_ids), record))
-                self._record_turn(tr, gen, None, False, 0.0, e.obs, reply, turn_found.get(e.index), tool=True)
+                self._record_turn(tr, gen, None, False, 0.0, e.obs, reply, turn_found.get(e.index), tool=True,
+                                  free=free_ids.get(e.index))
                 tr.steps += 1
                 shown = f"Search results: {answer}"
                 if e.tool_uses >= tool.max_uses:
@@ -586,7 +601,7 @@ class RolloutRunner:
                 continue
             tr = e.traj
             self._record_turn(tr, gen, info.get("action"), bool(info.get("invalid_action")), float(r), e.obs,
-                              reply, turn_found.get(e.index))
+                              reply, turn_found.get(e.index), free=free_ids.get(e.index))
             tr.reward += float(r)
             tr.steps = int(info.get("steps", len(tr.turns))) + e.tool_uses
             tr.invalid_actions = int(info.get("invalid_actions", 0))
@@ -606,14 +621,40 @@ class RolloutRunner:
         keep = {e.index for e in still}
         return [e for e in live if e.index in keep]
 
+    def _free_prompt(self, e: _Episode, before: list[dict[str, str]], real: list[int], prefill: str,
+                     turn_text: str) -> list[int] | None:
+        """The prompt of ``e``'s coming turn without experience (:attr:`Turn.free_prompt_ids`): ``before``
+        is the episode's chat before this turn's prompt was built, ``real`` that prompt.  ``window``
+        layout, or a first turn: the builder's prompt with no guidance.  ``multiturn``: the last turn's
+        free prompt and reply, then what the real prompt appends to the real ones (rebuilt without
+        this turn's retrieved text where it had one); ``None`` where the last turn has no free prompt or
+        the template re-encodes the whole chat (such an episode is not internalised)."""
+        env, tr = e.env, e.traj
+        fmt = env.reply_format
+        if self.prompts.layout == "window" or not tr.turns:
+            return self.prompts.turn([], env.system_prompt, tr.task_prompt, e.history, e.obs, "", fmt.instruction,
+                                     prefill)
+        last = tr.turns[-1]
+        head = list(last.prompt_ids) + list(last.response_ids)
+        base = last.free_prompt_ids if last.free_prompt_ids is not None else \
+            (list(last.prompt_ids) if not tr.guidance and not last.experience_ids else None)
+        if base is None or real[:len(head)] != head:
+            return None
+        if not turn_text.strip():
+            return base + list(last.response_ids) + real[len(head):]
+        tail = self.prompts.continuation(before, f"{e.obs.strip()}\n\n{fmt.instruction}", last.response_ids, prefill)
+        return None if tail is None else base + list(last.response_ids) + tail
+
     @staticmethod
     def _record_turn(tr: Trajectory, gen: Any, action: str | None, invalid: bool, reward: float, obs: str,
-                     reply: str, found: tuple[str, Guidance] | None, tool: bool = False) -> None:
+                     reply: str, found: tuple[str, Guidance] | None, tool: bool = False,
+                     free: list[int] | None = None) -> None:
         query, g = found if found is not None else ("", None)
         tr.turns.append(Turn(gen.prompt_ids, gen.response_ids, gen.logprobs, action, invalid, reward, obs, reply,
                              list(gen.extra.get("entropy", ())), list(gen.extra.get("sampling_entropy", ())),
                              tool=tool, experience_ids=list(g.entry_ids) if g is not None else [],
-                             retrieval=g.record if g is not None else None, query=query))
+                             retrieval=g.record if g is not None else None, query=query,
+                             free_prompt_ids=list(free) if free is not None else None))
 
     @staticmethod
     def _out_of_turns(env: TextEnv, tr: Trajectory) -> bool:

@@ -209,11 +209,11 @@ def test_reply_format_default_and_the_swe_env_constructor_settings():
 def test_the_methods_are_declared_in_one_place_and_names_are_not_reused():
     from crl_bench.methods import COMPLEMENTARY, MethodSpec, get_method, list_methods, register_method
 
-    assert list_methods() == ["casebank", "complementary", "expel", "grpo", "reflexion", "static"]
+    assert list_methods() == ["casebank", "complementary", "expel", "grpo", "internalise", "reflexion", "static"]
     assert get_method("complementary") is COMPLEMENTARY and COMPLEMENTARY.trains_extractor
     with pytest.raises(ValueError, match="already declared"):
         register_method(MethodSpec("grpo", "a different grpo", uses_experience=True))
-    with pytest.raises(KeyError, match="known: casebank, complementary, expel, grpo, reflexion, static"):
+    with pytest.raises(KeyError, match="known: casebank, complementary, expel, grpo, internalise, reflexion, static"):
         get_method("nope")
 
 

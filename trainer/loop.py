@@ -181,6 +181,12 @@ class Trainer:
             share_prefix=cfg.train.share_prefix, packing=cfg.train.packing,
             scheduler=linear_warmup(self.optimizer, cfg.train.lr_warmup_steps) if cfg.train.lr_warmup_steps else None)
         self.optimizer = self.updater.optimizer     # with workers: its state lives (and is saved) there
+        self.internaliser: Any = None
+        if self.method.internalises:
+            from crl_bench.trainer.internalise import Internaliser
+
+            self.internaliser = Internaliser(cfg, self.updater, self.compute_dtype)
+            self.runner.free_prompts = True     # the rollout records each guided prompt without its experience
         self.step = 0
         self.training_state_released = False                # release_training_state: no more steps
         self._next_specs: list[EpisodeSpec] | None = None
@@ -378,7 +384,9 @@ class Trainer:
                 self.clear_actor_prefix_store()
             with self.gate.foreground(), self.peaks.phase("update"):
                 upd = self.updater.update(samples) if samples else {}
-        if upd.get("optimizer_steps"):
+                if self.internaliser is not None:      # released: right after the actor's GRPO update
+                    upd = {**upd, **self.internaliser.update(trajs)}
+        if upd.get("optimizer_steps") or upd.get("internalise_optimizer_steps"):
             self.engine.sync_weights(self.model)
         t_upd = time.perf_counter() - t1
         self.step += 1
@@ -549,7 +557,8 @@ class Trainer:
                 "scheduler": sched.state_dict() if sched is not None else None,
                 "updater_rng": self.updater.rng.getstate(), "sampler_rng": self.sampler.rng.bit_generator.state,
                 "next_specs": self._next_specs, "rng": rng_states(), "prepared": self._prepared,
-                "alarms": self.alarms.state_dict()}
+                "alarms": self.alarms.state_dict(),
+                **({"internaliser": self.internaliser.state_dict()} if self.internaliser is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a trainer built for the same run (weights loaded first);
@@ -568,6 +577,8 @@ class Trainer:
         self._next_specs = state["next_specs"]
         self._prepared = state.get("prepared")
         self.alarms.load_state_dict(state.get("alarms", {}))     # a checkpoint without alarm streaks: start them fresh
+        if self.internaliser is not None:
+            self.internaliser.load_state_dict(state.get("internaliser", {}))
         self.engine.sync_weights(self.model)
         set_rng_states(state["rng"])
 

@@ -16,8 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cp.add_argument("a", help="a run folder, a folder of one method's runs, or a method name in --sweep")
     cp.add_argument("b", help="the same for the other side")
     cp.add_argument("--sweep", help="sweep folder in which A and B are method names (run ids <name>-s<seed>)")
-    cp.add_argument("--mode", default="free", help="eval mode of A (free, guided, shuffled, empty, initial; "
-                                                   "default free)")
+    cp.add_argument("--mode", default="free", help="eval mode of A (free, guided, shuffled, empty, raw, condensed, "
+                                                   "both, initial; default free)")
     cp.add_argument("--mode-b", help="eval mode of B (default: --mode); A and B the same runs: a within-run "
                                      "difference, e.g. --mode guided --mode-b shuffled")
     cp.add_argument("--protocol", help="the shared protocol whose label contains this text (e.g. eval_unseen, "

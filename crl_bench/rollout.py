@@ -506,12 +506,13 @@ class RolloutRunner:
             prefills[e.index] = self.prompts.prefill if fmt.prefill is None else fmt.prefill
             turn_text = turn_found[e.index][1].text if e.index in turn_found else ""
             last = tr.turns[-1] if tr.turns else None
-            before = list(e.chat)
+            free = self.free_prompts and bool(tr.guidance or turn_text.strip())
+            before = list(e.chat) if free else []
             prompt_ids[e.index] = self.prompts.turn(e.chat, env.system_prompt, tr.task_prompt, e.history, e.obs,
                                                     tr.guidance, fmt.instruction, prefills[e.index],
                                                     turn_guidance=turn_text,
                                                     previous=(last.prompt_ids, last.response_ids) if last else None)
-            if self.free_prompts and (tr.guidance or turn_text.strip()):
+            if free:
                 free_ids[e.index] = self._free_prompt(e, before, prompt_ids[e.index], prefills[e.index], turn_text)
             allowed[e.index] = None if e.has_tool else self._allowed(env)
             budget = max(budget, fmt.min_new_tokens)

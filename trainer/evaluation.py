@@ -21,6 +21,7 @@ from typing import Any, get_args
 import numpy as np
 
 from crl_bench.config import DEFAULT_PREFILL, ConfigError, EvalControl, RunConfig
+from crl_bench.experience.memory import MEMORY_FORMS
 from crl_bench.results.passk import pass_curves
 from crl_bench.rollout import EpisodeSpec, Trajectory
 
@@ -28,8 +29,6 @@ from crl_bench.rollout import EpisodeSpec, Trajectory
 EVAL_CONTROLS: tuple[str, ...] = get_args(EvalControl)
 #: every eval mode, in the order a final evaluation runs the ones it has
 EVAL_MODES = ("guided", *EVAL_CONTROLS, "free")
-#: the controls that show the guided retrieval in another memory form (docs/evaluation.md "Memory forms")
-FORM_CONTROLS = ("raw", "condensed", "both")
 
 
 def summarise(trajs: Sequence[Trajectory]) -> dict[str, Any]:
@@ -128,7 +127,7 @@ class Evaluator:
             return {}
         forms = track.memory.forms
         return {c: f"memory {track.memory.name!r} shows forms {', '.join(forms) or 'none'} apart from guided"
-                for c in FORM_CONTROLS if c in self.cfg.eval.controls and c not in forms}
+                for c in MEMORY_FORMS if c in self.cfg.eval.controls and c not in forms}
 
     def task_ids(self, episodes: int | str | None = None) -> dict[str, list[int]]:
         """The eval tasks of each env: the first ``episodes`` ids of its eval split (``"all"``: every
@@ -330,7 +329,7 @@ class Evaluator:
                 raise ValueError(f"unknown eval mode {mode!r}; known: free, guided, {', '.join(EVAL_CONTROLS)}")
             if mode != "free" and self.trainer.experience is None:
                 raise ValueError(f"{mode} evaluation needs an experience bank; method {self.cfg.method!r} has none")
-            if mode in FORM_CONTROLS and mode not in self.trainer.experience.memory.forms:
+            if mode in MEMORY_FORMS and mode not in self.trainer.experience.memory.forms:
                 raise ValueError(f"eval mode {mode!r}: {self.skipped_controls().get(mode) or 'not a form here'}")
         if len(set(modes)) != len(modes):
             raise ValueError(f"eval modes given twice: {modes}")
@@ -389,7 +388,7 @@ class Evaluator:
         exp = self.cfg.experience
         donors = self.shuffled_donors(tasks) if mode == "shuffled" else {}
         live = mode == "guided"
-        form = mode if mode in FORM_CONTROLS else ""
+        form = mode if mode in MEMORY_FORMS else ""
         specs = [EpisodeSpec(env_id, t, group_id=i, subgroup="free" if mode == "free" else "guided",
                              retrieve=mode != "free" and (exp.integration != "turn" or not live),
                              turn_retrieve=live and exp.integration != "trajectory",

@@ -300,8 +300,7 @@ class ExperienceTrack:
         Raises:
             ValueError: the memory kind has no such form.
         """
-        if form not in self.memory.forms:
-            self.memory.form_guidance(self.manager, form, [], [])       # raises, naming the kind's forms
+        self.memory.check_form(form)
         found = self.manager.retrieve([(self.memory.scope(env_id), query) for env_id, _, query in requests],
                                       count_retrievals=False)
         texts = self.memory.form_guidance(self.manager, form, [env_id for env_id, _, _ in requests], found)

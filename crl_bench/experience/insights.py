@@ -636,12 +636,11 @@ class InsightsMemory(CasesMemory):
                       found: Sequence[Sequence[Any]]) -> list[str]:
         """``raw``: the retrieved cases alone (the guided block without the insight list); ``condensed``:
         the env's insight list alone (``""`` where it has none), whatever was retrieved."""
+        self.check_form(form)
         if form == "raw":
             return Memory.guidance(self, manager, env_ids, [format_numbered(f, empty="") for f in found])
-        if form == "condensed":
-            lists = manager.insights(list(env_ids))
-            return [insight_block(lists[e]) if lists.get(e) else "" for e in env_ids]
-        raise ValueError(f"memory 'insights' shows forms raw and condensed, not {form!r}")
+        lists = manager.insights(list(env_ids))
+        return [insight_block(lists[e]) if lists.get(e) else "" for e in env_ids]
 
     def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:
         """Queue the step's cases (:func:`~crl_bench.experience.cases.case_requests`), then its insight

@@ -260,6 +260,7 @@ class LessonsMemory(Memory):
     def form_guidance(self, manager: Any, form: str, env_ids: Sequence[str],
                       found: Sequence[Sequence[ExperienceEntry]]) -> list[str]:
         """Each episode's block of memory form ``form`` (``raw`` or ``both``, :func:`form_block`)."""
+        self.check_form(form)
         return [form_block(entries, form) for entries in found]
 
     def write(self, manager: Any, trajs: Sequence[Any], step: int) -> int:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_bench.experience.bank import ExperienceBank
+from crl_bench.experience.cases import case_text
 from crl_bench.experience.extractor import Extraction, Extractor, answer_text
 from crl_bench.experience.insights import InsightOutcome
 from crl_bench.experience.json_ops import format_numbered
@@ -347,8 +348,6 @@ class ExperienceManager:
         would store for it; ``""`` without a record or :attr:`case_tokenizer`."""
         if record is None or self.case_tokenizer is None or not getattr(record, "steps", None):
             return ""
-        from crl_bench.experience.cases import case_text
-
         title, content = case_text(record, self.case_tokenizer, self.case_tokens)
         return f"{title}: {content}"
 

@@ -199,17 +199,24 @@ class Memory:
         of ``env_ids``: :func:`guidance_text` under :attr:`header` (``""`` without entries)."""
         return [guidance_text(body, self.header) for body in bodies]
 
+    def check_form(self, form: str) -> None:
+        """Raises ``ValueError`` when ``form`` is not one of this kind's :attr:`forms`."""
+        if form not in self.forms:
+            raise ValueError(f"memory {self.name!r} shows forms {' and '.join(self.forms) or 'none'} apart "
+                             f"from guided, not {form!r}")
+
     def form_guidance(self, manager: Any, form: str, env_ids: Sequence[str],
                       found: Sequence[Sequence[Any]]) -> list[str]:
         """The block of memory control ``form`` (one of :attr:`forms`) for each episode of ``env_ids``,
         from the entries its guided retrieval returned (``found``: per episode, the
-        :class:`~crl_bench.experience.types.ExperienceEntry` list in retrieval order).
+        :class:`~crl_bench.experience.types.ExperienceEntry` list in retrieval order).  A kind that
+        declares :attr:`forms` overrides this.
 
         Raises:
-            ValueError: ``form`` is not one of this kind's :attr:`forms`.
+            ValueError: ``form`` is not one of this kind's :attr:`forms` (:meth:`check_form`).
         """
-        raise ValueError(f"memory {self.name!r} has no {form!r} form distinct from its guided mode "
-                         f"(forms: {', '.join(self.forms) or 'none'})")
+        self.check_form(form)
+        raise TypeError(f"memory {self.name!r} declares forms {self.forms} but does not override form_guidance")
 
     def task_guidance(self, manager: Any, env_id: str, task: int, later: Sequence[str] = ()) -> str:
         """For a kind that does not retrieve (:attr:`retrieves` false): the block an attempt at

@@ -87,8 +87,7 @@ def main(arm: str) -> str:
              "`ext. reward` = the extractor update's mean reward (`complementary`, `internalise`), `internalised` = "
              "episodes the internalisation kept; `-` where the step had none.", ""]
     for run in runs:
-        m = [r for r in rows(run) if "eval" not in r or r.get("step")]
-        steps = [r for r in m if r.get("step")]
+        steps = [r for r in rows(run) if r.get("step") and "eval" not in r]
         lines += [f"## {run.name}", "", "| step | " + " | ".join(STEP_KEYS.values()) + " |",
                   "|---:|" + "---:|" * len(STEP_KEYS)]
         for r in steps:
@@ -105,10 +104,9 @@ def main(arm: str) -> str:
         by.setdefault(method, {})[int(seed)] = run
     lines += ["## Answers (PREDICTION.md's rules)", ""]
     st, co, it = by.get("static", {}), by.get("complementary", {}), by.get("internalise", {})
-    paired = sorted(set(st) & set(co))
-    d = [last(rows(co[s]), "bank_correct_lessons") - last(rows(st[s]), "bank_correct_lessons") for s in paired
-         if last(rows(co[s]), "bank_correct_lessons") is not None and last(rows(st[s]), "bank_correct_lessons")
-         is not None]
+    final = {(m, s): last(rows(r), "bank_correct_lessons") for m, g in (("st", st), ("co", co)) for s, r in g.items()}
+    d = [final["co", s] - final["st", s] for s in sorted(set(st) & set(co))
+         if final["co", s] is not None and final["st", s] is not None]
     if len(d) >= CI_MIN_VALUES:
         low, high = bootstrap_ci(d)
         lines.append(f"- final bank ok, complementary - static, paired by seed: {np.mean(d):+.3f} [{low:+.3f}, "

@@ -9,7 +9,9 @@ episode what an evaluation block is computed from (:meth:`Evaluator._block`): en
 steps, invalid actions, error, the experience that guided it and each turn's action, reply and
 entropies. Prompt and reply token ids are not kept (no block reads them).
 
-Lines of another key are ignored (and the file started afresh); a torn last line (the process killed
+A journal written for another key (other settings, another model or bank, or a version of crl-bench whose
+settings differ) is not used: it is moved aside to ``<path>.stale-<its key's first 8 hex digits>`` with a
+warning, never deleted, and this evaluation starts a new one; a torn last line (the process killed
 mid-write) is ignored. Whether an episode's outcome depends on the episodes run beside it is the
 engine's: greedy episodes of an engine whose replies do not depend on the batch come out the same
 resumed or not; sampled episodes are independent draws either way, but a resumed evaluation's draws
@@ -74,14 +76,29 @@ class EpisodeJournal:
                 continue
             if not isinstance(rec, dict):
                 continue
-            if rec.get("key") != self.key:      # another evaluation's journal: start afresh
+            if rec.get("key") != self.key:      # another evaluation's journal: keep it aside, start afresh
                 self._kept.clear()
-                self.path.unlink()
+                self._set_aside(str(rec.get("key", "")))
                 return
             try:
                 self._kept.setdefault(str(rec["mode"]), {})[int(rec["index"])] = episode_from_record(rec["episode"])
             except (KeyError, TypeError, ValueError):
                 continue
+
+    def _set_aside(self, other: str) -> None:
+        """Move the journal of another evaluation (key ``other``) to ``<path>.stale-<key[:8]>``, so that its
+        episodes stay readable (and resumable by the settings that wrote them)."""
+        import warnings
+
+        tag = "".join(c for c in other[:8] if c.isalnum()) or "unknown"
+        aside = self.path.with_name(f"{self.path.name}.stale-{tag}")
+        n = 1
+        while aside.exists():
+            aside = self.path.with_name(f"{self.path.name}.stale-{tag}-{n}")
+            n += 1
+        self.path.rename(aside)
+        warnings.warn(f"{self.path} holds episodes of another evaluation (other settings, model, bank or "
+                      f"crl-bench version); kept as {aside}, this evaluation starts a new journal", stacklevel=3)
 
     def kept(self, mode: str) -> dict[int, Trajectory]:
         """The finished episodes of ``mode`` this journal holds: ``{index: trajectory}``."""

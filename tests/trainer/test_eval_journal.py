@@ -96,10 +96,15 @@ def test_a_journal_of_another_evaluation_is_not_used(trainer, tokenizer, tmp_pat
     path = tmp_path / "j.jsonl"
     with pytest.raises(_Interrupted):
         _free(trainer, ParityEngine(tokenizer, stop_at=3), EpisodeJournal(path, {"model": "a"}))
+    before = path.read_text()
     engine = ParityEngine(tokenizer)
-    block = _free(trainer, engine, EpisodeJournal(path, {"model": "b"}))
+    with pytest.warns(UserWarning, match="another evaluation"):
+        journal = EpisodeJournal(path, {"model": "b"})
+    block = _free(trainer, engine, journal)
     assert engine.prompts == 10 and "resumed_episodes" not in block
     assert {json.loads(x)["key"] for x in path.read_text().splitlines()} == {EpisodeJournal(path, {"model": "b"}).key}
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("j.jsonl.stale-")]
+    assert len(aside) == 1 and aside[0].read_text() == before   # the other evaluation's episodes are kept
 
 
 def test_a_record_keeps_what_a_block_reads():

@@ -14,6 +14,7 @@ default, see docs/method.md).
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 
 
 def _normalizer(mask: torch.Tensor, normalizer: float | None) -> torch.Tensor | float:
@@ -142,16 +143,62 @@ def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
     return loss, stats
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Log-prob of ``targets`` under ``logits / temperature``.
+LOGPROB_CHUNK_TOKENS = 512
+"""Positions per chunk of :func:`token_logprobs`: its transient float32 memory is about
+``3 x 4 x LOGPROB_CHUNK_TOKENS x V`` bytes (0.9 GiB at Qwen2.5's V = 152,064), whatever the sequence length."""
+
+
+def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``(n,)`` float32 log-probs of ``targets`` ``(n,)`` under ``logits`` ``(n, V)`` (any float dtype)."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    return x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
+    """Log-prob of ``targets`` under ``logits / temperature``, without a float32 copy of the whole
+    vocabulary for every position.
+
+    The log-softmax runs in float32 for stability, on ``chunk_tokens`` positions at a time; with gradient,
+    each chunk is recomputed in the backward (``torch.utils.checkpoint``), so what the graph keeps is the
+    logits themselves (already alive: the model returned them) and the targets, and the backward's
+    transient float32 memory is that of one chunk. A plain ``log_softmax(logits.float()).gather(...)``
+    keeps a float32 ``(B, T, V)`` output for the backward and builds another as its gradient: about
+    14 V bytes per position with bf16 logits (2 GiB per 1,000 positions at V = 152k), the peak of a
+    long-context update (docs/scaling.md). Same values and gradients (to float rounding); the same idea
+    as TRL's ``selective_log_softmax`` and verl's chunked log-probs.
 
     Args:
-        logits: ``(B, T, V)``.
+        logits: ``(B, T, V)``, any float dtype.
         targets: ``(B, T)`` token ids.
+        temperature: divides the logits (> 0).
+        chunk_tokens: positions per chunk (>= 1).
     Returns:
-        ``(B, T)`` float32 log-probs (computed in float32 for stability).
+        ``(B, T)`` float32 log-probs.
+    Raises:
+        ValueError: ``chunk_tokens < 1``, or shapes that do not match.
     """
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(f"logits (B, T, V) and targets (B, T) do not match: {tuple(logits.shape)}, "
+                         f"{tuple(targets.shape)}")
+    b, t, _ = logits.shape
+    if b * t == 0:
+        return torch.zeros((b, t), dtype=torch.float32, device=logits.device)
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    rows = []
+    # split, not slicing in a loop: the backward of split assembles the chunks' gradients once, where
+    # the backward of each slice would allocate a zero tensor of the logits' full size
+    for row_logits, row_targets in zip(logits.unbind(0), targets.unbind(0)):
+        parts = []
+        for x, y in zip(row_logits.split(chunk_tokens, dim=0), row_targets.split(chunk_tokens, dim=0)):
+            if grad:
+                parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, x, y, temperature,
+                                                               use_reentrant=False))
+            else:
+                parts.append(_chunk_logprobs(x, y, temperature))
+        rows.append(torch.cat(parts))
+    return torch.stack(rows)

@@ -174,7 +174,7 @@ def packed_logprobs(model: Any, batch: dict[str, Any], temperature: float = 1.0,
     autocast to ``compute_dtype`` with ``attention_mask=None`` and the restarting ``position_ids``,
     from which transformers builds the block-diagonal causal mask (module docstring); the
     log-softmax runs in float32 outside autocast."""
-    with autocast(batch["input_ids"].device, compute_dtype or torch.float32):
+    with autocast(batch["input_ids"].device, compute_dtype or torch.float32, cache=False):
         out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=None,
                     logits_to_keep=batch["keep"], use_cache=False)
     rows = token_logprobs(out.logits, batch["row_targets"], temperature)

@@ -246,9 +246,10 @@ def response_logprobs(logprobs: torch.Tensor, batch: dict, row: int, length: int
 def sequence_logprobs(model: Any, batch: dict, temperature: float = 1.0,
                       compute_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Log-probs ``(B, R)`` (float32) of the batch's response tokens under ``model`` (with gradient if
-    enabled); the forward runs under autocast to ``compute_dtype`` (``None``: the weights' dtype), the
-    log-softmax in float32 outside it."""
-    with autocast(batch["input_ids"].device, compute_dtype or torch.float32):
+    enabled); the forward runs under autocast to ``compute_dtype`` (``None``: the weights' dtype) without
+    the weight-cast cache (:func:`crl_bench.llm.precision.autocast`), the log-softmax in float32 outside it,
+    chunked (:func:`crl_bench.trainer.losses.token_logprobs`)."""
+    with autocast(batch["input_ids"].device, compute_dtype or torch.float32, cache=False):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     position_ids=batch["position_ids"], logits_to_keep=batch["keep"], use_cache=False)
     # an int ``keep`` holds one logit more than R (the last position predicts nothing); a tensor

@@ -29,6 +29,9 @@ One module per benchmark, each registering its own subcommand:
 * ``roofline`` (:mod:`.roofline`): this machine's limits for a model (matmul FLOP/s in the compute dtype,
   memory bandwidth, pure-torch prefill/decode and forward+backward tokens/s); ``rollout`` and ``step``
   print their arms as a share of it (:func:`~crl_bench.bench.roofline.roofline_share`).
+* ``memory`` (:mod:`.memory`): the update's memory laws (chunked against full-vocabulary log-probs,
+  autocast's weight-cast cache on against off under checkpointing), measured at two small sizes side by
+  side and extrapolated to the paper's model shapes.
 
 A benchmark module exposes ``HELP`` (a few words for ``crl-bench bench --help``), ``add_parser(subparsers)``
 (adds ``NAME`` with its own options to the ``bench`` subcommands and returns that parser) and
@@ -61,6 +64,7 @@ BENCHMARKS: dict[str, str] = {
     "backend": "crl_bench.bench.backend",
     "eval": "crl_bench.bench.eval",
     "roofline": "crl_bench.bench.roofline",
+    "memory": "crl_bench.bench.memory",
 }
 
 

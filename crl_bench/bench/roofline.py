@@ -207,13 +207,15 @@ def pure_throughput(model: Any, dtype: Any, batch: int = 8, prompt: int = 512, c
 def _train_rate(model: Any, dtype: Any, tokens: int, length: int, response: int, checkpointing: bool,
                 min_seconds: float) -> dict[str, Any]:
     """Forward+backward tokens/s of one training micro-batch as trainer/policy.py runs it: a float32
-    copy of ``model`` in train mode, the forward under autocast to ``dtype``, logits of the last
-    ``response + 1`` positions (``logits_to_keep``), their log-softmax in float32, the backward of the
+    copy of ``model`` in train mode, the forward under autocast to ``dtype`` (no weight-cast cache), logits of
+    the last ``response + 1`` positions (``logits_to_keep``), their chunked float32 log-probs
+    (:func:`crl_bench.trainer.losses.token_logprobs`), the backward of the
     mean log-prob of random targets; activation checkpointing (non-reentrant) when ``checkpointing``.
     ``rows = max(1, tokens // length)`` sequences of ``length`` tokens; the weights are not changed."""
     import torch
 
     from crl_bench.llm.precision import autocast, cast_parameters
+    from crl_bench.trainer.losses import token_logprobs
 
     with torch.no_grad():
         net = cast_parameters(copy.deepcopy(model), torch.float32)
@@ -233,10 +235,9 @@ def _train_rate(model: Any, dtype: Any, tokens: int, length: int, response: int,
     targets = ids[:, length - keep + 1:]
 
     def step() -> None:
-        with autocast(dev, dtype):
+        with autocast(dev, dtype, cache=False):      # as the trainer's update (trainer/policy.py)
             logits = net(input_ids=ids, logits_to_keep=keep, use_cache=False).logits[:, :-1]
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1))
-        (-logp.mean()).backward()
+        (-token_logprobs(logits, targets).mean()).backward()
         net.zero_grad(set_to_none=True)
 
     return {"tok_s": rows * length / _timed(step, min_seconds), "rows": rows, "length": length, "logits_kept": keep,

@@ -106,11 +106,20 @@ def resolve_dtype(dtype: str, device: str | torch.device | None = None,
     return "float32"
 
 
-def autocast(device: torch.device | str, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
-    """``torch.autocast`` to ``dtype`` on ``device``'s type, or a no-op context for float32."""
+def autocast(device: torch.device | str, dtype: torch.dtype,
+             cache: bool = True) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` to ``dtype`` on ``device``'s type, or a no-op context for float32.
+
+    ``cache``: torch's weight-cast cache, which keeps the ``dtype`` cast of every float32 parameter alive
+    until the region ends. Off for a forward that is computed once under activation checkpointing (the
+    update's): there the cache keeps a bf16 copy of every linear weight alive at the forward's peak,
+    2 bytes per parameter (13 GiB at 7B) that checkpointing would otherwise free layer by layer
+    (``crl-bench bench memory``, law ``autocast-cache``); a forward without checkpointing saves each cast
+    for its backward either way, so turning it off costs nothing there. On where two forwards share the
+    weights' casts (the shared-prefix forward)."""
     if dtype == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype, cache_enabled=cache)
 
 
 def describe(dtype: str) -> dict[str, Any]:

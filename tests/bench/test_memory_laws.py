@@ -1,0 +1,90 @@
+"""The update's memory laws (crl_bench/bench/memory.py) and the two changes they check: chunked log-probs
+(trainer/losses.py ``token_logprobs``) and autocast without the weight-cast cache for the update's forward
+(crl_bench/llm/precision.py ``autocast``, trainer/policy.py ``sequence_logprobs``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from crl_bench.bench import memory
+from crl_bench.bench.memory import full_vocab_logprobs
+from crl_bench.trainer.losses import token_logprobs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [1, 7, 64, 10_000])
+def test_chunked_logprobs_equal_the_full_log_softmax_in_value_and_gradient(dtype, chunk):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 50, 301, generator=g).to(dtype).requires_grad_()
+    targets = torch.randint(0, 301, (3, 50), generator=g)
+    w = torch.randn(3, 50, generator=g)
+    for temperature in (1.0, 0.7):
+        ref = torch.log_softmax(logits.float() / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
+        (g_ref,) = torch.autograd.grad((ref * w).sum(), logits)
+        got = token_logprobs(logits, targets, temperature, chunk_tokens=chunk)
+        (g_got,) = torch.autograd.grad((got * w).sum(), logits)
+        assert got.dtype == torch.float32 and got.shape == (3, 50)
+        torch.testing.assert_close(got, ref, atol=2e-6, rtol=0)
+        tol = 1e-6 if dtype == torch.float32 else 1e-4
+        torch.testing.assert_close(g_got.float(), g_ref.float(), atol=tol, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(token_logprobs(logits, targets, chunk_tokens=chunk), full_vocab_logprobs(
+            logits, targets), atol=2e-6, rtol=0)
+
+
+def test_chunked_logprobs_refuse_bad_input_and_take_empty_batches():
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), chunk_tokens=0)
+    with pytest.raises(ValueError, match="do not match"):
+        token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 3, dtype=torch.long))
+    assert token_logprobs(torch.zeros(2, 0, 3), torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)
+
+
+def test_logprob_law_chunked_keeps_a_fraction_of_the_full_vocabulary_copies():
+    # the full float32 log-softmax peaks at ~14 V bytes per position with bf16 logits (docs/scaling.md);
+    # the chunked one at the logits and their gradient (~3-4 V) plus one chunk's constant
+    r = memory.law_slopes("logprob", 32_768, sizes=(1024, 2048))
+    per_v = {arm: s / 32_768 for arm, s in r["slope"].items()}
+    assert 12 <= per_v["before"] <= 16, per_v
+    assert per_v["after"] <= 5, per_v
+
+
+def test_autocast_cache_law_the_cache_keeps_two_bytes_per_parameter_and_off_keeps_none():
+    r = memory.law_slopes("autocast-cache", 1024)
+    assert 1.7 <= r["slope"]["before"] <= 2.3, r
+    assert abs(r["slope"]["after"]) <= 0.3, r
+
+
+def test_the_update_forward_runs_without_the_cast_cache(monkeypatch):
+    # sequence_logprobs must ask autocast for no cache: with it, a checkpointed model keeps a bf16 copy
+    # of every weight alive at the forward's peak
+    from crl_bench.trainer import policy
+
+    seen = []
+
+    def spy(device, dtype, cache=True):
+        seen.append(cache)
+        return torch.autocast(device_type="cpu", dtype=torch.bfloat16, cache_enabled=cache)
+
+    monkeypatch.setattr(policy, "autocast", spy)
+    lin = torch.nn.Linear(4, 11)
+
+    class Tiny(torch.nn.Module):
+        def forward(self, input_ids, attention_mask, position_ids, logits_to_keep, use_cache):
+            return type("Out", (), {"logits": lin(torch.nn.functional.one_hot(input_ids, 4).float())})()
+
+    batch = {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+             "position_ids": torch.arange(3)[None], "keep": 3, "targets": torch.tensor([[2, 3]])}
+    lp = policy.sequence_logprobs(Tiny(), batch, compute_dtype=torch.bfloat16)
+    assert lp.shape == (1, 2) and seen == [False]
+
+
+def test_bench_memory_prints_both_laws_with_their_extrapolation(capsys, monkeypatch):
+    monkeypatch.setattr(memory, "measure", lambda cases, device="cpu": [1000, 3000] * 2)
+    import argparse
+
+    args = argparse.Namespace(law=None, device="cpu", vocab=100, width=10, json=None)
+    assert memory.run(args) == 0
+    out = capsys.readouterr().out
+    assert "logprob (V = 100)" in out and "autocast-cache" in out and "GiB at Qwen2.5-7B" in out

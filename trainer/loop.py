@@ -492,7 +492,8 @@ class Trainer:
         """Free heap pages handed back (:func:`~crl_bench.llm.memory.trim_heap`), then this process's
         resident memory now and at its peak so far (GB): ``rss_gb``, ``peak_rss_gb``, and the peak of
         each phase since the last row (``peak_rss_gb/rollout``, ``/update``, ``/experience``,
-        ``/eval``: :class:`~crl_bench.llm.memory.PhasePeaks`)."""
+        ``/eval``: :class:`~crl_bench.llm.memory.PhasePeaks`), and on a GPU the allocator's peak of each
+        phase (``peak_gpu_gb/<phase>``)."""
         trim_heap()
         now = rss_gb()
         return {"peak_rss_gb": round(self.peaks.lifetime_gb, 3), **self.peaks.take(),

@@ -75,7 +75,8 @@ def _hwm_gb() -> float | None:
 
 
 class PhasePeaks:
-    """Peak resident memory of each phase of a step (rollout, update, ...), in GB.
+    """Peak resident memory of each phase of a step (rollout, update, ...), in GB, and where the process
+    uses CUDA, the GPU allocator's peak of each phase.
 
     Linux resets a process's resident high-water mark when ``5`` is written to
     ``/proc/self/clear_refs`` (proc(5)); a phase resets it on entry and reads ``VmHWM`` on exit.  The
@@ -88,6 +89,7 @@ class PhasePeaks:
     def __init__(self) -> None:
         self.lifetime = 0.0
         self.last: dict[str, float] = {}
+        self.last_gpu: dict[str, float] = {}
 
     @property
     def lifetime_gb(self) -> float:
@@ -117,6 +119,11 @@ class PhasePeaks:
                 reset = True
             except OSError:
                 pass
+        gpu = _cuda_in_use()
+        if gpu:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
         try:
             yield
         finally:
@@ -124,9 +131,28 @@ class PhasePeaks:
             if reset and after is not None:
                 self.lifetime = max(self.lifetime, after)
                 self.last[name] = max(self.last.get(name, 0.0), after)
+            if gpu:
+                self.last_gpu[name] = max(self.last_gpu.get(name, 0.0), _cuda_peak_gb())
 
     def take(self) -> dict[str, float]:
-        """The phase peaks measured since the last call, as ``{"peak_rss_gb/<phase>": GB}``."""
+        """The phase peaks measured since the last call: ``{"peak_rss_gb/<phase>": GB}`` and, where this
+        process has used CUDA, ``{"peak_gpu_gb/<phase>": GB}`` (the caching allocator's peak of tensors
+        this process allocated on its current device during the phase, ``torch.cuda.max_memory_allocated``;
+        not what vLLM's engine-core processes or other processes hold)."""
         out = {f"peak_rss_gb/{k}": round(v, 3) for k, v in self.last.items()}
-        self.last = {}
+        out.update({f"peak_gpu_gb/{k}": round(v, 3) for k, v in self.last_gpu.items()})
+        self.last, self.last_gpu = {}, {}
         return out
+
+
+def _cuda_in_use() -> bool:
+    """Whether this process has initialised CUDA (so its allocator has something to report); never
+    initialises it."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def _cuda_peak_gb() -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 1e9

@@ -89,3 +89,31 @@ def test_phase_peaks_measure_each_phase_and_keep_the_lifetime_peak():
     assert got["peak_rss_gb/big"] - got["peak_rss_gb/small"] > 0.3     # the small phase does not see the big one
     assert peaks.take() == {}
     assert peaks.lifetime_gb >= got["peak_rss_gb/big"] - 0.001         # (take() rounds to MB)
+
+
+def test_phase_peaks_report_the_gpu_allocators_peak_per_phase_where_cuda_is_in_use(monkeypatch):
+    # a CUDA stand-in: the allocator's peak is reset on entering a phase and read on leaving it
+    import torch
+
+    from crl_bench.llm import memory
+
+    state = {"peak": 0, "resets": 0}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda *a: state.update(peak=0, resets=state["resets"] + 1))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: state["peak"])
+    peaks = memory.PhasePeaks()
+    with peaks.phase("rollout"):
+        state["peak"] = 3e9
+    with peaks.phase("update"):
+        state["peak"] = 5e9
+    with peaks.phase("update"):                 # the same phase twice before take(): the larger peak
+        state["peak"] = 4e9
+    got = peaks.take()
+    assert got["peak_gpu_gb/rollout"] == 3.0 and got["peak_gpu_gb/update"] == 5.0 and state["resets"] == 3
+    assert not any(k.startswith("peak_gpu_gb") for k in peaks.take())
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)      # CUDA never used: nothing reported
+    with peaks.phase("rollout"):
+        pass
+    assert not any(k.startswith("peak_gpu_gb") for k in peaks.take())

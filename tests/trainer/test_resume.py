@@ -47,7 +47,7 @@ MACHINE_KEYS = ("tokens_per_s", "peak_rss_gb", "rss_gb", "prefetched_resets", "r
 
 def _computed(row: dict) -> dict:
     return {k: v for k, v in row.items()
-            if not k.startswith(("time_", "peak_rss_gb/")) and k not in MACHINE_KEYS}
+            if not k.startswith(("time_", "peak_rss_gb/", "peak_gpu_gb/")) and k not in MACHINE_KEYS}
 
 
 class ScriptedEngine:

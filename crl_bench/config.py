@@ -91,7 +91,8 @@ class ModelConfig:
     the CPU has native bf16 units (AMX or AVX512-BF16) or on a CUDA GPU with bf16, ``float32`` otherwise;
     :mod:`crl_bench.llm.precision`), ``float32``, ``bfloat16`` or ``float16``.  Trainable weights and optimiser
     state stay float32 (master weights); a lower compute dtype means autocast in training and a copy of the weights
-    in that dtype for generation."""
+    in that dtype for generation. ``float16`` evaluates but does not train (no loss scaler: its gradients
+    underflow)."""
     lora: bool = False
     """Train LoRA adapters (peft) instead of all weights."""
     lora_r: Annotated[int, Ge(1)] = 16

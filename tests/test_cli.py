@@ -339,6 +339,7 @@ def _bad_inputs(tmp_path):
                                    "does not exist"),
         "no final evaluation": (base + ["--mix", "minihack-room", "--set", "eval.episodes=0"],
                                 "eval.episodes"),
+        "float16 training": (base + ["--mix", "minihack-room", "--set", "model.dtype=float16"], "loss scaler"),
         "--output-dir under a file": (["run", "--method", "grpo", "--preset", "smoke", "--mix", "minihack-room",
                                        "--output-dir", str(a_file / "runs")], "cannot be created"),
         "play sokoban task -5": (["envs", "play", "sokoban", "--task", "-5"], "-5 is not a task id"),

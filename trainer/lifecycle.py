@@ -38,7 +38,8 @@ def preflight(cfg: RunConfig) -> None:
 
     Raises:
         ModelNotAvailable: a model or extractor folder does not exist.
-        ConfigError: ``eval.episodes`` is 0 (a run ends with the evaluation its summary.json reports;
+        ConfigError: ``model.dtype`` float16 with training steps (no loss scaler), ``eval.episodes`` is 0 (a run
+            ends with the evaluation its summary.json reports;
             ``crl-bench bench step`` measures training alone), or the output folder cannot be created
             or written (names it and why).
     """
@@ -47,6 +48,11 @@ def preflight(cfg: RunConfig) -> None:
     from crl_bench.config import ConfigError
     from crl_bench.llm.default_model import check_model_name
 
+    if cfg.model.dtype == "float16" and cfg.train.steps > 0:
+        raise ConfigError("model.dtype=float16 cannot train: float16 gradients of the update's per-token losses "
+                          "(weights near 1 / (sequences x tokens)) underflow without a loss scaler, which the "
+                          "updaters do not run; train in bfloat16 (or auto / float32); float16 serves evaluation "
+                          "(crl-bench eval)")
     if cfg.eval.episodes == 0:
         raise ConfigError("eval.episodes: 0 leaves the run without the final evaluation its summary.json, "
                           "sweeps and the leaderboard report; set 1 or more (or 'all'); training alone "

@@ -152,6 +152,17 @@ class GenerationConfig:
     """With ``engine: vllm``, memory for vLLM's KV cache (GiB); ``null`` (the default): sized from
     ``vllm_gpu_memory_utilization`` on a GPU, 1 GiB on vLLM's CPU backend
     (:data:`crl_bench.llm.vllm_engine.CPU_KV_CACHE_GB`)."""
+    vllm_max_model_len: Annotated[int, Interval(ge=1, le=MAX_TOKENS)] | None = None
+    """With ``engine: vllm``, the longest prompt plus reply the engine takes (``max_model_len`` of ``vllm.LLM``, which
+    also sizes the KV cache vLLM must hold for one sequence at start-up); ``null`` (the default): the model's own
+    context (``max_position_embeddings``). Keep ``rollout.max_context_tokens`` at or below it: the rollout ends an
+    episode whose prompt fills that cap, while vLLM refuses a longer prompt for the whole batch."""
+    vllm_max_num_seqs: Annotated[int, Interval(ge=1, le=MAX_BATCH)] | None = None
+    """With ``engine: vllm``, sequences vLLM schedules at once (``max_num_seqs``); ``null``: vLLM's default."""
+    vllm_sleep: bool = False
+    """With ``engine: vllm`` on a GPU, the engine sleeps through each actor update (vLLM sleep mode, level 1: weights
+    to host memory, KV cache dropped) and wakes for the weight sync and the next rollout, so that the update has the
+    GPU memory vLLM holds (verl's and ROLL's colocated layout)."""
     openai_base_url: str = ""
     """With ``engine: openai``, the server's API root, e.g. ``http://127.0.0.1:8000/v1``."""
     openai_model: str = ""
@@ -195,9 +206,9 @@ class RolloutConfig:
     waves of this size instead)."""
     max_context_tokens: Annotated[int, Interval(ge=0, le=MAX_TOKENS)] = 0
     """The most tokens an episode's prompt and reply may hold together (0 = the actor's context window,
-    ``max_position_embeddings`` of its config). As released (``sequence_length`` 32,768,
-    ``TrajEnvManager.make_decision``): a turn's reply gets at most what is left of it, and an episode whose next
-    prompt fills it ends there, truncated (``Trajectory.context_full``)."""
+    ``max_position_embeddings`` of its config, or ``generation.vllm_max_model_len`` where the vLLM engine has one).
+    As released (``sequence_length`` 32,768, ``TrajEnvManager.make_decision``): a turn's reply gets at most what
+    is left of it, and an episode whose next prompt fills it ends there, truncated (``Trajectory.context_full``)."""
 
 
 @dataclass
@@ -442,8 +453,18 @@ class ExtractorConfig:
     tokenizer (the paper pairs a 7B actor with a 4B extractor)."""
     engine: Engine = "transformers"
     """``transformers`` (default) or ``vllm``: the extractor generates through vLLM in an engine-core process of its
-    own (``generation.vllm_*`` settings; its weights are synced after every extractor update, as the actor's are).
-    Needs ``backend: local``."""
+    own (``generation.vllm_*`` settings unless the ``extractor.vllm_*`` ones below are set; its weights are synced
+    after every extractor update, as the actor's are). Needs ``backend: local``."""
+    vllm_gpu_memory_utilization: Annotated[float, Interval(gt=0, le=1)] | None = None
+    """With ``engine: vllm``, the extractor engine's share of its GPU (``null``:
+    ``generation.vllm_gpu_memory_utilization``). Both engines on one GPU need their shares to add up to less than 1,
+    with room for the trainers."""
+    vllm_max_model_len: Annotated[int, Interval(ge=1, le=MAX_TOKENS)] | None = None
+    """With ``engine: vllm``, the extractor engine's ``max_model_len`` (``null``: the extractor model's own context;
+    the released configuration sets 65,536 for Qwen3-4B-Thinking-2507, whose own 262,144 positions need 36 GiB of
+    KV cache for one sequence). At least ``max_prompt_tokens + max_new_tokens``."""
+    vllm_max_num_seqs: Annotated[int, Interval(ge=1, le=MAX_BATCH)] | None = None
+    """With ``engine: vllm``, the extractor engine's ``max_num_seqs`` (``null``: ``generation.vllm_max_num_seqs``)."""
     reward: ExtractorReward = "binary"
     """``binary`` (released live path: each guided episode that used an entry gives the extraction that wrote it the
     episode's score, a score of 0 counting -1; the extraction's reward is the mean over all its uses, one training
@@ -666,6 +687,19 @@ def validate(cfg: RunConfig) -> None:
     if cfg.backend == "ray" and cfg.generation.engine == "vllm":
         raise ConfigError("generation.engine=vllm runs with backend=local; backend=ray runs the transformers "
                           "engine in its engine actors")
+    x = cfg.extractor
+    if x.engine == "vllm" and x.vllm_max_model_len is not None and \
+            x.vllm_max_model_len < x.max_prompt_tokens + x.max_new_tokens:
+        raise ConfigError(f"extractor.vllm_max_model_len={x.vllm_max_model_len} is below extractor.max_prompt_tokens "
+                          f"+ extractor.max_new_tokens ({x.max_prompt_tokens + x.max_new_tokens}): vLLM would refuse "
+                          "the extractor's longest call")
+    g = cfg.generation
+    if g.engine == "vllm" and g.vllm_max_model_len is not None and \
+            cfg.rollout.max_context_tokens > g.vllm_max_model_len:
+        raise ConfigError(f"rollout.max_context_tokens={cfg.rollout.max_context_tokens} is above "
+                          f"generation.vllm_max_model_len={g.vllm_max_model_len}: vLLM refuses a longer prompt for the "
+                          "whole batch, where the rollout would end the one episode; set max_context_tokens at or "
+                          "below it")
     if cfg.extractor.engine == "vllm" and not cfg.train.recompute_old_logprobs:
         raise ConfigError("train.recompute_old_logprobs must be true with extractor.engine=vllm: the extractor's "
                           "CISPO update needs its own log-probs of the replies, which vLLM's are not")

@@ -60,6 +60,15 @@ def context_window(model: Any) -> int:
     return int(getattr(cfg, "max_position_embeddings", 0) or 0)
 
 
+def engine_context(cfg: Any, model: Any) -> int:
+    """The actor's context as its engine takes it: ``generation.vllm_max_model_len`` where the vLLM engine has
+    one (vLLM refuses a longer prompt for the whole batch), else :func:`context_window`."""
+    g = cfg.generation
+    if g.engine == "vllm" and g.vllm_max_model_len:
+        return int(g.vllm_max_model_len)
+    return context_window(model)
+
+
 @dataclass
 class StepResult:
     """Metrics of one training step and the trajectories it used."""
@@ -156,7 +165,7 @@ class Trainer:
                                             max_new_tokens=g.max_new_tokens)
         self.runner = RolloutRunner(self.engine, self.prompts, self.pool, self.sampling, g.constrained,
                                     max_concurrent=cfg.rollout.max_concurrent,
-                                    max_context_tokens=cfg.rollout.max_context_tokens or context_window(model))
+                                    max_context_tokens=cfg.rollout.max_context_tokens or engine_context(cfg, model))
         # evaluation's own prompts where its protocol gives another layout or history (eval.prompt, eval.history)
         ec = cfg.eval
         self._eval_runner: RolloutRunner | None = None
@@ -382,6 +391,8 @@ class Trainer:
                 # the update's weight sync drops the cached prefixes of the old weights anyway; dropping
                 # them first keeps them out of the update's resident peak (outputs are unchanged)
                 self.clear_actor_prefix_store()
+                if hasattr(self.engine, "sleep"):   # vLLM with sleep mode: its GPU memory to the update
+                    self.engine.sleep()
             with self.gate.foreground(), self.peaks.phase("update"):
                 upd = self.updater.update(samples) if samples else {}
                 if self.internaliser is not None:      # released: right after the actor's GRPO update

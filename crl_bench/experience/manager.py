@@ -645,9 +645,13 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
 
             # out of process: a second vLLM engine beside the actor's, with its own engine core
             name = cfg.model.name if cfg.extractor.model == "same" else cfg.extractor.model
+            x = cfg.extractor
             engine = VLLMEngine.from_model(extractor_model, tokenizer, dataclasses.replace(cfg.model, name=name,
                                                                                             lora=False),
-                                           gen_cfg=g, seed=cfg.train.seed, in_process=False)
+                                           gen_cfg=g, seed=cfg.train.seed, in_process=False,
+                                           gpu_memory_utilization=x.vllm_gpu_memory_utilization,
+                                           max_model_len=x.vllm_max_model_len, max_num_seqs=x.vllm_max_num_seqs,
+                                           sleep_mode=False)
         else:
             engine = HFEngine(extractor_model, tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
                               compute_dtype=compute_dtype, cache_mb=g.cache_mb, gate=gate,

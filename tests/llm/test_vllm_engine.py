@@ -397,9 +397,11 @@ def test_from_model_takes_the_settings_and_loads_the_trainers_weights(tiny_model
     trainer = _perturbed(tiny_model, 3)
     built = {}
 
-    def fake_build(model_path, dtype, gpu_memory_utilization, seed, in_process, enforce_eager, kv_cache_bytes):
+    def fake_build(model_path, dtype, gpu_memory_utilization, seed, in_process, enforce_eager, kv_cache_bytes,
+                   limits=None):
         built.update(model_path=model_path, dtype=dtype, util=gpu_memory_utilization, seed=seed, in_process=in_process,
                      eager=enforce_eager, kv=kv_cache_bytes)
+        assert limits == {}                     # vLLM's own defaults unless set
         return _FakeLLM(_make_worker(served))
 
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
@@ -417,3 +419,89 @@ def test_from_model_takes_the_settings_and_loads_the_trainers_weights(tiny_model
     assert eng.llm.events[-1] == "reset_prefix_cache"
     with pytest.raises(ValueError, match="lora"):
         VLLMEngine.from_model(trainer, tokenizer, ModelConfig(dtype="float32", lora=True), gen)
+
+
+class _SleepyLLM(_FakeLLM):
+    """A stand-in that also records vLLM's sleep mode calls and refuses to generate while asleep."""
+
+    def __init__(self, worker):
+        super().__init__(worker)
+        self.asleep = False
+
+    def sleep(self, level=1):
+        assert level == 1 and not self.asleep
+        self.events.append("sleep")
+        self.asleep = True
+
+    def wake_up(self, tags=None):
+        self.events.append("wake_up")
+        self.asleep = False
+
+    def generate(self, reqs, sampling_params, use_tqdm):
+        assert not self.asleep, "generate on a sleeping engine"
+        self.events.append("generate")
+        return [_completion([5], [-0.5], "up</answer>") for _ in reqs]
+
+
+def test_engine_limits_and_sleep_mode_reach_vllm_and_the_extractors_own_settings_win(tiny_model, tokenizer,
+                                                                                  monkeypatch):
+    built = []
+
+    def fake_build(model_path, dtype, gpu_memory_utilization, seed, in_process, enforce_eager, kv_cache_bytes,
+                   limits=None):
+        built.append(dict(util=gpu_memory_utilization, **(limits or {})))
+        return _SleepyLLM(_make_worker(copy.deepcopy(tiny_model)))
+
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_engine, "_build_llm", fake_build)
+    monkeypatch.setattr(vllm_engine, "vllm_on_cpu", lambda: False)         # a GPU build
+    gen = GenerationConfig(vllm_max_model_len=32_768, vllm_max_num_seqs=64, vllm_sleep=True)
+    VLLMEngine.from_model(tiny_model, tokenizer, ModelConfig(dtype="float32"), gen)
+    assert built[-1] == dict(util=0.5, max_model_len=32_768, max_num_seqs=64, enable_sleep_mode=True)
+    # the extractor's engine: its own share and length win over generation's, no sleep mode
+    VLLMEngine.from_model(tiny_model, tokenizer, ModelConfig(dtype="float32"), gen, gpu_memory_utilization=0.2,
+                          max_model_len=65_536, sleep_mode=False)
+    assert built[-1] == dict(util=0.2, max_model_len=65_536, max_num_seqs=64)
+    monkeypatch.setattr(vllm_engine, "vllm_on_cpu", lambda: True)          # vLLM's CPU backend: no sleep mode
+    with pytest.raises(ValueError, match="sleep mode"):
+        VLLMEngine.from_model(tiny_model, tokenizer, ModelConfig(dtype="float32"), gen)
+    for bad in ({"max_model_len": 0}, {"max_num_seqs": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            VLLMEngine("unused", tokenizer, llm=_FakeLLM(None), **bad)
+
+
+def test_a_sleeping_engine_wakes_before_it_generates_or_loads_weights(tiny_model, tokenizer, monkeypatch):
+    llm = _SleepyLLM(_make_worker(copy.deepcopy(tiny_model)))
+    eng = VLLMEngine("unused", tokenizer, dtype="float32", llm=llm, sleep_mode=True)
+    monkeypatch.setattr(eng, "_params", lambda params, choice: sampling_kwargs(params, choice))
+    eng.sleep()
+    eng.sleep()                                            # already asleep: one call to vLLM
+    eng.generate([[1]], SamplingParams(max_new_tokens=2))
+    eng.sleep()
+    eng.sync_weights(tiny_model)
+    assert [e for e in llm.events if e != "rpc"] == ["sleep", "wake_up", "generate", "sleep", "wake_up",
+                                                     "reset_prefix_cache"]
+    plain = _SleepyLLM(_make_worker(copy.deepcopy(tiny_model)))
+    eng = VLLMEngine("unused", tokenizer, dtype="float32", llm=plain)       # no sleep mode: sleep is a no-op
+    eng.sleep()
+    assert "sleep" not in plain.events
+
+
+def test_engine_lengths_are_checked_against_the_rollout_and_the_extractor():
+    cfg = build_config([{"generation": {"engine": "vllm", "vllm_max_model_len": 4096}}])
+    assert cfg.generation.vllm_max_model_len == 4096 and cfg.extractor.vllm_max_model_len is None
+    with pytest.raises(ConfigError, match="rollout.max_context_tokens"):
+        build_config([{"generation": {"engine": "vllm", "vllm_max_model_len": 4096},
+                       "rollout": {"max_context_tokens": 8192}}])
+    with pytest.raises(ConfigError, match="extractor.vllm_max_model_len"):
+        build_config([{"extractor": {"engine": "vllm", "vllm_max_model_len": 1000, "max_prompt_tokens": 1536}}])
+    with pytest.raises(ConfigError, match="generation.vllm_max_model_len"):
+        build_config([{"generation": {"vllm_max_model_len": 0}}])
+
+
+def test_the_rollout_caps_episodes_at_the_vllm_engines_length(tiny_model):
+    from crl_bench.trainer.loop import context_window, engine_context
+
+    cfg = build_config([{"generation": {"engine": "vllm", "vllm_max_model_len": 300}}])
+    assert engine_context(cfg, tiny_model) == 300
+    assert engine_context(build_config([]), tiny_model) == context_window(tiny_model)

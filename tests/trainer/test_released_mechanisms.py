@@ -570,3 +570,51 @@ def test_fold_items_drop_short_lessons_and_copies_of_the_prompt():
     assert items("ADD</op><title>Title of the first lesson</title><content>Its advice.</content>") is None
     assert items("NONE</op>") == []
     assert items("UPDATE 3</op><title>Go around walls</title><content>Step around a wall instead.</content>") is None
+
+
+def test_the_actor_engine_sleeps_through_the_update_and_wakes_for_the_sync(tokenizer, tiny_model):
+    # vLLM's sleep mode (generation.vllm_sleep): the engine gives its GPU memory to the update, as verl's and
+    # ROLL's colocated engines do; the engine is asleep while the updater runs and loads the new weights after
+    import random
+
+    from tests_helpers import coin_config
+
+    from crl_bench.llm.base import Generation
+    from crl_bench.trainer.loop import Trainer
+
+    tr = Trainer(coin_config("grpo"), model=tiny_model, tokenizer=tokenizer)
+    events: list[str] = []
+
+    class Sleepy:
+        asleep = False
+        rng = random.Random(0)
+
+        def generate(self, prompts, params, allowed=None):
+            assert not self.asleep
+            events.append("generate")
+            out = []
+            for p in prompts:                    # heads or tails at random: groups with a learning signal
+                text = self.rng.choice(["heads</answer>", "tails</answer>"])
+                ids = tokenizer.encode(text, add_special_tokens=False)
+                out.append(Generation(list(p), ids, [-0.5] * len(ids), text, "stop"))
+            return out
+
+        def sleep(self):
+            self.asleep = True
+            events.append("sleep")
+
+        def sync_weights(self, model):
+            self.asleep = False
+            events.append("sync")
+
+    tr.engine = tr.runner.engine = Sleepy()
+    real_update = tr.updater.update
+
+    def update(samples):
+        events.append("update asleep" if tr.engine.asleep else "update awake")
+        return real_update(samples)
+
+    tr.updater.update = update
+    m = tr.train_step().metrics
+    assert m["optimizer_steps"] >= 1
+    assert events[-3:] == ["sleep", "update asleep", "sync"] and set(events[:-3]) == {"generate"}

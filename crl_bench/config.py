@@ -9,6 +9,7 @@ silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
@@ -348,6 +349,11 @@ class ExperienceConfig:
     """The diversity re-rank's probability of demoting a recently used best entry (released 0.5)."""
     embedder: str = "all-minilm-l6-v2"
     """``all-minilm-l6-v2`` (offline, PyPI) or a sentence-transformers model path/name."""
+    embedder_device: str = "cpu"
+    """Where the embedder runs: ``cpu`` (the default: the same vectors on every machine), ``cuda``, ``cuda:N``, or
+    ``auto`` (``cuda`` where a GPU is visible, else ``cpu``). At the paper's scale (Qwen3-Embedding-0.6B embedding
+    every query, bank write and merge pass) a GPU takes it off the trainer's CPU threads; vectors from another
+    device differ in the last bits, so retrieval near-ties may order differently."""
     capacity: Annotated[int, Ge(0)] = 0
     """Most entries kept over all envs (0 = unlimited); past it, ``eviction`` removes entries."""
     eviction: EvictionPolicy = "fifo"
@@ -687,6 +693,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.backend == "ray" and cfg.generation.engine == "vllm":
         raise ConfigError("generation.engine=vllm runs with backend=local; backend=ray runs the transformers "
                           "engine in its engine actors")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.experience.embedder_device):
+        raise ConfigError(f"invalid value for experience.embedder_device: {cfg.experience.embedder_device!r} (must be "
+                          "cpu, cuda, cuda:N or auto)")
     x = cfg.extractor
     if x.engine == "vllm" and x.vllm_max_model_len is not None and \
             x.vllm_max_model_len < x.max_prompt_tokens + x.max_new_tokens:

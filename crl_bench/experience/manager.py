@@ -590,6 +590,22 @@ class ExperienceManager:
             close_engine()
 
 
+def embedder_device(setting: str) -> str:
+    """The torch device of ``experience.embedder_device``: ``auto`` is ``cuda`` where a GPU is visible, else ``cpu``.
+
+    Raises:
+        ValueError: a CUDA device is asked for and none is visible (the setting named).
+    """
+    import torch
+
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if setting.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"experience.embedder_device={setting} but no CUDA device is visible to this process "
+                         "(use cpu or auto)")
+    return setting
+
+
 def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any, *, compute_dtype: Any,
                   embedder: Any = None, gate: Any = None, read_only: bool = False) -> ExperienceManager:
     """The experience manager a run's configuration describes, with its parts: the bank at
@@ -624,7 +640,7 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
     from crl_bench.llm.hf_engine import HFEngine
 
     exp_cfg = cfg.experience
-    embedder = embedder or SentenceEmbedder(exp_cfg.embedder)
+    embedder = embedder or SentenceEmbedder(exp_cfg.embedder, device=embedder_device(exp_cfg.embedder_device))
     bank = ExperienceBank(bank_path, embedder, capacity=exp_cfg.capacity, eviction=exp_cfg.eviction,
                           index=exp_cfg.index, max_text_chars=exp_cfg.max_text_chars, read_only=read_only)
     memory = get_memory(cfg.method_spec.memory)(cfg)

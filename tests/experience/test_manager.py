@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.extractor import EpisodeRecord, Extraction
@@ -114,3 +116,31 @@ def test_a_distillation_is_shown_the_live_bank_not_its_retrieval_snapshot(tmp_pa
     titles = sorted(e.title for e in bank.entries())
     assert titles == ["Heads", "Tails"] and len(bank.entries()) == 2     # no extra entry
     bank.close()
+
+
+def test_the_embedder_runs_where_experience_embedder_device_says(monkeypatch, tmp_path):
+    import torch
+
+    from crl_bench.config import ConfigError, build_config
+    from crl_bench.experience import embedding, manager
+
+    assert build_config([]).experience.embedder_device == "cpu"
+    with pytest.raises(ConfigError, match="experience.embedder_device"):
+        build_config([{"experience": {"embedder_device": "gpu0"}}])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert manager.embedder_device("auto") == "cpu" and manager.embedder_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="embedder_device=cuda:1"):
+        manager.embedder_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert manager.embedder_device("auto") == "cuda" and manager.embedder_device("cuda:1") == "cuda:1"
+    seen = []
+
+    class Recorded(embedding.HashEmbedder):
+        def __init__(self, model, device="cpu", **kw):
+            seen.append((model, device))
+            super().__init__(64)
+
+    monkeypatch.setattr(embedding, "SentenceEmbedder", Recorded)
+    cfg = build_config([{"method": "casebank", "experience": {"embedder_device": "cuda:1"}}])
+    manager.build_manager(cfg, tmp_path / "bank.sqlite", None, None, compute_dtype=torch.float32)
+    assert seen == [(cfg.experience.embedder, "cuda:1")]

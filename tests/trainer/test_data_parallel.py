@@ -372,3 +372,35 @@ def test_trainer_with_two_workers_takes_the_one_process_steps(ray_session, token
         torch.testing.assert_close(p, q, rtol=0, atol=1e-5)
     for p, q in zip(x1, x2):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-5)
+
+
+def test_a_call_to_every_worker_puts_its_argument_in_the_object_store_once(monkeypatch):
+    # a resumed optimizer state (61 GB for a 7B actor) goes to every rank: one copy in Ray's object store
+    # and one reference per worker, not one copy per call
+    import ray
+
+    from crl_bench.trainer.data_parallel import DataParallelUpdater
+
+    puts: list[object] = []
+
+    def put(value):
+        puts.append(value)
+        return ("ref", len(puts))
+
+    got: list[tuple] = []
+
+    class Method:
+        def remote(self, *args):
+            got.append(args)
+            return args
+
+    class Actor:
+        load_optimizer_state = Method()
+
+    monkeypatch.setattr(ray, "put", put)
+    updater = object.__new__(DataParallelUpdater)
+    updater._actors = [Actor(), Actor(), Actor()]
+    updater._gather = lambda refs: [0.5 for _ in refs]
+    state = {"state": {0: {"exp_avg": torch.zeros(3)}}}
+    assert updater._call("load_optimizer_state", state) == 0.5
+    assert puts == [state] and got == [(("ref", 1),)] * 3

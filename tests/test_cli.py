@@ -139,7 +139,7 @@ def test_every_command_is_a_module_of_the_commands_table():
         assert isinstance(mod.HELP, str) and mod.HELP and callable(mod.add_parser) and callable(mod.run), name
     assert p.parse_args(["leaderboard"]).func is command("leaderboard").run
     assert p.parse_args(["envs", "list"]).func is command("envs").run
-    with pytest.raises(KeyError, match="known: run, sweep"):
+    with pytest.raises(KeyError, match="known: run, plan, sweep"):
         command("nope")
 
 

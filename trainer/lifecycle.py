@@ -38,7 +38,8 @@ def preflight(cfg: RunConfig) -> None:
 
     Raises:
         ModelNotAvailable: a model or extractor folder does not exist.
-        ConfigError: ``model.dtype`` float16 with training steps (no loss scaler), ``eval.episodes`` is 0 (a run
+        ConfigError: ``model.dtype`` float16 with training steps (no loss scaler), a run that does not fit the
+            machine's GPUs (:func:`crl_bench.trainer.memory_plan.check_before_loading`), ``eval.episodes`` is 0 (a run
             ends with the evaluation its summary.json reports;
             ``crl-bench bench step`` measures training alone), or the output folder cannot be created
             or written (names it and why).
@@ -61,6 +62,10 @@ def preflight(cfg: RunConfig) -> None:
     check_model_name(cfg.model.name)
     if cfg.extractor.model != "same":
         check_model_name(cfg.extractor.model)
+    if cfg.backend == "local":                   # on CUDA: the layout's GPU memory, before anything loads
+        from crl_bench.trainer.memory_plan import check_before_loading
+
+        check_before_loading(cfg)
     out = Path(cfg.output_dir)
     existing = out
     while not existing.exists() and existing != existing.parent:

@@ -26,6 +26,7 @@ __all__ = ["COMMANDS", "add_parsers", "command"]
 #: command name -> module implementing it (in the order ``crl-bench --help`` lists them)
 COMMANDS: dict[str, str] = {
     "run": "crl_bench.commands.run",
+    "plan": "crl_bench.commands.plan",
     "sweep": "crl_bench.commands.sweep",
     "leaderboard": "crl_bench.commands.leaderboard",
     "compare": "crl_bench.commands.compare",

@@ -1,0 +1,136 @@
+"""The GPU memory plan (trainer/memory_plan.py, ``crl-bench plan``) on 7B- and 4B-shaped configurations (the
+paper's actor and extractor, counted on the meta device; no weights): today's layout of the paper preset is
+refused with the figures a reading of the code gives, small models fit, the updaters' GPU demands and vLLM's
+start-up checks are modelled, and ``run`` refuses a layout that does not fit before it loads a model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from crl_bench.config import build_config, preset_data
+from crl_bench.trainer.memory_plan import GIB, ModelShape, format_plan, plan_memory
+
+
+def _qwen25_7b():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152_064, tie_word_embeddings=False,
+                       max_position_embeddings=32_768)
+
+
+def _qwen3_4b():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151_936, tie_word_embeddings=True,
+                       max_position_embeddings=262_144)
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return ModelShape.from_config(_qwen25_7b(), "7b"), ModelShape.from_config(_qwen3_4b(), "4b")
+
+
+def _paper(**layers):
+    return build_config([preset_data("paper"), {"method": "complementary", "generation": {"engine": "vllm"},
+                                                "extractor": {"engine": "vllm"}}, layers])
+
+
+def test_the_shapes_are_counted_from_the_configurations(shapes):
+    a, x = shapes
+    # Qwen2.5-7B: 7.616 B parameters, untied; Qwen3-4B: 4.022 B, tied; bf16 KV 56 / 144 KiB per token
+    assert round(a.params / 1e9, 3) == 7.616 and round(x.params / 1e9, 3) == 4.022
+    assert a.kv_bytes_per_token == 56 * 1024 and x.kv_bytes_per_token == 144 * 1024
+    assert a.root_params == 2 * 152_064 * 3584 + 3584 and x.root_params == 151_936 * 2560 + 2560
+
+
+def test_todays_layout_of_the_paper_preset_is_refused_on_8_x_80_gb(shapes):
+    plan = plan_memory(_paper(), 8, 79.6, *shapes)
+    assert not plan.fits
+    load = dict(plan.gpus[0]["load"])
+    # the driver's device: fp32 actor 28.4 + its vLLM share 39.8 + fp32 extractor 15.0 = 83.2 GiB before the
+    # extractor's engine starts, which then finds no free memory; GPUs 1-7 hold nothing
+    assert round(load["actor float32 weights"], 1) == 28.4 and round(load["extractor float32 weights"], 1) == 15.0
+    assert round(load["actor vLLM engine (0.5 of the card)"], 1) == 39.8
+    assert any("extractor's vLLM engine wants 39.8 GiB" in p and "83.2 GiB of 79.6 in use" in p
+               for p in plan.problems), plan.problems
+    assert set(plan.gpus) == {0}
+    update = dict(plan.gpus[0]["actor update"])
+    assert round(update["actor AdamW moments"], 1) == 56.7 and round(update["actor gradients (float32)"], 1) == 28.4
+    assert "does not fit" in format_plan(plan)
+
+
+def test_the_updaters_take_gpus_from_ray_without_the_drivers_and_compete(shapes):
+    # workers 8: the actor's updater takes all 8 GPUs, the extractor's finds none
+    plan = plan_memory(_paper(train={"workers": 8, "sharding": "fsdp"}), 8, 79.6, *shapes)
+    assert any("extractor's updater asks Ray for 8 GPUs and 0 are left" in p for p in plan.problems)
+    # workers 4 with fsdp: rank 0 of the actor shares GPU 0 with the driver and sets up a full replica there
+    plan = plan_memory(_paper(train={"workers": 4, "sharding": "fsdp"}), 8, 79.6, *shapes)
+    load0 = dict(plan.gpus[0]["load"])
+    assert round(load0["actor rank setup (full float32 replica before sharding)"], 1) == 28.4
+    assert set(plan.gpus) == set(range(8))
+    ddp = plan_memory(_paper(train={"workers": 4, "sharding": "ddp"}), 8, 79.6, *shapes)
+    assert round(dict(ddp.gpus[1]["actor update"])["actor rank states (16 B/param, ddp replica)"], 1) == 113.5
+
+
+def test_vllm_refuses_a_context_its_share_cannot_hold(shapes):
+    _, x = shapes
+    grpo = build_config([preset_data("paper"), {"method": "grpo", "generation": {"engine": "vllm",
+                                                                                 "vllm_max_model_len": None},
+                                                "rollout": {"max_context_tokens": 0}}])
+    # the 4B-shaped model as the actor with its own 262,144 positions: 36 GiB of KV for one sequence,
+    # 0.5 x 79.6 - 7.5 - 3 GiB of room
+    plan = plan_memory(grpo, 1, 79.6, x)
+    assert any("one sequence of 262,144 tokens needs 36.0 GiB" in p for p in plan.problems), plan.problems
+    capped = build_config([preset_data("paper"), {"method": "grpo", "generation": {"engine": "vllm",
+                                                  "vllm_max_model_len": 32_768}}])
+    assert not any("KV cache" in p for p in plan_memory(capped, 1, 79.6, x).problems)
+
+
+def test_a_small_model_fits_one_card_and_a_grpo_run_has_no_extractor(tiny_model):
+    small = ModelShape.from_config(tiny_model.config, "tiny")
+    plan = plan_memory(build_config([{"method": "grpo"}]), 1, 79.6, small)
+    assert plan.fits and set(plan.gpus[0]) == {"load", "actor update"}
+    assert "fits" in format_plan(plan)
+    with pytest.raises(ValueError, match="at least one GPU"):
+        plan_memory(build_config([]), 0, 79.6, small)
+
+
+def test_crl_bench_plan_prints_the_budget_and_exits_3_when_it_does_not_fit(tmp_path, capsys):
+    from crl_bench.cli import main
+
+    for name, config in (("a", _qwen25_7b()), ("x", _qwen3_4b())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config.to_dict()))
+    argv = ["plan", "--method", "complementary", "--preset", "paper", "--model", str(tmp_path / "a"),
+            "--extractor-model", str(tmp_path / "x"), "--set", "generation.engine=vllm",
+            "--set", "extractor.engine=vllm"]
+    assert main(argv) == 3
+    out = capsys.readouterr().out
+    assert "7.62 B parameters" in out and "GPU 0, load: 123.0 / 79.6 GiB  OVER" in out
+    assert main(argv + ["--gpus", "1", "--gpu-memory-gib", "2000",
+                        "--set", "generation.vllm_gpu_memory_utilization=0.1",
+                        "--set", "extractor.vllm_gpu_memory_utilization=0.1"]) == 0
+
+
+def test_run_refuses_a_layout_that_does_not_fit_before_loading(monkeypatch, tmp_path, tiny_model):
+    # a CUDA machine stand-in with one 1 GiB card: the plan is checked in the preflight, before any model loads
+    import torch
+
+    from crl_bench.config import ConfigError
+    from crl_bench.trainer import lifecycle, memory_plan
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": GIB // 8})())
+    small = ModelShape.from_config(tiny_model.config, "tiny")
+    monkeypatch.setattr(memory_plan, "shapes_for", lambda cfg: (small, None))
+    cfg = build_config([{"method": "grpo", "output_dir": str(tmp_path / "runs")}])
+    with pytest.raises(ConfigError, match="does not fit this machine's GPUs"):
+        lifecycle.preflight(cfg)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * GIB})())
+    lifecycle.preflight(cfg)
+    assert not (tmp_path / "runs").exists()

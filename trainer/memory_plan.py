@@ -1,0 +1,283 @@
+"""GPU memory of a run as crl-bench lays it out today, computed from the models' configurations before
+anything loads (``crl-bench plan``; checked by ``crl-bench run`` on a CUDA machine before the models load).
+
+What is modelled (docs/scaling.md "GPU memory at the paper's scale"):
+
+* **The driver** (the trainer's process) holds everything on its one device, GPU 0: the actor's float32
+  master weights, its engine (vLLM: ``generation.vllm_gpu_memory_utilization`` of the card; the
+  transformers engine: a copy of the weights in the compute dtype), the extractor's float32 weights where
+  the method loads one, and the extractor's engine (the same rule, with ``extractor.vllm_*``).
+* **vLLM's start-up checks**: an engine is refused when less than its share of the card is free when it
+  starts, and when its share, less the weights and :data:`VLLM_OVERHEAD_GIB`, cannot hold the KV cache of
+  one sequence of its ``max_model_len`` (the model's own context when unset).
+* **Updates** with ``train.workers: 1`` run on the driver's device: float32 gradients and AdamW's two
+  moments (AdamW's state stays after the first update), the checkpointed activations of one micro-batch
+  (one bf16 hidden state per layer and token) and the log-prob peak (``crl-bench bench memory``: about
+  3 V bytes per kept token, plus one 512-token chunk's float32 transients). With ``train.workers: N > 1``
+  each updater asks Ray for N GPUs, handed out from GPU 0 (Ray does not count the driver's use of it):
+  a ``ddp`` rank holds the whole 16 bytes per parameter, an ``fsdp`` rank its 1/N share plus the unsharded
+  root (embeddings and head, float32) and, while it sets up, a full float32 replica; the extractor's
+  updater gets the next N GPUs, and is refused when there are fewer.
+
+Model sizes are counted exactly by instantiating the architecture on the meta device (no weights).
+Figures are GiB; a card's usable memory is ``gpu_memory_gib`` (79.6 for an 80 GB card). What is not
+modelled: fragmentation, CUDA contexts (~0.5 GiB a process), NCCL buffers, the embedder (on the CPU by
+default), and placement, which crl-bench does not offer yet (every role but the data-parallel ranks sits
+on GPU 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["GIB", "ModelShape", "MemoryPlan", "plan_memory", "format_plan", "check_before_loading"]
+
+GIB = 1024 ** 3
+#: vLLM's own use of its share beside weights and KV cache (activations of its profiling run, CUDA graphs,
+#: sampler buffers), an estimate
+VLLM_OVERHEAD_GIB = 3.0
+#: bytes per kept token of the update's log-probs (measured: ``crl-bench bench memory``, law ``logprob``,
+#: 2.99 V on CPU), rounded up
+LOGPROB_BYTES_PER_TOKEN_PER_V = 3.0
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a model: counts from its configuration, no weights.
+
+    Attributes:
+        name: the model's name as configured.
+        params: all parameters (tied embeddings counted once).
+        root_params: parameters outside the decoder layers (embeddings, head, final norm): what FSDP2
+            keeps unsharded at the root.
+        vocab, hidden, layers: from the configuration.
+        kv_bytes_per_token: bf16 keys and values of one token over all layers (bytes).
+        max_positions: ``max_position_embeddings`` (the model's own context).
+    """
+
+    name: str
+    params: int
+    root_params: int
+    vocab: int
+    hidden: int
+    layers: int
+    kv_bytes_per_token: int
+    max_positions: int
+
+    @classmethod
+    def from_config(cls, config: Any, name: str = "") -> ModelShape:
+        """Count a transformers configuration's model on the meta device (nothing allocated)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        params = sum(p.numel() for p in model.parameters())
+        inner = getattr(model, "model", model)
+        layer_params = sum(p.numel() for p in inner.layers.parameters())
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        heads = int(text.num_attention_heads)
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        return cls(name=name or getattr(config, "_name_or_path", ""), params=params,
+                   root_params=params - layer_params, vocab=int(text.vocab_size), hidden=int(text.hidden_size),
+                   layers=int(text.num_hidden_layers), kv_bytes_per_token=2 * int(text.num_hidden_layers) * kv_heads
+                   * head_dim * 2, max_positions=int(getattr(text, "max_position_embeddings", 0) or 0))
+
+    @classmethod
+    def of(cls, name: str) -> ModelShape:
+        """The shape of model ``name`` (a folder, a hub name cached here, or the default model's name).
+
+        Raises:
+            ModelNotAvailable: the name cannot be resolved (:func:`crl_bench.llm.default_model.resolve_model`).
+        """
+        from transformers import AutoConfig
+
+        from crl_bench.llm.default_model import resolve_model
+
+        return cls.from_config(AutoConfig.from_pretrained(resolve_model(name)), name=name)
+
+
+@dataclass
+class MemoryPlan:
+    """Per GPU and phase, what it holds: ``gpus[i][phase] = [(label, GiB), ...]``; ``problems``: why the
+    layout does not fit (empty when it does), each naming the GPU, the phase and what to change."""
+
+    gpu_gib: float
+    gpus: dict[int, dict[str, list[tuple[str, float]]]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def add(self, gpu: int, phase: str, label: str, gib: float) -> None:
+        self.gpus.setdefault(gpu, {}).setdefault(phase, []).append((label, gib))
+
+    def total(self, gpu: int, phase: str) -> float:
+        return sum(g for _, g in self.gpus.get(gpu, {}).get(phase, []))
+
+
+def _gib(n: float) -> float:
+    return n / GIB
+
+
+def _engine(plan: MemoryPlan, phases: list[str], who: str, shape: ModelShape, engine: str, util: float,
+            max_len: int | None, bf16: bool, card: float) -> None:
+    """An engine on GPU 0 from load on: vLLM's share (checked the way vLLM checks it at start-up) or the
+    transformers engine's copy of the weights in the compute dtype."""
+    if engine == "vllm":
+        free = card - plan.total(0, "load")
+        need = util * card
+        if free < need:
+            have = f"{free:.1f} GiB is" if free > 0 else f"none is ({card - free:.1f} GiB of {card:.1f} in use)"
+            plan.problems.append(f"GPU 0, load: the {who}'s vLLM engine wants {need:.1f} GiB ({util:g} of the card) "
+                                 f"free and {have}: vLLM refuses to start (lower its vllm_gpu_memory_utilization, "
+                                 "or put it on another GPU: not offered yet)")
+        length = max_len or shape.max_positions
+        kv_room = need - _gib(2 * shape.params) - VLLM_OVERHEAD_GIB
+        kv_need = _gib(shape.kv_bytes_per_token * length)
+        if kv_room < kv_need:
+            key = "generation" if who == "actor" else "extractor"
+            plan.problems.append(f"GPU 0, load: the {who}'s vLLM engine has {max(kv_room, 0):.1f} GiB for KV cache "
+                                 f"and one sequence of {length:,} tokens needs {kv_need:.1f} GiB: vLLM refuses to "
+                                 f"start (set {key}.vllm_max_model_len lower, or raise its memory share)")
+        for ph in phases:
+            plan.add(0, ph, f"{who} vLLM engine ({util:g} of the card)", need)
+    elif bf16:
+        for ph in phases:
+            plan.add(0, ph, f"{who} engine weights (bf16 copy)", _gib(2 * shape.params))
+
+
+def _update_peak(shape: ModelShape, micro_tokens: int) -> tuple[float, float]:
+    """(checkpointed activations, log-prob peak) of one micro-batch of ``micro_tokens`` tokens, GiB."""
+    act = _gib(shape.layers * shape.hidden * 2 * micro_tokens)
+    logprob = _gib(LOGPROB_BYTES_PER_TOKEN_PER_V * shape.vocab * micro_tokens + 3 * 4 * 512 * shape.vocab)
+    return act, logprob
+
+
+def plan_memory(cfg: Any, gpus: int, gpu_gib: float, actor: ModelShape,
+                extractor: ModelShape | None = None) -> MemoryPlan:
+    """The memory of ``cfg``'s run on ``gpus`` cards of ``gpu_gib`` GiB as crl-bench lays it out (module
+    docstring). ``extractor``: the extractor model's shape where the method loads one (``None``: none).
+
+    Raises:
+        ValueError: ``gpus < 1`` or ``gpu_gib <= 0``.
+    """
+    if gpus < 1 or gpu_gib <= 0:
+        raise ValueError(f"a plan needs at least one GPU and positive memory, got {gpus} x {gpu_gib} GiB")
+    plan = MemoryPlan(gpu_gib)
+    g, x, t = cfg.generation, cfg.extractor, cfg.train
+    bf16 = cfg.model.dtype != "float32"         # auto is bf16 on a GPU with bf16 (every card of this scale)
+    trains_x = extractor is not None and cfg.method_spec.trains_extractor
+    phases = ["load", "actor update"] + (["extractor update"] if trains_x else [])
+    # the driver's device: the models and the engines, from load on
+    for ph in phases:
+        plan.add(0, ph, "actor float32 weights", _gib(4 * actor.params))
+    _engine(plan, phases, "actor", actor, g.engine, g.vllm_gpu_memory_utilization, g.vllm_max_model_len, bf16,
+            gpu_gib)
+    if extractor is not None:
+        for ph in phases:
+            plan.add(0, ph, "extractor float32 weights", _gib(4 * extractor.params))
+        util = x.vllm_gpu_memory_utilization or g.vllm_gpu_memory_utilization
+        _engine(plan, phases, "extractor", extractor, x.engine, util, x.vllm_max_model_len, bf16, gpu_gib)
+    # the updates
+    micro = t.micro_batch_tokens or t.micro_batch_size * (cfg.rollout.max_context_tokens or actor.max_positions)
+    x_micro = x.micro_batch_size * (x.max_prompt_tokens + x.max_new_tokens)
+    updates = [("actor update", "actor", actor, micro)]
+    if trains_x:
+        updates.append(("extractor update", "extractor", extractor, x_micro))
+    if t.workers <= 1:
+        for phase, who, shape, tokens in updates:
+            act, lp = _update_peak(shape, tokens)
+            plan.add(0, phase, f"{who} gradients (float32)", _gib(4 * shape.params))
+            plan.add(0, phase, f"{who} activations ({tokens:,} tokens, checkpointed)", act)
+            plan.add(0, phase, f"{who} log-probs ({tokens:,} tokens)", lp)
+            for ph in phases[phases.index(phase):]:       # AdamW's moments stay from the first update on
+                plan.add(0, ph, f"{who} AdamW moments", _gib(8 * shape.params))
+    else:
+        n = t.workers
+        for k, (phase, who, shape, tokens) in enumerate(updates):
+            first = k * n
+            if first + n > gpus:
+                plan.problems.append(f"the {who}'s updater asks Ray for {n} GPUs and {max(gpus - first, 0)} are "
+                                     f"left of {gpus} (each updater takes train.workers={n}): it cannot start "
+                                     "(lower train.workers)")
+                continue
+            act, lp = _update_peak(shape, tokens)
+            for gpu in range(first, first + n):
+                if t.sharding == "fsdp":
+                    plan.add(gpu, "load", f"{who} rank setup (full float32 replica before sharding)",
+                             _gib(4 * shape.params))
+                    states = _gib(16 * (shape.params - shape.root_params) / n + 16 * shape.root_params)
+                    label = f"{who} rank states (16 B/param, 1/{n} sharded, root whole)"
+                else:
+                    states = _gib(16 * shape.params)
+                    label = f"{who} rank states (16 B/param, ddp replica)"
+                for ph in phases[phases.index(phase):]:
+                    plan.add(gpu, ph, label, states)
+                plan.add(gpu, phase, f"{who} rank activations ({tokens:,} tokens)", act)
+                plan.add(gpu, phase, f"{who} rank log-probs ({tokens:,} tokens)", lp)
+    for gpu, by_phase in sorted(plan.gpus.items()):
+        for phase in by_phase:
+            total = plan.total(gpu, phase)
+            if total > gpu_gib:
+                top = max(by_phase[phase], key=lambda item: item[1])
+                plan.problems.append(f"GPU {gpu}, {phase}: {total:.1f} GiB > {gpu_gib:.1f} GiB (largest: {top[0]}, "
+                                     f"{top[1]:.1f} GiB)")
+    return plan
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    """The plan as text: per GPU and phase, each item and the total against the card, then the verdict."""
+    lines = []
+    for gpu, by_phase in sorted(plan.gpus.items()):
+        for phase, items in by_phase.items():
+            total = plan.total(gpu, phase)
+            mark = "" if total <= plan.gpu_gib else "  OVER"
+            lines.append(f"GPU {gpu}, {phase}: {total:.1f} / {plan.gpu_gib:.1f} GiB{mark}")
+            lines += [f"    {gib:7.1f}  {label}" for label, gib in items]
+    if plan.fits:
+        lines.append("fits")
+    else:
+        lines.append("does not fit:")
+        lines += [f"  - {p}" for p in plan.problems]
+    return "\n".join(lines)
+
+
+def shapes_for(cfg: Any) -> tuple[ModelShape, ModelShape | None]:
+    """The actor's and (where the method loads one) the extractor's shape, from their configurations."""
+    from crl_bench.experience.memory import get_memory
+
+    actor = ModelShape.of(cfg.model.name)
+    spec = cfg.method_spec
+    loads = spec.uses_experience and get_memory(spec.memory).uses_extractor
+    if not loads:
+        return actor, None
+    if cfg.extractor.model == "same":
+        return actor, dataclasses.replace(actor, name=f"{actor.name} (copy)")
+    return actor, ModelShape.of(cfg.extractor.model)
+
+
+def check_before_loading(cfg: Any) -> MemoryPlan | None:
+    """On a machine with CUDA, the plan of ``cfg``'s run on this machine's GPUs (count and the smallest
+    card's memory); ``None`` without CUDA (CPU runs are not planned).
+
+    Raises:
+        ConfigError: the run does not fit, with the plan's problems.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from crl_bench.config import ConfigError
+
+    n = torch.cuda.device_count()
+    gib = min(torch.cuda.get_device_properties(i).total_memory for i in range(n)) / GIB
+    plan = plan_memory(cfg, n, gib, *shapes_for(cfg))
+    if not plan.fits:
+        raise ConfigError("this run does not fit this machine's GPUs (crl-bench plan prints the whole budget):\n"
+                          + "\n".join(f"  - {p}" for p in plan.problems))
+    return plan

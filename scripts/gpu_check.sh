@@ -13,7 +13,10 @@
 #   4. 3 steps of `grpo` on the one-action diagnostic (`diag` preset, bf16) that take optimiser steps
 #      and sync the engine after each;
 #   5. a throughput line: `crl-bench bench rollout` (--engine vllm where vLLM is installed: vLLM against
-#      the transformers engine on the same batch, weight sync included).
+#      the transformers engine on the same batch, weight sync included);
+#   6. the update's memory laws on CUDA (`crl-bench bench memory --device cuda --check`: chunked against
+#      full-vocabulary log-probs at Qwen2.5's vocabulary, autocast's weight-cast cache on against off under
+#      checkpointing), each asserted and extrapolated to Qwen2.5-7B; the measurements in memory-laws.json.
 # Each part is bounded by `timeout`; a part that fails is reported and the rest still run. The exit
 # status is the number of failed parts. Logs and the smoke's metrics go to OUT_DIR (default $OUT, else
 # ./gpu-check-out).
@@ -96,5 +99,7 @@ else
   part throughput 240 "${crl[@]}" bench rollout --env sokoban --envs 64 --max-steps 4
 fi
 grep -E "tok/s|ratio|^(transformers|vllm|batched|sequential)" "$out/throughput.log" || true
+part memory-laws 180 "${crl[@]}" bench memory --device cuda --check --json "$out/memory-laws.json"
+cat "$out/memory-laws.log"
 echo "== failed parts: $failed"
 exit "$failed"

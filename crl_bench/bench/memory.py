@@ -98,6 +98,13 @@ def _autocast_case(size: int, arm: str, width: int, device: str) -> Any:
     return call
 
 
+#: what each law's slopes must be (``--check``, the tests): per arm, (low, high) in the law's printed unit
+#: (multiples of V for ``logprob``, bytes per linear parameter for ``autocast-cache``)
+LAW_BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
+    "logprob": {"before": (12.0, 16.0), "after": (0.0, 5.0)},
+    "autocast-cache": {"before": (1.7, 2.3), "after": (-0.3, 0.3)},
+}
+
 LAWS: dict[str, dict[str, Any]] = {
     "logprob": {"case": _logprob_case, "unit": "position", "sizes": (1024, 2048)},
     "autocast-cache": {"case": _autocast_case, "unit": "linear parameter", "sizes": (4, 8)},
@@ -201,6 +208,18 @@ def law_slopes(law: str, param: int, device: str = "cpu",
             "slope": slope}
 
 
+def law_violations(result: dict[str, Any]) -> list[str]:
+    """The arms of a :func:`law_slopes` result outside :data:`LAW_BOUNDS` (empty when the law holds)."""
+    law = result["law"]
+    scale = result["param"] if law == "logprob" else 1
+    out = []
+    for arm, (lo, hi) in LAW_BOUNDS[law].items():
+        got = result["slope"][arm] / scale
+        if not lo <= got <= hi:
+            out.append(f"{law} {arm}: {got:.2f} outside [{lo}, {hi}]")
+    return out
+
+
 def format_laws(results: list[dict[str, Any]], device: str) -> str:
     """The laws as a table, each slope with its paper-scale extrapolation."""
     lines = [f"memory laws on {device} (peak beyond what was live; slopes between two sizes)", ""]
@@ -230,6 +249,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--vocab", type=int, default=PAPER_VOCAB, help="the logprob law's vocabulary")
     p.add_argument("--width", type=int, default=2048, help="the autocast-cache law's layer width")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the measurements to FILE as JSON")
+    p.add_argument("--check", action="store_true", help="exit 1 when a slope is outside its law's bounds")
     return p
 
 
@@ -241,6 +261,10 @@ def run(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         Path(args.json).write_text(json.dumps(results, indent=2))
+    bad = [v for r in results for v in law_violations(r)]
+    if getattr(args, "check", False) and bad:
+        print("laws broken: " + "; ".join(bad))
+        return 1
     return 0
 
 

@@ -13,8 +13,9 @@ default, see docs/method.md).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.utils.checkpoint
 
 
 def _normalizer(mask: torch.Tensor, normalizer: float | None) -> torch.Tensor | float:
@@ -148,12 +149,51 @@ LOGPROB_CHUNK_TOKENS = 512
 ``3 x 4 x LOGPROB_CHUNK_TOKENS x V`` bytes (0.9 GiB at Qwen2.5's V = 152,064), whatever the sequence length."""
 
 
-def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``(n,)`` float32 log-probs of ``targets`` ``(n,)`` under ``logits`` ``(n, V)`` (any float dtype)."""
-    x = logits.float()
-    if temperature != 1.0:
-        x = x / temperature
-    return x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+class _ChunkedLogprobs(torch.autograd.Function):
+    """Log-probs of ``targets`` under ``logits / temperature``, the vocabulary reduced ``chunk`` positions at a
+    time in float32: the forward keeps each position's log-sum-exp (one float per position), and the backward
+    rebuilds each chunk's softmax from the logits and that log-sum-exp, so the gradient is
+    ``(onehot(target) - softmax) * g / temperature`` without any float32 ``(B, T, V)`` tensor. One exp pass
+    each way, as the full log-softmax takes."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                chunk: int) -> torch.Tensor:
+        b, t, _ = logits.shape
+        out = torch.empty((b, t), dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        for row in range(b):
+            for s in range(0, t, chunk):
+                x = logits[row, s:s + chunk].float()
+                if temperature != 1.0:
+                    x = x / temperature
+                m = torch.logsumexp(x, dim=-1)
+                lse[row, s:s + chunk] = m
+                out[row, s:s + chunk] = x.gather(-1, targets[row, s:s + chunk, None]).squeeze(-1) - m
+                del x
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        grad = torch.empty_like(logits)
+        b, t, _ = logits.shape
+        for row in range(b):
+            for s in range(0, t, chunk):
+                x = logits[row, s:s + chunk].float()
+                if temperature != 1.0:
+                    x = x / temperature
+                g = grad_out[row, s:s + chunk, None].float()
+                gx = torch.exp(x.sub_(lse[row, s:s + chunk, None])).mul_(-g)      # -softmax * g, in place
+                gx.scatter_add_(-1, targets[row, s:s + chunk, None], g)
+                if temperature != 1.0:
+                    gx.div_(temperature)
+                grad[row, s:s + chunk] = gx
+                del x, gx
+        return grad, None, None, None
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
@@ -161,14 +201,15 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     """Log-prob of ``targets`` under ``logits / temperature``, without a float32 copy of the whole
     vocabulary for every position.
 
-    The log-softmax runs in float32 for stability, on ``chunk_tokens`` positions at a time; with gradient,
-    each chunk is recomputed in the backward (``torch.utils.checkpoint``), so what the graph keeps is the
-    logits themselves (already alive: the model returned them) and the targets, and the backward's
-    transient float32 memory is that of one chunk. A plain ``log_softmax(logits.float()).gather(...)``
-    keeps a float32 ``(B, T, V)`` output for the backward and builds another as its gradient: about
-    14 V bytes per position with bf16 logits (2 GiB per 1,000 positions at V = 152k), the peak of a
-    long-context update (docs/scaling.md). Same values and gradients (to float rounding); the same idea
-    as TRL's ``selective_log_softmax`` and verl's chunked log-probs.
+    The log-softmax runs in float32 for stability, on ``chunk_tokens`` positions at a time; what the graph
+    keeps is the logits themselves (already alive: the model returned them), the targets and one
+    log-sum-exp per position, and the backward rebuilds each chunk's softmax from them
+    (:class:`_ChunkedLogprobs`), so its transient float32 memory is that of one chunk. A plain
+    ``log_softmax(logits.float()).gather(...)`` keeps a float32 ``(B, T, V)`` output for the backward and
+    builds another as its gradient: about 14 V bytes per position with bf16 logits (2 GiB per 1,000
+    positions at V = 152k), the peak of a long-context update (docs/scaling.md). Same values and
+    gradients (to float rounding); the idea of TRL's ``selective_log_softmax`` and of fused
+    cross-entropy kernels (verl, Liger).
 
     Args:
         logits: ``(B, T, V)``, any float dtype.
@@ -185,20 +226,6 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(f"logits (B, T, V) and targets (B, T) do not match: {tuple(logits.shape)}, "
                          f"{tuple(targets.shape)}")
-    b, t, _ = logits.shape
-    if b * t == 0:
-        return torch.zeros((b, t), dtype=torch.float32, device=logits.device)
-    grad = torch.is_grad_enabled() and logits.requires_grad
-    rows = []
-    # split, not slicing in a loop: the backward of split assembles the chunks' gradients once, where
-    # the backward of each slice would allocate a zero tensor of the logits' full size
-    for row_logits, row_targets in zip(logits.unbind(0), targets.unbind(0)):
-        parts = []
-        for x, y in zip(row_logits.split(chunk_tokens, dim=0), row_targets.split(chunk_tokens, dim=0)):
-            if grad:
-                parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, x, y, temperature,
-                                                               use_reentrant=False))
-            else:
-                parts.append(_chunk_logprobs(x, y, temperature))
-        rows.append(torch.cat(parts))
-    return torch.stack(rows)
+    if logits.shape[0] * logits.shape[1] == 0:
+        return torch.zeros(logits.shape[:2], dtype=torch.float32, device=logits.device)
+    return _ChunkedLogprobs.apply(logits, targets, float(temperature), int(chunk_tokens))

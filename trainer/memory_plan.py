@@ -13,7 +13,7 @@ What is modelled (docs/scaling.md "GPU memory at the paper's scale"):
 * **Updates** with ``train.workers: 1`` run on the driver's device: float32 gradients and AdamW's two
   moments (AdamW's state stays after the first update), the checkpointed activations of one micro-batch
   (one bf16 hidden state per layer and token) and the log-prob peak (``crl-bench bench memory``: about
-  3 V bytes per kept token, plus one 512-token chunk's float32 transients). With ``train.workers: N > 1``
+  4 V bytes per kept token, plus one 512-token chunk's float32 transients). With ``train.workers: N > 1``
   each updater asks Ray for N GPUs, handed out from GPU 0 (Ray does not count the driver's use of it):
   a ``ddp`` rank holds the whole 16 bytes per parameter, an ``fsdp`` rank its 1/N share plus the unsharded
   root (embeddings and head, float32) and, while it sets up, a full float32 replica; the extractor's
@@ -38,9 +38,9 @@ GIB = 1024 ** 3
 #: vLLM's own use of its share beside weights and KV cache (activations of its profiling run, CUDA graphs,
 #: sampler buffers), an estimate
 VLLM_OVERHEAD_GIB = 3.0
-#: bytes per kept token of the update's log-probs (measured: ``crl-bench bench memory``, law ``logprob``,
-#: 2.99 V on CPU), rounded up
-LOGPROB_BYTES_PER_TOKEN_PER_V = 3.0
+#: bytes per kept token of the update's log-probs, in multiples of V (measured: ``crl-bench bench memory``, law
+#: ``logprob``, 3.98 V on CPU), rounded up
+LOGPROB_BYTES_PER_TOKEN_PER_V = 4.0
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ before it gives a slope (bytes per unit of size), and the slope gives the paper-
 
 * ``logprob``: the log-probs of kept tokens from bf16 logits (``(1, T, V)``, the real vocabulary) with
   their backward. ``before``: one float32 ``log_softmax`` over the whole vocabulary (kept for the backward,
-  and its gradient built dense); ``after``: :func:`crl_bench.trainer.losses.token_logprobs` (chunked,
-  recomputed in the backward). Unit: bytes per position, printed in multiples of V.
+  and its gradient built dense); ``after``: :func:`crl_bench.trainer.losses.token_logprobs` (chunked, the
+  softmax rebuilt per chunk in the backward). Unit: bytes per position, printed in multiples of V.
 * ``autocast-cache``: a stack of float32 linear layers under bf16 autocast with activation checkpointing,
   forward and backward. ``before``: autocast's weight-cast cache on (torch's default: every bf16 cast of a
   weight stays alive until the autocast region ends, which undoes checkpointing for the weights);

@@ -552,6 +552,10 @@ class RayConfig:
     manager_cpus: Annotated[float, Ge(0)] = 0.5
     """CPUs the experience manager actor (bank, retrieval, distillation) declares; it is placed on the driver's node,
     where the run folder (and the bank file) is."""
+    manager_gpus: Annotated[float, Ge(0)] = 0.0
+    """GPUs the experience manager actor declares when the cluster has GPUs (0: none, so Ray hides every GPU from it and
+    the extractor generates and the embedder embeds on its CPUs). With a GPU the extractor's model loads there, and
+    the embedder too with ``experience.embedder_device: auto``; the driver's node must have that GPU free."""
 
 
 @dataclass

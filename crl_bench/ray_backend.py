@@ -732,6 +732,8 @@ class RayBackend:
             cpu += rc.engines * rc.engine_cpus
         if self.cfg.method_spec.uses_experience:
             cpu += rc.manager_cpus
+            if self.gpus:
+                gpu += rc.manager_gpus
         return {"CPU": cpu, **({"GPU": gpu} if gpu else {})}
 
     def env_pool(self) -> RayEnvPool:
@@ -753,15 +755,17 @@ class RayBackend:
         return engine
 
     def experience_manager(self, bank_path: str | Path, initial_extractor: Any = None) -> RemoteManager:
-        """The manager actor on the driver's node (bank at ``bank_path``), its extractor starting from
-        ``initial_extractor``'s trainable parameters when given (the trainer's copy)."""
+        """The manager actor on the driver's node (bank at ``bank_path``; ``ray.manager_gpus`` GPUs on a GPU
+        cluster, where its extractor then runs), its extractor starting from ``initial_extractor``'s trainable
+        parameters when given (the trainer's copy)."""
 
         from crl_bench.llm.weights import trainable_state
 
         state = None
         if initial_extractor is not None:
             state = {k: v.detach().cpu() for k, v in trainable_state(initial_extractor).items()}
-        host = _remote(ManagerHost).options(num_cpus=self.cfg.ray.manager_cpus, max_concurrency=8,
+        gpus = {"num_gpus": self.cfg.ray.manager_gpus} if self.gpus and self.cfg.ray.manager_gpus else {}
+        host = _remote(ManagerHost).options(num_cpus=self.cfg.ray.manager_cpus, max_concurrency=8, **gpus,
                                                scheduling_strategy=_driver_node_affinity()).remote(
             self.cfg.to_dict(), str(Path(bank_path).resolve()), state,
             self.cfg.method_spec.trains_extractor, self.cfg.ray.manager_cpus)

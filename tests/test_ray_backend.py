@@ -314,3 +314,33 @@ def test_remote_env_passes_an_episode_limit_to_its_actor():
     assert inner.envs[0].episode_max_steps == 5 and env.episode_max_steps == 5
     env.reset(options={"task": 3})
     assert inner.envs[0].episode_max_steps == 2 and env.episode_max_steps == 2
+
+
+def test_the_manager_actor_asks_for_its_gpus_on_a_gpu_cluster(monkeypatch, tmp_path):
+    # without ray.manager_gpus Ray hides every GPU from the manager, so the extractor and the embedder run
+    # on its CPUs; with it, the actor declares them and the cluster's resources count them
+    from crl_bench import ray_backend
+    from crl_bench.ray_backend import RayBackend
+
+    seen = []
+
+    class Host:
+        def options(self, **opts):
+            seen.append(opts)
+            return self
+
+        def remote(self, *args):
+            return "host"
+
+    monkeypatch.setattr(ray_backend, "_remote", lambda cls: Host())
+    monkeypatch.setattr(ray_backend, "_driver_node_affinity", lambda: "driver")
+    monkeypatch.setattr(ray_backend, "RemoteManager", lambda host: host)
+    for gpus, manager_gpus, expected in ((True, 1.0, 1.0), (True, 0.0, None), (False, 1.0, None)):
+        backend = object.__new__(RayBackend)
+        backend.cfg = build_config([{"backend": "ray", "method": "complementary",
+                                     "ray": {"manager_gpus": manager_gpus}}])
+        backend.gpus, backend._actors = gpus, []
+        backend.experience_manager(tmp_path / "bank.sqlite")
+        assert seen[-1].get("num_gpus") == expected and seen[-1]["num_cpus"] == 0.5
+        need = backend.needed_resources()
+        assert need.get("GPU", 0) == (1.0 if gpus else 0) + (expected or 0)     # one engine GPU, and its own

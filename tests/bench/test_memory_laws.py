@@ -44,9 +44,9 @@ def test_chunked_logprobs_refuse_bad_input_and_take_empty_batches():
 def test_logprob_law_chunked_keeps_a_fraction_of_the_full_vocabulary_copies():
     # the full float32 log-softmax peaks at ~14 V bytes per position with bf16 logits (docs/scaling.md);
     # the chunked one at the logits and their gradient (~3-4 V) plus one chunk's constant
-    r = memory.law_slopes("logprob", 32_768, sizes=(2048, 4096))   # sizes where the per-token part dominates
+    r = memory.law_slopes("logprob", 16_384, sizes=(2048, 4096))   # sizes where the per-token part dominates
     assert memory.law_violations(r) == [], r
-    assert memory.law_violations({**r, "slope": {"before": 3 * 32_768, "after": 3 * 32_768}}) == [
+    assert memory.law_violations({**r, "slope": {"before": 3 * 16_384, "after": 3 * 16_384}}) == [
         "logprob before: 3.00 outside [12.0, 16.0]"]
 
 

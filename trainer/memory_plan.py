@@ -19,7 +19,9 @@ What is modelled (docs/scaling.md "GPU memory at the paper's scale"):
   root (embeddings and head, float32) and, while it sets up, a full float32 replica; the extractor's
   updater gets the next N GPUs, and is refused when there are fewer.
 
-Model sizes are counted exactly by instantiating the architecture on the meta device (no weights).
+Model sizes are counted exactly by instantiating the architecture on the meta device (no weights); a LoRA
+checkpoint counts as its base model, and with ``model.lora`` the actor's gradients and AdamW state (the
+adapters') are left out.
 Figures are GiB; a card's usable memory is ``gpu_memory_gib`` (79.6 for an 80 GB card). What is not
 modelled: fragmentation, CUDA contexts (~0.5 GiB a process), NCCL buffers, the embedder (on the CPU by
 default), and placement, which crl-bench does not offer yet (every role but the data-parallel ranks sits
@@ -93,11 +95,18 @@ class ModelShape:
         Raises:
             ModelNotAvailable: the name cannot be resolved (:func:`crl_bench.llm.default_model.resolve_model`).
         """
+        from pathlib import Path
+
         from transformers import AutoConfig
 
         from crl_bench.llm.default_model import resolve_model
 
-        return cls.from_config(AutoConfig.from_pretrained(resolve_model(name)), name=name)
+        path = resolve_model(name)
+        if (Path(path) / "adapter_config.json").is_file():     # a LoRA checkpoint: its base model's shape
+            from crl_bench.llm.hf_engine import adapter_base_model
+
+            path = resolve_model(adapter_base_model(path))
+        return cls.from_config(AutoConfig.from_pretrained(path), name=name)
 
 
 @dataclass
@@ -192,11 +201,12 @@ def plan_memory(cfg: Any, gpus: int, gpu_gib: float, actor: ModelShape,
     if t.workers <= 1:
         for phase, who, shape, tokens in updates:
             act, lp = _update_peak(shape, tokens)
-            plan.add(0, phase, f"{who} gradients (float32)", _gib(4 * shape.params))
+            if not (who == "actor" and cfg.model.lora):   # LoRA: the adapters' states, a few MiB, not counted
+                plan.add(0, phase, f"{who} gradients (float32)", _gib(4 * shape.params))
+                for ph in phases[phases.index(phase):]:   # AdamW's moments stay from the first update on
+                    plan.add(0, ph, f"{who} AdamW moments", _gib(8 * shape.params))
             plan.add(0, phase, f"{who} activations ({tokens:,} tokens, checkpointed)", act)
             plan.add(0, phase, f"{who} log-probs ({tokens:,} tokens)", lp)
-            for ph in phases[phases.index(phase):]:       # AdamW's moments stay from the first update on
-                plan.add(0, ph, f"{who} AdamW moments", _gib(8 * shape.params))
     else:
         n = t.workers
         for k, (phase, who, shape, tokens) in enumerate(updates):

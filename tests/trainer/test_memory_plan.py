@@ -134,3 +134,14 @@ def test_run_refuses_a_layout_that_does_not_fit_before_loading(monkeypatch, tmp_
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * GIB})())
     lifecycle.preflight(cfg)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_lora_run_counts_no_actor_optimizer_state_and_an_adapter_folder_is_its_base(tiny_model_dir, tmp_path):
+    base = ModelShape.of(str(tiny_model_dir))
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_model_dir)}))
+    assert ModelShape.of(str(adapter)).params == base.params
+    plan = plan_memory(build_config([{"method": "grpo", "model": {"lora": True}}]), 1, 79.6, base)
+    labels = [label for label, _ in plan.gpus[0]["actor update"]]
+    assert not any("AdamW" in x or "gradients" in x for x in labels) and any("log-probs" in x for x in labels)

@@ -15,6 +15,12 @@ before it gives a slope (bytes per unit of size), and the slope gives the paper-
   ``after``: the cache off, as :func:`crl_bench.llm.precision.autocast` is called for a checkpointed
   model. Unit: bytes per linear parameter (the law: 2, one bf16 copy).
 
+* ``decode``: replies sampled through the transformers engine (a randomly initialised 2-layer model with the
+  default model's vocabulary, 8 rows). ``before``: transformers' ``generate`` with ``output_logits`` and
+  ``output_scores``, which keeps two float32 ``(B, V)`` tensors per step for the whole call; ``after``: the
+  engine's decode loop (the default), which reads each step's log-prob and entropies and drops the logits.
+  Unit: bytes per generated token of a row, printed in multiples of V (the law: 8 before, about 0 after).
+
 Where it measures: on CUDA, the caching allocator's peak (``torch.cuda.max_memory_allocated``) minus what
 was allocated before; on CPU, the arms run in a subprocess and each one's peak is the peak resident size
 (reset before it through ``/proc/self/clear_refs``) minus the resident size just before it, with the heap
@@ -32,8 +38,10 @@ import subprocess
 import sys
 from typing import Any
 
-HELP = "the update's memory laws (log-probs, autocast's cast cache), measured small, extrapolated"
+HELP = "memory laws of the update (log-probs, autocast's cast cache) and decoding, measured small, extrapolated"
 
+#: prompts of the ``decode`` law's batch
+DECODE_ROWS = 8
 #: the vocabulary the log-prob law runs with by default: Qwen2.5's (152,064), the paper's actor
 PAPER_VOCAB = 152_064
 #: linear parameters of Qwen2.5-7B (the paper's actor) outside the embedding and the head: 28 layers of
@@ -103,11 +111,43 @@ def _autocast_case(size: int, arm: str, width: int, device: str) -> Any:
 LAW_BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
     "logprob": {"before": (12.0, 16.0), "after": (0.0, 5.0)},
     "autocast-cache": {"before": (1.7, 2.3), "after": (-0.3, 0.3)},
+    "decode": {"before": (6.0, 10.0), "after": (-0.5, 0.5)},
 }
+
+def _decode_case(size: int, arm: str, vocab: int, device: str) -> Any:
+    """Inputs and the measured call of one ``decode`` arm: 8 prompts of 16 tokens, ``size`` new tokens
+    sampled at temperature 1 from a randomly initialised 2-layer model with the default model's tokenizer
+    and vocabulary, through the transformers engine with ``generate`` (``before``: its ``output_logits`` and
+    ``output_scores`` kept for the whole call) or with the engine's decode loop (``after``)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from crl_bench.llm.base import SamplingParams
+    from crl_bench.llm.default_model import DEFAULT_MODEL
+    from crl_bench.llm.hf_engine import HFEngine, load_tokenizer
+
+    tok = load_tokenizer(DEFAULT_MODEL)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(config).to(device).eval()
+    engine = HFEngine(model, tok, batch_size=8, prefix_cache=False, decode_loop=arm == "after")
+    prompts = [[int(t) for t in torch.randint(100, len(tok), (16,))] for _ in range(8)]
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=size)
+
+    def call() -> None:
+        with torch.no_grad():
+            engine.generate(prompts, params)
+
+    return call
+
 
 LAWS: dict[str, dict[str, Any]] = {
     "logprob": {"case": _logprob_case, "unit": "position", "sizes": (1024, 2048)},
     "autocast-cache": {"case": _autocast_case, "unit": "linear parameter", "sizes": (4, 8)},
+    "decode": {"case": _decode_case, "unit": "generated token of a row", "sizes": (128, 256)},
 }
 
 
@@ -202,7 +242,7 @@ def law_slopes(law: str, param: int, device: str = "cpu",
     cases = [{"law": law, "size": n, "arm": arm, "param": param} for arm in arms for n in (lo, hi)]
     got = measure(cases, device)
     peaks = {arm: got[2 * i: 2 * i + 2] for i, arm in enumerate(arms)}
-    units = (hi - lo) * (1 if law == "logprob" else param * param)
+    units = (hi - lo) * {"logprob": 1, "autocast-cache": param * param, "decode": DECODE_ROWS}[law]
     slope = {arm: (p[1] - p[0]) / units for arm, p in peaks.items()}
     return {"law": law, "unit": LAWS[law]["unit"], "param": param, "sizes": [lo, hi], "peaks": peaks,
             "slope": slope}
@@ -211,7 +251,7 @@ def law_slopes(law: str, param: int, device: str = "cpu",
 def law_violations(result: dict[str, Any]) -> list[str]:
     """The arms of a :func:`law_slopes` result outside :data:`LAW_BOUNDS` (empty when the law holds)."""
     law = result["law"]
-    scale = result["param"] if law == "logprob" else 1
+    scale = result["param"] if law in ("logprob", "decode") else 1
     out = []
     for arm, (lo, hi) in LAW_BOUNDS[law].items():
         got = result["slope"][arm] / scale
@@ -232,6 +272,14 @@ def format_laws(results: list[dict[str, Any]], device: str) -> str:
                 lines.append(f"  {arm:<7} {s / v:6.2f} V  -> {s * 1000 / GIB * PAPER_VOCAB / v:6.2f} GiB per "
                              f"1,000 positions at V = {PAPER_VOCAB:,}; {s * 32_768 / GIB * PAPER_VOCAB / v:6.1f} "
                              "GiB for a 32k-position micro-batch")
+        elif r["law"] == "decode":
+            v = r["param"]
+            lines.append(f"decode (V = {v:,}): bytes per generated token of a row, in multiples of V")
+            for arm in ("before", "after"):
+                s = r["slope"][arm] / v
+                gib = s * PAPER_VOCAB * 32 * 4096 / GIB
+                lines.append(f"  {arm:<7} {s:6.2f} V  -> {gib:6.1f} GiB for 32 replies of 4,096 tokens at V = "
+                             f"{PAPER_VOCAB:,}")
         else:
             lines.append("autocast-cache: bytes per linear parameter under checkpointing")
             for arm in ("before", "after"):
@@ -254,8 +302,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    results = [law_slopes(law, args.vocab if law == "logprob" else args.width, args.device)
-               for law in (args.law or list(LAWS))]
+    results = [law_slopes(law, _param(law, args), args.device) for law in (args.law or list(LAWS))]
     print(format_laws(results, args.device))
     if args.json:
         from pathlib import Path
@@ -266,6 +313,17 @@ def run(args: argparse.Namespace) -> int:
         print("laws broken: " + "; ".join(bad))
         return 1
     return 0
+
+
+def _param(law: str, args: argparse.Namespace) -> int:
+    """A law's size parameter: the vocabulary (``logprob``; ``decode`` takes the default model's), the
+    layer width (``autocast-cache``)."""
+    if law == "decode":
+        from crl_bench.llm.default_model import DEFAULT_MODEL
+        from crl_bench.llm.hf_engine import load_tokenizer
+
+        return len(load_tokenizer(DEFAULT_MODEL))
+    return args.vocab if law == "logprob" else args.width
 
 
 def _child(cases: str) -> None:

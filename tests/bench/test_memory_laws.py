@@ -88,3 +88,12 @@ def test_bench_memory_prints_both_laws_with_their_extrapolation(capsys, monkeypa
     assert memory.run(argparse.Namespace(**{**vars(args), "check": True})) == 1     # 20 V, 2000 B: both broken
     out = capsys.readouterr().out
     assert "logprob (V = 100)" in out and "autocast-cache" in out and "GiB at Qwen2.5-7B" in out
+
+
+def test_decode_law_the_engines_decode_loop_keeps_no_logits_per_generated_token():
+    # transformers' generate with output_logits/scores keeps ~8 V bytes per generated token of a row for the
+    # whole call (crl-bench bench memory --law decode measures both arms: 7.89 V against 0.03 V); the engine's
+    # decode loop reads each step's statistics and drops the logits
+    after = memory.measure([{"law": "decode", "size": n, "arm": "after", "param": 0} for n in (16, 80)])
+    per_v = (after[1] - after[0]) / (64 * memory.DECODE_ROWS) / 49_152
+    assert per_v < 2, per_v            # retained logits would be 4-8 V; at these sizes the noise is about +-0.6 V

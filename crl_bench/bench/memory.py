@@ -233,19 +233,27 @@ def measure(cases: list[dict[str, Any]], device: str = "cpu") -> list[int]:
     return [int(r["peak_bytes"]) for r in out]
 
 
-def law_slopes(law: str, param: int, device: str = "cpu",
-               sizes: tuple[int, int] | None = None) -> dict[str, Any]:
-    """Both arms of ``law`` at two sizes: ``{"law", "unit", "param", "sizes", "peaks": {arm: [bytes, bytes]},
-    "slope": {arm: bytes per unit}}`` (the slope is the peaks' difference over the sizes')."""
+def law_cases(law: str, param: int, sizes: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """The cases of ``law``'s two arms at two sizes, in the order :func:`law_result` reads their peaks."""
     lo, hi = sizes or LAWS[law]["sizes"]
-    arms = ("before", "after")
-    cases = [{"law": law, "size": n, "arm": arm, "param": param} for arm in arms for n in (lo, hi)]
-    got = measure(cases, device)
-    peaks = {arm: got[2 * i: 2 * i + 2] for i, arm in enumerate(arms)}
+    return [{"law": law, "size": n, "arm": arm, "param": param} for arm in ("before", "after") for n in (lo, hi)]
+
+
+def law_result(law: str, param: int, sizes: tuple[int, int] | None, got: list[int]) -> dict[str, Any]:
+    """``{"law", "unit", "param", "sizes", "peaks": {arm: [bytes, bytes]}, "slope": {arm: bytes per unit}}``
+    from the peaks of :func:`law_cases` (the slope is the peaks' difference over the sizes')."""
+    lo, hi = sizes or LAWS[law]["sizes"]
+    peaks = {arm: got[2 * i: 2 * i + 2] for i, arm in enumerate(("before", "after"))}
     units = (hi - lo) * {"logprob": 1, "autocast-cache": param * param, "decode": DECODE_ROWS}[law]
     slope = {arm: (p[1] - p[0]) / units for arm, p in peaks.items()}
     return {"law": law, "unit": LAWS[law]["unit"], "param": param, "sizes": [lo, hi], "peaks": peaks,
             "slope": slope}
+
+
+def law_slopes(law: str, param: int, device: str = "cpu",
+               sizes: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Both arms of ``law`` at two sizes, measured (:func:`law_cases`, :func:`measure`, :func:`law_result`)."""
+    return law_result(law, param, sizes, measure(law_cases(law, param, sizes), device))
 
 
 def law_violations(result: dict[str, Any]) -> list[str]:

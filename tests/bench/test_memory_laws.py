@@ -41,18 +41,44 @@ def test_chunked_logprobs_refuse_bad_input_and_take_empty_batches():
     assert token_logprobs(torch.zeros(2, 0, 3), torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)
 
 
-def test_logprob_law_chunked_keeps_a_fraction_of_the_full_vocabulary_copies():
+LAW_SIZES = {"logprob": (16_384, (2048, 4096)),      # sizes where the per-token part dominates the chunk's
+             "autocast-cache": (1024, (4, 8))}
+
+
+@pytest.fixture(scope="module")
+def laws():
+    """Both laws' arms, and the decode loop's arm of the decode law, measured in one subprocess."""
+    cases = [c for law, (param, sizes) in LAW_SIZES.items() for c in memory.law_cases(law, param, sizes)]
+    cases += [{"law": "decode", "size": n, "arm": "after", "param": 0} for n in (16, 80)]
+    got = memory.measure(cases)
+    out, i = {}, 0
+    for law, (param, sizes) in LAW_SIZES.items():
+        out[law] = memory.law_result(law, param, sizes, got[i:i + 4])
+        i += 4
+    out["decode-after"] = got[i:i + 2]
+    return out
+
+
+def test_logprob_law_chunked_keeps_a_fraction_of_the_full_vocabulary_copies(laws):
     # the full float32 log-softmax peaks at ~14 V bytes per position with bf16 logits (docs/scaling.md);
-    # the chunked one at the logits and their gradient (~3-4 V) plus one chunk's constant
-    r = memory.law_slopes("logprob", 16_384, sizes=(2048, 4096))   # sizes where the per-token part dominates
+    # the chunked one at the logits and their gradient (~4 V) plus one chunk's constant
+    r = laws["logprob"]
     assert memory.law_violations(r) == [], r
     assert memory.law_violations({**r, "slope": {"before": 3 * 16_384, "after": 3 * 16_384}}) == [
         "logprob before: 3.00 outside [12.0, 16.0]"]
 
 
-def test_autocast_cache_law_the_cache_keeps_two_bytes_per_parameter_and_off_keeps_none():
-    r = memory.law_slopes("autocast-cache", 1024)
-    assert memory.law_violations(r) == [], r
+def test_autocast_cache_law_the_cache_keeps_two_bytes_per_parameter_and_off_keeps_none(laws):
+    assert memory.law_violations(laws["autocast-cache"]) == [], laws["autocast-cache"]
+
+
+def test_decode_law_the_engines_decode_loop_keeps_no_logits_per_generated_token(laws):
+    # transformers' generate with output_logits/scores keeps ~8 V bytes per generated token of a row for the
+    # whole call (crl-bench bench memory --law decode measures both arms: 7.89 V against 0.03 V); the engine's
+    # decode loop reads each step's statistics and drops the logits
+    after = laws["decode-after"]
+    per_v = (after[1] - after[0]) / (64 * memory.DECODE_ROWS) / 49_152
+    assert per_v < 2, per_v            # retained logits would be 4-8 V; at these sizes the noise is about +-0.6 V
 
 
 def test_the_update_forward_runs_without_the_cast_cache(monkeypatch):
@@ -83,17 +109,12 @@ def test_bench_memory_prints_both_laws_with_their_extrapolation(capsys, monkeypa
     monkeypatch.setattr(memory, "measure", lambda cases, device="cpu": [1000, 3000] * 2)
     import argparse
 
-    args = argparse.Namespace(law=None, device="cpu", vocab=100, width=10, json=None, check=False)
+    args = argparse.Namespace(law=["logprob", "autocast-cache"], device="cpu", vocab=100, width=10, json=None,
+                              check=False)
     assert memory.run(args) == 0
     assert memory.run(argparse.Namespace(**{**vars(args), "check": True})) == 1     # 20 V, 2000 B: both broken
     out = capsys.readouterr().out
     assert "logprob (V = 100)" in out and "autocast-cache" in out and "GiB at Qwen2.5-7B" in out
+    decode = memory.law_result("decode", 1000, (10, 20), [0, 8 * 1000 * 80, 0, 0])
+    assert decode["slope"]["before"] == 8000 and "8.00 V" in memory.format_laws([decode], "cpu")
 
-
-def test_decode_law_the_engines_decode_loop_keeps_no_logits_per_generated_token():
-    # transformers' generate with output_logits/scores keeps ~8 V bytes per generated token of a row for the
-    # whole call (crl-bench bench memory --law decode measures both arms: 7.89 V against 0.03 V); the engine's
-    # decode loop reads each step's statistics and drops the logits
-    after = memory.measure([{"law": "decode", "size": n, "arm": "after", "param": 0} for n in (16, 80)])
-    per_v = (after[1] - after[0]) / (64 * memory.DECODE_ROWS) / 49_152
-    assert per_v < 2, per_v            # retained logits would be 4-8 V; at these sizes the noise is about +-0.6 V

@@ -375,31 +375,39 @@ class TrainWorker:
             return None
         return {n: p.detach().cpu() for n, p in self.inner.named_parameters() if p.requires_grad}
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, state: dict[str, torch.Tensor] | None) -> None:
         """Copy ``{name: tensor}`` (the driver's trainable parameters) into this replica (every rank
-        calls it; FSDP keeps each rank's shard)."""
+        calls it). FSDP: rank 0 gets the full state and broadcasts it tensor by tensor, each rank keeping
+        its shard (``broadcast_from_rank0``); the other ranks pass ``None``, so no rank but the first holds
+        the full state in host memory."""
         if self.sharding == "fsdp":
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-            set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+            set_model_state_dict(self.model, state if self.rank == 0 and state is not None else {},
+                                 options=StateDictOptions(full_state_dict=True, strict=False,
+                                                          broadcast_from_rank0=True))
             return
         params = dict(self.inner.named_parameters())
         with torch.no_grad():
             for n, t in state.items():
                 params[n].copy_(t)
 
-    def _load_optimizer(self, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def _load_optimizer(self, opt: torch.optim.Optimizer, state: dict[str, Any] | None) -> None:
+        """Load a full optimiser state (integer-id form). DDP: every rank its replica's copy. FSDP: rank 0
+        broadcasts it and each rank keeps its shard (``broadcast_from_rank0``); the others pass ``None``."""
         if self.sharding == "ddp":
             opt.load_state_dict(state)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        names = self.trainable
-        keyed = {"state": {names[int(k)]: v for k, v in state["state"].items()},
-                 "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
-                                  for g in state["param_groups"]]}
+        keyed: dict[str, Any] = {}
+        if self.rank == 0:
+            names = self.trainable
+            keyed = {"state": {names[int(k)]: v for k, v in state["state"].items()},
+                     "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
+                                      for g in state["param_groups"]]}
         set_optimizer_state_dict(self.model, opt, optim_state_dict=keyed,
-                                 options=StateDictOptions(full_state_dict=True))
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
     def optimizer_state(self) -> dict[str, Any] | None:
         """The optimiser's ``state_dict()`` in ``torch.optim``'s integer-id form (tensors on the CPU)
@@ -417,8 +425,9 @@ class TrainWorker:
         return {"state": {ids[n]: _to_cpu(v) for n, v in full["state"].items()},
                 "param_groups": [{**g, "params": [ids[n] for n in g["params"]]} for g in full["param_groups"]]}
 
-    def load_optimizer_state(self, state: dict[str, Any]) -> float:
-        """Load :meth:`optimizer_state` output on this rank (every rank must call it); returns the lr."""
+    def load_optimizer_state(self, state: dict[str, Any] | None) -> float:
+        """Load :meth:`optimizer_state` output on this rank (every rank must call it; with FSDP only rank 0
+        needs it, the others may pass ``None``); returns the lr."""
         self._load_optimizer(self.updater.optimizer, state)
         return float(self.updater.optimizer.param_groups[0]["lr"])
 
@@ -460,7 +469,7 @@ class _RemoteOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._owner.push_weights()
-        self._owner._lr = self._owner._call("load_optimizer_state", state)
+        self._owner._lr = self._owner._call_full_state("load_optimizer_state", state)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """No-op (the workers zero their gradients)."""
@@ -614,7 +623,7 @@ class DataParallelUpdater(PolicyUpdater):
             else:
                 model_ref, state_ref = ray.put(model), None
             ref_ref = ray.put(ref_module) if ref_module is not None else None
-            opt_state = _to_cpu(optimizer.state_dict())
+            opt_state = ray.put(_to_cpu(optimizer.state_dict()))     # stored once, one reference per rank
             sched_state = scheduler.state_dict() if scheduler is not None else None
             lrs = self._gather([a.setup.remote(address, port, spec, model_ref, state_ref, ref_ref, opt_state,
                                                sched_state) for a in self._actors])
@@ -648,6 +657,16 @@ class DataParallelUpdater(PolicyUpdater):
 
         refs = [ray.put(a) for a in args]
         return self._gather([getattr(a, method).remote(*refs) for a in self._actors])[0]
+
+    def _call_full_state(self, method: str, state: Any) -> Any:
+        """:meth:`_call` with a full state that FSDP ranks take from rank 0 by broadcast: with FSDP only
+        rank 0 gets ``state`` (the others ``None``, so they never deserialise it); with DDP every rank gets
+        the one stored copy."""
+        import ray
+
+        ref = ray.put(state)
+        return self._gather([getattr(a, method).remote(ref if i == 0 or self.sharding != "fsdp" else None)
+                             for i, a in enumerate(self._actors)])[0]
 
     def sharing(self) -> bool:
         """:meth:`PolicyUpdater.sharing`, and never with FSDP (its two forwards per micro-batch would
@@ -724,10 +743,8 @@ class DataParallelUpdater(PolicyUpdater):
     def push_weights(self) -> None:
         """Copy the driver model's trainable parameters to every worker (after changing the driver's
         model outside :meth:`update`, e.g. loading a checkpoint into it)."""
-        import ray
-
-        ref = ray.put({n: p.detach().cpu() for n, p in self.model.named_parameters() if p.requires_grad})
-        self._gather([a.load_weights.remote(ref) for a in self._actors])
+        self._call_full_state("load_weights", {n: p.detach().cpu() for n, p in self.model.named_parameters()
+                                               if p.requires_grad})
 
     def close(self) -> None:
         """Leave the process group and kill the worker actors (idempotent; Ray itself stays up)."""

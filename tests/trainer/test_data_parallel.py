@@ -404,3 +404,29 @@ def test_a_call_to_every_worker_puts_its_argument_in_the_object_store_once(monke
     state = {"state": {0: {"exp_avg": torch.zeros(3)}}}
     assert updater._call("load_optimizer_state", state) == 0.5
     assert puts == [state] and got == [(("ref", 1),)] * 3
+
+
+@pytest.mark.parametrize("sharding, expected", [("fsdp", [("ref", 1), None, None]), ("ddp", [("ref", 1)] * 3)])
+def test_a_full_state_reaches_only_rank_0_under_fsdp(monkeypatch, sharding, expected):
+    # FSDP ranks take a resumed state from rank 0 by broadcast (broadcast_from_rank0): the other ranks get
+    # None and never deserialise the whole 61 GB; DDP replicas each need it, from one stored copy
+    import ray
+
+    from crl_bench.trainer.data_parallel import DataParallelUpdater
+
+    got: list = []
+
+    class Method:
+        def remote(self, arg):
+            got.append(arg)
+            return arg
+
+    class Actor:
+        load_weights = Method()
+
+    monkeypatch.setattr(ray, "put", lambda value: ("ref", 1))
+    updater = object.__new__(DataParallelUpdater)
+    updater._actors, updater.sharding = [Actor(), Actor(), Actor()], sharding
+    updater._gather = lambda refs: refs
+    updater._call_full_state("load_weights", {"w": torch.zeros(2)})
+    assert got == expected

@@ -10,6 +10,8 @@ What is modelled (docs/scaling.md "GPU memory at the paper's scale"):
 * **vLLM's start-up checks**: an engine is refused when less than its share of the card is free when it
   starts, and when its share, less the weights and :data:`VLLM_OVERHEAD_GIB`, cannot hold the KV cache of
   one sequence of its ``max_model_len`` (the model's own context when unset).
+* **The rollout** adds, with the transformers engine, the key/value cache of a full generation batch at the
+  longest context (bf16) and the prefix store (``generation.cache_mb``); vLLM's cache is inside its share.
 * **Updates** with ``train.workers: 1`` run on the driver's device: float32 gradients and AdamW's two
   moments (AdamW's state stays after the first update), the checkpointed activations of one micro-batch
   (one bf16 hidden state per layer and token) and the log-prob peak (``crl-bench bench memory``: about
@@ -181,7 +183,7 @@ def plan_memory(cfg: Any, gpus: int, gpu_gib: float, actor: ModelShape,
     g, x, t = cfg.generation, cfg.extractor, cfg.train
     bf16 = cfg.model.dtype != "float32"         # auto is bf16 on a GPU with bf16 (every card of this scale)
     trains_x = extractor is not None and cfg.method_spec.trains_extractor
-    phases = ["load", "actor update"] + (["extractor update"] if trains_x else [])
+    phases = ["load", "rollout", "actor update"] + (["extractor update"] if trains_x else [])
     # the driver's device: the models and the engines, from load on
     for ph in phases:
         plan.add(0, ph, "actor float32 weights", _gib(4 * actor.params))
@@ -192,6 +194,17 @@ def plan_memory(cfg: Any, gpus: int, gpu_gib: float, actor: ModelShape,
             plan.add(0, ph, "extractor float32 weights", _gib(4 * extractor.params))
         util = x.vllm_gpu_memory_utilization or g.vllm_gpu_memory_utilization
         _engine(plan, phases, "extractor", extractor, x.engine, util, x.vllm_max_model_len, bf16, gpu_gib)
+    # the rollout: a transformers engine's key/value cache of a full batch at the longest context (vLLM's is
+    # inside its share) and its prefix store; the extractor distils beside it
+    context = cfg.rollout.max_context_tokens or actor.max_positions
+    if g.engine != "vllm":
+        plan.add(0, "rollout", f"actor decode KV ({g.batch_size} rows x {context:,} tokens, bf16)",
+                 _gib(actor.kv_bytes_per_token * g.batch_size * context))
+        plan.add(0, "rollout", "actor prefix store (generation.cache_mb)", g.cache_mb / 1024)
+    if extractor is not None and x.engine != "vllm":
+        plan.add(0, "rollout", f"extractor decode KV ({g.batch_size} rows x {x.max_prompt_tokens + x.max_new_tokens:,} "
+                 "tokens, bf16)", _gib(extractor.kv_bytes_per_token * g.batch_size * (x.max_prompt_tokens
+                                                                                   + x.max_new_tokens)))
     # the updates
     micro = t.micro_batch_tokens or t.micro_batch_size * (cfg.rollout.max_context_tokens or actor.max_positions)
     x_micro = x.micro_batch_size * (x.max_prompt_tokens + x.max_new_tokens)

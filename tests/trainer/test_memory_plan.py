@@ -61,6 +61,10 @@ def test_todays_layout_of_the_paper_preset_is_refused_on_8_x_80_gb(shapes):
     update = dict(plan.gpus[0]["actor update"])
     assert round(update["actor AdamW moments"], 1) == 56.7 and round(update["actor gradients (float32)"], 1) == 28.4
     assert "does not fit" in format_plan(plan)
+    # with the transformers engines: no vLLM share, but a full batch's key/value cache at the context
+    hf = dict(plan_memory(_paper(generation={"engine": "transformers"}, extractor={"engine": "transformers"}), 8,
+                          79.6, *shapes).gpus[0]["rollout"])
+    assert round(hf["actor decode KV (32 rows x 32,768 tokens, bf16)"], 1) == 56.0     # 56 KiB x 32 x 32,768
 
 
 def test_the_updaters_take_gpus_from_ray_without_the_drivers_and_compete(shapes):
@@ -93,7 +97,7 @@ def test_vllm_refuses_a_context_its_share_cannot_hold(shapes):
 def test_a_small_model_fits_one_card_and_a_grpo_run_has_no_extractor(tiny_model):
     small = ModelShape.from_config(tiny_model.config, "tiny")
     plan = plan_memory(build_config([{"method": "grpo"}]), 1, 79.6, small)
-    assert plan.fits and set(plan.gpus[0]) == {"load", "actor update"}
+    assert plan.fits and set(plan.gpus[0]) == {"load", "rollout", "actor update"}
     assert "fits" in format_plan(plan)
     with pytest.raises(ValueError, match="at least one GPU"):
         plan_memory(build_config([]), 0, 79.6, small)

@@ -7,8 +7,9 @@ before it gives a slope (bytes per unit of size), and the slope gives the paper-
 
 * ``logprob``: the log-probs of kept tokens from bf16 logits (``(1, T, V)``, the real vocabulary) with
   their backward. ``before``: one float32 ``log_softmax`` over the whole vocabulary (kept for the backward,
-  and its gradient built dense); ``after``: :func:`crl_bench.trainer.losses.token_logprobs` (chunked, the
-  softmax rebuilt per chunk in the backward). Unit: bytes per position, printed in multiples of V.
+  and its gradient built dense); ``after``: :func:`crl_bench.trainer.losses.token_logprobs` chunked (the
+  softmax rebuilt per chunk in the backward; the trainer takes the plain one below
+  ``LOGPROB_PLAIN_BYTES``, where memory does not matter). Unit: bytes per position, printed in multiples of V.
 * ``autocast-cache``: a stack of float32 linear layers under bf16 autocast with activation checkpointing,
   forward and backward. ``before``: autocast's weight-cast cache on (torch's default: every bf16 cast of a
   weight stays alive until the autocast region ends, which undoes checkpointing for the weights);
@@ -31,6 +32,7 @@ follows live memory. Numbers carry the C allocator's slack (a few MiB): the slop
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -70,7 +72,7 @@ def _logprob_case(size: int, arm: str, vocab: int, device: str) -> Any:
     head = (torch.randn(vocab, 64, generator=g) * 0.05).to(device=device, dtype=torch.bfloat16).requires_grad_()
     targets = torch.randint(0, vocab, (1, size), generator=g).to(device)
     weights = torch.randn(1, size, generator=g).to(device)
-    fn = full_vocab_logprobs if arm == "before" else token_logprobs
+    fn = full_vocab_logprobs if arm == "before" else functools.partial(token_logprobs, plain_bytes=0)
 
     def call() -> None:
         logits = hidden.to(torch.bfloat16) @ head.T                     # (1, T, V) bf16, as a model returns

@@ -22,15 +22,18 @@ def test_chunked_logprobs_equal_the_full_log_softmax_in_value_and_gradient(dtype
     for temperature in (1.0, 0.7):
         ref = torch.log_softmax(logits.float() / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
         (g_ref,) = torch.autograd.grad((ref * w).sum(), logits)
-        got = token_logprobs(logits, targets, temperature, chunk_tokens=chunk)
+        got = token_logprobs(logits, targets, temperature, chunk_tokens=chunk, plain_bytes=0)
         (g_got,) = torch.autograd.grad((got * w).sum(), logits)
         assert got.dtype == torch.float32 and got.shape == (3, 50)
         torch.testing.assert_close(got, ref, atol=2e-6, rtol=0)
         tol = 1e-6 if dtype == torch.float32 else 1e-4
         torch.testing.assert_close(g_got.float(), g_ref.float(), atol=tol, rtol=0)
     with torch.no_grad():
-        torch.testing.assert_close(token_logprobs(logits, targets, chunk_tokens=chunk), full_vocab_logprobs(
-            logits, targets), atol=2e-6, rtol=0)
+        torch.testing.assert_close(token_logprobs(logits, targets, chunk_tokens=chunk, plain_bytes=0),
+                                   full_vocab_logprobs(logits, targets), atol=2e-6, rtol=0)
+        # a small batch takes the plain log-softmax: the same values
+        torch.testing.assert_close(token_logprobs(logits, targets), full_vocab_logprobs(logits, targets),
+                                   atol=2e-6, rtol=0)
 
 
 def test_chunked_logprobs_refuse_bad_input_and_take_empty_batches():

@@ -122,12 +122,15 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
+        """Whether the layout fits (no problem found)."""
         return not self.problems
 
     def add(self, gpu: int, phase: str, label: str, gib: float) -> None:
+        """Record that ``gpu`` holds ``gib`` GiB of ``label`` during ``phase``."""
         self.gpus.setdefault(gpu, {}).setdefault(phase, []).append((label, gib))
 
     def total(self, gpu: int, phase: str) -> float:
+        """GiB ``gpu`` holds during ``phase`` (0 when nothing is recorded)."""
         return sum(g for _, g in self.gpus.get(gpu, {}).get(phase, []))
 
 

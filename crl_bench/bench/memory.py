@@ -301,6 +301,8 @@ def format_laws(results: list[dict[str, Any]], device: str) -> str:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``memory`` with its options (``--law``, ``--device``, ``--vocab``, ``--width``, ``--json``,
+    ``--check``) to the ``bench`` subcommands; returns its parser."""
     p = subparsers.add_parser("memory", help=HELP, description=__doc__.split("\n\n")[0])
     p.add_argument("--law", action="append", choices=list(LAWS), help="a law to measure (repeatable; default all)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -312,6 +314,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    """Measure the laws ``args`` name (all by default), print them with their extrapolation, write
+    ``--json``; returns 0, or 1 with ``--check`` when a slope is outside its law's bounds."""
     results = [law_slopes(law, _param(law, args), args.device) for law in (args.law or list(LAWS))]
     print(format_laws(results, args.device))
     if args.json:

@@ -15,7 +15,7 @@ from crl_bench.cli import build_parser, main
 
 def test_registry_lists_every_benchmark_with_its_entry_points():
     assert list(bench.BENCHMARKS) == ["env", "rollout", "retrieval", "overhead", "step", "update", "dp", "backend",
-                                      "eval", "roofline"]
+                                      "eval", "roofline", "memory"]
     for name in bench.BENCHMARKS:
         mod = bench.benchmark(name)
         assert callable(mod.add_parser) and callable(mod.run) and mod.HELP, name

@@ -35,7 +35,6 @@ import argparse
 import functools
 import json
 import os
-import resource
 import subprocess
 import sys
 from typing import Any
@@ -159,30 +158,6 @@ LAWS: dict[str, dict[str, Any]] = {
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak() -> bool:
-    """Reset this process's peak resident size to its current one (Linux >= 4.0: ``/proc/self/clear_refs``);
-    False where that is not possible (the peak is then ``ru_maxrss``, valid for a fresh process only)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def measure_here(law: str, size: int, arm: str, param: int, device: str) -> tuple[int, bool]:
     """``(peak bytes, reset)``: the peak one arm allocates beyond what was live before it, in this process
     (CUDA: the allocator's peak; CPU: the peak resident size, reset before the arm where Linux allows, minus
@@ -190,7 +165,7 @@ def measure_here(law: str, size: int, arm: str, param: int, device: str) -> tupl
     for the first case of a fresh process."""
     import torch
 
-    from crl_bench.llm.memory import trim_heap
+    from crl_bench.llm.memory import hwm_gb, peak_rss_gb, reset_peak_rss, rss_gb, trim_heap
 
     call = LAWS[law]["case"](size, arm, param, device)
     if device.startswith("cuda"):
@@ -201,10 +176,11 @@ def measure_here(law: str, size: int, arm: str, param: int, device: str) -> tupl
         torch.cuda.synchronize()
         return int(torch.cuda.max_memory_allocated() - base), True
     trim_heap()
-    reset = _reset_peak()
-    base = _rss_bytes()
+    reset = reset_peak_rss()
+    base = rss_gb() or 0.0
     call()
-    return int(_peak_rss_bytes() - base), reset
+    peak = hwm_gb()
+    return int(((peak if peak is not None else peak_rss_gb()) - base) * 1e9), reset
 
 
 def _child_run(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:

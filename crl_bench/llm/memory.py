@@ -63,7 +63,7 @@ def peak_rss_gb() -> float:
     return peak * (1 if sys.platform == "darwin" else 1024) / 1e9
 
 
-def _hwm_gb() -> float | None:
+def hwm_gb() -> float | None:
     """``VmHWM`` of ``/proc/self/status`` (the kernel's peak resident size since the process started or
     its last reset) in GB; ``None`` where it cannot be read."""
     try:
@@ -72,6 +72,17 @@ def _hwm_gb() -> float | None:
     except OSError:
         return None
     return int(m.group(1)) * 1024 / 1e9 if m else None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident size to its current one (Linux >= 4.0: ``5`` written to
+    ``/proc/self/clear_refs``, proc(5)); ``False`` where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 class PhasePeaks:
@@ -94,7 +105,7 @@ class PhasePeaks:
     @property
     def lifetime_gb(self) -> float:
         """Peak resident memory of the process so far, in GB."""
-        now = _hwm_gb()
+        now = hwm_gb()
         if now is None:
             return peak_rss_gb()
         self.lifetime = max(self.lifetime, now)
@@ -109,16 +120,11 @@ class PhasePeaks:
         phase freed (a rollout's KV caches before the update) would otherwise stay resident beside
         the new phase's allocations, which glibc serves from fresh mappings when they are large."""
         trim_heap()
-        before = _hwm_gb()
+        before = hwm_gb()
         reset = False
         if before is not None:
             self.lifetime = max(self.lifetime, before)
-            try:
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")
-                reset = True
-            except OSError:
-                pass
+            reset = reset_peak_rss()
         gpu = _cuda_in_use()
         if gpu:
             import torch
@@ -127,7 +133,7 @@ class PhasePeaks:
         try:
             yield
         finally:
-            after = _hwm_gb()
+            after = hwm_gb()
             if reset and after is not None:
                 self.lifetime = max(self.lifetime, after)
                 self.last[name] = max(self.last.get(name, 0.0), after)

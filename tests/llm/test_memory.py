@@ -74,9 +74,9 @@ def test_a_phase_starts_from_what_is_live():
 def test_phase_peaks_measure_each_phase_and_keep_the_lifetime_peak():
     import numpy as np
 
-    from crl_bench.llm.memory import PhasePeaks, _hwm_gb
+    from crl_bench.llm.memory import PhasePeaks, hwm_gb
 
-    if _hwm_gb() is None:
+    if hwm_gb() is None:
         pytest.skip("no /proc/self/status VmHWM on this system")
     peaks = PhasePeaks()
     with peaks.phase("big"):

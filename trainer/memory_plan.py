@@ -167,8 +167,11 @@ def _engine(plan: MemoryPlan, phases: list[str], who: str, shape: ModelShape, en
 
 def _update_peak(shape: ModelShape, micro_tokens: int) -> tuple[float, float]:
     """(checkpointed activations, log-prob peak) of one micro-batch of ``micro_tokens`` tokens, GiB."""
+    from crl_bench.trainer.losses import LOGPROB_CHUNK_TOKENS
+
     act = _gib(shape.layers * shape.hidden * 2 * micro_tokens)
-    logprob = _gib(LOGPROB_BYTES_PER_TOKEN_PER_V * shape.vocab * micro_tokens + 3 * 4 * 512 * shape.vocab)
+    logprob = _gib(LOGPROB_BYTES_PER_TOKEN_PER_V * shape.vocab * micro_tokens
+                   + 3 * 4 * LOGPROB_CHUNK_TOKENS * shape.vocab)        # one chunk's float32 transients
     return act, logprob
 
 

@@ -3,7 +3,8 @@
 
 Each env instance owns one worker process that runs the real ALFWorld TextWorld game (``alfworld``
 0.4.x: ``textworld.gym.register_game`` with ALFWorld's ``AlfredDemangler``/``AlfredInfos`` wrappers,
-as ``alfworld/agents/environment/alfred_tw_env.py`` sets them up, without domain randomisation).
+as ``alfworld/agents/environment/alfred_tw_env.py`` sets them up, without domain randomisation),
+forked from a launcher process that imported TextWorld once (:mod:`.process`).
 A reset costs about a second or more (the game's PDDL is translated by the planner) and a step tens of
 milliseconds, so the simulator lives outside the trainer's process: the rollout sends every env its
 action before waiting on any (the split-phase protocol of :class:`~crl_bench.env_api.TextEnv`), and
@@ -56,6 +57,7 @@ from .data import (
     game_hashes,
     split_file,
 )
+from .process import EnvWorkerError, Worker
 
 EVAL_OFFSET = 10_000
 #: First task id of the ``eval_seen`` split (ALFWorld's valid_seen): ``20000 +`` its list's line.
@@ -72,185 +74,6 @@ SYSTEM_PROMPT = (
     "right appliance, and use lamps. Reply with exactly one of the listed commands as "
     "<answer>COMMAND</answer>."
 )
-
-
-class EnvWorkerError(RuntimeError):
-    """The ALFWorld worker process died, timed out or failed; the episode is lost, the env is not."""
-
-
-# ---- worker process ------------------------------------------------------------------------------
-
-def _memory_mb() -> dict[str, float]:
-    """This process's memory in MB from one read of Linux's ``/proc/self/status``: ``rss_mb``, the
-    peak resident size (``VmHWM``, which starts afresh at exec; ``ru_maxrss`` does not: a worker forked
-    from a 4 GB trainer would report 4 GB, so it is only the fallback where ``/proc`` is missing) and
-    ``vm_mb``, the address space now (``VmSize``: what ``RLIMIT_AS`` caps; 0 without ``/proc``)."""
-    found: dict[str, float] = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(("VmHWM:", "VmSize:")):
-                    found[line[:line.index(":")]] = int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    if "VmHWM" not in found:
-        import resource
-        found["VmHWM"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    return {"rss_mb": found["VmHWM"], "vm_mb": found.get("VmSize", 0.0)}
-
-
-def _worker_main(memory_mb: int) -> None:
-    """Worker loop (``python -m crl_bench.envs.alfworld.worker --worker``): owns one TextWorld game at a time.
-
-    Protocol: one JSON object per line on stdin, ``["reset", gamefile]``, ``["step", command]`` or
-    ``["close"]``; one JSON line back on the original stdout, ``["ok", payload]`` or
-    ``["error", message]``. Anything the libraries print goes to stderr (fd 1 is pointed there), so it
-    cannot corrupt the protocol. Payload: ``{"obs": str, "admissible": list[str], "won": bool,
-    "done": bool, "rss_mb": float, "vm_mb": float}`` (peak resident memory, address space now); the
-    first line is ``["ok", {"pid": int, "rss_mb": float, "vm_mb": float}]``.
-    """
-    import json
-    import sys
-
-    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def send(*msg: Any) -> None:
-        out.write(json.dumps(msg) + "\n")
-        out.flush()
-
-    if memory_mb > 0:
-        import resource
-        limit = int(memory_mb) << 20
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    try:
-        import textworld
-        import textworld.gym
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises a clear error
-        send("error", f"cannot import ALFWorld ({type(e).__name__}: {e}); "
-                      f"install the extra: pip install 'crl-bench[alfworld]'")
-        return
-    send("ok", {"pid": os.getpid(), **_memory_mb()})
-    env, loaded = None, None
-    request = textworld.EnvInfos(won=True, admissible_commands=True)
-    for line in sys.stdin:
-        try:
-            msg = json.loads(line)
-            cmd = msg[0]
-            if cmd == "close":
-                break
-            if cmd == "reset":
-                gamefile = msg[1]
-                if gamefile != loaded:
-                    if env is not None:
-                        env.close()
-                    env_id = textworld.gym.register_game(
-                        gamefile, request, max_episode_steps=1_000_000,
-                        wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
-                    env, loaded = textworld.gym.make(env_id), gamefile
-                obs, infos = env.reset()
-                done = False
-            elif cmd == "step":
-                if env is None:
-                    raise RuntimeError("step before reset")
-                obs, _score, done, infos = env.step(msg[1])
-            else:
-                raise ValueError(f"unknown worker command {cmd!r}")
-            send("ok", {"obs": obs, "admissible": list(infos["admissible_commands"]),
-                        "won": bool(infos["won"]), "done": bool(done), **_memory_mb()})
-        except MemoryError:
-            send("error", f"MemoryError: the worker hit its {memory_mb} MB limit")
-            break
-        except Exception as e:  # noqa: BLE001 - one bad request fails the episode, not the worker
-            send("error", f"{type(e).__name__}: {e}")
-    if env is not None:
-        env.close()
-
-
-class _Worker:
-    """Parent-side handle of one worker process: a fresh interpreter (``subprocess``), so it shares
-    no state with the trainer and works from scripts, notebooks and tests alike."""
-
-    def __init__(self, memory_mb: int, start_timeout_s: float) -> None:
-        import subprocess
-        import sys
-        import tempfile
-
-        self.log = tempfile.TemporaryFile(mode="w+b")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "crl_bench.envs.alfworld.worker", "--worker", "--memory-mb", str(memory_mb)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, close_fds=True)
-        status, payload = self.recv(start_timeout_s)
-        if status != "ok":
-            self.kill()
-            raise EnvWorkerError(payload)
-        self.pid: int = payload["pid"]
-        self.rss_mb: float = payload["rss_mb"]
-        self.vm_mb: float = payload.get("vm_mb", 0.0)
-
-    def _log_tail(self, n: int = 600) -> str:
-        try:
-            self.log.seek(0, os.SEEK_END)
-            size = self.log.tell()
-            self.log.seek(max(0, size - n))
-            tail = self.log.read().decode("utf-8", "replace").strip()
-            return f"; its last output: ...{tail}" if tail else ""
-        except (OSError, ValueError):
-            return ""
-
-    def send(self, *msg: Any) -> None:
-        import json
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError) as e:
-            code = self.proc.poll()
-            raise EnvWorkerError(f"ALFWorld worker {self.proc.pid} died (exit code {code}; {e})"
-                                 f"{self._log_tail()}") from e
-
-    def recv(self, timeout_s: float) -> tuple[str, Any]:
-        import json
-        import select
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
-        if not ready:
-            raise EnvWorkerError(f"ALFWorld worker {self.proc.pid} did not answer in {timeout_s:.0f} s")
-        line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait(timeout=5)
-            raise EnvWorkerError(f"ALFWorld worker {self.proc.pid} died (exit code {code})"
-                                 f"{self._log_tail()}")
-        status, payload = json.loads(line)
-        return status, payload
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def close(self) -> None:
-        if self.alive():
-            try:
-                self.send("close")
-                self.proc.wait(timeout=5)
-            except Exception:  # noqa: BLE001 - killed below either way
-                pass
-        self.kill()
-
-    def kill(self) -> None:
-        if self.alive():
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=5)
-        except Exception:  # noqa: BLE001 - best effort on a worker being killed anyway
-            pass
-        for f in (self.proc.stdin, self.proc.stdout, self.log):
-            try:
-                if f is not None:
-                    f.close()
-            except OSError:
-                pass
 
 
 # ---- the env -------------------------------------------------------------------------------------
@@ -320,18 +143,18 @@ class AlfWorldEnv(TextEnv):
         self.timeout_s = float(timeout_s)
         self.restarts = 0
         self.recycles = 0
-        self._worker: _Worker | None = None
+        self._worker: Worker | None = None
         self._room = ""
         self._goal = ""
         self._admissible: list[str] = []
         self._rss_mb = 0.0
 
     # ---- worker management ------------------------------------------------------------------------
-    def _ensure_worker(self) -> _Worker:
+    def _ensure_worker(self) -> Worker:
         if self._worker is not None and not self._worker.alive():
             self._drop_worker()
         if self._worker is None:
-            self._worker = _Worker(self.memory_mb, self.timeout_s)
+            self._worker = Worker(self.memory_mb, self.timeout_s)
             self._rss_mb = self._worker.rss_mb
         return self._worker
 

@@ -98,20 +98,21 @@ def build_seen_list(games_root: Path, out: Path, memory_mb: int = 1024, timeout_
         FileNotFoundError: no ``valid_seen`` game under ``games_root``.
         RuntimeError: a game states no goal at reset, or its walkthrough does not win it.
     """
-    from .env import _TASK_RE, RECYCLE_FRACTION, EnvWorkerError, _Worker
+    from .env import _TASK_RE, RECYCLE_FRACTION
+    from .process import EnvWorkerError, Worker
 
     folder = Path(games_root) / ALFWORLD_ROOT / ALFWORLD_GAME_FOLDERS["eval_seen"]
     games = sorted(folder.glob("*/*/game.tw-pddl"))
     if not games:
         raise FileNotFoundError(f"no valid_seen game under {folder}")
     rows = []
-    worker = _Worker(memory_mb, timeout_s)
+    worker = Worker(memory_mb, timeout_s)
     try:
         for i, game in enumerate(games):
             desc = game.parent.relative_to(folder).as_posix()
             if worker.vm_mb > RECYCLE_FRACTION * memory_mb:     # as the env does between episodes
                 worker.close()
-                worker = _Worker(memory_mb, timeout_s)
+                worker = Worker(memory_mb, timeout_s)
             worker.send("reset", str(game))
             status, payload = worker.recv(timeout_s)
             if status != "ok":

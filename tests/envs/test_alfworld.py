@@ -178,6 +178,57 @@ def test_killed_worker_fails_the_episode_and_is_replaced(env):
     assert info["success"]
 
 
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_workers_are_forked_from_one_launcher_which_is_replaced_when_it_dies():
+    """Every worker of a process is a child of its one launcher (which did TextWorld's imports once);
+    a killed launcher is replaced at the next worker start, and the workers it forked play on."""
+    from crl_bench.envs.alfworld import process
+
+    a, b = process.Worker(1024, 120), process.Worker(1024, 120)
+    try:
+        launcher = process.launcher_pid()
+        assert launcher is not None and _parent_pid(a.pid) == _parent_pid(b.pid) == launcher
+        assert a.pid != b.pid and 0 < a.rss_mb < 1024 and 0 < a.vm_mb < 1024
+        os.kill(launcher, signal.SIGKILL)
+        c = process.Worker(1024, 120)
+        try:
+            assert process.launcher_pid() not in (None, launcher) and _parent_pid(c.pid) == process.launcher_pid()
+        finally:
+            c.close()
+        e = AlfWorldEnv()
+        a.send("reset", e.gamefile(EVAL_OFFSET))
+        status, payload = a.recv(120)
+        assert status == "ok" and payload["admissible"] and a.alive()
+    finally:
+        a.close()
+        b.close()
+    assert not a.alive() and not b.alive()
+
+
+def test_the_launcher_and_its_workers_end_with_the_process_that_started_them(tmp_path):
+    """A trainer that dies leaves no ALFWorld process behind: the launcher and every worker read
+    end-of-file on their sockets and exit."""
+    import subprocess
+    import sys
+    import time
+
+    script = ("import os, signal; from crl_bench.envs.alfworld import process\n"
+              "w = process.Worker(1024, 120)\n"
+              "print(process.launcher_pid(), w.pid, flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    pids = [int(x) for x in out.stdout.split()]
+    assert len(pids) == 2, out.stderr
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
 def test_rollout_marks_a_crashed_episode_failed_and_goes_on(tokenizer, tiny_model):
     from crl_bench.llm.base import SamplingParams
     from crl_bench.llm.hf_engine import HFEngine

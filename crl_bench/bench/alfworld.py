@@ -27,6 +27,39 @@ def _pct(xs: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
+def worker_start_ms(forked: int = 8, fresh: int = 2) -> dict[str, float]:
+    """Median milliseconds from asking for an ALFWorld worker to its first answer, both ways side by
+    side: ``fresh``, a new interpreter that imports TextWorld and ALFWorld first (what every worker
+    cost before workers were forked; measured as a new launcher and its first worker), and
+    ``forked``, a worker forked from this process's running launcher
+    (:mod:`crl_bench.envs.alfworld.process`). Raises ``EnvWorkerError`` when ALFWorld cannot start."""
+    from crl_bench.envs.alfworld import process
+
+    process.Worker(0, 120).close()                          # the running launcher: not timed
+    fresh_ms, forked_ms = [], []
+    for _ in range(fresh):
+        t0 = time.perf_counter()
+        launcher = process._Launcher()
+        try:
+            _pid, sock, log = launcher.spawn(0, 120)
+            with sock, log, sock.makefile("rb") as f:
+                if not f.readline():
+                    raise process.EnvWorkerError(f"a fresh ALFWorld worker died{process._tail(log)}")
+                fresh_ms.append(1e3 * (time.perf_counter() - t0))
+        finally:
+            launcher.close()
+    workers = []
+    try:
+        for _ in range(forked):
+            t0 = time.perf_counter()
+            workers.append(process.Worker(0, 120))
+            forked_ms.append(1e3 * (time.perf_counter() - t0))
+    finally:
+        for w in workers:
+            w.close()
+    return {"fresh": statistics.median(fresh_ms), "forked": statistics.median(forked_ms)}
+
+
 def _run_episodes(envs: list, tasks: list[int], walkthroughs: dict[int, list[str]]) -> tuple[float, int, int]:
     """Run ``tasks`` over ``envs`` in waves of ``len(envs)``; returns (wall seconds, successes, steps)."""
     t0 = time.perf_counter()
@@ -55,7 +88,7 @@ def _run_episodes(envs: list, tasks: list[int], walkthroughs: dict[int, list[str
 
 
 def bench_alfworld(workers: int = 2, episodes: int = 8, resets: int = 6, split: str = "eval",
-                   env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+                   env_kwargs: dict[str, Any] | None = None, fresh_starts: int = 2) -> dict[str, Any]:
     """Measure the ALFWorld env (see the module docstring).
 
     Args:
@@ -64,9 +97,11 @@ def bench_alfworld(workers: int = 2, episodes: int = 8, resets: int = 6, split: 
         resets: timed resets for the latency figures (distinct tasks).
         split: task split to draw from.
         env_kwargs: settings for :func:`make_env` (e.g. ``data_dir``).
+        fresh_starts: fresh-interpreter worker starts timed by :func:`worker_start_ms` (8 forked ones).
 
     Returns:
-        ``reset_ms`` / ``step_ms`` (p50, p95, mean), ``worker_rss_mb`` (peak resident memory of a
+        ``reset_ms`` / ``step_ms`` (p50, p95, mean), ``worker_start_ms`` (:func:`worker_start_ms`),
+        ``worker_rss_mb`` (peak resident memory of a
         worker), ``episodes_per_min`` for 1 and N workers, ``speedup`` (N over 1), ``successes`` per
         arm (every replayed walkthrough should win), ``workers``, ``episodes``.
 
@@ -100,7 +135,9 @@ def bench_alfworld(workers: int = 2, episodes: int = 8, resets: int = 6, split: 
         one_s, one_wins, one_steps = _run_episodes(envs[:1], tasks, walk)
         n_s, n_wins, n_steps = _run_episodes(envs, tasks, walk)
         rss = max(env.worker_rss_mb for env in envs)
+        start = worker_start_ms(fresh=fresh_starts)
         return {
+            "worker_start_ms": start,
             "workers": workers, "episodes": len(tasks), "split": split,
             "reset_ms": {"p50": _pct(reset_ms, 0.5), "p95": _pct(reset_ms, 0.95),
                          "mean": statistics.fmean(reset_ms)},
@@ -127,6 +164,8 @@ def format_result(r: dict[str, Any]) -> str:
         f"step latency   p50 {r['step_ms']['p50']:8.1f} ms   p95 {r['step_ms']['p95']:8.1f} ms   "
         f"mean {r['step_ms']['mean']:8.1f} ms",
         f"worker peak resident memory {r['worker_rss_mb']:.0f} MB",
+        f"worker start   fresh interpreter {r['worker_start_ms']['fresh']:8.1f} ms   forked from the launcher "
+        f"{r['worker_start_ms']['forked']:6.1f} ms (medians)",
         f"episodes/min   1 worker {r['episodes_per_min']['1']:7.1f}   {n} workers "
         f"{r['episodes_per_min'][n]:7.1f}   ratio {r['speedup']:.2f}x",
         f"successes      1 worker {r['successes']['1']}/{r['episodes']}   {n} workers "

@@ -451,10 +451,12 @@ def test_a_tampered_game_is_rejected(tmp_path):
 def test_bench_alfworld_smoke():
     from crl_bench.bench.alfworld import bench_alfworld, format_result
 
-    r = bench_alfworld(workers=2, episodes=2, resets=1)
+    r = bench_alfworld(workers=2, episodes=2, resets=1, fresh_starts=1)
     assert r["successes"] == {"1": 2, "2": 2}
     assert r["reset_ms"]["p50"] > 0 and r["step_ms"]["p50"] > 0 and r["worker_rss_mb"] > 0
+    assert r["worker_start_ms"]["fresh"] > 0 and r["worker_start_ms"]["forked"] > 0
     assert r["episodes_per_min"]["2"] > 0 and "episodes/min" in format_result(r)
+    assert "forked from the launcher" in format_result(r)
 
 
 def test_raw_simulator_replays_a_walkthrough(env):

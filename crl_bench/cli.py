@@ -34,6 +34,7 @@ from crl_bench import commands
 from crl_bench.config import ConfigError
 from crl_bench.data import ChecksumError, DataInvalidError, DataMissingError
 from crl_bench.env_api import EnvUnavailableError
+from crl_bench.llm import lean_imports
 from crl_bench.llm.default_model import ModelNotAvailable
 from crl_bench.results.run_folder import RunFolderError, is_storage_error
 
@@ -69,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     1; any other exception propagates with its traceback.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    lean_imports.install()          # this process is crl-bench's: transformers without scikit-learn
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -10,6 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from crl_bench.llm import lean_imports
+
+# the test session is crl-bench's own process, as the CLI is: transformers without scikit-learn
+lean_imports.install()
+
 # Benchmark data (ALFWorld, WebShop, SWE-bench) comes from ../shared/data beside the project root unless
 # CRL_BENCH_DATA already names a data dir (README "Data").
 os.environ.setdefault("CRL_BENCH_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))

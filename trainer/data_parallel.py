@@ -160,6 +160,9 @@ class TrainWorker:
     """
 
     def __init__(self, rank: int, world_size: int, threads: int) -> None:
+        from crl_bench.llm import lean_imports
+
+        lean_imports.install()      # before setup's model unpickles transformers (a rank is crl-bench's process)
         self.rank, self.world = int(rank), int(world_size)
         torch.set_num_threads(max(1, int(threads)))
         self.updater: PolicyUpdater | None = None

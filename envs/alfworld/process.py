@@ -320,10 +320,13 @@ class Worker:
             except OSError:
                 self._pidfd = None      # already gone: the handshake below reports it
         self.rfile = self.sock.makefile("rb")
-        status, payload = self.recv(start_timeout_s)
-        if status != "ok":
-            self.kill()
-            raise EnvWorkerError(payload)
+        try:
+            status, payload = self.recv(start_timeout_s)
+            if status != "ok":
+                raise EnvWorkerError(payload)
+        except BaseException:
+            self.kill()                 # nothing of a worker that failed to start is kept
+            raise
         self.rss_mb: float = payload["rss_mb"]
         self.vm_mb: float = payload.get("vm_mb", 0.0)
 

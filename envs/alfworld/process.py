@@ -57,8 +57,8 @@ def _import_alfworld() -> str | None:
     """Import TextWorld and ALFWorld's wrappers; ``None``, or the error to report to the parent."""
     try:
         import textworld
-        import textworld.gym  # noqa: F401
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos  # noqa: F401
+        import textworld.gym  # noqa: F401 - imported to be loaded (the worker uses it after the fork)
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos  # noqa: F401 - loaded
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises a clear error
         return (f"cannot import ALFWorld ({type(e).__name__}: {e}); "
                 f"install the extra: pip install 'crl-bench[alfworld]'")

@@ -404,6 +404,9 @@ class EngineHost:
     """
 
     def __init__(self, cfg: dict[str, Any], cpus: float = 1.0) -> None:
+        from crl_bench.llm import lean_imports
+
+        lean_imports.install()      # this Ray worker process is crl-bench's (crl_bench/llm/lean_imports.py)
         import torch
 
         from crl_bench.llm.hf_engine import HFEngine, load_model_and_tokenizer
@@ -531,6 +534,9 @@ class ManagerHost:
 
     def __init__(self, cfg: dict[str, Any], bank_path: str, initial_extractor: dict[str, Any] | None,
                  trains: bool, cpus: float = 1.0) -> None:
+        from crl_bench.llm import lean_imports
+
+        lean_imports.install()      # this Ray worker process is crl-bench's (crl_bench/llm/lean_imports.py)
         import torch
 
         from crl_bench.experience.manager import build_manager

@@ -12,9 +12,8 @@ that loads a model pays it: the CLI, each data-parallel rank, every cell of a sw
 
 :func:`install` makes transformers see no scikit-learn from the moment its ``import_utils`` module
 loads, in this process only. Only processes whose whole code crl-bench runs call it (the CLI's
-:func:`~crl_bench.cli.main`, the data-parallel ranks, the Ray engine and manager actors, the test session);
-a user's program that imports
-crl-bench as a library keeps transformers as it is.
+:func:`~crl_bench.cli.main`, the data-parallel ranks, the Ray engine and manager actors, the test
+session); a user's program that imports crl-bench as a library keeps transformers as it is.
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ class _Launcher:
                 socket.send_fds(self.control, [request], [theirs.fileno(), log.fileno()])
             except OSError as e:
                 raise _LauncherGone(f"the ALFWorld launcher {self.proc.pid} is gone ({e}){_tail(self.log)}") from e
-            ready, _, _ = select.select([self.control], [], [], timeout_s)
+            ready = _readable(self.control, timeout_s)
             try:
                 line = self.rfile.readline() if ready else None
             except OSError:
@@ -287,6 +287,14 @@ def launcher_pid() -> int | None:
     return _launcher.proc.pid if _launcher is not None and _launcher.alive() else None
 
 
+def _readable(f: Any, timeout_s: float) -> bool:
+    """Whether ``f`` (a descriptor or an object with ``fileno()``) has data or end-of-file within
+    ``timeout_s`` seconds; ``poll``, not ``select``, which fails on descriptors past 1024."""
+    poller = select.poll()
+    poller.register(f, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout_s) * 1000.0))
+
+
 def _tail(log: Any, n: int = 600) -> str:
     try:
         log.seek(0, os.SEEK_END)
@@ -337,8 +345,7 @@ class Worker:
             raise EnvWorkerError(f"ALFWorld worker {self.pid} died ({e}){_tail(self.log)}") from e
 
     def recv(self, timeout_s: float) -> tuple[str, Any]:
-        ready, _, _ = select.select([self.sock], [], [], timeout_s)
-        if not ready:
+        if not _readable(self.sock, timeout_s):
             raise EnvWorkerError(f"ALFWorld worker {self.pid} did not answer in {timeout_s:.0f} s")
         try:
             line = self.rfile.readline()
@@ -353,8 +360,7 @@ class Worker:
         if self._killed:
             return False
         if self._pidfd is not None:
-            ready, _, _ = select.select([self._pidfd], [], [], 0)     # readable once it has exited
-            return not ready
+            return not _readable(self._pidfd, 0)                    # readable once it has exited
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -367,7 +373,7 @@ class Worker:
         if self.alive():
             try:
                 self.send("close")
-                select.select([self.sock], [], [], 5)         # end-of-file once it has returned
+                _readable(self.sock, 5)                             # end-of-file once it has returned
             except Exception:  # noqa: BLE001 - killed below either way
                 pass
         self.kill()
@@ -377,7 +383,7 @@ class Worker:
             try:
                 if self._pidfd is not None:
                     signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-                    select.select([self._pidfd], [], [], 5)     # readable once it has exited
+                    _readable(self._pidfd, 5)                       # readable once it has exited
                 else:
                     os.kill(self.pid, signal.SIGKILL)
             except OSError:

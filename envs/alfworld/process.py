@@ -75,7 +75,8 @@ def worker_main(channel: socket.socket, memory_limit_mb: int) -> None:
     "admissible": list[str], "won": bool, "done": bool, "rss_mb": float, "vm_mb": float}`` (peak
     resident memory, address space now); the first line is ``["ok", {"pid": int, "rss_mb": float,
     "vm_mb": float}]``. The address space is capped at ``memory_limit_mb`` (``RLIMIT_AS``; 0 = no cap).
-    Returns at ``close`` or when the env's end of ``channel`` closes.
+    Returns at ``close`` or when the env's end of ``channel`` closes. Runs in a child of
+    :func:`launcher_main`, which has imported TextWorld and ALFWorld.
     """
     rfile = channel.makefile("rb")
 
@@ -86,10 +87,7 @@ def worker_main(channel: socket.socket, memory_limit_mb: int) -> None:
         import resource
         limit = int(memory_limit_mb) << 20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    error = _import_alfworld()
-    if error is not None:
-        send("error", error)
-        return
+    # loaded already: the launcher forks a worker only after these imports succeeded
     import textworld
     import textworld.gym
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from annotated_types import Ge, Gt, Interval
 
+from crl_bench.config_devices import DevicesConfig, validate_devices
 from crl_bench.config_eval import AlarmConfig, EvalConfig, EvalControl
 from crl_bench.config_io import (
     CONFIG_MAX_ALIASES,
@@ -44,9 +45,9 @@ from crl_bench.profiles import check_eval_protocol
 from crl_bench.prompts import Placement, PromptLayout
 
 __all__ = ["CONFIG_MAX_ALIASES", "CONFIG_MAX_BYTES", "LOGGING_BACKENDS", "NAME_PATTERN", "RENAMED_KEYS", "WANDB_MODES",
-           "AlarmConfig", "ConfigError", "EvalConfig", "EvalControl", "ExperienceConfig", "ExtractorConfig",
-           "GenerationConfig", "LoggingConfig", "ModelConfig", "RayConfig", "RolloutConfig", "RunConfig",
-           "TrainConfig", "UtilityConfig", "build_config", "check_name", "list_presets", "load_yaml",
+           "AlarmConfig", "ConfigError", "DevicesConfig", "EvalConfig", "EvalControl", "ExperienceConfig",
+           "ExtractorConfig", "GenerationConfig", "LoggingConfig", "ModelConfig", "RayConfig", "RolloutConfig",
+           "RunConfig", "TrainConfig", "UtilityConfig", "build_config", "check_name", "list_presets", "load_yaml",
            "merge_into", "parse_override", "preset_data", "validate"]
 
 # The allowed values of the choice keys acted on in this package's trainer or by several modules; a
@@ -607,6 +608,8 @@ class RunConfig:
     """``local`` (one process, threads) or ``ray`` (env, engine and manager actors; docs/scaling.md)."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Section :class:`RayConfig`: the Ray backend."""
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    """Section :class:`~crl_bench.config_devices.DevicesConfig`: which GPUs each role uses."""
     output_dir: str = "results/runs"
     """Folder the run folder is made in."""
     run_id: str = ""
@@ -661,6 +664,7 @@ def validate(cfg: RunConfig) -> None:
                       "one task repeat each other (unless the env is stochastic), so groups give no learning "
                       "signal", UserWarning, stacklevel=2)
     _validate_logging(cfg.logging)
+    validate_devices(cfg)
     if cfg.train.logprob_temperature == "raw" and not cfg.train.recompute_old_logprobs:
         raise ConfigError("train.logprob_temperature=raw needs train.recompute_old_logprobs=true: the behaviour "
                           "log-probs of the sampler are of the tempered distribution, the trainer's of the raw one")

@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import re
 import textwrap
 import types
 import typing
@@ -157,11 +158,13 @@ def check_value(value: Any, tp: Any, key: str) -> Any:
             return value
         raise ConfigError(f"{key}: expected a mapping, got {value!r}")
     if tp is list or origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
         if isinstance(value, str):            # --set eval.controls=shuffled,empty
             value = [v.strip() for v in value.split(",") if v.strip()]
+            if item is int:                   # --set devices.actor_train=2,3
+                value = [int(v) if re.fullmatch(r"-?\d+", v) else v for v in value]
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
-        (item,) = typing.get_args(tp) or (Any,)
         return [check_value(v, item, key) for v in value]
     return value
 

@@ -69,7 +69,11 @@ if [ "$engine" = vllm ]; then
 fi
 
 run_dir=$(mktemp -d)
-part paper-smoke 300 "${crl[@]}" run --method grpo --preset paper --mix sokoban --quiet \
+# the paper preset places its roles on 8 GPUs (devices); on this one GPU everything goes back to the driver
+one_gpu=(--set devices.driver=cuda --set "devices.actor_engine=[]" --set "devices.extractor_engine=[]"
+         --set "devices.actor_train=[]" --set "devices.extractor_train=[]" --set train.workers=1
+         --set generation.vllm_gpu_memory_utilization=0.5)
+part paper-smoke 300 "${crl[@]}" run --method grpo --preset paper --mix sokoban --quiet "${one_gpu[@]}" \
   --output-dir "$run_dir" --run-id gpu-check \
   --set train.steps=2 --set train.groups_per_step=4 --set train.group_size=8 \
   --set train.save_checkpoint=false --set train.checkpoint_every=0 --set rollout.max_steps=8 \

@@ -75,6 +75,7 @@ from crl_bench.trainer.policy import (
     recomputed,
     response_logprobs,
 )
+from crl_bench.trainer.rank_placement import rank_placement, release, reserve, scheduling
 
 __all__ = ["SHARDINGS", "DataParallelUpdater", "MicroBatch", "TrainWorker", "allreduce_sum_hook"]
 
@@ -157,13 +158,16 @@ class TrainWorker:
         rank: this worker's rank in ``[0, world_size)``.
         world_size: number of workers.
         threads: torch CPU threads of this worker.
+        gpu: with NCCL, the CUDA device index of this rank (trainer/rank_placement.py); ``None``: device 0 of
+            what Ray made visible to it.
     """
 
-    def __init__(self, rank: int, world_size: int, threads: int) -> None:
+    def __init__(self, rank: int, world_size: int, threads: int, gpu: int | None = None) -> None:
         from crl_bench.llm import lean_imports
 
         lean_imports.install()      # before setup's model unpickles transformers (a rank is crl-bench's process)
         self.rank, self.world = int(rank), int(world_size)
+        self.gpu = gpu
         torch.set_num_threads(max(1, int(threads)))
         self.updater: PolicyUpdater | None = None
 
@@ -198,7 +202,7 @@ class TrainWorker:
         self.spec = spec
         self.sharding = spec["sharding"]
         cuda = spec["backend"] == "nccl"
-        self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+        self.device = torch.device("cuda", self.gpu or 0) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(self.device)
         dist.init_process_group(spec["backend"], init_method=f"tcp://{address}:{port}", rank=self.rank,
@@ -552,6 +556,10 @@ class DataParallelUpdater(PolicyUpdater):
             workers share CPUs with other actors (e.g. the extractor's workers beside the actor's).
         timeout_s: process-group timeout (seconds): a collective that waits longer raises; also the
             longest the driver waits for the workers without progress (``TimeoutError``).
+        gpus: with CUDA, each rank's GPU (one per rank, as this process numbers them), reserved in a Ray
+            placement group (trainer/rank_placement.py); ``None``: Ray picks one whole GPU per rank.
+        gpu_fraction: the share of its GPU each rank declares to Ray with ``gpus`` (0.5 where two updaters'
+            ranks share the GPUs).
 
     Attributes ``optimizer`` and ``scheduler`` are stand-ins (``state_dict`` / ``load_state_dict`` on
     the workers' objects); ``rng`` is the driver's shuffling generator as in :class:`PolicyUpdater`;
@@ -572,7 +580,8 @@ class DataParallelUpdater(PolicyUpdater):
                  scheduler: Any = None, workers: int = 2, sharding: str = "ddp", threads: int | None = None,
                  scheduler_factory: Callable[[torch.optim.Optimizer], Any] | None = None,
                  model_factory: Callable[[], Any] | None = None, num_cpus: float | None = None,
-                 timeout_s: float = 1800.0, **updater_kwargs: Any) -> None:
+                 timeout_s: float = 1800.0, gpus: Sequence[int] | None = None, gpu_fraction: float = 1.0,
+                 **updater_kwargs: Any) -> None:
         import ray
 
         if workers < 1:
@@ -609,10 +618,16 @@ class DataParallelUpdater(PolicyUpdater):
                      include_dashboard=False, log_to_driver=False)
         self._timeout = float(timeout_s)
         cpus = float(num_cpus) if num_cpus is not None else float(self.threads)
-        need = {"CPU": cpus * self.workers, "GPU": float(self.workers) if cuda else 0.0}
-        _wait_for_resources(need, min(self._timeout, 60.0))
-        actor = ray.remote(TrainWorker).options(num_cpus=cpus, num_gpus=1 if cuda else 0)
-        self._actors = [actor.remote(r, self.workers, self.threads) for r in range(self.workers)]
+        placement = rank_placement(self.workers, cpus, cuda, gpus, gpu_fraction)
+        self._group = None
+        if placement.bundles:
+            self._group = reserve(placement, min(self._timeout, 60.0))
+        else:
+            need = {"CPU": cpus * self.workers, "GPU": float(self.workers) if cuda else 0.0}
+            _wait_for_resources(need, min(self._timeout, 60.0))
+        actor = ray.remote(TrainWorker)
+        self._actors = [actor.options(**placement.options, **scheduling(self._group, r))
+                        .remote(r, self.workers, self.threads, placement.gpus[r]) for r in range(self.workers)]
         try:
             address, port = ray.get(self._actors[0].address.remote(), timeout=self._timeout)
             spec = {"backend": self.backend, "sharding": sharding, "timeout_s": self._timeout,
@@ -762,6 +777,8 @@ class DataParallelUpdater(PolicyUpdater):
             pass
         for a in actors:
             ray.kill(a)
+        group, self._group = getattr(self, "_group", None), None
+        release(group)
 
     def __enter__(self) -> DataParallelUpdater:
         return self

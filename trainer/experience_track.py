@@ -189,7 +189,8 @@ class ExperienceTrack:
             params = [p for p in self.model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=xc.lr, weight_decay=0.0)
             self.updater = make_updater(
-                cfg, self.model, opt, pad_id=self.tokenizer.pad_token_id, micro_batch_size=xc.micro_batch_size,
+                cfg, self.model, opt, role="extractor", pad_id=self.tokenizer.pad_token_id,
+                micro_batch_size=xc.micro_batch_size,
                 micro_batch_tokens=cfg.train.micro_batch_tokens,
                 max_grad_norm=cfg.train.max_grad_norm,
                 temperature=logprob_temperature(cfg, xc.temperature), loss_fn=cispo_loss,
@@ -210,9 +211,10 @@ class ExperienceTrack:
             base = actor_model.get_base_model() if hasattr(actor_model, "get_base_model") else actor_model
             model, tok = copy.deepcopy(base), actor_tokenizer       # separate weights, same starting point
         else:
+            from crl_bench.config_devices import driver_device
             from crl_bench.llm.hf_engine import load_model_and_tokenizer
 
-            model, tok = load_model_and_tokenizer(xc.model, "float32")      # master weights
+            model, tok = load_model_and_tokenizer(xc.model, "float32", device=driver_device(self.cfg))  # master weights
         if self.cfg.model.gradient_checkpointing and hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         return model, tok

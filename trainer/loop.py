@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from crl_bench.config import RunConfig
+from crl_bench.config_devices import driver_device, placed
 from crl_bench.llm.base import SamplingParams
 from crl_bench.llm.gate import ComputeGate
 from crl_bench.llm.memory import PhasePeaks, rss_gb, trim_heap
@@ -148,7 +149,7 @@ class Trainer:
         elif model is None:
             from crl_bench.llm.hf_engine import load_model_and_tokenizer
             # trainable weights stay float32 (master weights); compute_dtype is what runs
-            model, tokenizer = load_model_and_tokenizer(cfg.model.name, "float32")
+            model, tokenizer = load_model_and_tokenizer(cfg.model.name, "float32", device=driver_device(cfg))
         self.tokenizer = tokenizer
         # the actor's generation and updates come first; distillation runs in their gaps
         self.gate = ComputeGate(min_gap_s=cfg.experience.distill_min_gap_s)
@@ -266,7 +267,7 @@ class Trainer:
         if g.engine == "vllm":
             from crl_bench.llm.vllm_engine import VLLMEngine
             return VLLMEngine.from_model(self.model, self.tokenizer, self.cfg.model, gen_cfg=g,
-                                         seed=self.cfg.train.seed)
+                                         seed=self.cfg.train.seed, gpus=placed(self.cfg.devices.actor_engine))
         from crl_bench.llm.hf_engine import HFEngine
         return HFEngine(self.model, self.tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
                         compute_dtype=self.compute_dtype, keep_sequences=self.cfg.rollout.prompt == "multiturn",

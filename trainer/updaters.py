@@ -26,12 +26,15 @@ def logprob_temperature(cfg: RunConfig, sampling_temperature: float) -> float:
     return float(sampling_temperature)
 
 
-def make_updater(cfg: RunConfig, model: Any, optimizer: torch.optim.Optimizer, **kwargs: Any) -> PolicyUpdater:
+def make_updater(cfg: RunConfig, model: Any, optimizer: torch.optim.Optimizer, role: str = "actor",
+                 **kwargs: Any) -> PolicyUpdater:
     """The policy updater of a run: :class:`~crl_bench.trainer.policy.PolicyUpdater` in this process,
     or with ``train.workers`` > 1 a :class:`~crl_bench.trainer.data_parallel.DataParallelUpdater`
     (``train.workers`` Ray actors forming one torch.distributed group, ``train.sharding`` ddp or fsdp,
     the process's torch threads split among them). Both take the same ``kwargs`` (PolicyUpdater's)
-    and give the same update; the actor's and the extractor's updater are both made here."""
+    and give the same update; the actor's and the extractor's updater are both made here. ``role``
+    (``actor`` or ``extractor``) picks the ranks' GPUs, ``devices.<role>_train``, on a CUDA machine: each rank
+    asks Ray for its share of its GPU (half where both updaters list that GPU)."""
     if cfg.train.workers <= 1:
         return PolicyUpdater(model, optimizer, **kwargs)
     import dataclasses
@@ -47,7 +50,12 @@ def make_updater(cfg: RunConfig, model: Any, optimizer: torch.optim.Optimizer, *
         updaters = 2 if cfg.method_spec.trains_extractor else 1
         need = cfg.train.workers * threads * updaters
         init_ray(dataclasses.replace(cfg.ray, num_cpus=cfg.ray.num_cpus or max(os.cpu_count() or 1, need)))
+    from crl_bench.config_devices import placed
+
+    d = cfg.devices
+    gpus = placed(getattr(d, f"{role}_train"))
+    both = set(d.actor_train) & set(d.extractor_train) and cfg.method_spec.trains_extractor
     return DataParallelUpdater(model, optimizer, **kwargs, workers=cfg.train.workers, sharding=cfg.train.sharding,
-                               threads=threads)
+                               threads=threads, gpus=gpus, gpu_fraction=0.5 if both else 1.0)
 
 

@@ -657,6 +657,7 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
         if cfg.extractor.engine == "vllm":
             import dataclasses
 
+            from crl_bench.config_devices import placed
             from crl_bench.llm.vllm_engine import VLLMEngine
 
             # out of process: a second vLLM engine beside the actor's, with its own engine core
@@ -667,7 +668,7 @@ def build_manager(cfg: Any, bank_path: Any, extractor_model: Any, tokenizer: Any
                                            gen_cfg=g, seed=cfg.train.seed, in_process=False,
                                            gpu_memory_utilization=x.vllm_gpu_memory_utilization,
                                            max_model_len=x.vllm_max_model_len, max_num_seqs=x.vllm_max_num_seqs,
-                                           sleep_mode=False)
+                                           sleep_mode=False, gpus=placed(cfg.devices.extractor_engine))
         else:
             engine = HFEngine(extractor_model, tokenizer, batch_size=g.batch_size, prefix_cache=g.prefix_cache,
                               compute_dtype=compute_dtype, cache_mb=g.cache_mb, gate=gate,

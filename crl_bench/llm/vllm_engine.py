@@ -348,6 +348,44 @@ def _env_default(name: str, value: str | None) -> Iterator[None]:
         os.environ.pop(name, None)
 
 
+def visible_devices(gpus: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a child process that should see exactly ``gpus``, given as this process sees
+    them (``cuda:N`` here: the N-th entry of this process's ``CUDA_VISIBLE_DEVICES`` when set).
+
+    Raises:
+        ValueError: a GPU this process does not see.
+    """
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if parent is None:
+        return ",".join(str(int(g)) for g in gpus)
+    entries = [e.strip() for e in parent.split(",") if e.strip()]
+    missing = [g for g in gpus if not 0 <= g < len(entries)]
+    if missing:
+        raise ValueError(f"GPU {missing[0]} is not visible to this process (CUDA_VISIBLE_DEVICES={parent!r})")
+    return ",".join(entries[g] for g in gpus)
+
+
+@contextmanager
+def _on_gpus(gpus: Sequence[int] | None) -> Iterator[None]:
+    """Inside the block, processes started see only ``gpus`` (``CUDA_VISIBLE_DEVICES``) and vLLM runs its engine
+    out of process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``); nothing changes with ``gpus`` ``None``. This process's
+    own CUDA devices are fixed when it first initialises CUDA, so the variables reach only the children."""
+    if not gpus:
+        yield
+        return
+    values = {"CUDA_VISIBLE_DEVICES": visible_devices(gpus), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _namespace_readable(module: Any) -> bool:
     """Whether every value in ``module``'s namespace that claims a ``__dict__`` has a real one (a dict)."""
     try:
@@ -462,24 +500,28 @@ class VLLMEngine:
         max_num_seqs: sequences vLLM schedules at once (``None``: vLLM's default).
         sleep_mode: build vLLM with ``enable_sleep_mode`` so that :meth:`sleep` frees its GPU memory (weights
             to host memory, KV cache dropped) while the trainer updates; GPU only.
+        gpus: the GPUs (as this process numbers them) the engine runs on, in its own process, tensor-parallel
+            over them (``tensor_parallel_size``; ``devices.actor_engine`` / ``devices.extractor_engine``);
+            ``None``: where ``in_process`` puts it (this process's device, or GPU 0 of its own process).
         llm: an already constructed ``vllm.LLM`` (or a stand-in with ``generate``, ``collective_rpc``
             and ``reset_prefix_cache``, and ``sleep`` / ``wake_up`` with ``sleep_mode``); when given,
             ``model_path``, ``gpu_memory_utilization``, ``seed``, ``in_process``, ``enforce_eager``,
-            ``kv_cache_gb``, ``max_model_len`` and ``max_num_seqs`` are not used, and vLLM need not be
+            ``kv_cache_gb``, ``max_model_len``, ``max_num_seqs`` and ``gpus`` are not used, and vLLM need not be
             installed.
 
     Raises:
         ImportError: vLLM is not installed (install the ``[vllm]`` extra) and ``llm`` is not given.
         ValueError: an unknown dtype, ``gpu_memory_utilization`` outside (0, 1], ``sync_chunk_mb < 1``,
             ``kv_cache_gb`` not positive, ``max_model_len`` or ``max_num_seqs`` below 1, ``sleep_mode`` on
-            vLLM's CPU backend.
+            vLLM's CPU backend, ``gpus`` repeated, negative or not visible to this process.
     """
 
     def __init__(self, model_path: str, tokenizer: Any, dtype: str = "bfloat16",
                  gpu_memory_utilization: float = 0.5, seed: int = 0, in_process: bool = True,
                  sync_chunk_mb: int = DEFAULT_SYNC_CHUNK_MB, enforce_eager: bool | None = None,
                  kv_cache_gb: float | None = None, max_model_len: int | None = None,
-                 max_num_seqs: int | None = None, sleep_mode: bool = False, llm: Any = None) -> None:
+                 max_num_seqs: int | None = None, sleep_mode: bool = False, gpus: Sequence[int] | None = None,
+                 llm: Any = None) -> None:
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
         if not 0 < gpu_memory_utilization <= 1:
@@ -491,6 +533,8 @@ class VLLMEngine:
         for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1 or None, got {value!r}")
+        if gpus is not None and (any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus)):
+            raise ValueError(f"gpus must be distinct GPU indices >= 0, got {list(gpus)!r}")
         if llm is None:
             if not vllm_available():
                 raise ImportError("generation.engine=vllm needs vLLM: install.sh with CRL_EXTRAS=vllm "
@@ -505,10 +549,13 @@ class VLLMEngine:
                       if v is not None}
             if sleep_mode:
                 limits["enable_sleep_mode"] = True
-            llm = _build_llm(model_path, dtype, gpu_memory_utilization, seed, in_process,
-                             enforce_eager=on_cpu if enforce_eager is None else bool(enforce_eager),
-                             kv_cache_bytes=None if kv_cache_gb is None else int(kv_cache_gb * 2**30),
-                             limits=limits)
+            if gpus and len(gpus) > 1:
+                limits["tensor_parallel_size"] = len(gpus)
+            with _on_gpus(gpus):
+                llm = _build_llm(model_path, dtype, gpu_memory_utilization, seed, in_process and not gpus,
+                                 enforce_eager=on_cpu if enforce_eager is None else bool(enforce_eager),
+                                 kv_cache_bytes=None if kv_cache_gb is None else int(kv_cache_gb * 2**30),
+                                 limits=limits)
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.sync_chunk_bytes = int(sync_chunk_mb) * 2**20

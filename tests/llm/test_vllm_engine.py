@@ -505,3 +505,37 @@ def test_the_rollout_caps_episodes_at_the_vllm_engines_length(tiny_model):
     cfg = build_config([{"generation": {"engine": "vllm", "vllm_max_model_len": 300}}])
     assert engine_context(cfg, tiny_model) == 300
     assert engine_context(build_config([]), tiny_model) == context_window(tiny_model)
+
+
+def test_an_engine_given_gpus_starts_out_of_process_on_exactly_those_tensor_parallel(tiny_model, tokenizer,
+                                                                                  monkeypatch):
+    import os
+
+    seen = []
+
+    def fake_build(model_path, dtype, gpu_memory_utilization, seed, in_process, enforce_eager, kv_cache_bytes,
+                   limits=None):
+        seen.append(dict(in_process=in_process, visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                         mp=os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"), **(limits or {})))
+        return _FakeLLM(_make_worker(copy.deepcopy(tiny_model)))
+
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_engine, "vllm_on_cpu", lambda: False)
+    monkeypatch.setattr(vllm_engine, "_build_llm", fake_build)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")      # a user's in-process setting does not pin it
+    VLLMEngine.from_model(tiny_model, tokenizer, ModelConfig(dtype="float32"), GenerationConfig(), gpus=[2, 3])
+    assert seen[-1] == dict(in_process=False, visible="2,3", mp="1", tensor_parallel_size=2)
+    # the variables are the engine process's only: this process's are as they were
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    # indices are this process's: under CUDA_VISIBLE_DEVICES=4,5,6 its GPU 1 is the machine's 5
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    VLLMEngine.from_model(tiny_model, tokenizer, ModelConfig(dtype="float32"), GenerationConfig(), gpus=[1])
+    assert seen[-1] == dict(in_process=False, visible="5", mp="1") and os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6"
+    with pytest.raises(ValueError, match="GPU 3 is not visible"):
+        VLLMEngine.from_model(tiny_model, tokenizer, ModelConfig(dtype="float32"), GenerationConfig(), gpus=[3])
+    with pytest.raises(ValueError, match="distinct GPU indices"):
+        VLLMEngine("unused", tokenizer, gpus=[1, 1])
+    # without gpus: where in_process puts it, nothing set
+    VLLMEngine.from_model(tiny_model, tokenizer, ModelConfig(dtype="float32"), GenerationConfig())
+    assert seen[-1] == dict(in_process=True, visible="4,5,6", mp="0")

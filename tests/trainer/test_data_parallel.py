@@ -12,12 +12,14 @@ averaged instead of summed (Adam's first steps are nearly scale invariant; SGD's
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
 
 from crl_bench.trainer.losses import cispo_loss
 from crl_bench.trainer.policy import PolicyUpdater, TokenSample, build_batch, sequence_logprobs
+from crl_bench.trainer.rank_placement import NOSET_VISIBLE_DEVICES, RankPlacement, release, reserve, scheduling
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("ray")          # one Ray cluster at a time (tests/test_ray_backend.py)
@@ -287,6 +289,31 @@ def test_not_enough_ray_cpus_is_an_error_not_a_hang(ray_session, tiny_model, tok
     opt = torch.optim.AdamW(tiny_model.parameters())
     with pytest.raises(RuntimeError, match="not enough free Ray resources"):
         DataParallelUpdater(tiny_model, opt, tokenizer.pad_token_id, workers=2, threads=1, num_cpus=64)
+
+
+@ray.remote
+class _Where:
+    """An actor that says which placement group it is in and whether Ray left its visible devices alone."""
+
+    def where(self):
+        ctx = ray.get_runtime_context()
+        return ctx.get_placement_group_id(), os.environ.get(NOSET_VISIBLE_DEVICES)
+
+
+def test_ranks_given_gpus_are_reserved_in_a_placement_group_each_in_its_bundle(ray_session):
+    # CPU bundles stand in for the GPU shares a CUDA machine reserves (trainer/rank_placement.py)
+    p = RankPlacement({"num_cpus": 0.25, "runtime_env": {"env_vars": {NOSET_VISIBLE_DEVICES: "1"}}},
+                      [None, None], [{"CPU": 0.25}, {"CPU": 0.25}])
+    group = reserve(p, timeout_s=600)          # bounds, not timings: a loaded machine starts workers slowly
+    try:
+        rank1 = _Where.options(**p.options, **scheduling(group, 1)).remote()
+        assert ray.get(rank1.where.remote(), timeout=600) == (group.id.hex(), "1")
+        ray.kill(rank1)
+    finally:
+        release(group)
+    assert scheduling(None, 0) == {} and reserve(RankPlacement({}, [None])) is None
+    with pytest.raises(RuntimeError, match=r"could not reserve .*'CPU': 64.0.* within 1 s"):
+        reserve(RankPlacement({"num_cpus": 64}, [None], [{"CPU": 64.0}]), timeout_s=1)
 
 
 @ray.remote(num_cpus=1)

@@ -34,9 +34,22 @@ def shapes():
     return ModelShape.from_config(_qwen25_7b(), "7b"), ModelShape.from_config(_qwen3_4b(), "4b")
 
 
+#: the paper preset with its roles unplaced, as crl-bench laid them out before ``devices``: everything on the
+#: driver's GPU 0, one-process updates, each engine at half a card
+UNPLACED = {"devices": {"driver": "cuda", "actor_engine": [], "extractor_engine": [], "actor_train": [],
+                        "extractor_train": []},
+            "train": {"workers": 1, "sharding": "ddp"},
+            "generation": {"vllm_gpu_memory_utilization": 0.5}, "extractor": {"vllm_gpu_memory_utilization": None}}
+
+
 def _paper(**layers):
-    return build_config([preset_data("paper"), {"method": "complementary", "generation": {"engine": "vllm"},
-                                                "extractor": {"engine": "vllm"}}, layers])
+    """The paper preset's complementary run, unplaced (:data:`UNPLACED`), with ``layers`` on top."""
+    return build_config([preset_data("paper"), {"method": "complementary"}, UNPLACED, layers])
+
+
+def _shipped(*layers):
+    """The paper preset's complementary run as shipped (its ``devices``), with ``layers`` on top."""
+    return build_config([preset_data("paper"), {"method": "complementary"}, *layers])
 
 
 def test_the_shapes_are_counted_from_the_configurations(shapes):
@@ -47,7 +60,7 @@ def test_the_shapes_are_counted_from_the_configurations(shapes):
     assert a.root_params == 2 * 152_064 * 3584 + 3584 and x.root_params == 151_936 * 2560 + 2560
 
 
-def test_todays_layout_of_the_paper_preset_is_refused_on_8_x_80_gb(shapes):
+def test_the_paper_preset_unplaced_is_refused_on_8_x_80_gb(shapes):
     plan = plan_memory(_paper(), 8, 79.6, *shapes)
     assert not plan.fits
     load = dict(plan.gpus[0]["load"])
@@ -82,15 +95,14 @@ def test_the_updaters_take_gpus_from_ray_without_the_drivers_and_compete(shapes)
 
 def test_vllm_refuses_a_context_its_share_cannot_hold(shapes):
     _, x = shapes
-    grpo = build_config([preset_data("paper"), {"method": "grpo", "generation": {"engine": "vllm",
-                                                                                 "vllm_max_model_len": None},
-                                                "rollout": {"max_context_tokens": 0}}])
+    grpo = build_config([preset_data("paper"), UNPLACED, {"method": "grpo", "generation": {"vllm_max_model_len": None},
+                                                          "rollout": {"max_context_tokens": 0}}])
     # the 4B-shaped model as the actor with its own 262,144 positions: 36 GiB of KV for one sequence,
     # 0.5 x 79.6 - 7.5 - 3 GiB of room
     plan = plan_memory(grpo, 1, 79.6, x)
     assert any("one sequence of 262,144 tokens needs 36.0 GiB" in p for p in plan.problems), plan.problems
-    capped = build_config([preset_data("paper"), {"method": "grpo", "generation": {"engine": "vllm",
-                                                  "vllm_max_model_len": 32_768}}])
+    capped = build_config([preset_data("paper"), UNPLACED, {"method": "grpo",
+                                                            "generation": {"vllm_max_model_len": 32_768}}])
     assert not any("KV cache" in p for p in plan_memory(capped, 1, 79.6, x).problems)
 
 
@@ -110,14 +122,74 @@ def test_crl_bench_plan_prints_the_budget_and_exits_3_when_it_does_not_fit(tmp_p
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config.to_dict()))
     argv = ["plan", "--method", "complementary", "--preset", "paper", "--model", str(tmp_path / "a"),
-            "--extractor-model", str(tmp_path / "x"), "--set", "generation.engine=vllm",
-            "--set", "extractor.engine=vllm"]
-    assert main(argv) == 3
+            "--extractor-model", str(tmp_path / "x")]
+    assert main(argv) == 0                          # the shipped layout on 8 x 80 GB
     out = capsys.readouterr().out
-    assert "7.62 B parameters" in out and "GPU 0, load: 123.0 / 79.6 GiB  OVER" in out
-    assert main(argv + ["--gpus", "1", "--gpu-memory-gib", "2000",
-                        "--set", "generation.vllm_gpu_memory_utilization=0.1",
-                        "--set", "extractor.vllm_gpu_memory_utilization=0.1"]) == 0
+    assert "7.62 B parameters" in out and "GPUs 2-7 (each), actor update: 72.8 / 79.6 GiB" in out
+    assert out.endswith("fits\n")
+    assert main(argv + ["--gpus", "4"]) == 3        # its ranks need GPUs 2-7
+    assert "devices.actor_train names GPU 4 and the machine has 4 (0 to 3)" in capsys.readouterr().out
+    unplaced = [f"--set=devices.{k}=[]" for k in ("actor_engine", "extractor_engine", "actor_train",
+                                                  "extractor_train")]
+    unplaced += ["--set", "devices.driver=cuda", "--set", "train.workers=1", "--set",
+                 "generation.vllm_gpu_memory_utilization=0.5", "--set", "extractor.vllm_gpu_memory_utilization=0.5"]
+    assert main(argv + unplaced) == 3
+    assert "GPU 0, load: 123.0 / 79.6 GiB  OVER" in capsys.readouterr().out
+    assert main(argv + unplaced + ["--gpus", "1", "--gpu-memory-gib", "2000",
+                                   "--set", "generation.vllm_gpu_memory_utilization=0.1",
+                                   "--set", "extractor.vllm_gpu_memory_utilization=0.1"]) == 0
+
+
+def test_the_shipped_paper_layout_fits_8_x_80_gb_and_says_where_each_role_is(shapes):
+    plan = plan_memory(_shipped(), 8, 79.6, *shapes)
+    assert plan.fits, plan.problems
+    # the driver keeps its float32 weights in host memory: no GPU holds them
+    assert not any("float32 weights" in label for by in plan.gpus.values() for items in by.values()
+                   for label, _ in items)
+    # GPU 0 the actor's engine alone, GPU 1 the extractor's, each at 0.9 of the card in every phase
+    for gpu, who in ((0, "actor"), (1, "extractor")):
+        assert {label for items in plan.gpus[gpu].values() for label, _ in items} == \
+            {f"{who} vLLM engine (0.9 of the card)"}
+        assert round(plan.total(gpu, "rollout"), 1) == 71.6
+    # GPUs 2-7: both updaters' ranks, six-way sharded; the actor's update is the peak
+    for gpu in range(2, 8):
+        update = dict(plan.gpus[gpu]["actor update"])
+        assert round(update["actor rank states (16 B/param, 1/6 sharded, root whole)"], 1) == 32.4
+        assert round(update["extractor rank states (16 B/param, 1/6 sharded, root whole)"], 1) == 14.8
+        assert round(update["actor rank log-probs (32,768 tokens)"], 1) == 19.4
+        assert round(plan.total(gpu, "actor update"), 1) == 72.8
+        # the extractor's micro-batches take the same token bound as the actor's (train.micro_batch_tokens)
+        assert "extractor rank log-probs (32,768 tokens)" in dict(plan.gpus[gpu]["extractor update"])
+    # on 40 GB cards the same layout is refused, GPU by GPU
+    small = plan_memory(_shipped(), 8, 39.6, *shapes)
+    assert not small.fits and any(p.startswith("GPU 0, load: the actor's vLLM engine has") or
+                                  p.startswith("GPU 2, actor update") for p in small.problems), small.problems
+
+
+def test_a_sleeping_engine_leaves_its_gpu_to_the_ranks_during_the_actor_update(shapes):
+    colocated = {"devices": {"actor_engine": [2]}, "generation": {"vllm_gpu_memory_utilization": 0.4,
+                                                                 "vllm_sleep": True}}
+    plan = plan_memory(_shipped(colocated), 8, 79.6, *shapes)
+    labels = {ph: [label for label, _ in items] for ph, items in plan.gpus[2].items()}
+    assert "actor vLLM engine (0.4 of the card)" in labels["rollout"]
+    assert "actor vLLM engine (0.4 of the card)" in labels["extractor update"]      # awake again after the sync
+    assert not any("vLLM" in label for label in labels["actor update"])
+    awake = plan_memory(_shipped(colocated, {"generation": {"vllm_sleep": False}}), 8, 79.6, *shapes)
+    assert any(p.startswith("GPU 2, actor update") for p in awake.problems), awake.problems
+
+
+def test_the_released_16_gpu_split_is_expressible(shapes):
+    # released: actor training and inference on GPUs 0-7, the extractor's vLLM on 8-15 (here with its ranks)
+    released = {"train": {"workers": 8},
+                "devices": {"actor_engine": list(range(8)), "actor_train": list(range(8)),
+                            "extractor_engine": list(range(8, 16)), "extractor_train": list(range(8, 16))},
+                "generation": {"vllm_gpu_memory_utilization": 0.6, "vllm_sleep": True},
+                "extractor": {"vllm_gpu_memory_utilization": 0.5}}
+    plan = plan_memory(_shipped(released), 16, 79.6, *shapes)
+    assert plan.fits, plan.problems
+    assert "actor vLLM engine (0.6 of the card, tensor parallel 8)" in dict(plan.gpus[5]["rollout"])
+    assert set(plan.gpus) == set(range(16))
+    assert not plan_memory(_shipped(released), 8, 79.6, *shapes).fits     # 8 GPUs do not have GPUs 8-15
 
 
 def test_run_refuses_a_layout_that_does_not_fit_before_loading(monkeypatch, tmp_path, tiny_model):

@@ -16,7 +16,9 @@
 #      the transformers engine on the same batch, weight sync included);
 #   6. the update's memory laws on CUDA (`crl-bench bench memory --device cuda --check`: chunked against
 #      full-vocabulary log-probs at Qwen2.5's vocabulary, autocast's weight-cast cache on against off under
-#      checkpointing), each asserted and extrapolated to Qwen2.5-7B; the measurements in memory-laws.json.
+#      checkpointing), each asserted and extrapolated to Qwen2.5-7B; the measurements in memory-laws.json;
+#   7. a data-parallel rank over NCCL placed on GPU 0 as `devices.actor_train` places a run's ranks
+#      (`crl-bench bench dp --gpus 0`): its device, its timing against the in-process update, the weights.
 # Each part is bounded by `timeout`; a part that fails is reported and the rest still run. The exit
 # status is the number of failed parts. Logs and the smoke's metrics go to OUT_DIR (default $OUT, else
 # ./gpu-check-out).
@@ -105,5 +107,9 @@ fi
 grep -E "tok/s|ratio|^(transformers|vllm|batched|sequential)" "$out/throughput.log" || true
 part memory-laws 180 "${crl[@]}" bench memory --device cuda --check --json "$out/memory-laws.json"
 cat "$out/memory-laws.log"
+# a data-parallel rank over NCCL on a listed GPU: placed in a Ray placement group with Ray kept off its
+# visible devices (devices.actor_train; trainer/rank_placement.py), one update against the in-process one
+part dp-placed 240 "${crl[@]}" bench dp --workers 1 --gpus 0 --repeats 2 --sequential
+grep -E "ranks on|workers:|weight difference" "$out/dp-placed.log" || true
 echo "== failed parts: $failed"
 exit "$failed"

@@ -75,7 +75,7 @@ from crl_bench.trainer.policy import (
     recomputed,
     response_logprobs,
 )
-from crl_bench.trainer.rank_placement import rank_placement, release, reserve, scheduling
+from crl_bench.trainer.rank_placement import rank_placement, release, reserve, scheduling, wait_for_resources
 
 __all__ = ["SHARDINGS", "DataParallelUpdater", "MicroBatch", "TrainWorker", "allreduce_sum_hook"]
 
@@ -448,6 +448,10 @@ class TrainWorker:
         self.updater.scheduler.load_state_dict(state)
         return float(self.updater.optimizer.param_groups[0]["lr"])
 
+    def where(self) -> str:
+        """This rank's device and the GPUs its process sees (``CUDA_VISIBLE_DEVICES``; ``all`` when unset)."""
+        return f"{self.device} (visible {os.environ.get('CUDA_VISIBLE_DEVICES', 'all')})"
+
     def close(self) -> None:
         """Leave the process group."""
         import torch.distributed as dist
@@ -493,42 +497,6 @@ class _RemoteScheduler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._owner._lr = self._owner._call("load_scheduler_state", state)
-
-
-def _wait_for_resources(need: dict[str, float], wait_s: float) -> None:
-    """Return once the Ray cluster has ``need`` (e.g. ``{"CPU": 2.0, "GPU": 0.0}``) free.
-
-    Ray releases a killed actor's CPUs a moment after ``ray.kill`` returns, so an updater built right
-    after another one closed may briefly see them held: free resources are polled for up to ``wait_s``
-    seconds. A cluster whose *total* is below ``need`` could never place the workers (Ray would wait
-    forever), so that is an error at once.
-
-    Raises:
-        RuntimeError: the cluster's total is short of ``need``, or ``need`` is not free after ``wait_s``
-            (other actors hold it); the message names each resource, needed and free.
-    """
-    import ray
-
-    from crl_bench.ray_backend import short_resources
-
-    def fail(missing: dict[str, tuple[float, float]], what: str, hint: str) -> RuntimeError:
-        return RuntimeError("not enough free Ray resources for the data-parallel workers: "
-                            + ", ".join(f"{k} needs {v:g}, {f:g} {what}" for k, (v, f) in missing.items())
-                            + f" ({hint})")
-
-    missing = short_resources(need, ray.cluster_resources())
-    if missing:
-        raise fail(missing, "in the cluster",
-                   "start Ray with more num_cpus, or pass num_cpus= a fraction per worker")
-    deadline = time.monotonic() + max(0.0, wait_s)
-    while True:
-        missing = short_resources(need, ray.available_resources())
-        if not missing:
-            return
-        if time.monotonic() >= deadline:
-            raise fail(missing, f"free after waiting {wait_s:g} s",
-                       "other actors hold them; close them, or pass num_cpus= a fraction per worker")
-        time.sleep(0.2)
 
 
 class DataParallelUpdater(PolicyUpdater):
@@ -624,7 +592,7 @@ class DataParallelUpdater(PolicyUpdater):
             self._group = reserve(placement, min(self._timeout, 60.0))
         else:
             need = {"CPU": cpus * self.workers, "GPU": float(self.workers) if cuda else 0.0}
-            _wait_for_resources(need, min(self._timeout, 60.0))
+            wait_for_resources(need, min(self._timeout, 60.0))
         actor = ray.remote(TrainWorker)
         self._actors = [actor.options(**placement.options, **scheduling(self._group, r))
                         .remote(r, self.workers, self.threads, placement.gpus[r]) for r in range(self.workers)]
@@ -763,6 +731,12 @@ class DataParallelUpdater(PolicyUpdater):
         model outside :meth:`update`, e.g. loading a checkpoint into it)."""
         self._call_full_state("load_weights", {n: p.detach().cpu() for n, p in self.model.named_parameters()
                                                if p.requires_grad})
+
+    def rank_devices(self) -> list[str]:
+        """Each rank's device and visible GPUs (:meth:`TrainWorker.where`), in rank order."""
+        import ray
+
+        return ray.get([a.where.remote() for a in self._actors], timeout=self._timeout)
 
     def close(self) -> None:
         """Leave the process group and kill the worker actors (idempotent; Ray itself stays up)."""

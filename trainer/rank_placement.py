@@ -11,17 +11,22 @@ groups of one GPU per bundle). Without a list, each rank asks Ray for one whole 
 (Ray does not count what the driver or an engine holds on a GPU: ``crl-bench plan`` shows where that
 lands).
 
+Without a list, :func:`wait_for_resources` waits for the CPUs and GPUs the ranks ask for (or says at once
+that the cluster has too few).
+
 Sources: Ray docs "Placement Groups" (``placement_group``, ``PlacementGroupSchedulingStrategy``) and
 "Accelerator support" (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["NOSET_VISIBLE_DEVICES", "RankPlacement", "rank_placement", "release", "reserve", "scheduling"]
+__all__ = ["NOSET_VISIBLE_DEVICES", "RankPlacement", "rank_placement", "release", "reserve", "scheduling",
+           "wait_for_resources"]
 
 #: the Ray setting that leaves an actor's ``CUDA_VISIBLE_DEVICES`` as its node's
 #: (ray/_private/accelerators/nvidia_gpu.py)
@@ -106,3 +111,39 @@ def release(group: Any) -> None:
         from ray.util.placement_group import remove_placement_group
 
         remove_placement_group(group)
+
+
+def wait_for_resources(need: dict[str, float], wait_s: float) -> None:
+    """Return once the Ray cluster has ``need`` (e.g. ``{"CPU": 2.0, "GPU": 0.0}``) free.
+
+    Ray releases a killed actor's CPUs a moment after ``ray.kill`` returns, so an updater built right
+    after another one closed may briefly see them held: free resources are polled for up to ``wait_s``
+    seconds. A cluster whose *total* is below ``need`` could never place the workers (Ray would wait
+    forever), so that is an error at once.
+
+    Raises:
+        RuntimeError: the cluster's total is short of ``need``, or ``need`` is not free after ``wait_s``
+            (other actors hold it); the message names each resource, needed and free.
+    """
+    import ray
+
+    from crl_bench.ray_backend import short_resources
+
+    def fail(missing: dict[str, tuple[float, float]], what: str, hint: str) -> RuntimeError:
+        return RuntimeError("not enough free Ray resources for the data-parallel workers: "
+                            + ", ".join(f"{k} needs {v:g}, {f:g} {what}" for k, (v, f) in missing.items())
+                            + f" ({hint})")
+
+    missing = short_resources(need, ray.cluster_resources())
+    if missing:
+        raise fail(missing, "in the cluster",
+                   "start Ray with more num_cpus, or pass num_cpus= a fraction per worker")
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        missing = short_resources(need, ray.available_resources())
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise fail(missing, f"free after waiting {wait_s:g} s",
+                       "other actors hold them; close them, or pass num_cpus= a fraction per worker")
+        time.sleep(0.2)

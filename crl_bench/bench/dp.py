@@ -48,7 +48,7 @@ def synthetic_batch(tokenizer: Any, groups: int, group_size: int, prompt_tokens:
 def bench_dp(model: str = DEFAULT_MODEL, workers: int = 2, sharding: str = "ddp", groups: int = 4,
              group_size: int = 4, prompt_tokens: int = 256, response_tokens: int = 32,
              micro_batch_size: int = 4, repeats: int = 3, threads: int = 0,
-             sequential: bool = False) -> dict[str, Any]:
+             sequential: bool = False, gpus: list[int] | None = None) -> dict[str, Any]:
     """Time one update (the default training settings: AdamW, ``seq-mean-token-mean``, recomputed old
     log-probs folded into the forward, shared prompt prefixes, clip 1.0) of ``model`` on one
     :func:`synthetic_batch`, in-process and with ``workers`` workers, ``repeats`` times each, after
@@ -59,14 +59,17 @@ def bench_dp(model: str = DEFAULT_MODEL, workers: int = 2, sharding: str = "ddp"
             ``threads // workers`` (at least 1), so both arms use the same cores.
         sequential: time all in-process updates, free that arm, then start the workers and time
             theirs (peak memory: one arm); default: both arms resident, updates interleaved
-            (in-process, workers, workers, in-process, ...), so load drift hits both alike.  Memory:
+            (in-process, workers, workers, in-process, ...), so load drift hits both alike.
+        gpus: on CUDA, the workers' GPUs (one per worker, reserved in a Ray placement group as
+            ``devices.actor_train`` places a run's ranks); ``None``: Ray picks. Ignored without CUDA.  Memory:
             each arm holds the model, its gradients and AdamW's two moments per replica (DDP: per
             worker), about 4 x 4 bytes x parameters each (the 135M default: ~2.2 GB).
 
     Returns:
         dict with ``single_s`` / ``dp_s`` (lists of seconds per update), their means, ``ratio`` (mean
         single / mean data-parallel: > 1 means the workers are faster), ``dp_parts`` (mean
-        ``last_timing`` parts), ``setup_s`` (starting the workers), ``max_weight_diff`` (largest
+        ``last_timing`` parts), ``setup_s`` (starting the workers), ``rank_devices`` (each worker's device
+        and visible GPUs), ``max_weight_diff`` (largest
         absolute weight difference after the first update), ``trained_tokens``, the settings.
     """
     import copy
@@ -100,8 +103,10 @@ def bench_dp(model: str = DEFAULT_MODEL, workers: int = 2, sharding: str = "ddp"
         t0 = time.perf_counter()
         arms["dp"] = DataParallelUpdater(base, torch.optim.AdamW(base.parameters(), lr=1e-6), tok.pad_token_id,
                                          **kw, workers=workers, sharding=sharding,
-                                         threads=max(1, threads // workers))
+                                         threads=max(1, threads // workers),
+                                         gpus=gpus if torch.cuda.is_available() else None)
         arms["setup_s"] = time.perf_counter() - t0
+        arms["devices"] = arms["dp"].rank_devices()
         arms["s2"] = arms["dp"].update(samples)                          # warm-up
         arms["diff"] = max(float((arms["w1"][n] - p.detach()).abs().max()) for n, p in base.named_parameters())
 
@@ -139,7 +144,7 @@ def bench_dp(model: str = DEFAULT_MODEL, workers: int = 2, sharding: str = "ddp"
             "order": "sequential" if sequential else "interleaved",
             "single_s": times["single"], "dp_s": times["dp"], "single_mean_s": mean["single"],
             "dp_mean_s": mean["dp"], "ratio": mean["single"] / max(mean["dp"], 1e-9), "dp_parts": dp_parts,
-            "setup_s": arms["setup_s"], "max_weight_diff": arms["diff"],
+            "setup_s": arms["setup_s"], "rank_devices": arms["devices"], "max_weight_diff": arms["diff"],
             "loss": (s1["loss"], s2["loss"]), "grad_norm": (s1["grad_norm"], s2["grad_norm"])}
 
 
@@ -162,11 +167,23 @@ def format_dp(res: dict[str, Any]) -> str:
         lines.append(f"{res['workers']}-worker update split: workers' compute {p['compute_s']:.2f} s, weights "
                      f"gathered {p['weights_s']:.2f} s, Ray round trip (samples, results, weights) {rest:.2f} s, "
                      f"weights copied into the driver's model {p['load_s']:.2f} s")
-    lines.append(f"starting the workers (actors, process group, model shipped): {res['setup_s']:.1f} s")
+    lines.append(f"starting the workers (actors, process group, model shipped): {res['setup_s']:.1f} s; ranks on "
+                 + ", ".join(res.get("rank_devices", [])))
     lines.append(f"after the first update: max |weight difference| {res['max_weight_diff']:.2e}; loss "
                  f"{res['loss'][0]:.6f} vs {res['loss'][1]:.6f}, grad norm {res['grad_norm'][0]:.6f} vs "
                  f"{res['grad_norm'][1]:.6f}")
     return "\n".join(lines)
+
+
+def _gpu_list(text: str) -> list[int]:
+    """``--gpus 2,3`` as ``[2, 3]``; an argparse type (raises ``ArgumentTypeError`` on anything else)."""
+    try:
+        gpus = [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"GPU indices, comma-separated, got {text!r}") from None
+    if not gpus or min(gpus) < 0 or len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"distinct GPU indices >= 0, got {text!r}")
+    return gpus
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -184,6 +201,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--repeats", type=positive_int, default=3, help="timed updates per arm")
     p.add_argument("--threads", type=non_negative_int, default=0, help="torch threads in-process (0: default); "
                    "each worker gets threads / workers")
+    p.add_argument("--gpus", type=_gpu_list, default=None, help="on CUDA, the workers' GPUs, comma-separated "
+                   "(one per worker, placed as devices.actor_train places a run's ranks; default: Ray picks)")
     p.add_argument("--sequential", action="store_true", help="time the in-process arm, free it, then the "
                    "workers (lower peak memory; default: interleaved)")
     return p
@@ -194,5 +213,5 @@ def run(args: argparse.Namespace) -> int:
     table; returns 0."""
     print(format_dp(bench_dp(args.model, args.workers, args.sharding, args.groups, args.group_size,
                              args.prompt_tokens, args.response_tokens, args.micro_batch_size, args.repeats,
-                             args.threads, args.sequential)))
+                             args.threads, args.sequential, args.gpus)))
     return 0

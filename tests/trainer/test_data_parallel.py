@@ -207,6 +207,7 @@ def test_ddp_fewer_micro_batches_than_workers(ray_session, tokenizer, tiny_model
             for k in s1:
                 assert s2[k] == pytest.approx(s1[k], rel=1e-4, abs=1e-6), k
         assert s2["lr"] == pytest.approx(1e-3 * 4 / 4) and dp.scheduler.state_dict()["last_epoch"] == 4
+        assert [d.split(" ")[0] for d in dp.rank_devices()] == ["cpu", "cpu"]      # gloo ranks on the CPU
         for a, b in zip(m1.parameters(), m2.parameters()):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
@@ -330,28 +331,28 @@ def test_cpus_held_by_a_closing_actor_are_waited_for(ray_session):
     wait are waited for; CPUs that stay held are an error naming what is free after the wait."""
     import threading
 
-    from crl_bench.trainer.data_parallel import _wait_for_resources
+    from crl_bench.trainer.rank_placement import wait_for_resources
 
     # start from a cluster with every CPU free: the previous test's actors may still be handing theirs
     # back, and one coming back during the 0.5 s wait below would make the first call succeed
     total = ray.cluster_resources().get("CPU", 0.0)
-    _wait_for_resources({"CPU": total, "GPU": 0.0}, 60.0)
+    wait_for_resources({"CPU": total, "GPU": 0.0}, 60.0)
     free = ray.available_resources().get("CPU", 0.0)
     assert free == total
     holders = [_Holder.remote() for _ in range(int(free) - 1)]
     try:
         ray.get([h.ping.remote() for h in holders])
         with pytest.raises(RuntimeError, match=r"CPU needs 2, 1 free after waiting 0.5 s"):
-            _wait_for_resources({"CPU": 2.0, "GPU": 0.0}, 0.5)
+            wait_for_resources({"CPU": 2.0, "GPU": 0.0}, 0.5)
         timer = threading.Timer(1.0, lambda: [ray.kill(h) for h in holders])
         timer.start()
-        _wait_for_resources({"CPU": 2.0, "GPU": 0.0}, 60.0)
+        wait_for_resources({"CPU": 2.0, "GPU": 0.0}, 60.0)
         timer.join()
     finally:                     # a failure above must not leave CPUs held for the module's later tests
         for h in holders:
             ray.kill(h)
     with pytest.raises(RuntimeError, match=r"CPU needs 64, \d+ in the cluster"):
-        _wait_for_resources({"CPU": 64.0, "GPU": 0.0}, 60.0)
+        wait_for_resources({"CPU": 64.0, "GPU": 0.0}, 60.0)
 
 
 @pytest.mark.slow

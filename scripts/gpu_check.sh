@@ -17,7 +17,10 @@
 #   6. the update's memory laws on CUDA (`crl-bench bench memory --device cuda --check`: chunked against
 #      full-vocabulary log-probs at Qwen2.5's vocabulary, autocast's weight-cast cache on against off under
 #      checkpointing), each asserted and extrapolated to Qwen2.5-7B; the measurements in memory-laws.json;
-#   7. a data-parallel rank over NCCL placed on GPU 0 as `devices.actor_train` places a run's ranks
+#   7. a steady-state update of Qwen2.5-7B- and Qwen3-4B-shaped models with 1 and 2 layers (random weights),
+#      its peak against what `crl-bench plan` counts, asserted, and extrapolated to all their layers
+#      (`crl-bench bench update-peak --check`);
+#   8. a data-parallel rank over NCCL placed on GPU 0 as `devices.actor_train` places a run's ranks
 #      (`crl-bench bench dp --gpus 0`): its device, its timing against the in-process update, the weights.
 # Each part is bounded by `timeout`; a part that fails is reported and the rest still run. The exit
 # status is the number of failed parts. Logs and the smoke's metrics go to OUT_DIR (default $OUT, else
@@ -107,6 +110,12 @@ fi
 grep -E "tok/s|ratio|^(transformers|vllm|batched|sequential)" "$out/throughput.log" || true
 part memory-laws 180 "${crl[@]}" bench memory --device cuda --check --json "$out/memory-laws.json"
 cat "$out/memory-laws.log"
+# a steady-state update of 7B- and 4B-shaped models (1 and 2 layers, random weights) against the plan's count,
+# extrapolated to all their layers
+part update-peak 300 "${crl[@]}" bench update-peak --device cuda --check --json "$out/update-peak-7b.json"
+part update-peak-4b 300 "${crl[@]}" bench update-peak --shape qwen3-4b --device cuda --check \
+  --json "$out/update-peak-4b.json"
+cat "$out/update-peak.log" "$out/update-peak-4b.log"
 # a data-parallel rank over NCCL on a listed GPU: placed in a Ray placement group with Ray kept off its
 # visible devices (devices.actor_train; trainer/rank_placement.py), one update against the in-process one
 part dp-placed 240 "${crl[@]}" bench dp --workers 1 --gpus 0 --repeats 2 --sequential

@@ -32,6 +32,9 @@ One module per benchmark, each registering its own subcommand:
 * ``memory`` (:mod:`.memory`): the update's memory laws (chunked against full-vocabulary log-probs,
   autocast's weight-cast cache on against off under checkpointing), measured at two small sizes side by
   side and extrapolated to the paper's model shapes.
+* ``update-peak`` (:mod:`.update_peak`): one steady-state actor update of a paper-shaped model with fewer
+  layers (random weights), its peak measured against what ``crl-bench plan`` counts, and extrapolated to
+  all the model's layers.
 
 A benchmark module exposes ``HELP`` (a few words for ``crl-bench bench --help``), ``add_parser(subparsers)``
 (adds ``NAME`` with its own options to the ``bench`` subcommands and returns that parser) and
@@ -65,6 +68,7 @@ BENCHMARKS: dict[str, str] = {
     "eval": "crl_bench.bench.eval",
     "roofline": "crl_bench.bench.roofline",
     "memory": "crl_bench.bench.memory",
+    "update-peak": "crl_bench.bench.update_peak",
 }
 
 

@@ -15,7 +15,7 @@ from crl_bench.cli import build_parser, main
 
 def test_registry_lists_every_benchmark_with_its_entry_points():
     assert list(bench.BENCHMARKS) == ["env", "rollout", "retrieval", "overhead", "step", "update", "dp", "backend",
-                                      "eval", "roofline", "memory"]
+                                      "eval", "roofline", "memory", "update-peak"]
     for name in bench.BENCHMARKS:
         mod = bench.benchmark(name)
         assert callable(mod.add_parser) and callable(mod.run) and mod.HELP, name
@@ -43,6 +43,9 @@ def test_registry_lists_every_benchmark_with_its_entry_points():
     (["dp", "--workers", "3", "--sharding", "fsdp", "--repeats", "1", "--sequential"],
      {"workers": 3, "sharding": "fsdp", "repeats": 1, "sequential": True, "gpus": None}),
     (["dp", "--workers", "2", "--gpus", "3,5"], {"workers": 2, "gpus": [3, 5]}),
+    (["update-peak"], {"shape": "qwen2.5-7b", "layers": [1, 2], "tokens": 4096, "device": "cuda", "check": False}),
+    (["update-peak", "--shape", "qwen3-4b", "--layers", "2", "4", "--tokens", "8192", "--check"],
+     {"shape": "qwen3-4b", "layers": [2, 4], "tokens": 8192, "check": True}),
     (["retrieval"], {"sizes": [1000, 10000, 100000], "index": ["flat", "ivf", "hnsw"],
                      "data": ["sentence", "gaussian"], "vectors": None, "queries": 64, "recall_queries": 256,
                      "k": 16, "dim": 384, "repeats": 5, "latency_samples": 512, "seed": 0, "search_threads": 1}),

@@ -96,10 +96,12 @@ def validate_devices(cfg: Any) -> None:
         if not d.actor_engine:
             raise ConfigError("devices.driver=cpu keeps the driver's models in host memory: the actor's engine "
                               "needs its own GPUs (generation.engine=vllm and devices.actor_engine)")
-        spec = cfg.method_spec
         from crl_bench.experience.memory import get_memory
+        from crl_bench.methods import list_methods
 
-        if spec.uses_experience and get_memory(spec.memory).uses_extractor and cfg.extractor.engine != "vllm":
+        spec = cfg.method_spec if cfg.method in list_methods() else None    # a plugin's method may load later
+        if spec is not None and spec.uses_experience and get_memory(spec.memory).uses_extractor \
+                and cfg.extractor.engine != "vllm":
             raise ConfigError("devices.driver=cpu keeps the extractor in host memory, where the transformers "
                               "engine would generate on the CPU: set extractor.engine=vllm")
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from crl_bench.config_schema import ConfigError
 
-__all__ = ["DevicesConfig", "DriverDevice", "driver_device", "placed", "validate_devices"]
+__all__ = ["DevicesConfig", "DriverDevice", "distinct_gpus", "driver_device", "placed", "validate_devices"]
 
 DriverDevice = Literal["cuda", "cpu"]
 """Values of ``devices.driver``: where the trainer's process keeps its models."""
@@ -54,15 +54,11 @@ class DevicesConfig:
     """GPUs of the extractor's data-parallel ranks, one per rank (``train.workers`` of them); ``[]`` (default): Ray
     picks."""
 
-    @property
-    def explicit(self) -> bool:
-        """Whether any role is given GPUs or the driver is moved off its GPU."""
-        return self.driver != "cuda" or any((self.actor_engine, self.extractor_engine, self.actor_train,
-                                             self.extractor_train))
 
-    def gpus(self) -> set[int]:
-        """Every GPU index the lists name."""
-        return set(self.actor_engine) | set(self.extractor_engine) | set(self.actor_train) | set(self.extractor_train)
+def distinct_gpus(gpus: Any) -> bool:
+    """Whether ``gpus`` is a list of GPU indices each >= 0 and named once (what every GPU list here must be)."""
+    gpus = list(gpus)
+    return all(isinstance(g, int) and g >= 0 for g in gpus) and len(set(gpus)) == len(gpus)
 
 
 def validate_devices(cfg: Any) -> None:
@@ -76,7 +72,7 @@ def validate_devices(cfg: Any) -> None:
     d = cfg.devices
     for key in ("actor_engine", "extractor_engine", "actor_train", "extractor_train"):
         gpus = getattr(d, key)
-        if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        if not distinct_gpus(gpus):
             raise ConfigError(f"invalid value for devices.{key}: {gpus!r} (GPU indices >= 0, each at most once)")
     for key in ("actor_train", "extractor_train"):
         gpus = getattr(d, key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from crl_bench.config import ConfigError, build_config, preset_data
+from crl_bench.config import ConfigError, DevicesConfig, build_config, preset_data
 from crl_bench.config_devices import driver_device, placed
 
 
@@ -13,7 +13,7 @@ def test_the_default_places_nothing_and_a_cpu_run_ignores_a_layout(monkeypatch):
     import torch
 
     cfg = build_config([])
-    assert not cfg.devices.explicit and driver_device(cfg) is None
+    assert cfg.devices == DevicesConfig() and driver_device(cfg) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert placed([2, 3]) is None and placed([]) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -23,7 +23,7 @@ def test_the_default_places_nothing_and_a_cpu_run_ignores_a_layout(monkeypatch):
 def test_gpu_lists_from_the_command_line_and_the_shipped_paper_layout():
     # --set devices.actor_train=2,3
     cfg = build_config([{"train": {"workers": 2}, "devices": {"actor_train": "2,3"}}])
-    assert cfg.devices.actor_train == [2, 3] and cfg.devices.explicit
+    assert cfg.devices.actor_train == [2, 3] and cfg.devices != DevicesConfig()
     paper = build_config([preset_data("paper"), {"method": "complementary"}])
     d = paper.devices
     assert d.driver == "cpu" and driver_device(paper) == "cpu"

@@ -38,7 +38,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["GIB", "ModelShape", "MemoryPlan", "plan_memory", "format_plan", "check_before_loading"]
+__all__ = ["GIB", "ModelShape", "MemoryPlan", "plan_memory", "format_plan", "check_before_loading",
+           "micro_batch_peak"]
 
 GIB = 1024 ** 3
 #: vLLM's own use of its share beside weights and KV cache (activations of its profiling run, CUDA graphs,
@@ -170,7 +171,7 @@ def _engine(plan: MemoryPlan, phases: list[str], who: str, shape: ModelShape, gp
                 plan.add(gpu, ph, f"{who} vLLM engine ({util:g} of the card{tp})", need)
 
 
-def _update_peak(shape: ModelShape, micro_tokens: int) -> tuple[float, float]:
+def micro_batch_peak(shape: ModelShape, micro_tokens: int) -> tuple[float, float]:
     """(checkpointed activations, log-prob peak) of one micro-batch of ``micro_tokens`` tokens, GiB."""
     from crl_bench.trainer.losses import LOGPROB_CHUNK_TOKENS
 
@@ -252,7 +253,7 @@ def plan_memory(cfg: Any, gpus: int, gpu_gib: float, actor: ModelShape,
         updates.append(("extractor update", "extractor", extractor, x_micro, d.extractor_train))
     if t.workers <= 1:
         for phase, who, shape, tokens, _ in updates:
-            act, lp = _update_peak(shape, tokens)
+            act, lp = micro_batch_peak(shape, tokens)
             if not (who == "actor" and cfg.model.lora):   # LoRA: the adapters' states, a few MiB, not counted
                 plan.add(driver or 0, phase, f"{who} gradients (float32)", _gib(4 * shape.params))
                 for ph in steady:                         # AdamW's moments stay from the first update on
@@ -290,7 +291,7 @@ def _rank_updates(plan: MemoryPlan, cfg: Any, updates: list[tuple[str, str, Mode
                 continue
             on = free[:n]
             taken.update(on)
-        act, lp = _update_peak(shape, tokens)
+        act, lp = micro_batch_peak(shape, tokens)
         for gpu in on:
             if t.sharding == "fsdp":
                 plan.add(gpu, "load", f"{who} rank setup (full float32 replica before sharding)",

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_bench.config_devices import distinct_gpus
+
 __all__ = ["NOSET_VISIBLE_DEVICES", "RankPlacement", "rank_placement", "release", "reserve", "scheduling",
            "wait_for_resources"]
 
@@ -65,7 +67,7 @@ def rank_placement(workers: int, cpus: float, cuda: bool, gpus: Sequence[int] | 
     if not cuda or not gpus:
         return RankPlacement({"num_cpus": cpus, "num_gpus": 1 if cuda else 0}, [None] * workers)
     gpus = [int(g) for g in gpus]
-    if len(gpus) != workers or len(set(gpus)) != workers or min(gpus) < 0:
+    if len(gpus) != workers or not distinct_gpus(gpus):
         raise ValueError(f"one distinct GPU per rank: {workers} ranks and GPUs {gpus}")
     return RankPlacement({"num_cpus": cpus, "num_gpus": gpu_fraction,
                           "runtime_env": {"env_vars": {NOSET_VISIBLE_DEVICES: "1"}}},

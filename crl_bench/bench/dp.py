@@ -77,6 +77,7 @@ def bench_dp(model: str = DEFAULT_MODEL, workers: int = 2, sharding: str = "ddp"
 
     import torch
 
+    from crl_bench.config_devices import placed
     from crl_bench.llm.hf_engine import load_model_and_tokenizer
     from crl_bench.trainer.data_parallel import DataParallelUpdater
     from crl_bench.trainer.policy import PolicyUpdater
@@ -104,7 +105,7 @@ def bench_dp(model: str = DEFAULT_MODEL, workers: int = 2, sharding: str = "ddp"
         arms["dp"] = DataParallelUpdater(base, torch.optim.AdamW(base.parameters(), lr=1e-6), tok.pad_token_id,
                                          **kw, workers=workers, sharding=sharding,
                                          threads=max(1, threads // workers),
-                                         gpus=gpus if torch.cuda.is_available() else None)
+                                         gpus=placed(gpus or []))
         arms["setup_s"] = time.perf_counter() - t0
         arms["devices"] = arms["dp"].rank_devices()
         arms["s2"] = arms["dp"].update(samples)                          # warm-up
@@ -181,7 +182,9 @@ def _gpu_list(text: str) -> list[int]:
         gpus = [int(g) for g in text.split(",") if g.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"GPU indices, comma-separated, got {text!r}") from None
-    if not gpus or min(gpus) < 0 or len(set(gpus)) != len(gpus):
+    from crl_bench.config_devices import distinct_gpus
+
+    if not gpus or not distinct_gpus(gpus):
         raise argparse.ArgumentTypeError(f"distinct GPU indices >= 0, got {text!r}")
     return gpus
 

@@ -70,10 +70,10 @@ def shape_config(shape: str, layers: int | None = None, **overrides: Any) -> Any
 def counted(config: Any, tokens: int) -> dict[str, float]:
     """What the plan counts for a one-process update of ``config``'s model on a micro-batch of ``tokens``
     tokens (bytes): ``states`` (16 per parameter), ``activations``, ``logprobs`` and their ``total``."""
-    from crl_bench.trainer.memory_plan import ModelShape, _update_peak
+    from crl_bench.trainer.memory_plan import ModelShape, micro_batch_peak
 
     shape = ModelShape.from_config(config)
-    act, lp = _update_peak(shape, tokens)
+    act, lp = micro_batch_peak(shape, tokens)
     states = 16.0 * shape.params
     return {"params": float(shape.params), "states": states, "activations": act * GIB, "logprobs": lp * GIB,
             "total": states + (act + lp) * GIB}

@@ -66,6 +66,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from crl_bench.config_devices import distinct_gpus
 from crl_bench.llm.base import Generation, SamplingParams
 
 #: qualified name vLLM resolves in each worker process (``worker_extension_cls``)
@@ -533,7 +534,7 @@ class VLLMEngine:
         for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1 or None, got {value!r}")
-        if gpus is not None and (any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus)):
+        if gpus is not None and not distinct_gpus(gpus):
             raise ValueError(f"gpus must be distinct GPU indices >= 0, got {list(gpus)!r}")
         if llm is None:
             if not vllm_available():

@@ -9,24 +9,17 @@ import json
 
 import pytest
 
+from crl_bench.bench.update_peak import shape_config
 from crl_bench.config import build_config, preset_data
 from crl_bench.trainer.memory_plan import GIB, ModelShape, format_plan, plan_memory
 
 
 def _qwen25_7b():
-    from transformers import Qwen2Config
-
-    return Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152_064, tie_word_embeddings=False,
-                       max_position_embeddings=32_768)
+    return shape_config("qwen2.5-7b")
 
 
 def _qwen3_4b():
-    from transformers import Qwen3Config
-
-    return Qwen3Config(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151_936, tie_word_embeddings=True,
-                       max_position_embeddings=262_144)
+    return shape_config("qwen3-4b")
 
 
 @pytest.fixture(scope="module")

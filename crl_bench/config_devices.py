@@ -26,10 +26,14 @@ from typing import Any, Literal
 
 from crl_bench.config_schema import ConfigError
 
-__all__ = ["DevicesConfig", "DriverDevice", "distinct_gpus", "driver_device", "placed", "validate_devices"]
+__all__ = ["DevicesConfig", "DriverDevice", "WeightSync", "distinct_gpus", "driver_device", "placed",
+           "validate_devices"]
 
 DriverDevice = Literal["cuda", "cpu"]
 """Values of ``devices.driver``: where the trainer's process keeps its models."""
+
+WeightSync = Literal["host", "direct"]
+"""Values of ``devices.weight_sync``: how trained weights reach the vLLM engines."""
 
 
 @dataclass
@@ -53,6 +57,13 @@ class DevicesConfig:
     extractor_train: list[int] = field(default_factory=list)
     """GPUs of the extractor's data-parallel ranks, one per rank (``train.workers`` of them); ``[]`` (default): Ray
     picks."""
+    weight_sync: WeightSync = "host"
+    """How trained weights reach the vLLM engines after an update: ``host`` (the ranks' weights into the driver's
+    model, then from there into the engine) or ``direct`` (rank 0 broadcasts each tensor to the engine's workers
+    over a process group of their own, NCCL on GPUs and gloo on the CPU; the driver's model is refreshed only for
+    checkpoints and the final weights: crl_bench/llm/weight_channel.py). ``direct`` needs data-parallel updates
+    (``train.workers`` > 1), vLLM engines for every model that trains, no LoRA, and each updater's rank 0 on a GPU
+    its engine does not use (NCCL connects no two processes on one GPU)."""
 
 
 def distinct_gpus(gpus: Any) -> bool:
@@ -67,7 +78,8 @@ def validate_devices(cfg: Any) -> None:
     Raises:
         ConfigError: a negative or repeated GPU in a list, a rank list whose length is not ``train.workers``
             (or given with ``train.workers`` 1), an engine list for an engine that is not vLLM (or under the
-            Ray backend), or ``driver: cpu`` where a model would compute in the driver; each names its keys.
+            Ray backend), ``driver: cpu`` where a model would compute in the driver, or ``weight_sync: direct``
+            without data-parallel updates into vLLM engines; each names its keys.
     """
     d = cfg.devices
     for key in ("actor_engine", "extractor_engine", "actor_train", "extractor_train"):
@@ -85,6 +97,8 @@ def validate_devices(cfg: Any) -> None:
     if d.extractor_engine and cfg.extractor.engine != "vllm":
         raise ConfigError("devices.extractor_engine places the extractor's vLLM engine: it needs "
                           "extractor.engine=vllm")
+    if d.weight_sync == "direct":
+        _check_direct(cfg)
     if d.driver == "cpu":
         if cfg.train.workers <= 1:
             raise ConfigError("devices.driver=cpu keeps the driver's models in host memory: the updates must run on "
@@ -100,6 +114,39 @@ def validate_devices(cfg: Any) -> None:
                 and cfg.extractor.engine != "vllm":
             raise ConfigError("devices.driver=cpu keeps the extractor in host memory, where the transformers "
                               "engine would generate on the CPU: set extractor.engine=vllm")
+
+
+def _check_direct(cfg: Any) -> None:
+    """``devices.weight_sync: direct``'s rules: the weights leave data-parallel ranks for vLLM engines."""
+    why = None
+    if cfg.train.workers <= 1:
+        why = "the weights leave data-parallel ranks: set train.workers > 1"
+    elif cfg.generation.engine != "vllm" or cfg.backend != "local":
+        why = "a vLLM engine receives them: set generation.engine=vllm and backend=local"
+    elif cfg.model.lora:
+        why = "vLLM serves merged weights, not adapters: set model.lora=false"
+    elif cfg.method in _methods():
+        spec = cfg.method_spec
+        if spec.internalises:
+            why = (f"method {cfg.method!r} fine-tunes the driver's copy of the actor besides its ranks: "
+                   "use devices.weight_sync=host")
+        elif spec.trains_extractor and cfg.extractor.engine != "vllm":
+            why = "the trained extractor's engine receives its weights the same way: set extractor.engine=vllm"
+    d = cfg.devices
+    for role in ("actor", "extractor"):
+        train, engine = getattr(d, f"{role}_train"), getattr(d, f"{role}_engine")
+        if why is None and train and train[0] in engine:
+            why = (f"rank 0 of devices.{role}_train sends over NCCL, which cannot connect two processes on one GPU, "
+                   f"and GPU {train[0]} is also in devices.{role}_engine: put rank 0 on another GPU or use "
+                   "devices.weight_sync=host")
+    if why is not None:
+        raise ConfigError(f"devices.weight_sync=direct: {why}")
+
+
+def _methods() -> list[str]:
+    from crl_bench.methods import list_methods
+
+    return list_methods()
 
 
 def placed(gpus: list[int]) -> list[int] | None:

@@ -22,6 +22,11 @@
 #      (`crl-bench bench update-peak --check`);
 #   8. a data-parallel rank over NCCL placed on GPU 0 as `devices.actor_train` places a run's ranks
 #      (`crl-bench bench dp --gpus 0`): its device, its timing against the in-process update, the weights.
+#   9. on two GPUs with vLLM: a weight sync from an FSDP rank on GPU 1 into a vLLM engine on GPU 0 over
+#      NCCL against one through the driver (`crl-bench bench weight-sync`), the served weights checked.
+#  10. a checkpoint's bytes per trainable parameter (12, asserted) and the disk's save and resume rates on 8 GB
+#      (`crl-bench bench checkpoint-io --check`; CHECKPOINT_DIR names the disk, default the project's),
+#      extrapolated to the paper's 140 GB checkpoints and its run.
 # Each part is bounded by `timeout`; a part that fails is reported and the rest still run. The exit
 # status is the number of failed parts. Logs and the smoke's metrics go to OUT_DIR (default $OUT, else
 # ./gpu-check-out).
@@ -120,5 +125,17 @@ cat "$out/update-peak.log" "$out/update-peak-4b.log"
 # visible devices (devices.actor_train; trainer/rank_placement.py), one update against the in-process one
 part dp-placed 240 "${crl[@]}" bench dp --workers 1 --gpus 0 --repeats 2 --sequential
 grep -E "ranks on|workers:|weight difference" "$out/dp-placed.log" || true
+# weights from FSDP ranks straight into a vLLM engine over NCCL (devices.weight_sync: direct) against through the
+# driver; NCCL connects no two processes on one GPU, so the engine and rank 0 need a GPU each
+gpus=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ "$engine" = vllm ] && [ "${gpus:-0}" -ge 2 ]; then
+  part weight-sync 300 "${crl[@]}" bench weight-sync --workers 1 --gpus 1 --engine-gpus 0 --dtype bfloat16
+  cat "$out/weight-sync.log"
+else
+  echo "== weight-sync: skipped (needs vLLM and 2 GPUs; this machine has ${gpus:-0})"
+fi
+# a checkpoint's bytes per parameter (asserted) and this machine's disk, extrapolated to the paper's 140 GB
+part checkpoint-io 180 "${crl[@]}" bench checkpoint-io --gib 8 --dir "${CHECKPOINT_DIR:-.}" --check
+cat "$out/checkpoint-io.log"
 echo "== failed parts: $failed"
 exit "$failed"

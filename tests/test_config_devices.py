@@ -29,6 +29,14 @@ def test_gpu_lists_from_the_command_line_and_the_shipped_paper_layout():
     assert d.driver == "cpu" and driver_device(paper) == "cpu"
     assert d.actor_engine == [0] and d.extractor_engine == [1]
     assert d.actor_train == d.extractor_train == [2, 3, 4, 5, 6, 7] == list(range(2, 2 + paper.train.workers))
+    assert d.weight_sync == "direct"
+    direct = build_config([{**VLLM_DP, "method": "complementary", "extractor": {"engine": "vllm"},
+                            "devices": {"weight_sync": "direct"}}])
+    assert direct.devices.weight_sync == "direct"
+
+
+#: data-parallel updates into a vLLM engine: what devices.weight_sync=direct needs at least
+VLLM_DP = {"generation": {"engine": "vllm"}, "train": {"workers": 2}}
 
 
 @pytest.mark.parametrize("layer, message", [
@@ -43,6 +51,15 @@ def test_gpu_lists_from_the_command_line_and_the_shipped_paper_layout():
     ({"method": "complementary", "devices": {"driver": "cpu", "actor_engine": [0]}, "train": {"workers": 2},
       "generation": {"engine": "vllm"}}, "set extractor.engine=vllm"),
     ({"devices": {"driver": "gpu"}}, "devices.driver"),
+    ({"devices": {"weight_sync": "direct"}}, "weight_sync=direct: .*train.workers > 1"),
+    ({"devices": {"weight_sync": "direct"}, "train": {"workers": 2}}, "weight_sync=direct: .*generation.engine=vllm"),
+    ({**VLLM_DP, "devices": {"weight_sync": "direct"}, "model": {"lora": True}}, "weight_sync=direct: .*model.lora"),
+    ({**VLLM_DP, "devices": {"weight_sync": "direct"}, "method": "internalise"}, "weight_sync=direct: .*'internalise'"),
+    ({**VLLM_DP, "devices": {"weight_sync": "direct"}, "method": "complementary"},
+     "weight_sync=direct: .*extractor.engine=vllm"),
+    ({**VLLM_DP, "devices": {"weight_sync": "direct", "actor_engine": [0, 1], "actor_train": [1, 2]}},
+     "weight_sync=direct: rank 0 of devices.actor_train .* GPU 1 is also in devices.actor_engine"),
+    ({"devices": {"weight_sync": "nccl"}}, "devices.weight_sync"),
 ])
 def test_a_layout_that_cannot_run_is_refused_naming_its_keys(layer, message):
     with pytest.raises(ConfigError, match=message):

@@ -361,6 +361,7 @@ def save_checkpoint(trainer: Any, run_dir: str | Path, keep: int = 2) -> Path:
         if track is not None:
             track.flush()
         trainer.clear_prefix_stores()
+        trainer.refresh_models()
         torch.save(trainable_state(trainer.model), tmp / "actor.pt")
         torch.save(encode(trainer.state_dict()), tmp / "trainer.pt")
         if track is not None:

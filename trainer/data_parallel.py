@@ -36,7 +36,11 @@ the same way and its results all-gathered.
 **Weights back.** After an update with optimiser steps, rank 0 returns the trainable parameters (FSDP:
 the full state dict from ``torch.distributed.checkpoint.state_dict.get_model_state_dict``), which are
 copied into the driver's model in place, so ``engine.sync_weights(model)`` and checkpoints of the
-driver's model work unchanged.  :attr:`DataParallelUpdater.optimizer` and ``.scheduler`` are stand-ins
+driver's model work unchanged.  With ``weights_to_driver`` false (set by
+:meth:`~crl_bench.llm.vllm_engine.VLLMEngine.weights_from` under ``devices.weight_sync: direct``) the weights stay
+on the ranks, which send them to the engine themselves (crl_bench/llm/weight_channel.py), and
+:meth:`DataParallelUpdater.refresh_model` fetches them when the driver's copy is read.
+:attr:`DataParallelUpdater.optimizer` and ``.scheduler`` are stand-ins
 whose ``state_dict()`` / ``load_state_dict()`` reach the workers' optimiser (rank 0's for DDP; the full,
 unsharded state for FSDP, re-keyed to ``torch.optim``'s integer parameter ids so a checkpoint is the
 same as the one-process updater's) and lr scheduler.
@@ -76,6 +80,7 @@ from crl_bench.trainer.policy import (
     response_logprobs,
 )
 from crl_bench.trainer.rank_placement import rank_placement, release, reserve, scheduling, wait_for_resources
+from crl_bench.trainer.remote_state import LambdaFactory, RemoteOptimizer, RemoteScheduler
 
 __all__ = ["SHARDINGS", "DataParallelUpdater", "MicroBatch", "TrainWorker", "allreduce_sum_hook"]
 
@@ -448,6 +453,36 @@ class TrainWorker:
         self.updater.scheduler.load_state_dict(state)
         return float(self.updater.optimizer.param_groups[0]["lr"])
 
+    # ---- weights straight to an engine (crl_bench/llm/weight_channel.py) --------------------------
+    def weight_specs(self) -> list[list[Any]]:
+        """``[name, shape]`` of each trainable parameter (full shapes), in the order :meth:`send_weights` sends;
+        a tied weight under each of its names, as ``state_dict`` has it (vLLM's CPU reload restores a layer whose
+        name it does not get from the checkpoint, e.g. a tied ``lm_head``)."""
+        return [[n, list(p.shape)] for n, p in self._sent()]
+
+    def _sent(self) -> list[tuple[str, Any]]:
+        return [(n, p) for n, p in self.inner.named_parameters(remove_duplicate=False) if p.requires_grad]
+
+    def open_weight_channel(self, host: str, port: int, world_size: int, backend: str) -> None:
+        """Rank 0: host the weight channel at ``host:port`` and wait for the engine's workers to join."""
+        from crl_bench.llm.weight_channel import open_channel
+
+        if self.rank == 0:
+            self.channel = open_channel(host, port, 0, world_size, backend, self.spec["timeout_s"])
+
+    def send_weights(self, dtype_name: str) -> int:
+        """Send the trainable parameters over the weight channel in ``dtype_name`` (every rank calls it: FSDP
+        gathers each tensor); returns the bytes rank 0 sent."""
+        from crl_bench.llm.weight_channel import send_parameters
+
+        params = self._sent()
+        device = self.device if self.spec["backend"] == "nccl" else torch.device("cpu")
+        return send_parameters(getattr(self, "channel", None), params, getattr(torch, dtype_name), device)
+
+    def close_weight_channel(self) -> None:
+        """Leave the weight channel."""
+        self.channel = None
+
     def where(self) -> str:
         """This rank's device and the GPUs its process sees (``CUDA_VISIBLE_DEVICES``; ``all`` when unset)."""
         return f"{self.device} (visible {os.environ.get('CUDA_VISIBLE_DEVICES', 'all')})"
@@ -458,45 +493,6 @@ class TrainWorker:
 
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-class _RemoteOptimizer:
-    """Driver-side stand-in for the workers' optimiser: ``state_dict()`` / ``load_state_dict()`` reach
-    the workers; ``param_groups`` is a snapshot (``lr`` as of the last update).
-
-    ``load_state_dict`` first copies the driver model's trainable parameters to every worker
-    (:meth:`DataParallelUpdater.push_weights`): a resume loads the weights into the driver's model and
-    then the optimiser state (trainer/checkpoint.py ``load_checkpoint``), so the replicas follow."""
-
-    def __init__(self, owner: DataParallelUpdater) -> None:
-        self._owner = owner
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return [{"lr": self._owner._lr}]
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._owner._call("optimizer_state")
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._owner.push_weights()
-        self._owner._lr = self._owner._call_full_state("load_optimizer_state", state)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """No-op (the workers zero their gradients)."""
-
-
-class _RemoteScheduler:
-    """Driver-side stand-in for the workers' lr scheduler (``state_dict`` / ``load_state_dict``)."""
-
-    def __init__(self, owner: DataParallelUpdater) -> None:
-        self._owner = owner
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._owner._call("scheduler_state")
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._owner._lr = self._owner._call("load_scheduler_state", state)
 
 
 class DataParallelUpdater(PolicyUpdater):
@@ -566,7 +562,7 @@ class DataParallelUpdater(PolicyUpdater):
                 raise TypeError("pass scheduler_factory for a scheduler other than LambdaLR "
                                 f"(got {type(scheduler).__name__})")
             lambdas = list(scheduler.lr_lambdas)
-            scheduler_factory = _LambdaFactory(lambdas)
+            scheduler_factory = LambdaFactory(lambdas)
         ref_module, ref_method = None, None
         if ref_model is not None:
             if isinstance(ref_model, torch.nn.Module):
@@ -617,9 +613,11 @@ class DataParallelUpdater(PolicyUpdater):
             self.close()
             raise
         self._lr = lrs[0]
+        self.weights_to_driver = True
+        self.model_stale = False
         self.last_timing: dict[str, float] = {}
-        self.optimizer = _RemoteOptimizer(self)
-        self.scheduler = _RemoteScheduler(self) if scheduler_factory is not None else None
+        self.optimizer = RemoteOptimizer(self)
+        self.scheduler = RemoteScheduler(self) if scheduler_factory is not None else None
 
     # ---- driver side --------------------------------------------------------------------------------
     def _gather(self, refs: list[Any]) -> list[Any]:
@@ -634,6 +632,37 @@ class DataParallelUpdater(PolicyUpdater):
                 raise TimeoutError(f"data-parallel workers made no progress in {self._timeout:.0f} s")
             ray.get(done)                   # raises the worker's error
         return ray.get(refs)
+
+    @property
+    def timeout_s(self) -> float:
+        """The process-group timeout and the longest wait for the workers (seconds)."""
+        return self._timeout
+
+    @property
+    def channel_backend(self) -> str:
+        """The backend of a weight channel from rank 0 (crl_bench/llm/weight_channel.py): the ranks' own."""
+        return self.backend
+
+    def start(self, method: str, *args: Any) -> list[Any]:
+        """Start ``method(*args)`` on every worker (each argument stored once) without waiting; the Ray
+        references in rank order, for :meth:`gather`."""
+        import ray
+
+        refs = [ray.put(a) for a in args]
+        return [getattr(a, method).remote(*refs) for a in self._actors]
+
+    def gather(self, refs: list[Any]) -> list[Any]:
+        """The results of :meth:`start`'s calls, in rank order (raising as soon as one worker fails)."""
+        return self._gather(refs)
+
+    def refresh_model(self) -> None:
+        """Bring the driver's model up to the ranks' weights where updates left it behind (weights synced
+        straight from the ranks to the engine, ``weights_to_driver`` false); a no-op otherwise."""
+        from crl_bench.llm.weights import load_trainable
+
+        if self.model_stale:
+            load_trainable(self.model, self._call("weights"), "data-parallel ranks")
+            self.model_stale = False
 
     def _call(self, method: str, *args: Any) -> Any:
         """Call ``method`` on every worker (collectives need all ranks) and return rank 0's result. Each
@@ -690,7 +719,8 @@ class DataParallelUpdater(PolicyUpdater):
         t0 = time.perf_counter()
         if plan:
             sref = ray.put(samples)
-            results = self._gather([a.update.remote(sref, plan, recompute, fold, True) for a in self._actors])
+            results = self._gather([a.update.remote(sref, plan, recompute, fold, self.weights_to_driver)
+                                    for a in self._actors])
         t1 = time.perf_counter()
         acc = UpdateStats()
         grad_norm, lr, steps = 0.0, self._lr, 0
@@ -706,6 +736,8 @@ class DataParallelUpdater(PolicyUpdater):
             self._lr = head["lr"]
             if "weights" in head and steps:
                 load_trainable(self.model, head["weights"], "data-parallel update")
+            elif steps:
+                self.model_stale = True         # the ranks moved on; refresh_model() fetches their weights
             self.last_timing = {"call_s": t1 - t0, "load_s": time.perf_counter() - t1,
                                 "compute_s": max(r["timing"]["compute_s"] for r in results),
                                 "weights_s": head["timing"]["weights_s"]}
@@ -729,6 +761,7 @@ class DataParallelUpdater(PolicyUpdater):
     def push_weights(self) -> None:
         """Copy the driver model's trainable parameters to every worker (after changing the driver's
         model outside :meth:`update`, e.g. loading a checkpoint into it)."""
+        self.model_stale = False
         self._call_full_state("load_weights", {n: p.detach().cpu() for n, p in self.model.named_parameters()
                                                if p.requires_grad})
 
@@ -759,14 +792,3 @@ class DataParallelUpdater(PolicyUpdater):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-@dataclass
-class _LambdaFactory:
-    """Picklable ``optimizer -> LambdaLR(optimizer, lr_lambdas)`` (the lambdas are shipped by Ray's
-    cloudpickle)."""
-
-    lr_lambdas: list[Callable[[int], float]]
-
-    def __call__(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_lambdas)

@@ -214,6 +214,11 @@ class Trainer:
                                               actor_engine=self.engine, actor_sampling=self.sampling,
                                               eval_sampling=self.eval_sampling, gate=self.gate,
                                               read_only_bank=read_only_bank, backend=self.backend)
+        if cfg.devices.weight_sync == "direct":     # the ranks' weights straight into the vLLM engines
+            self.engine.weights_from(self.updater)
+            track = self.experience
+            if track is not None and track.updater is not None:
+                track.engine.weights_from(track.updater)
         self.evaluator = Evaluator(self)           # the eval modes, tasks, panels and protocol of this run
         self.evaluator.check_draws()
 
@@ -496,6 +501,7 @@ class Trainer:
         t0 = time.perf_counter()
         if self._lesson_probe is None:
             self._lesson_probe = LessonFollow(self.prompts, self.tokenizer, self.cfg.eval.lesson_follow)
+        self.refresh_models()
         with self.gate.foreground():
             out = self._lesson_probe.measure(self.model)
         return {**out, "time_lesson_follow_s": time.perf_counter() - t0}
@@ -548,6 +554,7 @@ class Trainer:
         """The final weights: ``save_pretrained`` of the actor (adapters only with LoRA) and its
         tokenizer into ``path``, and for a method that trains its extractor, the extractor's into
         ``path/extractor`` (loadable with ``--extractor-model``)."""
+        self.refresh_models()
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         track = self.experience
@@ -556,6 +563,14 @@ class Trainer:
             with track.manager.updating_extractor():
                 track.model.save_pretrained(str(Path(path) / "extractor"))
             track.tokenizer.save_pretrained(str(Path(path) / "extractor"))
+
+    def refresh_models(self) -> None:
+        """Bring the driver's actor (and trained extractor) up to their updaters' latest weights before
+        something reads them here (:meth:`~crl_bench.trainer.policy.PolicyUpdater.refresh_model`)."""
+        self.updater.refresh_model()
+        track = self.experience
+        if track is not None and track.updater is not None:
+            track.updater.refresh_model()
 
     # ---- resumable state (trainer/checkpoint.py) --------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

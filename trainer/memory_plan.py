@@ -211,7 +211,10 @@ def plan_memory(cfg: Any, gpus: int, gpu_gib: float, actor: ModelShape,
         return plan
     bf16 = cfg.model.dtype != "float32"         # auto is bf16 on a GPU with bf16 (every card of this scale)
     trains_x = extractor is not None and cfg.method_spec.trains_extractor
-    phases = ["load", "rollout", "actor update"] + (["extractor update"] if trains_x else [])
+    direct = d.weight_sync == "direct" and t.workers > 1   # each update ends with a sync over the weight channel
+    phases = ["load", "rollout", "actor update"] + (["actor sync"] if direct else [])
+    if trains_x:
+        phases += ["extractor update"] + (["extractor sync"] if direct else [])
     steady = phases[1:]                 # what stays from one step to the next (optimizer states)
     driver = 0 if d.driver == "cuda" else None          # the driver's GPU; None: host memory
     # the driver: the models' float32 master weights, from load on
@@ -262,6 +265,11 @@ def plan_memory(cfg: Any, gpus: int, gpu_gib: float, actor: ModelShape,
             plan.add(driver or 0, phase, f"{who} log-probs ({tokens:,} tokens)", lp)
     else:
         _rank_updates(plan, cfg, updates, gpus, phases, steady)
+    if direct:
+        for _, who, shape, _, _ in updates:
+            on = (d.actor_engine or [driver or 0]) if who == "actor" else (d.extractor_engine or [0])
+            for gpu in on:      # every tensor-parallel worker receives each whole tensor, then keeps its slice
+                plan.add(gpu, f"{who} sync", f"{who} weight arriving (largest tensor, bf16)", _largest(shape, 2))
     for gpu, by_phase in sorted(plan.gpus.items()):
         for phase in by_phase:
             total = plan.total(gpu, phase)
@@ -305,6 +313,14 @@ def _rank_updates(plan: MemoryPlan, cfg: Any, updates: list[tuple[str, str, Mode
                 plan.add(gpu, ph, label, states)
             plan.add(gpu, phase, f"{who} rank activations ({tokens:,} tokens)", act)
             plan.add(gpu, phase, f"{who} rank log-probs ({tokens:,} tokens)", lp)
+            if f"{who} sync" in phases:     # each rank gathers a whole tensor at a time; rank 0 also casts it
+                plan.add(gpu, f"{who} sync", f"{who} tensor gathered for the engine (largest, float32 + bf16)",
+                         _largest(shape, 6))
+
+
+def _largest(shape: ModelShape, bytes_per_param: int) -> float:
+    """GiB of the model's largest tensor (the embedding or output head, vocabulary x hidden) at ``bytes_per_param``."""
+    return _gib(bytes_per_param * shape.vocab * shape.hidden)
 
 
 def format_plan(plan: MemoryPlan) -> str:

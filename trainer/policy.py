@@ -565,6 +565,11 @@ class PolicyUpdater:
                 "behaviour_ratio_std": float(ratio.std(unbiased=False)),
                 "behaviour_ratio_min": float(ratio.min()), "behaviour_ratio_max": float(ratio.max())}
 
+    def refresh_model(self) -> None:
+        """Make :attr:`model` hold the latest trained weights: a no-op here (this updater trains it in place);
+        :class:`~crl_bench.trainer.data_parallel.DataParallelUpdater` fetches its ranks' weights where they went
+        straight to the engine (``devices.weight_sync: direct``)."""
+
     def sharing(self) -> bool:
         """Whether micro-batches compute the prompt prefix they share once (``share_prefix``; not with
         a KL term or activation checkpointing)."""

@@ -35,6 +35,10 @@ One module per benchmark, each registering its own subcommand:
 * ``update-peak`` (:mod:`.update_peak`): one steady-state actor update of a paper-shaped model with fewer
   layers (random weights), its peak measured against what ``crl-bench plan`` counts, and extrapolated to
   all the model's layers.
+* ``weight-sync`` (:mod:`.weight_sync`): one weight sync from data-parallel ranks into a vLLM engine through
+  the driver against straight over the weight channel (``devices.weight_sync``), interleaved.
+* ``checkpoint-io`` (:mod:`.checkpoint_io`): a checkpoint's bytes per trainable parameter (the law) and this
+  disk's save and resume rates, extrapolated to the paper's models and run.
 
 A benchmark module exposes ``HELP`` (a few words for ``crl-bench bench --help``), ``add_parser(subparsers)``
 (adds ``NAME`` with its own options to the ``bench`` subcommands and returns that parser) and
@@ -69,6 +73,8 @@ BENCHMARKS: dict[str, str] = {
     "roofline": "crl_bench.bench.roofline",
     "memory": "crl_bench.bench.memory",
     "update-peak": "crl_bench.bench.update_peak",
+    "weight-sync": "crl_bench.bench.weight_sync",
+    "checkpoint-io": "crl_bench.bench.checkpoint_io",
 }
 
 

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any, get_args
 
-from crl_bench.bench.options import DEFAULT_MODEL, non_negative_int, positive_int
+from crl_bench.bench.options import DEFAULT_MODEL, gpu_list, non_negative_int, positive_int
 from crl_bench.config import Sharding
 
 __all__ = ["HELP", "add_parser", "bench_dp", "format_dp", "run", "synthetic_batch"]
@@ -176,19 +176,6 @@ def format_dp(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _gpu_list(text: str) -> list[int]:
-    """``--gpus 2,3`` as ``[2, 3]``; an argparse type (raises ``ArgumentTypeError`` on anything else)."""
-    try:
-        gpus = [int(g) for g in text.split(",") if g.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"GPU indices, comma-separated, got {text!r}") from None
-    from crl_bench.config_devices import distinct_gpus
-
-    if not gpus or not distinct_gpus(gpus):
-        raise argparse.ArgumentTypeError(f"distinct GPU indices >= 0, got {text!r}")
-    return gpus
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``dp`` (this benchmark and its options) to the ``bench`` subcommands; returns its parser."""
     p = subparsers.add_parser("dp", help=HELP, description="One policy update of the same batch in-process "
@@ -204,7 +191,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--repeats", type=positive_int, default=3, help="timed updates per arm")
     p.add_argument("--threads", type=non_negative_int, default=0, help="torch threads in-process (0: default); "
                    "each worker gets threads / workers")
-    p.add_argument("--gpus", type=_gpu_list, default=None, help="on CUDA, the workers' GPUs, comma-separated "
+    p.add_argument("--gpus", type=gpu_list, default=None, help="on CUDA, the workers' GPUs, comma-separated "
                    "(one per worker, placed as devices.actor_train places a run's ranks; default: Ray picks)")
     p.add_argument("--sequential", action="store_true", help="time the in-process arm, free it, then the "
                    "workers (lower peak memory; default: interleaved)")

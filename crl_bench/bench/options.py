@@ -45,3 +45,16 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def gpu_list(text: str) -> list[int]:
+    """``--gpus 2,3`` as ``[2, 3]``; an argparse type (raises ``ArgumentTypeError`` on anything else)."""
+    try:
+        gpus = [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"GPU indices, comma-separated, got {text!r}") from None
+    from crl_bench.config_devices import distinct_gpus
+
+    if not gpus or not distinct_gpus(gpus):
+        raise argparse.ArgumentTypeError(f"distinct GPU indices >= 0, got {text!r}")
+    return gpus

@@ -35,8 +35,13 @@ than a tensor.  The path used here works with every client and executor:
   host memory is made.  Any other client or executor gets the ``bytes`` chunks.  This is the
   colocated layout TRL uses (vLLM in the trainer's process, ``load_weights`` on the model runner),
   without its ``external_launcher`` backend, which needs torchrun's ``RANK``/``MASTER_ADDR``
-  variables.  vLLM's newer native weight-transfer API (NCCL / CUDA IPC engines) would avoid the host
-  copy out of process too, but its interface changed across releases.
+  variables.
+* With data-parallel ranks and ``devices.weight_sync: direct`` (:meth:`VLLMEngine.weights_from`), rank 0
+  broadcasts each tensor to the workers over a process group of their own instead
+  (:mod:`crl_bench.llm.weight_channel`: NCCL between GPUs, gloo on a CPU); the worker side is the
+  ``crl_*_channel`` / ``crl_receive_weights`` methods this extension inherits, and nothing passes through
+  the driver.  vLLM's newer native weight-transfer API (NCCL / CUDA IPC engines) does the same, but its
+  interface changed across releases.
 
 Log-probs
 ---------
@@ -68,6 +73,7 @@ from typing import Any
 
 from crl_bench.config_devices import distinct_gpus
 from crl_bench.llm.base import Generation, SamplingParams
+from crl_bench.llm.weight_channel import ChannelReceiver, DirectWeightSync
 
 #: qualified name vLLM resolves in each worker process (``worker_extension_cls``)
 WORKER_EXTENSION = "crl_bench.llm.vllm_engine.WeightSyncExtension"
@@ -240,7 +246,7 @@ def unpack_weights(chunk: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return out
 
 
-class WeightSyncExtension:
+class WeightSyncExtension(ChannelReceiver):
     """Worker extension vLLM mixes into its worker class (``worker_extension_cls``).
 
     Passed to vLLM as :data:`WORKER_EXTENSION`; vLLM imports it in every worker process and adds it to
@@ -248,7 +254,9 @@ class WeightSyncExtension:
     Every attribute starts with ``crl_``: vLLM refuses an extension whose attributes clash with the
     worker's (vllm/v1/worker/worker_base.py).
 
-    A sync is :meth:`crl_load_weights` once per chunk, then :meth:`crl_finish_sync` once.  How the
+    A sync is :meth:`crl_load_weights` once per chunk (or, with ``devices.weight_sync: direct``, one
+    :meth:`~crl_bench.llm.weight_channel.ChannelReceiver.crl_receive_weights` over the weight channel), then
+    :meth:`crl_finish_sync` once.  How the
     chunks reach the model depends on the worker (:meth:`crl_sync_mode`):
 
     * ``load``: each chunk goes through ``model.load_weights`` as it arrives (the call vLLM's RLHF
@@ -564,6 +572,8 @@ class VLLMEngine:
         self.in_process = runs_in_process(llm)
         self.sleep_mode = bool(sleep_mode)
         self.asleep = False
+        self.tensor_parallel_size = len(gpus) if gpus else 1
+        self.direct: DirectWeightSync | None = None
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, model_cfg: Any, gen_cfg: Any = None, seed: int = 0,
@@ -640,8 +650,24 @@ class VLLMEngine:
             self.llm.wake_up()
             self.asleep = False
 
+    def weights_from(self, updater: Any) -> None:
+        """Take every later :meth:`sync_weights` from ``updater``'s data-parallel ranks over a weight channel
+        (``devices.weight_sync: direct``, :mod:`crl_bench.llm.weight_channel`) instead of from the model
+        passed in; the caller keeps the ranks' weights the ones the engine should serve (an update, a resume's
+        ``push_weights``), and the updater stops sending its weights to the driver after updates
+        (``weights_to_driver``; ``refresh_model`` fetches them when the driver's copy is read). ``None``: back
+        to the model passed in (the channel is closed)."""
+        if self.direct is not None:
+            self.direct.updater.weights_to_driver = True
+            self.direct.close()
+            self.direct = None
+        if updater is not None:
+            updater.weights_to_driver = False
+            self.direct = DirectWeightSync(updater, self)
+
     def sync_weights(self, model: Any) -> None:
-        """Copy ``model``'s current weights into every vLLM worker and drop vLLM's prefix cache.
+        """Copy ``model``'s current weights into every vLLM worker and drop vLLM's prefix cache; with
+        :meth:`weights_from`, copy the data-parallel ranks' weights instead (``model`` is not read).
 
         ``model.state_dict()`` (HF names) goes out in chunks of at most ``sync_chunk_mb`` MiB through
         ``collective_rpc(SYNC_METHOD, args=(chunk,))``: the trainer's tensors cast to the engine's
@@ -657,6 +683,11 @@ class VLLMEngine:
 
         dtype = DTYPES[self.dtype]
         self.wake()
+        if self.direct is not None:
+            self.direct.sync()
+            self.llm.collective_rpc(FINISH_METHOD)
+            self.llm.reset_prefix_cache()
+            return
         with torch.no_grad():
             for chunk in weight_chunks(model.state_dict(), dtype.itemsize, self.sync_chunk_bytes):
                 if self.in_process:
@@ -677,6 +708,9 @@ class VLLMEngine:
 
         Safe to call twice; the engine cannot generate afterwards.
         """
+        direct, self.direct = self.direct, None
+        if direct is not None and self.llm is not None:
+            direct.close()
         llm, self.llm = self.llm, None
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):

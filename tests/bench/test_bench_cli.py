@@ -15,7 +15,8 @@ from crl_bench.cli import build_parser, main
 
 def test_registry_lists_every_benchmark_with_its_entry_points():
     assert list(bench.BENCHMARKS) == ["env", "rollout", "retrieval", "overhead", "step", "update", "dp", "backend",
-                                      "eval", "roofline", "memory", "update-peak"]
+                                      "eval", "roofline", "memory", "update-peak", "weight-sync",
+                                      "checkpoint-io"]
     for name in bench.BENCHMARKS:
         mod = bench.benchmark(name)
         assert callable(mod.add_parser) and callable(mod.run) and mod.HELP, name
@@ -46,6 +47,13 @@ def test_registry_lists_every_benchmark_with_its_entry_points():
     (["update-peak"], {"shape": "qwen2.5-7b", "layers": [1, 2], "tokens": 4096, "device": "cuda", "check": False}),
     (["update-peak", "--shape", "qwen3-4b", "--layers", "2", "4", "--tokens", "8192", "--check"],
      {"shape": "qwen3-4b", "layers": [2, 4], "tokens": 8192, "check": True}),
+    (["weight-sync"], {"model": "smollm2-135m-instruct", "workers": 2, "sharding": "fsdp", "repeats": 3,
+                       "dtype": "float32", "gpus": None, "engine_gpus": None}),
+    (["weight-sync", "--workers", "3", "--dtype", "bfloat16", "--gpus", "1,2,3", "--engine-gpus", "0"],
+     {"workers": 3, "dtype": "bfloat16", "gpus": [1, 2, 3], "engine_gpus": [0]}),
+    (["checkpoint-io"], {"gib": 1.0, "dir": None, "steps": 512, "every": 100, "check": False}),
+    (["checkpoint-io", "--gib", "0.5", "--dir", "/d", "--every", "10", "--check"],
+     {"gib": 0.5, "dir": "/d", "every": 10, "check": True}),
     (["retrieval"], {"sizes": [1000, 10000, 100000], "index": ["flat", "ivf", "hnsw"],
                      "data": ["sentence", "gaussian"], "vectors": None, "queries": 64, "recall_queries": 256,
                      "k": 16, "dim": 384, "repeats": 5, "latency_samples": 512, "seed": 0, "search_threads": 1}),
@@ -212,3 +220,21 @@ def test_rollout_decode_passes_batches_and_prints_each_arm(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "rollout", "--decode", "--batches", "8,x"])
     assert e.value.code == 2
+
+
+def test_weight_sync_prints_both_arms_and_fails_when_the_engine_serves_other_weights(monkeypatch, capsys):
+    from crl_bench.bench import weight_sync
+
+    res = {"model": "m", "workers": 2, "sharding": "fsdp", "dtype": "float32", "params": 135e6, "backend": "gloo",
+           "host_s": [7.0, 8.0], "direct_s": [5.0, 6.0], "host_mean_s": 7.5, "direct_mean_s": 5.5,
+           "ratio": 7.5 / 5.5, "host_bytes": 135e6 * 8, "direct_bytes": 135e6 * 4, "max_logprob_diff": 2e-5,
+           "passed": True}
+    seen = {}
+    monkeypatch.setattr(weight_sync, "bench_weight_sync", lambda *a: seen.setdefault("args", a) and res)
+    assert main(["bench", "weight-sync", "--repeats", "2"]) == 0
+    assert seen["args"] == ("smollm2-135m-instruct", 2, "fsdp", 2, "float32", None, None)
+    out = capsys.readouterr().out
+    assert "host / direct: 1.36x (faster direct)" in out and "host 1.01 GiB, direct 0" in out and "PASS" in out
+    res.update(max_logprob_diff=0.5, passed=False)
+    assert main(["bench", "weight-sync"]) == 1
+    assert "FAIL" in capsys.readouterr().out

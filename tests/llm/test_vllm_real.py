@@ -172,13 +172,15 @@ def test_out_of_process_engine_syncs_in_small_chunks_and_leaves_no_process(engin
 # ---- a training step with generation.engine=vllm ---------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["grpo", "complementary"])
-def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_samples_from_it(method, tiny_model_dir):
+@pytest.mark.parametrize("method, sync", [("grpo", "host"), ("complementary", "host"), ("grpo", "direct")])
+def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_samples_from_it(method, sync,
+                                                                                          tiny_model_dir):
     """Steps of ``method`` on the coin env with the tiny model of the default architecture (what is
     checked is the weight sync, which holds for any model), vLLM generating (constrained replies,
     as the runs use): steps take optimiser steps (up to two are checked), and after each update vLLM's
     log-probs are those of the updated actor (not of the weights before it), so the next rollout
-    samples from them."""
+    samples from them. ``direct``: two FSDP2 ranks update the actor and send it to vLLM over the weight
+    channel; the driver's copy stays behind until :meth:`Trainer.refresh_models`."""
     from tests_helpers import CoinEnv, coin_config
 
     from crl_bench.env_api import register_env
@@ -187,10 +189,17 @@ def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_sample
 
     register_env("test-coin", CoinEnv)
     _require_vllm()
+    dp = {"workers": 2, "sharding": "fsdp"} if sync == "direct" else {}
+    devices = {"weight_sync": sync}
+    if sync == "direct" and torch.cuda.is_available():      # NCCL: the engine (GPU 0) and each rank a GPU
+        if torch.cuda.device_count() < 3:
+            pytest.skip("a direct sync over NCCL needs the engine's GPU and one per rank (3 GPUs)")
+        devices["actor_train"] = [1, 2]
     cfg = coin_config(method, generation={"engine": "vllm", "vllm_gpu_memory_utilization": 0.3},
                       model={"name": str(tiny_model_dir), "dtype": "float32", "gradient_checkpointing": False},
-                      train={"groups_per_step": 2, "group_size": 4, "lr": 1e-3, "seed": 3},
-                      experience={"warmup_steps": 0, "warmup_train_steps": 0, "actor_critic": False})
+                      train={"groups_per_step": 2, "group_size": 4, "lr": 1e-3, "seed": 3, **dp},
+                      experience={"warmup_steps": 0, "warmup_train_steps": 0, "actor_critic": False},
+                      devices=devices)
     kwargs = {"embedder": HashEmbedder(64)} if method != "grpo" else {}
     tr = Trainer(cfg, **kwargs)
     tok = tr.tokenizer
@@ -205,11 +214,16 @@ def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_sample
         assert isinstance(tr.engine, VLLMEngine)
         updates = 0
         for _ in range(4):                   # a step whose groups all tie takes no optimiser step
+            tr.refresh_models()
             before = copy.deepcopy(tr.model).eval()
             m = tr.train_step().metrics
             if m.get("optimizer_steps", 0) < 1:
                 continue
             updates += 1
+            if sync == "direct":                # the driver's copy stays as it was until refreshed
+                assert tr.updater.model_stale
+                assert all(torch.equal(a, b) for a, b in zip(tr.model.parameters(), before.parameters()))
+                tr.refresh_models()
             tr.model.eval()
             assert served_matches(tr.model) < LOGPROB_TOL            # the next rollout's weights ...
             assert served_matches(before) > 1e-3                     # ... are not the previous ones

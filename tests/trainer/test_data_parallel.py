@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import copy
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from crl_bench.llm.weight_channel import ChannelReceiver
 from crl_bench.trainer.losses import cispo_loss
 from crl_bench.trainer.policy import PolicyUpdater, TokenSample, build_batch, sequence_logprobs
 from crl_bench.trainer.rank_placement import NOSET_VISIBLE_DEVICES, RankPlacement, release, reserve, scheduling
@@ -257,8 +259,66 @@ def test_fsdp_update_equals_single_process(ray_session, tokenizer, tiny_model):
         again = dp.optimizer.state_dict()
         for i, st in state["state"].items():
             torch.testing.assert_close(again["state"][i]["exp_avg_sq"], st["exp_avg_sq"], rtol=0, atol=0)
+        _direct_sync_then_refresh(dp, samples)
     finally:
         dp.close()
+
+
+class _Worker(ChannelReceiver):
+    """A stand-in vLLM worker on the weight channel: keeps what ``load_weights`` gets."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, torch.Tensor]] = []
+        model = SimpleNamespace(load_weights=lambda weights: self.got.extend(weights))
+        self.model_runner = SimpleNamespace(model=model)
+
+    def crl_sync_mode(self) -> str:
+        return "load"
+
+
+class _Engine:
+    """A stand-in engine whose one worker runs in this process (as vLLM's in-process engine does)."""
+
+    dtype = "float32"
+    tensor_parallel_size = 1
+
+    def __init__(self) -> None:
+        self.worker, self.llm = _Worker(), self
+
+    def collective_rpc(self, method, args=()):
+        return [getattr(self.worker, method)(*args)]
+
+
+def _direct_sync_then_refresh(dp, samples):
+    """``devices.weight_sync: direct`` on two FSDP2 ranks: after an update the driver's copy stays behind, the
+    engine's worker receives every rank-gathered tensor in order (a second sync over the same channel too), and
+    ``refresh_model`` brings the driver's copy to exactly what was sent (through the full state dict, another
+    path than the channel's gathers)."""
+    from crl_bench.llm.weight_channel import DirectWeightSync
+
+    engine = _Engine()
+    sync = DirectWeightSync(dp, engine)
+    dp.weights_to_driver = False
+    try:
+        before = {n: p.detach().clone() for n, p in dp.model.named_parameters()}
+        dp.update(samples)
+        assert dp.model_stale
+        assert all(torch.equal(before[n], p) for n, p in dp.model.named_parameters())
+        for _ in range(2):
+            engine.worker.got.clear()
+            sent = sync.sync()
+            tied = [n for n, _ in dp.model.named_parameters(remove_duplicate=False)]      # as state_dict names them
+            assert [n for n, _ in engine.worker.got] == tied
+            assert sent == sum(t.numel() * 4 for _, t in engine.worker.got)
+        dp.refresh_model()
+        assert not dp.model_stale
+        params = dict(dp.model.named_parameters(remove_duplicate=False))
+        for n, t in engine.worker.got:
+            assert torch.equal(t, params[n].detach()), n
+        assert any(not torch.equal(before[n], p) for n, p in params.items())
+    finally:
+        sync.close()
+        dp.weights_to_driver = True
 
 
 @pytest.mark.slow

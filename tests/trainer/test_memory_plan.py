@@ -30,7 +30,7 @@ def shapes():
 #: the paper preset with its roles unplaced, as crl-bench laid them out before ``devices``: everything on the
 #: driver's GPU 0, one-process updates, each engine at half a card
 UNPLACED = {"devices": {"driver": "cuda", "actor_engine": [], "extractor_engine": [], "actor_train": [],
-                        "extractor_train": []},
+                        "extractor_train": [], "weight_sync": "host"},
             "train": {"workers": 1, "sharding": "ddp"},
             "generation": {"vllm_gpu_memory_utilization": 0.5}, "extractor": {"vllm_gpu_memory_utilization": None}}
 
@@ -124,8 +124,9 @@ def test_crl_bench_plan_prints_the_budget_and_exits_3_when_it_does_not_fit(tmp_p
     assert "devices.actor_train names GPU 4 and the machine has 4 (0 to 3)" in capsys.readouterr().out
     unplaced = [f"--set=devices.{k}=[]" for k in ("actor_engine", "extractor_engine", "actor_train",
                                                   "extractor_train")]
-    unplaced += ["--set", "devices.driver=cuda", "--set", "train.workers=1", "--set",
-                 "generation.vllm_gpu_memory_utilization=0.5", "--set", "extractor.vllm_gpu_memory_utilization=0.5"]
+    unplaced += ["--set", "devices.driver=cuda", "--set", "devices.weight_sync=host", "--set", "train.workers=1",
+                 "--set", "generation.vllm_gpu_memory_utilization=0.5",
+                 "--set", "extractor.vllm_gpu_memory_utilization=0.5"]
     assert main(argv + unplaced) == 3
     assert "GPU 0, load: 123.0 / 79.6 GiB  OVER" in capsys.readouterr().out
     assert main(argv + unplaced + ["--gpus", "1", "--gpu-memory-gib", "2000",
@@ -139,11 +140,17 @@ def test_the_shipped_paper_layout_fits_8_x_80_gb_and_says_where_each_role_is(sha
     # the driver keeps its float32 weights in host memory: no GPU holds them
     assert not any("float32 weights" in label for by in plan.gpus.values() for items in by.values()
                    for label, _ in items)
-    # GPU 0 the actor's engine alone, GPU 1 the extractor's, each at 0.9 of the card in every phase
-    for gpu, who in ((0, "actor"), (1, "extractor")):
-        assert {label for items in plan.gpus[gpu].values() for label, _ in items} == \
+    # GPU 0 the actor's engine alone, GPU 1 the extractor's, each at 0.9 of the card in every phase; in its
+    # sync (devices.weight_sync: direct) each also receives one tensor at a time: at most the 7B's embedding
+    for gpu, who, embedding in ((0, "actor", 1.0), (1, "extractor", 0.7)):
+        assert {label for phase, items in plan.gpus[gpu].items() if phase != f"{who} sync" for label, _ in items} == \
             {f"{who} vLLM engine (0.9 of the card)"}
         assert round(plan.total(gpu, "rollout"), 1) == 71.6
+        assert round(dict(plan.gpus[gpu][f"{who} sync"])[f"{who} weight arriving (largest tensor, bf16)"], 1) == \
+            embedding
+    # the ranks gather each tensor whole for the channel, rank 0 casting it: far under the update's peak
+    gathered = dict(plan.gpus[2]["actor sync"])["actor tensor gathered for the engine (largest, float32 + bf16)"]
+    assert round(gathered, 1) == 3.0 and plan.total(2, "actor sync") < plan.total(2, "actor update")
     # GPUs 2-7: both updaters' ranks, six-way sharded; the actor's update is the peak
     for gpu in range(2, 8):
         update = dict(plan.gpus[gpu]["actor update"])
@@ -160,7 +167,8 @@ def test_the_shipped_paper_layout_fits_8_x_80_gb_and_says_where_each_role_is(sha
 
 
 def test_a_sleeping_engine_leaves_its_gpu_to_the_ranks_during_the_actor_update(shapes):
-    colocated = {"devices": {"actor_engine": [2]}, "generation": {"vllm_gpu_memory_utilization": 0.4,
+    colocated = {"devices": {"actor_engine": [2], "weight_sync": "host"},
+                 "generation": {"vllm_gpu_memory_utilization": 0.4,
                                                                  "vllm_sleep": True}}
     plan = plan_memory(_shipped(colocated), 8, 79.6, *shapes)
     labels = {ph: [label for label, _ in items] for ph, items in plan.gpus[2].items()}
@@ -175,7 +183,8 @@ def test_the_released_16_gpu_split_is_expressible(shapes):
     # released: actor training and inference on GPUs 0-7, the extractor's vLLM on 8-15 (here with its ranks)
     released = {"train": {"workers": 8},
                 "devices": {"actor_engine": list(range(8)), "actor_train": list(range(8)),
-                            "extractor_engine": list(range(8, 16)), "extractor_train": list(range(8, 16))},
+                            "extractor_engine": list(range(8, 16)), "extractor_train": list(range(8, 16)),
+                            "weight_sync": "host"},     # colocated: rank 0 shares a GPU with the engine
                 "generation": {"vllm_gpu_memory_utilization": 0.6, "vllm_sleep": True},
                 "extractor": {"vllm_gpu_memory_utilization": 0.5}}
     plan = plan_memory(_shipped(released), 16, 79.6, *shapes)

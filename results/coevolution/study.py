@@ -3,7 +3,8 @@ training step (what the bank held, what guided episodes were shown, whether the 
 extractor's rewards, what internalisation kept) and the final evaluation in every mode on `eval` and
 `eval_unseen`; then the answers by the rules PREDICTION.md fixed: `complementary` minus `static` on the final
 share of correct lessons (paired by seed, bootstrap over seeds) and on guided success (two-level interval
-over seeds, then tasks), and `internalise` minus `complementary` on free success.
+over seeds, then tasks), and `internalise` minus `complementary` on free success; and each method's memory lifts
+(guided minus shuffled, raw and empty, paired by task within each run).
 Writes ARM/study.md and prints it.  Usage: python results/coevolution/study.py ARM  (e.g. vault-step10)
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crl_bench.results.stats import CI_MIN_VALUES, bootstrap_ci, difference_ci
+from crl_bench.results.stats import CI_MIN_VALUES, bootstrap_ci, difference_ci, two_level_ci
 
 HERE = Path(__file__).resolve().parent
 MODES = ("free", "guided", "shuffled", "empty", "raw", "both")
@@ -72,6 +73,22 @@ def diff_line(label: str, a: list, b: list) -> str:
     return f"- {label}: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (95%, over {over}; runs {len(a)} and {len(b)})"
 
 
+def lift_line(label: str, group: dict, split: str, a: str, b: str) -> str:
+    """Mode ``a`` minus mode ``b`` within each run of ``group`` (paired by task), two-level interval over seeds,
+    then tasks (the leaderboard's lift)."""
+    runs = []
+    for run in group.values():
+        ev = evals(run).get(split, {})
+        x, y = ev.get(a) or {}, ev.get(b) or {}
+        if x.get("per_env") and y.get("per_env"):
+            runs.append([u - v for u, v in zip(successes(x), successes(y))])
+    if not runs:
+        return f"- {label}: not yet"
+    low, high, over = two_level_ci(runs)
+    mean = float(np.mean([np.mean([x.mean() for x in r]) for r in runs]))
+    return f"- {label}: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (95%, over {over}; {len(runs)} runs)"
+
+
 def main(arm: str) -> str:
     base = HERE / arm / "runs"
     runs = sorted(p for p in base.iterdir() if (p / "eval.json").is_file()) if base.is_dir() else []
@@ -121,6 +138,10 @@ def main(arm: str) -> str:
         if it:
             lines.append(diff_line(f"{split}, free success, internalise - complementary", side(it, split, "free"),
                                    side(co, split, "free")))
+    lines += ["", "## Memory lifts within each method (PREDICTION.md predictions 3 and 5)", ""]
+    for method, group in by.items():
+        for a, b in (("guided", "shuffled"), ("guided", "raw"), ("guided", "empty")):
+            lines.append(lift_line(f"eval, {method}, {a} - {b}", group, "eval", a, b))
     text = "\n".join(lines) + "\n"
     (HERE / arm / "study.md").write_text(text)
     return text

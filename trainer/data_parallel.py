@@ -526,11 +526,12 @@ class DataParallelUpdater(PolicyUpdater):
             ranks share the GPUs).
 
     Attributes ``optimizer`` and ``scheduler`` are stand-ins (``state_dict`` / ``load_state_dict`` on
-    the workers' objects); ``rng`` is the driver's shuffling generator as in :class:`PolicyUpdater`;
-    ``last_timing`` (seconds) splits the last :meth:`update` into ``call_s`` (the Ray call: shipping
-    the samples, the workers' work, returning the weights), ``compute_s`` (the slowest worker's
-    forwards, backwards, gradient sums and optimiser steps), ``weights_s`` (gathering the weights on
-    rank 0) and ``load_s`` (copying them into the driver's model).
+    the workers' objects, trainer/remote_state.py); ``lr_now`` is the learning rate after the last update;
+    ``rng`` is the driver's shuffling generator as in :class:`PolicyUpdater`; ``last_timing`` (seconds)
+    splits the last :meth:`update` into ``call_s`` (the Ray call: shipping the samples, the workers' work,
+    returning the weights), ``compute_s`` (the slowest worker's forwards, backwards, gradient sums and
+    optimiser steps), ``weights_s`` (gathering the weights on rank 0) and ``load_s`` (copying them into
+    the driver's model).
 
     Raises:
         ValueError: ``workers < 1``, unknown ``sharding`` or ``loss_agg``.
@@ -612,7 +613,7 @@ class DataParallelUpdater(PolicyUpdater):
         except BaseException:
             self.close()
             raise
-        self._lr = lrs[0]
+        self.lr_now = lrs[0]
         self.weights_to_driver = True
         self.model_stale = False
         self.last_timing: dict[str, float] = {}
@@ -661,20 +662,17 @@ class DataParallelUpdater(PolicyUpdater):
         from crl_bench.llm.weights import load_trainable
 
         if self.model_stale:
-            load_trainable(self.model, self._call("weights"), "data-parallel ranks")
+            load_trainable(self.model, self.call_rank0("weights"), "data-parallel ranks")
             self.model_stale = False
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def call_rank0(self, method: str, *args: Any) -> Any:
         """Call ``method`` on every worker (collectives need all ranks) and return rank 0's result. Each
         argument goes into Ray's object store once and every worker gets that one reference: passed by
         value, Ray would store a copy per call (a resumed 7B AdamW state is 61 GB, once per rank)."""
-        import ray
+        return self._gather(self.start(method, *args))[0]
 
-        refs = [ray.put(a) for a in args]
-        return self._gather([getattr(a, method).remote(*refs) for a in self._actors])[0]
-
-    def _call_full_state(self, method: str, state: Any) -> Any:
-        """:meth:`_call` with a full state that FSDP ranks take from rank 0 by broadcast: with FSDP only
+    def call_full_state(self, method: str, state: Any) -> Any:
+        """:meth:`call_rank0` with a full state that FSDP ranks take from rank 0 by broadcast: with FSDP only
         rank 0 gets ``state`` (the others ``None``, so they never deserialise it); with DDP every rank gets
         the one stored copy."""
         import ray
@@ -723,7 +721,7 @@ class DataParallelUpdater(PolicyUpdater):
                                     for a in self._actors])
         t1 = time.perf_counter()
         acc = UpdateStats()
-        grad_norm, lr, steps = 0.0, self._lr, 0
+        grad_norm, lr, steps = 0.0, self.lr_now, 0
         drift: dict[str, float] = {}
         if results:
             for m in sorted((m for r in results for m in r["micro"]), key=lambda m: m["index"]):
@@ -733,7 +731,7 @@ class DataParallelUpdater(PolicyUpdater):
             if steps:
                 grad_norm, lr = head["steps"][-1]["grad_norm"], head["steps"][-1]["lr"]
             drift = head["drift"]
-            self._lr = head["lr"]
+            self.lr_now = head["lr"]
             if "weights" in head and steps:
                 load_trainable(self.model, head["weights"], "data-parallel update")
             elif steps:
@@ -762,7 +760,7 @@ class DataParallelUpdater(PolicyUpdater):
         """Copy the driver model's trainable parameters to every worker (after changing the driver's
         model outside :meth:`update`, e.g. loading a checkpoint into it)."""
         self.model_stale = False
-        self._call_full_state("load_weights", {n: p.detach().cpu() for n, p in self.model.named_parameters()
+        self.call_full_state("load_weights", {n: p.detach().cpu() for n, p in self.model.named_parameters()
                                                if p.requires_grad})
 
     def rank_devices(self) -> list[str]:

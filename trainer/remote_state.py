@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from crl_bench.trainer.data_parallel import DataParallelUpdater
 
 __all__ = ["LambdaFactory", "RemoteOptimizer", "RemoteScheduler"]
 
@@ -24,19 +21,19 @@ class RemoteOptimizer:
     (:meth:`DataParallelUpdater.push_weights`): a resume loads the weights into the driver's model and
     then the optimiser state (trainer/checkpoint.py ``load_checkpoint``), so the replicas follow."""
 
-    def __init__(self, owner: DataParallelUpdater) -> None:
+    def __init__(self, owner: Any) -> None:
         self._owner = owner
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return [{"lr": self._owner._lr}]
+        return [{"lr": self._owner.lr_now}]
 
     def state_dict(self) -> dict[str, Any]:
-        return self._owner._call("optimizer_state")
+        return self._owner.call_rank0("optimizer_state")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._owner.push_weights()
-        self._owner._lr = self._owner._call_full_state("load_optimizer_state", state)
+        self._owner.lr_now = self._owner.call_full_state("load_optimizer_state", state)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """No-op (the workers zero their gradients)."""
@@ -45,14 +42,14 @@ class RemoteOptimizer:
 class RemoteScheduler:
     """Driver-side stand-in for the workers' lr scheduler (``state_dict`` / ``load_state_dict``)."""
 
-    def __init__(self, owner: DataParallelUpdater) -> None:
+    def __init__(self, owner: Any) -> None:
         self._owner = owner
 
     def state_dict(self) -> dict[str, Any]:
-        return self._owner._call("scheduler_state")
+        return self._owner.call_rank0("scheduler_state")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._owner._lr = self._owner._call("load_scheduler_state", state)
+        self._owner.lr_now = self._owner.call_rank0("load_scheduler_state", state)
 
 
 @dataclass

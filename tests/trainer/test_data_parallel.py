@@ -490,7 +490,7 @@ def test_a_call_to_every_worker_puts_its_argument_in_the_object_store_once(monke
     updater._actors = [Actor(), Actor(), Actor()]
     updater._gather = lambda refs: [0.5 for _ in refs]
     state = {"state": {0: {"exp_avg": torch.zeros(3)}}}
-    assert updater._call("load_optimizer_state", state) == 0.5
+    assert updater.call_rank0("load_optimizer_state", state) == 0.5
     assert puts == [state] and got == [(("ref", 1),)] * 3
 
 
@@ -516,5 +516,5 @@ def test_a_full_state_reaches_only_rank_0_under_fsdp(monkeypatch, sharding, expe
     updater = object.__new__(DataParallelUpdater)
     updater._actors, updater.sharding = [Actor(), Actor(), Actor()], sharding
     updater._gather = lambda refs: refs
-    updater._call_full_state("load_weights", {"w": torch.zeros(2)})
+    updater.call_full_state("load_weights", {"w": torch.zeros(2)})
     assert got == expected

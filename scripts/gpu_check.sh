@@ -6,8 +6,8 @@
 #
 #   1. the machine: GPU, driver, torch and its CUDA, bf16 support, vLLM's version (or its absence);
 #   2. with vLLM: the real-vLLM tests on CUDA (generation, masked/raw log-probs, a weight sync compared
-#      with a transformers forward of the synced weights, the out-of-process engine, grpo and
-#      complementary steps whose next rollout samples from the updated weights);
+#      with a transformers forward of the synced weights, the out-of-process engine, grpo steps over the
+#      weight channel (3 GPUs) and complementary steps whose next rollout samples from the updated weights);
 #   3. a paper-shaped smoke: `grpo` with the `paper` preset (multi-turn prompts, free replies, bf16,
 #      logprob recomputation) on Sokoban, 2 steps of 4 groups x 8, with vLLM where it is installed;
 #   4. 3 steps of `grpo` on the one-action diagnostic (`diag` preset, bf16) that take optimiser steps

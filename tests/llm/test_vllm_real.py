@@ -172,36 +172,32 @@ def test_out_of_process_engine_syncs_in_small_chunks_and_leaves_no_process(engin
 # ---- a training step with generation.engine=vllm ---------------------------------------------------
 
 
-@pytest.mark.parametrize("method, sync", [("complementary", "host"), ("grpo", "direct")])
-def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_samples_from_it(method, sync,
-                                                                                          tiny_model_dir):
-    """Steps of ``method`` on the coin env with the tiny model of the default architecture (what is
-    checked is the weight sync, which holds for any model), vLLM generating (constrained replies,
-    as the runs use): steps take optimiser steps (up to two are checked), and after each update vLLM's
-    log-probs are those of the updated actor (not of the weights before it), so the next rollout
-    samples from them. ``direct``: two FSDP2 ranks update the actor and send it to vLLM over the weight
-    channel; the driver's copy stays behind until :meth:`Trainer.refresh_models`."""
+def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_samples_from_it(tiny_model_dir):
+    """``grpo`` steps on the coin env with the tiny model of the default architecture (what is checked is
+    the weight sync, which holds for any model), vLLM generating (constrained replies, as the runs use),
+    the update on two FSDP2 ranks that send the actor to vLLM over the weight channel
+    (``devices.weight_sync: direct``): steps take optimiser steps (up to two are checked), the driver's copy
+    stays behind until :meth:`Trainer.refresh_models`, and after each update vLLM's log-probs are those of
+    the updated actor (not of the weights before it), so the next rollout samples from them. The host path
+    after an update: the next test."""
     from tests_helpers import CoinEnv, coin_config
 
     from crl_bench.env_api import register_env
-    from crl_bench.experience.embedding import HashEmbedder
     from crl_bench.trainer.loop import Trainer
 
     register_env("test-coin", CoinEnv)
     _require_vllm()
-    dp = {"workers": 2, "sharding": "fsdp"} if sync == "direct" else {}
-    devices = {"weight_sync": sync}
-    if sync == "direct" and torch.cuda.is_available():      # NCCL: the engine (GPU 0) and each rank a GPU
+    devices = {"weight_sync": "direct"}
+    if torch.cuda.is_available():           # NCCL: the engine (GPU 0) and each rank a GPU
         if torch.cuda.device_count() < 3:
             pytest.skip("a direct sync over NCCL needs the engine's GPU and one per rank (3 GPUs)")
         devices["actor_train"] = [1, 2]
-    cfg = coin_config(method, generation={"engine": "vllm", "vllm_gpu_memory_utilization": 0.3},
+    cfg = coin_config("grpo", generation={"engine": "vllm", "vllm_gpu_memory_utilization": 0.3},
                       model={"name": str(tiny_model_dir), "dtype": "float32", "gradient_checkpointing": False},
-                      train={"groups_per_step": 2, "group_size": 4, "lr": 1e-3, "seed": 3, **dp},
-                      experience={"warmup_steps": 0, "warmup_train_steps": 0, "actor_critic": False},
+                      train={"groups_per_step": 2, "group_size": 4, "lr": 1e-3, "seed": 3, "workers": 2,
+                             "sharding": "fsdp"},
                       devices=devices)
-    kwargs = {"embedder": HashEmbedder(64)} if method != "grpo" else {}
-    tr = Trainer(cfg, **kwargs)
+    tr = Trainer(cfg)
     tok = tr.tokenizer
     ids = _prompt(tok, "A coin. Call it: heads or tails?")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, stop=())
@@ -220,10 +216,10 @@ def test_a_training_step_with_vllm_updates_the_actor_and_the_next_rollout_sample
             if m.get("optimizer_steps", 0) < 1:
                 continue
             updates += 1
-            if sync == "direct":                # the driver's copy stays as it was until refreshed
-                assert tr.updater.model_stale
-                assert all(torch.equal(a, b) for a, b in zip(tr.model.parameters(), before.parameters()))
-                tr.refresh_models()
+            # the driver's copy stays as it was until refreshed
+            assert tr.updater.model_stale
+            assert all(torch.equal(a, b) for a, b in zip(tr.model.parameters(), before.parameters()))
+            tr.refresh_models()
             tr.model.eval()
             assert served_matches(tr.model) < LOGPROB_TOL            # the next rollout's weights ...
             assert served_matches(before) > 1e-3                     # ... are not the previous ones
@@ -240,7 +236,9 @@ def test_the_extractor_generates_through_vllm_and_its_engine_follows_its_updates
     """``extractor.engine: vllm``: the extractor (the default model: its extractions parse, so they are
     credited and reach its CISPO batch; the actor is the tiny model) writes its extractions through a
     vLLM engine of its own (out of process, beside the actor's), and after a CISPO update of the
-    extractor that engine serves the updated extractor's log-probs."""
+    extractor that engine serves the updated extractor's log-probs; the actor's engine (in process, synced
+    through the driver: ``devices.weight_sync: host``) serves the actor's weights after its updates, not
+    those it started from."""
     from tests_helpers import CoinEnv, coin_config
 
     from crl_bench.env_api import register_env
@@ -263,6 +261,7 @@ def test_the_extractor_generates_through_vllm_and_its_engine_follows_its_updates
         ids = _prompt(tr.tokenizer, "Write one lesson about calling a coin.")
         greedy = SamplingParams(temperature=0.0, max_new_tokens=8, stop=())
         updated = False
+        actor_before = copy.deepcopy(tr.model).eval()
         for _ in range(5):
             before = copy.deepcopy(track.model).eval()
             m = tr.train_step().metrics
@@ -281,6 +280,13 @@ def test_the_extractor_generates_through_vllm_and_its_engine_follows_its_updates
             changed = any(not torch.equal(a, b) for a, b in zip(before.parameters(), track.model.parameters()))
             if changed:                     # an update whose samples all had advantage 0 changes nothing
                 assert (_hf_logprobs(before, ids, g.response_ids) - got).abs().max().item() > 1e-3
+        tr.model.eval()
+        actor_ids = _prompt(tr.tokenizer, "A coin. Call it: heads or tails?")
+        (a,) = tr.engine.generate([actor_ids], greedy)
+        served = torch.tensor(a.logprobs)
+        assert (_hf_logprobs(tr.model, actor_ids, a.response_ids) - served).abs().max().item() < LOGPROB_TOL
+        if any(not torch.equal(x, y) for x, y in zip(actor_before.parameters(), tr.model.parameters())):
+            assert (_hf_logprobs(actor_before, actor_ids, a.response_ids) - served).abs().max().item() > 1e-3
     finally:
         tr.close()
     assert x_engine.llm is None

@@ -475,9 +475,7 @@ class TrainWorker:
         gathers each tensor); returns the bytes rank 0 sent."""
         from crl_bench.llm.weight_channel import send_parameters
 
-        params = self._sent()
-        device = self.device if self.spec["backend"] == "nccl" else torch.device("cpu")
-        return send_parameters(getattr(self, "channel", None), params, getattr(torch, dtype_name), device)
+        return send_parameters(getattr(self, "channel", None), self._sent(), getattr(torch, dtype_name), self.device)
 
     def close_weight_channel(self) -> None:
         """Leave the weight channel."""
@@ -581,21 +579,21 @@ class DataParallelUpdater(PolicyUpdater):
         if not ray.is_initialized():
             ray.init(num_cpus=max(os.cpu_count() or 1, self.workers * self.threads),
                      include_dashboard=False, log_to_driver=False)
-        self._timeout = float(timeout_s)
+        self.timeout_s = float(timeout_s)
         cpus = float(num_cpus) if num_cpus is not None else float(self.threads)
         placement = rank_placement(self.workers, cpus, cuda, gpus, gpu_fraction)
         self._group = None
         if placement.bundles:
-            self._group = reserve(placement, min(self._timeout, 60.0))
+            self._group = reserve(placement, min(self.timeout_s, 60.0))
         else:
             need = {"CPU": cpus * self.workers, "GPU": float(self.workers) if cuda else 0.0}
-            wait_for_resources(need, min(self._timeout, 60.0))
+            wait_for_resources(need, min(self.timeout_s, 60.0))
         actor = ray.remote(TrainWorker)
         self._actors = [actor.options(**placement.options, **scheduling(self._group, r))
                         .remote(r, self.workers, self.threads, placement.gpus[r]) for r in range(self.workers)]
         try:
-            address, port = ray.get(self._actors[0].address.remote(), timeout=self._timeout)
-            spec = {"backend": self.backend, "sharding": sharding, "timeout_s": self._timeout,
+            address, port = ray.get(self._actors[0].address.remote(), timeout=self.timeout_s)
+            spec = {"backend": self.backend, "sharding": sharding, "timeout_s": self.timeout_s,
                     "optimizer_cls": type(optimizer), "optimizer_kwargs": _optimizer_kwargs(optimizer),
                     "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
                     "scheduler_factory": scheduler_factory, "ref_method": ref_method,
@@ -608,7 +606,7 @@ class DataParallelUpdater(PolicyUpdater):
             ref_ref = ray.put(ref_module) if ref_module is not None else None
             opt_state = ray.put(_to_cpu(optimizer.state_dict()))     # stored once, one reference per rank
             sched_state = scheduler.state_dict() if scheduler is not None else None
-            lrs = self._gather([a.setup.remote(address, port, spec, model_ref, state_ref, ref_ref, opt_state,
+            lrs = self.gather([a.setup.remote(address, port, spec, model_ref, state_ref, ref_ref, opt_state,
                                                sched_state) for a in self._actors])
         except BaseException:
             self.close()
@@ -621,28 +619,18 @@ class DataParallelUpdater(PolicyUpdater):
         self.scheduler = RemoteScheduler(self) if scheduler_factory is not None else None
 
     # ---- driver side --------------------------------------------------------------------------------
-    def _gather(self, refs: list[Any]) -> list[Any]:
+    def gather(self, refs: list[Any]) -> list[Any]:
         """``ray.get(refs)``, but raising as soon as any worker fails (the others may be blocked in a
         collective waiting for it); ``TimeoutError`` after ``timeout_s`` without progress."""
         import ray
 
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=self._timeout)
+            done, pending = ray.wait(pending, num_returns=1, timeout=self.timeout_s)
             if not done:
-                raise TimeoutError(f"data-parallel workers made no progress in {self._timeout:.0f} s")
+                raise TimeoutError(f"data-parallel workers made no progress in {self.timeout_s:.0f} s")
             ray.get(done)                   # raises the worker's error
         return ray.get(refs)
-
-    @property
-    def timeout_s(self) -> float:
-        """The process-group timeout and the longest wait for the workers (seconds)."""
-        return self._timeout
-
-    @property
-    def channel_backend(self) -> str:
-        """The backend of a weight channel from rank 0 (crl_bench/llm/weight_channel.py): the ranks' own."""
-        return self.backend
 
     def start(self, method: str, *args: Any) -> list[Any]:
         """Start ``method(*args)`` on every worker (each argument stored once) without waiting; the Ray
@@ -651,10 +639,6 @@ class DataParallelUpdater(PolicyUpdater):
 
         refs = [ray.put(a) for a in args]
         return [getattr(a, method).remote(*refs) for a in self._actors]
-
-    def gather(self, refs: list[Any]) -> list[Any]:
-        """The results of :meth:`start`'s calls, in rank order (raising as soon as one worker fails)."""
-        return self._gather(refs)
 
     def refresh_model(self) -> None:
         """Bring the driver's model up to the ranks' weights where updates left it behind (weights synced
@@ -669,7 +653,7 @@ class DataParallelUpdater(PolicyUpdater):
         """Call ``method`` on every worker (collectives need all ranks) and return rank 0's result. Each
         argument goes into Ray's object store once and every worker gets that one reference: passed by
         value, Ray would store a copy per call (a resumed 7B AdamW state is 61 GB, once per rank)."""
-        return self._gather(self.start(method, *args))[0]
+        return self.gather(self.start(method, *args))[0]
 
     def call_full_state(self, method: str, state: Any) -> Any:
         """:meth:`call_rank0` with a full state that FSDP ranks take from rank 0 by broadcast: with FSDP only
@@ -678,7 +662,7 @@ class DataParallelUpdater(PolicyUpdater):
         import ray
 
         ref = ray.put(state)
-        return self._gather([getattr(a, method).remote(ref if i == 0 or self.sharding != "fsdp" else None)
+        return self.gather([getattr(a, method).remote(ref if i == 0 or self.sharding != "fsdp" else None)
                              for i, a in enumerate(self._actors)])[0]
 
     def sharing(self) -> bool:
@@ -717,7 +701,7 @@ class DataParallelUpdater(PolicyUpdater):
         t0 = time.perf_counter()
         if plan:
             sref = ray.put(samples)
-            results = self._gather([a.update.remote(sref, plan, recompute, fold, self.weights_to_driver)
+            results = self.gather([a.update.remote(sref, plan, recompute, fold, self.weights_to_driver)
                                     for a in self._actors])
         t1 = time.perf_counter()
         acc = UpdateStats()
@@ -767,7 +751,7 @@ class DataParallelUpdater(PolicyUpdater):
         """Each rank's device and visible GPUs (:meth:`TrainWorker.where`), in rank order."""
         import ray
 
-        return ray.get([a.where.remote() for a in self._actors], timeout=self._timeout)
+        return ray.get([a.where.remote() for a in self._actors], timeout=self.timeout_s)
 
     def close(self) -> None:
         """Leave the process group and kill the worker actors (idempotent; Ray itself stays up)."""

@@ -104,7 +104,7 @@ def bench_weight_sync(model: str = DEFAULT_MODEL, workers: int = 2, sharding: st
             logits = base(full).logits[0, len(ids) - 1:-1].float()
         ref = torch.log_softmax(logits, -1).gather(1, full[0, len(ids):, None]).squeeze(1).cpu()
         diff = float((ref - torch.tensor(gen.logprobs)).abs().max()) if gen.response_ids else 0.0
-        backend = up.channel_backend
+        backend = up.backend
     finally:
         if engine is not None:
             engine.close()

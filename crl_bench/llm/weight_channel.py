@@ -34,17 +34,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["CHANNEL_PREFIX", "Channel", "ChannelReceiver", "DirectWeightSync", "channel_backend", "open_channel",
+__all__ = ["CHANNEL_PREFIX", "Channel", "ChannelReceiver", "DirectWeightSync", "open_channel",
            "receive_parameters", "send_parameters"]
 
 #: key prefix of the channel's rendezvous in its TCP store
 CHANNEL_PREFIX = "crl-weight-channel"
-
-
-def channel_backend(device: Any) -> str:
-    """``"nccl"`` for a CUDA device, ``"gloo"`` otherwise (``device``: a ``torch.device`` or its type name)."""
-    kind = getattr(device, "type", device)
-    return "nccl" if kind == "cuda" else "gloo"
 
 
 def open_channel(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> Any:
@@ -225,7 +219,7 @@ class DirectWeightSync:
 
     def _open(self) -> None:
         host, port = self.updater.gather(self.updater.start("address"))[0]
-        backend = self.updater.channel_backend
+        backend = self.updater.backend      # the ranks' own: nccl on GPUs, gloo on the CPU
         world = 1 + int(getattr(self.engine, "tensor_parallel_size", 1))
         # rank 0 hosts the store and waits in the rendezvous while the engine's workers join it
         refs = self.updater.start("open_weight_channel", host, port, world, backend)

@@ -488,7 +488,7 @@ def test_a_call_to_every_worker_puts_its_argument_in_the_object_store_once(monke
     monkeypatch.setattr(ray, "put", put)
     updater = object.__new__(DataParallelUpdater)
     updater._actors = [Actor(), Actor(), Actor()]
-    updater._gather = lambda refs: [0.5 for _ in refs]
+    updater.gather = lambda refs: [0.5 for _ in refs]
     state = {"state": {0: {"exp_avg": torch.zeros(3)}}}
     assert updater.call_rank0("load_optimizer_state", state) == 0.5
     assert puts == [state] and got == [(("ref", 1),)] * 3
@@ -515,6 +515,6 @@ def test_a_full_state_reaches_only_rank_0_under_fsdp(monkeypatch, sharding, expe
     monkeypatch.setattr(ray, "put", lambda value: ("ref", 1))
     updater = object.__new__(DataParallelUpdater)
     updater._actors, updater.sharding = [Actor(), Actor(), Actor()], sharding
-    updater._gather = lambda refs: refs
+    updater.gather = lambda refs: refs
     updater.call_full_state("load_weights", {"w": torch.zeros(2)})
     assert got == expected

@@ -5,7 +5,8 @@ extractor's rewards, what internalisation kept) and the final evaluation in ever
 share of correct lessons (paired by seed, bootstrap over seeds) and on guided success (two-level interval
 over seeds, then tasks), and `internalise` minus `complementary` on free success; and each method's memory lifts
 (guided minus shuffled, raw and empty, paired by task within each run).
-Writes ARM/study.md and prints it.  Usage: python results/coevolution/study.py ARM  (e.g. vault-step10)
+Writes ARM/study.md and prints it.
+Usage: python results/coevolution/study.py ARM  (vault-step10, vault-step12, diag-corridor)
 """
 
 from __future__ import annotations
@@ -99,8 +100,9 @@ def main(arm: str) -> str:
              "`merge wrote` = the entries it wrote (the bank's entries before it are the previous row's), "
              "`parsed` = share of the step's extractor replies that "
              "parsed into operations, "
-             "`bank ok` = share of the bank's entries stating some context's code, `shown ok` = "
-             "share of guided episodes shown their own context's code, `follow` = the actor's lesson_follow, "
+             "`bank ok` = share of the bank's entries stating some context's solution (a vault's code, a corridor's "
+             "passages), `shown ok` = share of guided episodes shown their own context's solution, `follow` = the "
+             "actor's lesson_follow, "
              "`ext. reward` = the extractor update's mean reward (`complementary`, `internalise`), `internalised` = "
              "episodes the internalisation kept; `-` where the step had none.", ""]
     for run in runs:

@@ -43,6 +43,7 @@ from crl_bench.results.stats import (
     probability_of_improvement,
     two_level_ci,
 )
+from crl_bench.results.summary import pool_hash
 
 __all__ = ["CompareError", "Side", "compare", "compare_json", "compare_markdown", "load_side"]
 
@@ -80,7 +81,7 @@ def load_side(spec: str, sweep: str | Path | None = None) -> Side:
         if not chosen:
             known = ", ".join(sorted({_group(r) for _, r in pairs})) or "none"
             raise CompareError(f"no runs named {spec!r} in {sweep} (its methods: {known})")
-        if len(groups) > 1 and len({r.get("settings", "") for _, r in chosen}) > 1:
+        if len(groups) > 1 and len({pool_hash(r) for _, r in chosen}) > 1:
             raise CompareError(f"{spec!r} in {sweep} is runs of different settings ({', '.join(groups)}); "
                                "name one of them")
         return Side(spec, chosen)

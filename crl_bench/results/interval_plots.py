@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from crl_bench.results.stats import CI_LEVEL, OVER_SEEDS, iqm, iqm_ci, probability_of_improvement_ci
+from crl_bench.results.summary import pool_hash
 from crl_bench.safe_io import printable
 
 __all__ = ["MIN_SEEDS", "draw_interval_charts", "method_scores"]
@@ -46,7 +47,7 @@ def method_scores(row: pd.Series, summaries: Sequence[dict[str, Any]]) -> np.nda
         if json.dumps(s["eval_protocol"], sort_keys=True, separators=(",", ":")) != proto:
             continue
         for r in s["runs"]:
-            if r["run_id"] not in ids or r.get("settings", "") != row["settings"]:
+            if r["run_id"] not in ids or pool_hash(r) != row["settings"]:
                 continue
             per_env = (r["eval"].get(row["eval"]) or {}).get("per_env") or {}
             if envs and all(e in per_env for e in envs):

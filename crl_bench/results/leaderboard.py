@@ -78,6 +78,7 @@ from crl_bench.results.summary import (
     SummaryError,
     build_summary,
     fill_settings,
+    pool_hash,
     read_summary,
     validate_summary,
 )
@@ -210,7 +211,7 @@ def leaderboard_frame(summaries: Sequence[dict[str, Any]], warnings: list[str] |
                 if block is None:
                     continue
                 key = (s["method"], canon(s["model"]), s["mix"]["name"], canon(s["mix"]["envs"]),
-                       canon(proto), mode, r.get("settings", ""))
+                       canon(proto), mode, pool_hash(r))
                 g = groups.setdefault(key, {"summary": s, "mode": mode, "runs": {}, "settings": key[-1], "key": key})
                 ident = run_identity(s, r)
                 if ident in g["runs"]:
@@ -412,9 +413,10 @@ def leaderboard_markdown(df: pd.DataFrame, doc_link: str = EVAL_DOC, lift: pd.Da
         "where the runs recorded it, the task panel (`panel` and a hash prefix: the same tasks with the same "
         "content; full hash in the CSV). Runs of one method with different training settings (config.yaml "
         "without run id, folders, seed, evaluation, logging, alarms, backend, checkpoint cadence) are never "
-        "pooled either: where that splits a method's rows, its name adds the settings that differ "
-        "(`casebank · experience.rerank=utility`; `unset` for a key a config lacks) or, where more than "
-        f"{LABEL_MAX_KEYS} differ or a config is missing, `settings` and a hash prefix (full hash in the "
+        "pooled either (a setting a config lacks, written before the setting existed, reads as today's "
+        "default): where that splits a method's rows, its name adds the settings that differ "
+        "(`casebank · experience.rerank=utility`; `unset` for a key the code does not know) or, where more "
+        f"than {LABEL_MAX_KEYS} differ or a config is missing, `settings` and a hash prefix (full hash in the "
         "CSV's `settings` column).",
         "* Per env: eval success rate, mean ± sample std (ddof=1) over runs (one per seed), n = runs "
         "that evaluated the env.",

@@ -19,6 +19,7 @@ import pandas as pd
 
 from crl_bench.results.labels import canon, label_settings, model_label, protocol_label, run_identity, settings_details
 from crl_bench.results.stats import CI_RESAMPLES, CI_SEED, two_level_ci
+from crl_bench.results.summary import pool_hash
 from crl_bench.safe_io import markdown_cell
 
 __all__ = ["LIFT_COLUMNS", "LIFT_CONTROLS", "LIFT_ROW_COLUMNS", "lift_frame", "lift_markdown", "row_lifts",
@@ -102,7 +103,7 @@ def lift_frame(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
             if not g_block or not s_block:
                 continue
             key = (s["method"], canon(s["model"]), s["mix"]["name"], canon(s["mix"]["envs"]),
-                   canon(s["eval_protocol"]), r.get("settings", ""))
+                   canon(s["eval_protocol"]), pool_hash(r))
             grp = groups.setdefault(key, {"summary": s, "runs": {}, "settings": key[-1]})
             grp["runs"].setdefault(run_identity(s, r), (r["run_id"], g_block, s_block, r["eval"].get("empty")))
     rows = []

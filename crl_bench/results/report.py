@@ -50,7 +50,7 @@ from crl_bench.results.panel import content_hash, short_hash
 from crl_bench.results.report_html import _CSS, TOP_ENTRIES, _alerts_html, _bank_html, _data_uri, _e, _runs_table
 from crl_bench.results.report_html import read_bank as read_bank
 from crl_bench.results.run_folder import is_run_folder, iter_metrics
-from crl_bench.results.summary import settings_labels, training_settings
+from crl_bench.results.summary import pooled_settings, settings_labels, training_settings
 from crl_bench.safe_io import load_json, load_yaml, printable
 
 PLOT_FILES = {
@@ -96,7 +96,8 @@ class RunData:
         bank_path: ``experience.sqlite`` if the run has one, else None.
         alerts: the learning alarms the run raised (its training rows' ``alerts``, in step order;
             :mod:`crl_bench.results.alarms`).
-        settings: the run's training settings (:func:`crl_bench.results.summary.training_settings`).
+        settings: the run's training settings as the leaderboard pools them, keys its config lacks read
+            as today's defaults (:func:`crl_bench.results.summary.pooled_settings`).
         group: the curve the run belongs to: its method, or, where the report holds runs of that
             method with other training settings, the method and the settings that differ
             (``casebank · experience.rerank=utility``; set by :func:`label_groups`).
@@ -278,7 +279,7 @@ def load_run(path: str | os.PathLike) -> RunData:
         steps_configured=int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) else None,
         envs=_run_envs(mix, train, final_eval), train=train, evals=evals, final_eval=final_eval,
         bank_path=bank if bank.is_file() else None, alerts=run_alerts(train),
-        settings=training_settings(cfg), group=method)
+        settings=pooled_settings(training_settings(cfg)), group=method)
 
 
 def label_groups(runs: Sequence[RunData]) -> None:

@@ -324,30 +324,67 @@ def run_config_path(summary: dict[str, Any], folder: str | Path, run_id: str) ->
     return folder / "config.yaml" if summary["kind"] == "run" else folder / "configs" / f"{run_id}.yaml"
 
 
+@cache
+def _default_training_settings() -> str:
+    """Canonical JSON of :func:`training_settings` of a default :class:`~crl_bench.config.RunConfig`."""
+    from crl_bench.config import RunConfig
+
+    return json.dumps(training_settings(RunConfig().to_dict()), sort_keys=True)
+
+
+def pooled_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Training settings (:func:`training_settings`) as the leaderboard pools them: each key a section of
+    ``settings`` lacks that today's default config has reads as its default (a setting added after the
+    config was written behaved as its default then), so a run configured before a setting existed pools
+    with one that has it at its default. Sections merge one level deep (``train.lr``); a value that is
+    itself a mapping (``rollout.env_kwargs``) is kept whole. A new dict; ``settings`` is left as it is."""
+    out = json.loads(_default_training_settings())
+    for key, value in settings.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
 def fill_settings(summary: dict[str, Any], folder: str | Path) -> dict[str, dict[str, Any]]:
     """Read each run's config in ``folder`` (``config.yaml`` for a run, ``configs/<run id>.yaml`` for
     a submission) once: a run without a ``settings`` hash (a summary written before it existed) gets
-    its config's hash; runs without a config stay without.
+    its config's hash; runs without a config stay without. A run whose config has the hash it
+    carries also gets ``_pool``, the hash of its :func:`pooled_settings`: what the leaderboard groups
+    runs by (:func:`pool_hash`), so runs of one config written by different versions of the code pool.
 
     Returns:
-        ``{settings hash: training settings}`` for the runs whose config has the hash the run
-        carries (a config edited since is left out): the leaderboard names rows that differ only
-        in settings by the keys that differ (docs/leaderboard.md)."""
+        ``{pool hash: pooled settings}`` for the runs whose config has the hash the run carries (a
+        config edited since is left out): the leaderboard names rows that differ only in settings
+        by the keys that differ (docs/leaderboard.md)."""
     out: dict[str, dict[str, Any]] = {}
+    pools: dict[str, str] = {}                       # settings hash -> pool hash, read once
     for r in summary["runs"]:
-        if r.get("settings") in out:
+        if r.get("settings") in pools:
+            r["_pool"] = pools[r["settings"]]
             continue
         settings = config_training_settings(run_config_path(summary, folder, r["run_id"]), root=folder)
         try:
             h = content_hash(settings) if settings is not None else None
+            pooled = pooled_settings(settings) if settings is not None else None
+            pool = content_hash(pooled) if pooled is not None else None
         except (TypeError, ValueError):
             h = None
         if h is None:
             continue
         r.setdefault("settings", h)
         if r["settings"] == h:
-            out[h] = settings
+            r["_pool"] = pools[h] = pool
+            out[pool] = pooled
     return out
+
+
+def pool_hash(run: dict[str, Any]) -> str:
+    """The hash a run of a summary read by the leaderboard pools by: its ``_pool``
+    (:func:`fill_settings`) where its config was read, else the ``settings`` hash its summary records
+    (``""`` where none)."""
+    return str(run.get("_pool") or run.get("settings") or "")
 
 
 #: At most this many differing settings name a row; rows that differ in more get the hash prefix.

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from test_summary import make_run
 
+from crl_bench.config import RunConfig
 from crl_bench.results.leaderboard import (
     collect,
     leaderboard_frame,
@@ -20,9 +21,17 @@ from crl_bench.results.leaderboard import (
     protocol_label,
     write_leaderboard,
 )
+from crl_bench.results.panel import content_hash
 from crl_bench.results.stats import bootstrap_ci
 from crl_bench.results.submission import check_submission, main_submission_check, main_submission_pack, pack_submission
-from crl_bench.results.summary import SummaryError, build_summary, config_settings_hash, write_summary
+from crl_bench.results.summary import (
+    SummaryError,
+    build_summary,
+    config_settings_hash,
+    config_training_settings,
+    pooled_settings,
+    write_summary,
+)
 
 ENVS = ("sokoban", "minihack-room")
 
@@ -37,6 +46,15 @@ def _three_seeds(root, method="grpo", guided=False, **kw):
         dirs.append(make_run(root, f"{method}-s{s}", method=method, seed=s, free=free, guided=g,
                              train_rows=[(8, 10.0 + s), (8, 20.0)], steps_mean=2.0 + s, invalid=0.1 * s, **kw))
     return dirs
+
+
+def _pool(config_path):
+    """The hash the leaderboard pools a run of this config by."""
+    return content_hash(pooled_settings(config_training_settings(config_path)))
+
+
+#: The default learning rate as a settings label writes it.
+LR = json.dumps(RunConfig().train.lr)
 
 
 def _row(df, **match):
@@ -419,9 +437,11 @@ def test_runs_with_different_training_settings_are_never_pooled(tmp_path):
                                   if k.startswith("openai_")])
     ha, hb = (config_settings_hash(x[0] / "config.yaml") for x in (a, b))
     assert ha == config_settings_hash(a[1] / "config.yaml") != hb
+    pa, pb = _pool(a[0] / "config.yaml"), _pool(b[0] / "config.yaml")
     df = leaderboard_frame(collect([tmp_path]))
-    assert len(df) == 2 and list(df["n_runs"]) == [3, 3] and set(df["settings"]) == {ha, hb}
-    assert dict(zip(df["settings"], df["method"])) == {ha: "grpo · train.lr=unset", hb: "grpo · train.lr=3e-05"}
+    assert len(df) == 2 and list(df["n_runs"]) == [3, 3] and set(df["settings"]) == {pa, pb}
+    # the test configs have no train.lr: it reads as its default
+    assert dict(zip(df["settings"], df["method"])) == {pa: f"grpo · train.lr={LR}", pb: "grpo · train.lr=3e-05"}
     assert set(df["run_ids"]) == {"grpo-s0,grpo-s1,grpo-s2"}
     alone = leaderboard_frame(collect([tmp_path / "a"]))
     assert len(alone) == 1 and alone.iloc[0]["method"] == "grpo"     # labelled only where it tells rows apart
@@ -443,10 +463,10 @@ def test_settings_labels_fall_back_to_the_hash(tmp_path):
     for d in b:                                    # two keys differ: both named, in key order
         _edit_config(d, lambda c: c["train"].update(lr=3e-5))
     assert set(leaderboard_frame(collect([tmp_path]))["method"]) == \
-        {"grpo · note=unset, train.lr=unset", f"grpo · {cut}, train.lr=3e-05"}
+        {f"grpo · note=unset, train.lr={LR}", f"grpo · {cut}, train.lr=3e-05"}
     for d in b:                                    # four keys differ: the hash prefix
         _edit_config(d, lambda c: (c["train"].update(extra=7), c.update(other=1)))
-    hb = config_settings_hash(b[0] / "config.yaml")
+    hb = _pool(b[0] / "config.yaml")
     df = leaderboard_frame(collect([tmp_path]))
     assert set(df["method"]) == {f"grpo · settings {h[:12]}" for h in df["settings"]} and hb in set(df["settings"])
     for d in b:                                    # one key, but b's configs are gone
@@ -475,6 +495,27 @@ def test_summaries_without_settings_take_them_from_the_config(tmp_path):
     assert found["run"]["runs"][0]["settings"] == config_settings_hash(old / "config.yaml")
     assert [r["settings"] for r in found["submission"]["runs"]] == \
         [config_settings_hash(sub / "configs" / f"grpo-s{s}.yaml") for s in range(3)]
+
+
+def test_a_setting_added_later_reads_as_its_default(tmp_path):
+    """Runs of one config written by two versions of the code, the later one with settings the earlier
+    lacked at their defaults, pool as seeds (their recorded settings hashes differ); a run with one of
+    those settings off its default does not, and its label names it against the default."""
+    runs = _three_seeds(tmp_path)
+    defaults = RunConfig()
+    epochs = defaults.train.internalise_epochs
+    newer = {"vllm_sleep": defaults.generation.vllm_sleep}
+    _edit_config(runs[0], lambda c: (c["generation"].update(newer), c["train"].update(internalise_epochs=epochs),
+                                     c.update(devices=defaults.to_dict()["devices"])))
+    _edit_config(runs[2], lambda c: c["train"].update(internalise_epochs=epochs + 1))
+    for d in runs:
+        write_summary(d)
+    assert config_settings_hash(runs[0] / "config.yaml") != config_settings_hash(runs[1] / "config.yaml")
+    df = leaderboard_frame(collect([tmp_path]))
+    assert dict(zip(df["method"], df["run_ids"])) == {f"grpo · train.internalise_epochs={epochs}": "grpo-s0,grpo-s1",
+                                                      f"grpo · train.internalise_epochs={epochs + 1}": "grpo-s2"}
+    assert set(df["settings"]) == {_pool(runs[0] / "config.yaml"), _pool(runs[2] / "config.yaml")}
+    assert _pool(runs[0] / "config.yaml") == _pool(runs[1] / "config.yaml")
 
 
 def test_headline_has_one_row_per_method_with_the_seed_level_lift(tmp_path):

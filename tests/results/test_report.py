@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+from crl_bench.config import RunConfig
 from crl_bench.experience.bank import ExperienceBank
 from crl_bench.experience.embedding import HashEmbedder
 from crl_bench.experience.types import Operation as Op
@@ -352,7 +353,8 @@ def test_report_values_follow_the_metrics(tmp_path):
 
 def test_runs_of_one_method_with_other_settings_are_separate_curves(tmp_path):
     """As the leaderboard never pools runs of one method with different training settings, the
-    report draws them as separate curves, named by the settings that differ; seeds still pool."""
+    report draws them as separate curves, named by the settings that differ (a key a config lacks reads
+    as its default); seeds still pool."""
     runs = [write_run(tmp_path / "a", "complementary", s) for s in (0, 1)]
     runs += [write_run(tmp_path / "b", "complementary", s) for s in (0, 1)]
     for d in runs[2:]:
@@ -361,10 +363,10 @@ def test_runs_of_one_method_with_other_settings_are_separate_curves(tmp_path):
         (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     loaded = [rep.load_run(d) for d in runs]
     rep.label_groups(loaded)
-    assert [r.group for r in loaded] == ["complementary · experience.rerank=unset"] * 2 + \
-        ["complementary · experience.rerank=utility"] * 2
+    default = f"complementary · experience.rerank={RunConfig().experience.rerank}"
+    assert [r.group for r in loaded] == [default] * 2 + ["complementary · experience.rerank=utility"] * 2
     assert {k: len(v) for k, v in rep._group(loaded).items()} == {
-        "complementary · experience.rerank=unset": 2, "complementary · experience.rerank=utility": 2}
+        default: 2, "complementary · experience.rerank=utility": 2}
     alone = [rep.load_run(d) for d in runs[:2]]
     rep.label_groups(alone)
     assert [r.group for r in alone] == ["complementary", "complementary"]

@@ -126,7 +126,10 @@ def main(arm: str) -> str:
     final = {(m, s): last(rows(r), "bank_correct_lessons") for m, g in (("st", st), ("co", co)) for s, r in g.items()}
     d = [final["co", s] - final["st", s] for s in sorted(set(st) & set(co))
          if final["co", s] is not None and final["st", s] is not None]
-    if len(d) >= CI_MIN_VALUES:
+    if runs and all(v is None for v in final.values()):
+        lines.append("- final bank ok, complementary - static: not measured (no run recorded `bank_correct_lessons`: "
+                     "only the diagnostics have a judge of a lesson's correctness)")
+    elif len(d) >= CI_MIN_VALUES:
         low, high = bootstrap_ci(d)
         lines.append(f"- final bank ok, complementary - static, paired by seed: {np.mean(d):+.3f} [{low:+.3f}, "
                      f"{high:+.3f}] (95% bootstrap over {len(d)} seeds; per seed "

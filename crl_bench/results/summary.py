@@ -365,13 +365,13 @@ def fill_settings(summary: dict[str, Any], folder: str | Path) -> dict[str, dict
             r["_pool"] = pools[r["settings"]]
             continue
         settings = config_training_settings(run_config_path(summary, folder, r["run_id"]), root=folder)
+        if settings is None:
+            continue
         try:
-            h = content_hash(settings) if settings is not None else None
-            pooled = pooled_settings(settings) if settings is not None else None
-            pool = content_hash(pooled) if pooled is not None else None
+            h = content_hash(settings)
+            pooled = pooled_settings(settings)
+            pool = content_hash(pooled)
         except (TypeError, ValueError):
-            h = None
-        if h is None:
             continue
         r.setdefault("settings", h)
         if r["settings"] == h:

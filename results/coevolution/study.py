@@ -6,7 +6,7 @@ share of correct lessons (paired by seed, bootstrap over seeds) and on guided su
 over seeds, then tasks), and `internalise` minus `complementary` on free success; and each method's memory lifts
 (guided minus shuffled, raw and empty, paired by task within each run).
 Writes ARM/study.md and prints it.
-Usage: python results/coevolution/study.py ARM  (vault-step10, vault-step12, diag-corridor)
+Usage: python results/coevolution/study.py ARM  (vault-step10, vault-step12, diag-corridor, cpu-room)
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def main(arm: str) -> str:
     final = {(m, s): last(rows(r), "bank_correct_lessons") for m, g in (("st", st), ("co", co)) for s, r in g.items()}
     d = [final["co", s] - final["st", s] for s in sorted(set(st) & set(co))
          if final["co", s] is not None and final["st", s] is not None]
-    if runs and all(v is None for v in final.values()):
+    if final and all(v is None for v in final.values()):
         lines.append("- final bank ok, complementary - static: not measured (no run recorded `bank_correct_lessons`: "
                      "only the diagnostics have a judge of a lesson's correctness)")
     elif len(d) >= CI_MIN_VALUES:

@@ -8,7 +8,8 @@
 # the `cpu-room` arm's cells (hours) run through `crl-bench sweep`, which resumes an interrupted cell from
 # its last checkpoint. So the script resumes where it stopped.
 # wall.tsv: cell, run seconds (training with its evaluations), eval_unseen seconds (- without that split),
-# nproc, bf16 or not.
+# nproc, bf16 or not; for a `cpu-room` cell also `whole` or `resumed` (a resumed cell's seconds are only
+# those of the invocation that finished it; its steps' own times are in its metrics.jsonl).
 # Usage (from the repository root): ARM=vault-step10 [SEEDS="0 1 2 3 4"] [METHODS="static complementary"] \
 #   bash results/coevolution/run.sh
 set -euo pipefail
@@ -50,13 +51,15 @@ for seed in ${SEEDS:-$seeds}; do
       t2=$(date +%s)
       unseen_s=$((t2 - t1))
     else
+      [ -d "$run" ] && part=resumed || part=whole
       "$bin" sweep --methods "$method" --seeds "$seed" --preset "$preset" --mix "$mix" --extractor-model "$ckpt" \
         --set "$controls" --output-dir results/coevolution --name "$arm"
       t1=$(date +%s)
       unseen_s=-
     fi
     rm -rf "$run/checkpoint" "$run/checkpoints"
-    printf '%s\t%s\t%s\t%s\t%s\n' "$id" "$((t1 - t0))" "$unseen_s" "$(nproc)" "$bf16" >> "$out/wall.tsv"
+    printf '%s\t%s\t%s\t%s\t%s%s\n' "$id" "$((t1 - t0))" "$unseen_s" "$(nproc)" "$bf16" \
+      "$([ "$unseen" = yes ] || printf '\t%s' "$part")" >> "$out/wall.tsv"
   done
 done
 "$bin" leaderboard "$out/runs" --out "$out"

@@ -71,10 +71,10 @@ class EvalConfig:
     kind for which it differs from ``guided`` (lessons: raw, both; insights: raw, condensed; cases and reflections:
     none), the others skipped. All are read-only."""
     lesson_follow: Annotated[int, Interval(ge=0, le=8)] = 0
-    """Probe states of the ``diag-vault`` diagnostic on which the actor's lesson following is measured after every
-    training step (``lesson_follow`` in metrics.jsonl; :mod:`crl_bench.trainer.lesson_follow`); 0 = off, the
-    default: the probe means something only for an actor trained on ``diag-vault``, and the ``diag`` preset sets 8
-    (every context)."""
+    """Probe states of a diagnostic on which the actor's lesson following is measured after every training step
+    (``lesson_follow`` in metrics.jsonl; :mod:`crl_bench.trainer.lesson_follow`): the run's own (``diag-vault`` or
+    ``diag-corridor``, the first in its mix), else ``diag-vault``; 0 = off, the default: the probe means something
+    only for an actor trained on that diagnostic, and the ``diag`` preset sets 8 (every context)."""
     trials: Annotated[int, Interval(ge=1, le=1000)] = 1
     """Attempts per eval task (Reflexion's protocol, arXiv 2303.11366, section 4): attempt k + 1 runs the tasks no
     earlier attempt solved, and a task counts as solved if any attempt solved it (``success_by_trial`` in each

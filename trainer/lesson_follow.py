@@ -1,5 +1,6 @@
 """Does the actor follow a lesson?  ``lesson_follow``: the probability that the actor takes the action a
-lesson shown to it names, on fixed probe states of the ``diag-vault`` diagnostic.
+lesson shown to it names, on fixed probe states of a diagnostic: the run's own (``diag-vault`` or
+``diag-corridor``, the first of them in its mix; :func:`probe_env`), ``diag-vault`` for any other mix.
 
 Why: experience can only help an actor that acts on what it is shown.  Measured with the default
 135M model, untrained and constrained to an env's action set, a correct lesson in the prompt hardly
@@ -7,24 +8,29 @@ moves the probability of the action it names (docs/diagnostics.md), so any benef
 that scale has to come from training the actor to use it.  This module makes that visible every
 step.
 
-Probe states: the first eval task of each of the first ``n`` contexts of ``diag-vault``
-(:mod:`crl_bench.envs.diag`), each shown three ways, with exactly the prompt a guided episode's
-first turn gets (the run's :class:`~crl_bench.prompts.PromptBuilder`: placement, layout, prefill):
+Probe states: the first eval task of each of the first ``n`` contexts of the diagnostic
+(:mod:`crl_bench.envs.diag`), at its first turn, each shown three ways, with exactly the prompt a guided
+episode's first turn gets (the run's :class:`~crl_bench.prompts.PromptBuilder`: placement, layout,
+prefill):
 
-* ``right``: a knowledge block with one entry naming the context's code
-  (:meth:`~crl_bench.envs.diag.DiagEnv.lesson_for`);
-* ``wrong``: the same entry naming another action (the next one in the action list after the code,
-  so wrong lessons cover every action);
+* ``right``: a knowledge block with one entry naming the context's solution
+  (:meth:`~crl_bench.envs.diag.DiagEnv.lesson_for`: the vault's code, or the corridor's passages in order);
+* ``wrong``: the same entry naming a wrong solution (each action replaced by the next one in the action
+  list, so on the vault wrong lessons cover every action and on the corridor the first named passage is
+  never the right one);
 * ``none``: no knowledge block (the experience-free prompt).
+
+The action measured is the first one: the code, or the corridor's first passage.
 
 The probability of an action is the one constrained decoding gives it at temperature 1: the product,
 along the action's reply tokens, of the next-token probability renormalised over the tokens that
 still spell an allowed reply (:class:`crl_bench.llm.hf_engine.AllowedRepliesProcessor`'s mask).
 Reported (fractions in [0, 1], means over probes):
 
-* ``lesson_follow``: P(code | ``right`` lesson);
-* ``lesson_follow_wrong``: P(named wrong action | ``wrong`` lesson);
-* ``lesson_follow_none``: P(code | no lesson), the baseline both compare with (chance is 1/8).
+* ``lesson_follow``: P(the solution's first action | ``right`` lesson);
+* ``lesson_follow_wrong``: P(the wrong lesson's first action | ``wrong`` lesson);
+* ``lesson_follow_none``: P(the solution's first action | no lesson), the baseline both compare with
+  (chance is 1/8 on the vault, 1/3 on the default corridor).
 
 An actor that reads lessons has ``lesson_follow`` and ``lesson_follow_wrong`` well above
 ``lesson_follow_none`` and 1/8; one that learned the codes themselves (memorised the training
@@ -34,6 +40,7 @@ contexts) has ``lesson_follow_none`` high and ``lesson_follow_wrong`` low.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -44,9 +51,17 @@ from crl_bench.env_api import make_env
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.rollout import PromptBuilder
 
-#: the diagnostic whose states are probed
+#: the diagnostic probed when the run's mix holds none
 PROBE_ENV = "diag-vault"
+#: the diagnostics whose states can be probed (those with a solution and a lesson writer)
+DIAGNOSTICS = ("diag-vault", "diag-corridor")
 CONDITIONS = ("right", "wrong", "none")
+
+
+def probe_env(envs: Sequence[str]) -> str:
+    """The diagnostic a run's ``lesson_follow`` probes: the first of :data:`DIAGNOSTICS` among ``envs``
+    (the run's mix, in its order), else :data:`PROBE_ENV`."""
+    return next((e for e in envs if e in DIAGNOSTICS), PROBE_ENV)
 
 
 @dataclass(frozen=True)
@@ -54,9 +69,10 @@ class Probe:
     """One probe state shown three ways.
 
     Attributes:
-        task: the ``diag-vault`` task id.
+        task: the diagnostic's task id.
         context: its context's name.
-        right: the winning action (the context's code); ``wrong``: the action the wrong lesson names.
+        right: the solution's first action (the vault's code, the corridor's first passage); ``wrong``: the
+            first action the wrong lesson names.
         prompts: condition (``right`` / ``wrong`` / ``none``) -> prompt token ids (prefill included).
         replies: the allowed reply texts, one per action, in ``actions`` order.
         actions: the env's action names.
@@ -78,32 +94,39 @@ def _knowledge(context: str, lesson: str) -> str:
     return guidance_text(format_numbered([SimpleNamespace(title=context, content=lesson)], empty=""))
 
 
-def build_probes(prompts: PromptBuilder, n: int, env_kwargs: dict[str, Any] | None = None) -> list[Probe]:
-    """The first eval task of each of the first ``n`` contexts of ``diag-vault``, as :class:`Probe`.
+def build_probes(prompts: PromptBuilder, n: int, env_id: str = PROBE_ENV,
+                 env_kwargs: dict[str, Any] | None = None) -> list[Probe]:
+    """The first eval task of each of the first ``n`` contexts of diagnostic ``env_id`` (made with
+    ``env_kwargs``), at its first turn, as :class:`Probe`.
 
     Raises:
-        ValueError: ``n`` < 1 or more than the eval split's contexts.
+        ValueError: ``env_id`` is not one of :data:`DIAGNOSTICS`, or ``n`` < 1 or more than the eval
+            split's contexts.
     """
-    env = make_env(PROBE_ENV, **(env_kwargs or {}))
+    if env_id not in DIAGNOSTICS:
+        raise ValueError(f"lesson_follow probes: {env_id!r} is not a diagnostic with lessons "
+                         f"({', '.join(DIAGNOSTICS)})")
+    env = make_env(env_id, **(env_kwargs or {}))
     seen: dict[str, int] = {}
     for t in env.task_ids("eval"):
         seen.setdefault(env.context(int(t)), int(t))
     if not 1 <= n <= len(seen):
-        raise ValueError(f"lesson_follow probes: {n} asked, {PROBE_ENV}'s eval split has {len(seen)} contexts")
+        raise ValueError(f"lesson_follow probes: {n} asked, {env_id}'s eval split has {len(seen)} contexts")
     prefix = "" if "<answer>" in prompts.prefill.lower() else "<answer>"
     out = []
     for context, task in list(seen.items())[:n]:
         obs, _ = env.reset(options={"task": task})
         actions = list(env.admissible_actions())
-        right = env.solution(task)[0]
-        wrong = actions[(actions.index(right) + 1) % len(actions)]
+        solution = list(env.solution(task))
+        miss = [actions[(actions.index(a) + 1) % len(actions)] for a in solution]
         fmt = env.reply_format
-        guidance = {"right": _knowledge(context, env.lesson_for(task, [right])),
-                    "wrong": _knowledge(context, env.lesson_for(task, [wrong])), "none": ""}
+        guidance = {"right": _knowledge(context, env.lesson_for(task, solution)),
+                    "wrong": _knowledge(context, env.lesson_for(task, miss)), "none": ""}
         ids = {c: prompts.turn([], env.system_prompt, env.task_prompt(), (), obs, guidance[c], fmt.instruction,
                                prompts.prefill if fmt.prefill is None else fmt.prefill)
                for c in CONDITIONS}
-        out.append(Probe(task, context, right, wrong, ids, [f"{prefix}{a}</answer>" for a in actions], actions))
+        out.append(Probe(task, context, solution[0], miss[0], ids, [f"{prefix}{a}</answer>" for a in actions],
+                         actions))
     env.close()
     return out
 
@@ -175,11 +198,18 @@ class LessonFollow:
         prompts: the run's prompt builder (so probes see exactly the guided prompt of a rollout).
         tokenizer: the actor's tokenizer.
         n: probe states (contexts), 1..8.
+        env_id: the diagnostic probed (:func:`probe_env` of the run's mix).
+        env_kwargs: its constructor arguments (the run's ``rollout.env_kwargs`` for it).
+
+    Raises:
+        ValueError: as :func:`build_probes`.
     """
 
-    def __init__(self, prompts: PromptBuilder, tokenizer: Any, n: int) -> None:
+    def __init__(self, prompts: PromptBuilder, tokenizer: Any, n: int, env_id: str = PROBE_ENV,
+                 env_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
-        self.probes = build_probes(prompts, n)
+        self.env_id = env_id
+        self.probes = build_probes(prompts, n, env_id, env_kwargs)
 
     def measure(self, model: Any) -> dict[str, float]:
         """``{"lesson_follow", "lesson_follow_wrong", "lesson_follow_none"}`` of ``model`` now."""

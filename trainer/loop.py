@@ -492,15 +492,18 @@ class Trainer:
         return out
 
     def lesson_follow(self) -> dict[str, float]:
-        """The actor's ``lesson_follow`` on ``eval.lesson_follow`` probe states of ``diag-vault``
-        (:mod:`crl_bench.trainer.lesson_follow`), with ``time_lesson_follow_s``; ``{}`` when off."""
+        """The actor's ``lesson_follow`` on ``eval.lesson_follow`` probe states of the run's diagnostic
+        (``diag-vault`` where the mix holds none; :mod:`crl_bench.trainer.lesson_follow`), with
+        ``time_lesson_follow_s``; ``{}`` when off."""
         if not self.cfg.eval.lesson_follow:
             return {}
-        from crl_bench.trainer.lesson_follow import LessonFollow
+        from crl_bench.trainer.lesson_follow import LessonFollow, probe_env
 
         t0 = time.perf_counter()
         if self._lesson_probe is None:
-            self._lesson_probe = LessonFollow(self.prompts, self.tokenizer, self.cfg.eval.lesson_follow)
+            env_id = probe_env(self.mixture.envs)
+            self._lesson_probe = LessonFollow(self.prompts, self.tokenizer, self.cfg.eval.lesson_follow, env_id,
+                                              self.cfg.rollout.env_kwargs.get(env_id))
         self.refresh_models()
         with self.gate.foreground():
             out = self._lesson_probe.measure(self.model)

@@ -312,6 +312,44 @@ def test_lesson_follow_probes_show_the_guided_prompt(tokenizer):
         build_probes(PromptBuilder(tokenizer, cfg.generation.prefill, cfg.rollout.history), 9)
 
 
+def test_lesson_follow_probes_the_runs_own_diagnostic(tokenizer, tiny_model):
+    """A run on diag-corridor probes corridor states, its lesson naming the passages in order and the
+    measured action the first passage; a mix without a diagnostic probes diag-vault."""
+    from crl_bench.config import RunConfig
+    from crl_bench.envs.diag import DiagCorridorEnv
+    from crl_bench.rollout import PromptBuilder
+    from crl_bench.trainer.lesson_follow import build_probes, probe_env
+
+    assert probe_env(["diag-corridor"]) == "diag-corridor"
+    assert probe_env(["minihack-room", "diag-corridor", "diag-vault"]) == "diag-corridor"
+    assert probe_env(["minihack-room"]) == "diag-vault"
+    cfg = RunConfig()
+    builder = PromptBuilder(tokenizer, cfg.generation.prefill, cfg.rollout.history)
+    probes = build_probes(builder, 8, "diag-corridor")
+    env = DiagCorridorEnv()
+    assert len({p.context for p in probes}) == 8
+    for p in probes:
+        solution = list(env.solution(p.task))
+        assert p.actions == ["left", "middle", "right"] and p.right == solution[0] and p.wrong != p.right
+        right, wrong, none = (tokenizer.decode(p.prompts[c]) for c in ("right", "wrong", "none"))
+        assert env.lesson_for(p.task, solution) in right
+        miss = [p.actions[(p.actions.index(a) + 1) % 3] for a in solution]     # every passage wrong
+        assert env.lesson_for(p.task, miss) in wrong and p.wrong == miss[0]
+        assert "door 1 of 3" in none and p.context in none
+    with pytest.raises(ValueError, match="not a diagnostic"):
+        build_probes(builder, 2, "minihack-room")
+
+    tr = _diag_trainer(tokenizer, tiny_model, method="grpo", rollout={"mix": "diag-corridor", "max_steps": 3},
+                       eval={"episodes": 2, "lesson_follow": 2})
+    try:
+        follow = tr.lesson_follow()
+        assert tr._lesson_probe.env_id == "diag-corridor"
+        assert [p.actions for p in tr._lesson_probe.probes] == [["left", "middle", "right"]] * 2
+        assert 0.0 <= follow["lesson_follow_none"] <= 1.0
+    finally:
+        tr.close()
+
+
 def test_action_probabilities_are_the_constrained_samplers(tokenizer, tiny_model):
     """The probabilities match the constrained sampler's empirical choice frequencies (a tiny random
     model; replies that share first tokens exercise the renormalisation at deeper branches)."""

@@ -42,7 +42,7 @@ def test_grpo_step_updates_full_model(tokenizer, tiny_model):
 
 
 def test_lesson_follow_is_off_by_default_and_on_in_the_diag_preset(tokenizer, tiny_model):
-    """The probe means something only for an actor trained on diag-vault: off unless asked (the diag
+    """The probe means something only for an actor trained on a diagnostic: off unless asked (the diag
     preset asks for all 8 contexts), and off means no probe is built and no metric is logged."""
     assert build_config([]).eval.lesson_follow == 0
     assert build_config([preset_data("diag")]).eval.lesson_follow == 8

@@ -338,6 +338,9 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
         f"{len(held_items)} held-out episodes")
     grades: list[dict[str, Any]] = []
 
+    def share(v: float) -> str:
+        return "-" if math.isnan(v) else f"{v:.3f}"         # NaN: no episode to take a share of
+
     def grade(step: int) -> None:
         if not held_items:
             return
@@ -349,9 +352,10 @@ def warm_start(cfg: Any, env_id: str, out: str | Path, *, examples: int = 2048, 
         grades.append(g)
         for part in ("validation", "heldout"):
             r = g[part]
-            log(f"step {step} {part}: correct lessons {r['lesson_correct']:.3f} of {r['lesson_episodes']} lesson "
-                f"episodes, wrong lessons {r['wrong_lessons']:.3f}, agreement {r['agreement']:.3f}, "
-                f"valid {r['valid']:.3f}")
+            judged = ("lessons not judged (no judge for this env)" if math.isnan(r["wrong_lessons"]) else
+                      f"correct lessons {share(r['lesson_correct'])} of {r['lesson_episodes']} lesson episodes, "
+                      f"wrong lessons {share(r['wrong_lessons'])}")
+            log(f"step {step} {part}: {judged}, agreement {r['agreement']:.3f}, valid {r['valid']:.3f}")
         if save_graded:
             _save(model, tokenizer, out / f"step-{step}")
         engine.sync_weights(model)          # drops the cached prefixes until the next grading

@@ -210,8 +210,11 @@ def test_command_writes_a_folder_the_extractor_model_option_loads(tiny_model_dir
     # judge (sokoban) is graded on agreement and validity only
     cfg = build_config([preset_data("diag"), {"model": {"name": str(tiny_model_dir)},
                                               "extractor": {"max_new_tokens": 8}}])
+    lines: list[str] = []
     soko = warm_start(cfg, "sokoban", tmp_path / "lora", examples=4, steps=1, batch_size=2, heldout=1, lora_rank=4,
-                      log=lambda _msg: None)
+                      log=lines.append)
+    graded = [ln for ln in lines if " heldout: " in ln or " validation: " in ln]
+    assert graded and all("not judged" in ln and "nan" not in ln for ln in graded)   # no NaN shown as a share
     assert (tmp_path / "lora" / "adapter_config.json").is_file()
     merged, _ = load_model_and_tokenizer(str(tmp_path / "lora"))
     assert not hasattr(merged, "peft_config")

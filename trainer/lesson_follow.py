@@ -33,7 +33,7 @@ Reported (fractions in [0, 1], means over probes):
   (chance is 1/8 on the vault, 1/3 on the default corridor).
 
 An actor that reads lessons has ``lesson_follow`` and ``lesson_follow_wrong`` well above
-``lesson_follow_none`` and 1/8; one that learned the codes themselves (memorised the training
+``lesson_follow_none`` and chance; one that learned the solutions themselves (memorised the training
 contexts) has ``lesson_follow_none`` high and ``lesson_follow_wrong`` low.
 """
 

@@ -588,3 +588,8 @@ class DiagCorridorEnv(DiagEnv):
     def chance_success_rate(self) -> float:
         """``(1 / choices) ** length``: every door must be passed, each with chance ``1 / choices``."""
         return 1.0 / self.choices ** self.length
+
+
+#: the diagnostics' env ids: the envs with a known solution per context, a lesson writer
+#: (:meth:`DiagEnv.lesson_for`) and a judge of lessons (:meth:`DiagEnv.grade_lesson`)
+DIAG_ENVS: tuple[str, ...] = (DiagVaultEnv.env_id, DiagCorridorEnv.env_id)

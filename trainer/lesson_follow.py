@@ -48,20 +48,20 @@ from typing import Any
 import torch
 
 from crl_bench.env_api import make_env
+from crl_bench.envs.diag import DIAG_ENVS
 from crl_bench.experience.json_ops import format_numbered
 from crl_bench.rollout import PromptBuilder
 
 #: the diagnostic probed when the run's mix holds none
 PROBE_ENV = "diag-vault"
-#: the diagnostics whose states can be probed (those with a solution and a lesson writer)
-DIAGNOSTICS = ("diag-vault", "diag-corridor")
 CONDITIONS = ("right", "wrong", "none")
 
 
 def probe_env(envs: Sequence[str]) -> str:
-    """The diagnostic a run's ``lesson_follow`` probes: the first of :data:`DIAGNOSTICS` among ``envs``
-    (the run's mix, in its order), else :data:`PROBE_ENV`."""
-    return next((e for e in envs if e in DIAGNOSTICS), PROBE_ENV)
+    """The diagnostic a run's ``lesson_follow`` probes: the first of the diagnostics
+    (:data:`~crl_bench.envs.diag.DIAG_ENVS`) among ``envs`` (the run's mix, in its order), else
+    :data:`PROBE_ENV`."""
+    return next((e for e in envs if e in DIAG_ENVS), PROBE_ENV)
 
 
 @dataclass(frozen=True)
@@ -100,12 +100,12 @@ def build_probes(prompts: PromptBuilder, n: int, env_id: str = PROBE_ENV,
     ``env_kwargs``), at its first turn, as :class:`Probe`.
 
     Raises:
-        ValueError: ``env_id`` is not one of :data:`DIAGNOSTICS`, or ``n`` < 1 or more than the eval
-            split's contexts.
+        ValueError: ``env_id`` is not a diagnostic (:data:`~crl_bench.envs.diag.DIAG_ENVS`), or ``n`` < 1
+            or more than the eval split's contexts.
     """
-    if env_id not in DIAGNOSTICS:
+    if env_id not in DIAG_ENVS:
         raise ValueError(f"lesson_follow probes: {env_id!r} is not a diagnostic with lessons "
-                         f"({', '.join(DIAGNOSTICS)})")
+                         f"({', '.join(DIAG_ENVS)})")
     env = make_env(env_id, **(env_kwargs or {}))
     seen: dict[str, int] = {}
     for t in env.task_ids("eval"):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from crl_bench.envs.diag import DIAG_SPLITS, N_CONTEXTS, DiagEnv
+from crl_bench.envs.diag import DIAG_ENVS, DIAG_SPLITS, N_CONTEXTS, DiagEnv
 from crl_bench.experience.records import episode_record
 from crl_bench.experience.types import ExperienceEntry, Operation
 from crl_bench.trainer.warm_start_items import TeacherItem, play_episode
@@ -36,7 +36,7 @@ from crl_bench.trainer.warm_start_items import TeacherItem, play_episode
 __all__ = ["diag_items", "diag_teacher_ops", "teacher_items", "TEACHERS", "DIAG_TEACHERS", "VALIDATION_OFFSET"]
 
 #: the diagnostics, whose teacher plays practice worlds and whose lessons ``grade_lesson`` judges
-DIAG_TEACHERS: tuple[str, ...] = ("diag-vault", "diag-corridor")
+DIAG_TEACHERS: tuple[str, ...] = DIAG_ENVS
 #: env ids that have a teacher (``minihack-room``'s: :mod:`crl_bench.trainer.warm_start_minihack`;
 #: ``sokoban``'s: :mod:`crl_bench.trainer.warm_start_sokoban`)
 TEACHERS: tuple[str, ...] = DIAG_TEACHERS + ("minihack-room", "sokoban")

@@ -138,6 +138,9 @@ def main(arm: str) -> str:
         lines.append(f"- final bank ok, complementary - static: not yet ({len(d)} paired seeds, an interval needs "
                      f"{CI_MIN_VALUES}; per seed " + (", ".join(f"{x:+.3f}" for x in d) or "none") + ")")
     for split in ("eval", "eval_unseen"):
+        if split != "eval" and not any(split in evals(r) for r in runs):
+            lines.append(f"- {split}: none (no run of this arm was evaluated on it)")
+            continue
         lines.append(diff_line(f"{split}, guided success, complementary - static", side(co, split, "guided"),
                                side(st, split, "guided")))
         if it:

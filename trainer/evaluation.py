@@ -568,19 +568,20 @@ class Evaluator:
             runner.continuous = before
 
     def evaluate_all(self, episodes: int | str | None = None, progress: Any = None,
-                     modes: Sequence[str] | None = None) -> dict[str, Any]:
+                     modes: Sequence[str] | None = None, journal: Any = None) -> dict[str, Any]:
         """The final evaluation written to ``eval.json``: ``{"step", "protocol", MODE: ...}`` for each
         of ``modes`` (default :attr:`modes`: ``free`` and, for methods with an experience bank
         and ``experience.eval_guided``, ``guided`` and the memory controls of ``eval.controls``), the
         same tasks in every mode (blocks as :meth:`evaluate`, run as one stream by
         :meth:`evaluate_modes`), the final actor's ``lesson_follow`` (with ``eval.lesson_follow``) and,
         where ``eval.controls`` names memory forms the method's kind does not show, why they did not run
-        (``controls_skipped``)."""
+        (``controls_skipped``). ``journal``: as :meth:`evaluate_modes` (episodes kept and not rolled out
+        again)."""
         out: dict[str, Any] = {"step": self.trainer.step, "protocol": self.protocol(episodes)}
         skipped = self.skipped_controls() if modes is None and self.guided else {}
         if skipped:
             out["controls_skipped"] = skipped
-        out.update(self.evaluate_modes(self.modes if modes is None else modes, episodes, progress))
+        out.update(self.evaluate_modes(self.modes if modes is None else modes, episodes, progress, journal=journal))
         follow = self.trainer.lesson_follow()
         if follow:                            # the final actor's lesson following
             out["lesson_follow"] = {k: v for k, v in follow.items() if not k.startswith("time_")}

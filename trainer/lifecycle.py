@@ -252,12 +252,23 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
     trainer.release_training_state()
     # one stream of every mode's episodes: they end steadily, so the bar's rate (averaged since the start,
     # smoothing=0) and ETA are the stream's
-    with tqdm(total=trainer.evaluator.episode_count(), desc="eval", unit="ep", disable=quiet, leave=False,
-              smoothing=0) as bar:
-        ev = trainer.evaluator.evaluate_all(progress=bar.update)
+    journal = final_eval_journal(trainer, writer.dir)
+    try:
+        kept = sum(len(journal.kept(m)) for m in trainer.evaluator.modes) if journal is not None else 0
+        if kept and not quiet:
+            print(f"resuming the final evaluation: {kept} episode(s) already evaluated ({journal.path.name})",
+                  flush=True)
+        with tqdm(total=trainer.evaluator.episode_count() - kept, desc="eval", unit="ep", disable=quiet,
+                  leave=False, smoothing=0) as bar:
+            ev = trainer.evaluator.evaluate_all(progress=bar.update, journal=journal)
+    finally:
+        if journal is not None:
+            journal.close()
     if initial is not None:
         ev["initial"] = {"step": 0, "free": initial}
     writer.write_json("eval.json", ev)
+    if journal is not None:
+        journal.close(remove=True)          # eval.json holds every episode's outcome now
     writer.log_to_trackers({"step": trainer.step, "eval": {m: ev[m] for m in trainer.evaluator.modes if m in ev}})
     if not quiet:
         for mode in trainer.evaluator.modes:
@@ -267,6 +278,40 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
                       f"invalid {e['invalid_action_rate']:.3f}  over {e['episodes']} episodes", flush=True)
     if cfg.train.save_checkpoint:
         save_final_weights(trainer, writer.dir)
+
+
+FINAL_EVAL_JOURNAL = "eval.json.episodes.jsonl"
+"""The run's final evaluation's episode journal, removed once ``eval.json`` is written."""
+
+
+def final_eval_journal(trainer: Trainer, run_dir: Path) -> Any:
+    """The episode journal (:class:`~crl_bench.trainer.eval_journal.EpisodeJournal`) of the run's final
+    evaluation, so that a run killed during it and resumed rolls out only the episodes it had not
+    finished; ``None`` where the run has no checkpoint of its final step (``train.checkpoint_every: 0``)
+    or evaluates with ``eval.trials`` > 1 (attempts depend on each other), and then the evaluation runs
+    whole as before.
+
+    The key is the final step's checkpoint (its name and every file's sha256 from its meta.json: the
+    weights, optimiser and bank copy the evaluation starts from) and the evaluation's protocol, so a
+    journal is used only by a resume from that same checkpoint; any other key moves it aside
+    (``<path>.stale-<hash>``, kept). A resumed greedy episode is the one the uninterrupted evaluation
+    would have played wherever the engine's replies do not depend on the batch (trainer/eval_journal.py);
+    each mode's block counts the kept episodes (``resumed_episodes``)."""
+    from crl_bench.trainer.checkpoint import CHECKPOINTS, checkpoint_name
+    from crl_bench.trainer.eval_journal import EpisodeJournal
+
+    if trainer.cfg.eval.trials != 1:
+        return None
+    ckpt = Path(run_dir) / CHECKPOINTS / checkpoint_name(int(trainer.step))
+    try:
+        meta = json.loads((ckpt / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
+        return None
+    key = {"final_eval_of": ckpt.name, "files": meta["files"], "config_sha256": meta.get("config_sha256"),
+           "protocol": trainer.evaluator.protocol()}
+    return EpisodeJournal(Path(run_dir) / FINAL_EVAL_JOURNAL, json.loads(json.dumps(key, default=str)))
 
 
 FINAL_WEIGHTS = "checkpoint"

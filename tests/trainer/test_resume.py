@@ -431,3 +431,47 @@ def test_a_missing_state_key_and_a_full_disk_are_named(tmp_path, tokenizer, tiny
         save_checkpoint(tr, run, keep=2)
     assert [p.name for p in (run / CHECKPOINTS).iterdir()] == ["step-000001"]
     tr.close()
+
+
+class _KilledMidEval(Exception):
+    """Stands for the process being killed during the run's final evaluation."""
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_its_final_eval_resumes_at_its_unfinished_episodes(tmp_path, tiny_model_dir, monkeypatch):
+    """A real grpo smoke run (tiny model, MiniHack room, 1 step, greedy final evaluation of 6 tasks) is
+    stopped after its final evaluation kept 2 episodes in its journal; ``--resume`` rolls out only the
+    other 4 (the journal's 2 are counted, ``resumed_episodes``), writes the eval.json of the uninterrupted
+    run, and removes the journal. Before the run's final evaluation kept a journal, the resume played
+    all 6 again."""
+    from crl_bench.trainer.eval_journal import EpisodeJournal
+    from crl_bench.trainer.lifecycle import FINAL_EVAL_JOURNAL
+
+    args = ["run", "--method", "grpo", "--mix", "minihack-room", "--preset", "smoke", "--steps", "1",
+            "--set", "eval.episodes=6", "--output-dir", str(tmp_path),
+            "--quiet", "--model", str(tiny_model_dir)]
+    assert main(args + ["--run-id", "whole"]) == 0
+    record, played = EpisodeJournal.record, []
+
+    def record_then_die(self, mode, index, t):
+        if len(played) == 2:
+            raise _KilledMidEval
+        played.append(index)
+        record(self, mode, index, t)
+
+    monkeypatch.setattr(EpisodeJournal, "record", record_then_die)
+    with pytest.raises(_KilledMidEval):
+        main(args + ["--run-id", "killed"])
+    killed = tmp_path / "killed"
+    assert not (killed / "eval.json").exists()
+    assert len((killed / FINAL_EVAL_JOURNAL).read_text().splitlines()) == 2
+
+    played.clear()
+    monkeypatch.setattr(EpisodeJournal, "record", lambda self, mode, index, t: (played.append(index),
+                                                                                 record(self, mode, index, t)))
+    assert main(["run", "--resume", str(killed), "--quiet"]) == 0
+    assert len(played) == 4                         # only the episodes the journal did not hold
+    assert not (killed / FINAL_EVAL_JOURNAL).exists()
+    ev_k, ev_w = (json.loads((d / "eval.json").read_text())["free"] for d in (killed, tmp_path / "whole"))
+    assert ev_k.pop("resumed_episodes") == 2
+    assert {k: v for k, v in ev_k.items() if k != "wall_s"} == {k: v for k, v in ev_w.items() if k != "wall_s"}

@@ -104,6 +104,10 @@ class EpisodeJournal:
         """The finished episodes of ``mode`` this journal holds: ``{index: trajectory}``."""
         return dict(self._kept.get(mode, {}))
 
+    def count(self, modes: Any) -> int:
+        """How many finished episodes of ``modes`` (an iterable of mode names) this journal holds."""
+        return sum(len(self._kept.get(m, {})) for m in modes)
+
     def record(self, mode: str, index: int, t: Trajectory) -> None:
         """Append episode ``index`` of ``mode`` (flushed at once, so a kill loses at most this line)."""
         if self._file is None:

@@ -254,7 +254,7 @@ def _train_and_evaluate(cfg: RunConfig, trainer: Trainer, writer: RunWriter, qui
     # smoothing=0) and ETA are the stream's
     journal = final_eval_journal(trainer, writer.dir)
     try:
-        kept = sum(len(journal.kept(m)) for m in trainer.evaluator.modes) if journal is not None else 0
+        kept = journal.count(trainer.evaluator.modes) if journal is not None else 0
         if kept and not quiet:
             print(f"resuming the final evaluation: {kept} episode(s) already evaluated ({journal.path.name})",
                   flush=True)
@@ -614,7 +614,7 @@ def evaluate_saved(cfg: RunConfig, *, bank: Path | None = None, modes: Sequence[
             print(f"resuming from {partial}: {', '.join(m for m in modes if m in done)} already evaluated",
                   file=sys.stderr)
         todo = [m for m in modes if m not in done]
-        resumed = sum(len(episodes.kept(m)) for m in todo) if episodes is not None and cfg.eval.trials == 1 else 0
+        resumed = episodes.count(todo) if episodes is not None and cfg.eval.trials == 1 else 0
         if resumed:
             print(f"resuming from {journal}: {resumed} episode(s) already evaluated", file=sys.stderr)
         for mode in modes:

@@ -311,7 +311,7 @@ def final_eval_journal(trainer: Trainer, run_dir: Path) -> Any:
         return None
     key = {"final_eval_of": ckpt.name, "files": meta["files"], "config_sha256": meta.get("config_sha256"),
            "protocol": trainer.evaluator.protocol()}
-    return EpisodeJournal(Path(run_dir) / FINAL_EVAL_JOURNAL, json.loads(json.dumps(key, default=str)))
+    return EpisodeJournal(Path(run_dir) / FINAL_EVAL_JOURNAL, key)     # hashed as JSON there
 
 
 FINAL_WEIGHTS = "checkpoint"
